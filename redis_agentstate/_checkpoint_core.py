@@ -1,0 +1,382 @@
+"""Everything the checkpoint stores do that is not I/O: checks, arguments, replies.
+
+Each public operation is a generator (see ``_ops``) that the sync and async
+stores drive with their own client. Nothing here blocks or awaits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from . import scripts as S
+from ._ops import Call, Op, Pipe, new_nonce
+from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, check_id, check_int
+from .codec import decode, encode
+from .errors import (
+    AlreadyClaimed,
+    CheckpointTerminal,
+    CorruptState,
+    CycleConflict,
+    InvalidArgument,
+    NotRunnable,
+)
+from .keys import SHARDS, Keys, TaskKeys
+from .models import AgentStatus, Checkpoint
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
+#: How long acknowledge_terminal remembers its nonce, so a re-send still reports success.
+ACK_REMEMBER_MS = 3_600_000
+_LIST_PAGE = 5000
+_STATUSES = {s.value: s for s in AgentStatus}
+
+
+class _History(NamedTuple):
+    epoch: bytes
+    messages: list[Any]
+    cycles: list[Any]
+
+
+class HistoryCache:
+    """Decoded message and cycle histories by task, so reads fetch only new entries.
+
+    Entries are replaced, never mutated, so a reader holding one is safe while
+    another thread stores a newer one.
+    """
+
+    def __init__(self, max_tasks: int) -> None:
+        self.max_tasks = max_tasks
+        self._entries: OrderedDict[str, _History] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, task_id: str) -> _History | None:
+        if not self.max_tasks:
+            return None
+        with self._lock:
+            entry = self._entries.get(task_id)
+            if entry is not None:
+                self._entries.move_to_end(task_id)
+            return entry
+
+    def put(self, task_id: str, epoch: bytes, messages: list[Any], cycles: list[Any]) -> None:
+        if not self.max_tasks:
+            return
+        with self._lock:
+            self._entries[task_id] = _History(epoch, messages, cycles)
+            self._entries.move_to_end(task_id)
+            while len(self._entries) > self.max_tasks:
+                self._entries.popitem(last=False)
+
+    def drop(self, task_id: str) -> None:
+        with self._lock:
+            self._entries.pop(task_id, None)
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _opt_int(raw: bytes) -> int | None:
+    return int(raw) if raw else None
+
+
+class CheckpointCore:
+    """Validation, request building and reply parsing for one namespace."""
+
+    def __init__(self, namespace: str, *, max_payload_bytes: int, history_cache: int) -> None:
+        self.keys = Keys(namespace)
+        self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
+        self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
+
+    # ---- checks ---------------------------------------------------------
+
+    def _task(self, task_id: object) -> tuple[str, TaskKeys]:
+        tid = check_id(task_id, "task_id")
+        return tid, self.keys.task(tid)
+
+    @staticmethod
+    def _token(token: object) -> str:
+        return check_id(token, "token", max_bytes=256)
+
+    @staticmethod
+    def _lease(lease_ms: object) -> int:
+        return check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+
+    @staticmethod
+    def _revision(revision: object, what: str = "expected_revision") -> int:
+        return check_int(revision, what, 0, MAX_REVISION)
+
+    def validate(self, cp: object) -> Checkpoint:
+        """Check every field of ``cp`` (types and ranges); return it unchanged."""
+        if not isinstance(cp, Checkpoint):
+            raise InvalidArgument(f"expected a Checkpoint, got {type(cp).__name__}")
+        check_id(cp.task_id, "task_id")
+        check_int(cp.cycle_index, "cycle_index", 0, MAX_CYCLE)
+        if not isinstance(cp.status, str) or cp.status not in _STATUSES:
+            raise InvalidArgument(f"status must be one of {sorted(_STATUSES)}, got {cp.status!r}")
+        if not isinstance(cp.messages, list):
+            raise InvalidArgument("messages must be a list")
+        if not isinstance(cp.cycles, list):
+            raise InvalidArgument("cycles must be a list")
+        if not isinstance(cp.shared_state, dict):
+            raise InvalidArgument("shared_state must be a dict")
+        self._revision(cp.revision, "revision")
+        if cp.claim_token is not None:
+            self._token(cp.claim_token)
+        if cp.claimed_cycle is not None:
+            check_int(cp.claimed_cycle, "claimed_cycle", 1, MAX_CYCLE)
+        if cp.lease_expires_at_ms is not None:
+            check_int(cp.lease_expires_at_ms, "lease_expires_at_ms", 0, MAX_REVISION)
+        return cp
+
+    # ---- request building -----------------------------------------------
+
+    def _write_args(
+        self,
+        cp: Checkpoint,
+        *,
+        nonce: str,
+        token: str,
+        revision: int,
+        claimed: str,
+        lease: str,
+        history: _History | None,
+        replace: bool,
+    ) -> list[Any]:
+        """ARGV for create/save/commit/finalize (layout in ``_common.lua``).
+
+        Sends only the history entries added since ``history`` (the cached view)
+        unless ``history`` is None, in which case the full lists go and the script
+        skips what it already holds.
+        """
+        tid = cp.task_id
+        body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {tid!r} body")
+        if history is None or replace:
+            base_m = base_c = -1
+            epoch = b""
+            new_m, new_c = cp.messages, cp.cycles
+        else:
+            base_m, base_c = len(history.messages), len(history.cycles)
+            if len(cp.messages) < base_m or len(cp.cycles) < base_c:
+                raise InvalidArgument(
+                    f"checkpoint {tid!r} has fewer messages or cycles than are stored; "
+                    "history is append-only (pass replace_history=True to rewrite it)"
+                )
+            epoch = history.epoch
+            new_m, new_c = cp.messages[base_m:], cp.cycles[base_c:]
+        blobs = [encode(m, what=f"message of task {tid!r}") for m in new_m]
+        blobs += [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
+        size = len(body) + sum(map(len, blobs))
+        if size > self.max_payload_bytes:
+            raise InvalidArgument(
+                f"checkpoint {tid!r} write is {size} bytes, over max_payload_bytes={self.max_payload_bytes}"
+            )
+        status = AgentStatus(cp.status).value
+        term = "0" if cp.terminal_result is None else "1"
+        return [
+            nonce, token, revision, cp.cycle_index, status, term, body,
+            epoch, base_m, base_c, "1" if replace else "0", claimed, lease, len(new_m), *blobs,
+        ]  # fmt: skip
+
+    def _cached(self, task_id: str) -> tuple[_History | None, list[Any]]:
+        h = self.history.get(task_id)
+        if h is None:
+            return None, [b"", 0, 0]
+        return h, [h.epoch, len(h.messages), len(h.cycles)]
+
+    # ---- reply parsing --------------------------------------------------
+
+    def _checkpoint(self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None) -> Checkpoint:
+        """Parse ``read_checkpoint``'s array starting at ``reply[at]``."""
+        try:
+            status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
+            n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
+            blobs = reply[at + 14 :]
+            status = _STATUSES[_s(status_raw)]
+            shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
+        except CorruptState:
+            raise
+        except Exception as exc:
+            raise CorruptState(
+                f"checkpoint of task {task_id!r} at {keys.checkpoint!r} is malformed: {exc!r}",
+                task_id=task_id,
+                key=keys.checkpoint,
+            ) from exc
+        if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
+            raise CorruptState(f"history reply of task {task_id!r} is inconsistent", task_id=task_id, key=keys.messages)
+        if from_m or from_c:
+            # The script only skips entries when our cached epoch matched.
+            assert cached is not None and cached.epoch == epoch
+            messages = cached.messages[:from_m]
+            cycles = cached.cycles[:from_c]
+        else:
+            messages, cycles = [], []
+        messages += [decode(b, key=keys.messages, task_id=task_id) for b in blobs[:k]]
+        cycles += [decode(b, key=keys.cycles, task_id=task_id) for b in blobs[k:]]
+        self.history.put(task_id, epoch, messages, cycles)
+        if not isinstance(shared_state, dict):
+            raise CorruptState(f"shared_state of task {task_id!r} is not a map", task_id=task_id, key=keys.checkpoint)
+        return Checkpoint(
+            task_id=task_id,
+            cycle_index=int(cycle),
+            status=status,
+            messages=list(messages),
+            cycles=list(cycles),
+            shared_state=shared_state,
+            revision=int(rev),
+            claim_token=_s(token) if token else None,
+            claimed_cycle=_opt_int(claimed),
+            lease_expires_at_ms=_opt_int(lease),
+            terminal_result=terminal_result if term == b"1" else None,
+            budget_usage=budget,
+        )
+
+    # ---- operations -----------------------------------------------------
+
+    def create(self, cp: Checkpoint) -> Op[bool]:
+        return self._store(S.CREATE, cp)
+
+    def save(self, cp: Checkpoint) -> Op[None]:
+        yield from self._store(S.SAVE, cp)
+        return None
+
+    def _store(self, script: str, cp: Checkpoint) -> Op[bool]:
+        self.validate(cp)
+        keys = self.keys.task(cp.task_id)
+        args = self._write_args(
+            cp,
+            nonce=new_nonce(),
+            token=cp.claim_token or "",
+            revision=cp.revision,
+            claimed="" if cp.claimed_cycle is None else str(cp.claimed_cycle),
+            lease="" if cp.lease_expires_at_ms is None else str(cp.lease_expires_at_ms),
+            history=None,
+            replace=True,
+        )
+        reply = yield Call(script, keys.as_list(), args)
+        if reply[0] == 0:
+            return False
+        self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
+        return True
+
+    def load(self, task_id: str) -> Op[Checkpoint | None]:
+        tid, keys = self._task(task_id)
+        cached, have = self._cached(tid)
+        reply = yield Call(S.LOAD, keys.as_list(), have)
+        if not reply:
+            self.history.drop(tid)
+            return None
+        return self._checkpoint(tid, keys, reply, 0, cached)
+
+    def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Op[Checkpoint | None]:
+        tid, keys = self._task(task_id)
+        check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
+        token = self._token(token)
+        lease_ms = self._lease(lease_ms)
+        cached, have = self._cached(tid)
+        reply = yield Call(S.CLAIM, keys.as_list(), [token, cycle_index, lease_ms, *have])
+        code = reply[0]
+        if code in (1, 2):
+            return self._checkpoint(tid, keys, reply, 1, cached)
+        if code == 0:
+            return None
+        detail = _s(reply[1])
+        if code == -1:
+            raise CheckpointTerminal(f"checkpoint for task {tid!r} is terminal (status {detail})", task_id=tid)
+        if code == -2:
+            raise NotRunnable(f"checkpoint for task {tid!r} is not running (status {detail})", task_id=tid)
+        if code == -3:
+            found = int(detail)
+            raise CycleConflict(
+                f"checkpoint cycle conflict for task {tid!r}: expected {cycle_index - 1}, found {found}",
+                task_id=tid,
+                expected=cycle_index - 1,
+                found=found,
+            )
+        if code == -4:
+            raise AlreadyClaimed(
+                f"checkpoint cycle {cycle_index} for task {tid!r} is already claimed",
+                task_id=tid,
+                lease_expires_at_ms=int(detail),
+            )
+        raise CorruptState(f"unexpected claim reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+
+    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
+        self.validate(cp)
+        token = self._token(token)
+        expected = self._revision(expected_revision)
+        return self._fenced_write(S.COMMIT, cp, token, expected, replace_history)
+
+    def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
+        self.validate(cp)
+        if cp.terminal_result is None:
+            raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
+        expected = self._revision(expected_revision)
+        return self._fenced_write(S.FINALIZE, cp, "", expected, replace_history)
+
+    def _fenced_write(self, script: str, cp: Checkpoint, token: str, expected: int, replace: bool) -> Op[bool]:
+        keys = self.keys.task(cp.task_id).as_list()
+        nonce = new_nonce()
+        history = self.history.get(cp.task_id)
+
+        def args(h: _History | None) -> list[Any]:
+            return self._write_args(
+                cp, nonce=nonce, token=token, revision=expected, claimed="", lease="", history=h, replace=replace
+            )
+
+        reply = yield Call(script, keys, args(history))
+        if reply[0] == -5:
+            # Our cached view of the history was stale: send it whole; the script skips what it holds.
+            reply = yield Call(script, keys, args(None))
+        if reply[0] == -6:
+            raise InvalidArgument(
+                f"checkpoint {cp.task_id!r} has fewer messages or cycles than are stored; "
+                "history is append-only (pass replace_history=True to rewrite it)",
+                task_id=cp.task_id,
+                revision=expected,
+            )
+        if reply[0] in (1, 2):
+            self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
+            return True
+        return False
+
+    def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
+        """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""
+        _, keys = self._task(task_id)
+        args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
+        reply = yield Call(S.RENEW, keys.as_list(), args)
+        return int(reply[1]) if reply[0] == 1 else None
+
+    def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> Op[bool]:
+        tid, keys = self._task(task_id)
+        args = [new_nonce(), self._revision(expected_revision), ACK_REMEMBER_MS]
+        reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.as_list(), args)
+        if reply == 1:
+            self.history.drop(tid)
+        return bool(reply == 1)
+
+    def delete(self, task_id: str) -> Op[None]:
+        tid, keys = self._task(task_id)
+        yield Call(S.DELETE, keys.as_list(), [])
+        self.history.drop(tid)
+
+    def list(self) -> Op[list[str]]:
+        """Every task id, from the per-shard indexes, paged (never KEYS or SCAN)."""
+        found: list[str] = []
+        pending = {shard: b"-" for shard in range(SHARDS)}
+        while pending:
+            shards = list(pending)
+            replies = yield Pipe(
+                [("ZRANGEBYLEX", self.keys.shard_tasks(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
+            )
+            pending = {}
+            for shard, page in zip(shards, replies):
+                found.extend(_s(m) for m in page)
+                if len(page) == _LIST_PAGE:
+                    pending[shard] = b"(" + page[-1]
+        found.sort()
+        return found

@@ -1,0 +1,175 @@
+"""Sans-I/O plumbing: an operation is a generator that yields requests and returns a result.
+
+Stores never hold logic of their own. A core method (e.g.
+``CheckpointCore.commit``) is a generator: it validates, builds one request,
+yields it, receives the raw reply, and either returns the parsed result or
+yields a follow-up request. ``run_sync`` and ``run_async`` are the only two
+places that talk to Redis, so the sync and async stores are three-line shells
+and no rule can drift between them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+import redis.exceptions as rex
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from .errors import BackendError, BackendUnavailable, InvalidArgument
+
+__all__ = ["Call", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One ``EVALSHA`` of a registered script."""
+
+    script: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Pipe:
+    """Independent read commands sent in one pipeline (one round trip per node)."""
+
+    commands: Sequence[Sequence[Any]]
+
+
+Request = Union[Call, Pipe]
+Op = Generator[Request, Any, T]
+
+#: Errors after which the request may or may not have applied. Every request
+#: this library sends is safe to re-send (see DESIGN.md, "Retry-safe").
+_TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.TryAgainError, rex.ClusterDownError)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded, jittered retries of transient connection errors.
+
+    ``attempts`` counts the first try; ``max_delay_s`` caps the whole retrying;
+    waits are full-jitter exponential between 0 and ``max_wait_s``.
+    """
+
+    attempts: int = 3
+    max_wait_s: float = 0.5
+    max_delay_s: float = 5.0
+    multiplier_s: float = 0.05
+    retry_on: tuple[type[BaseException], ...] = field(default=_TRANSIENT)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise InvalidArgument("RetryPolicy.attempts must be an int >= 1")
+        for name in ("max_wait_s", "max_delay_s", "multiplier_s"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"RetryPolicy.{name} must be >= 0")
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {
+            "stop": stop_after_attempt(self.attempts) | stop_after_delay(self.max_delay_s),
+            "wait": wait_random_exponential(multiplier=self.multiplier_s, max=self.max_wait_s),
+            "retry": retry_if_exception_type(self.retry_on),
+            "reraise": True,
+        }
+
+    def sync(self) -> Retrying:
+        return Retrying(**self._kwargs())
+
+    def asyncio(self) -> AsyncRetrying:
+        return AsyncRetrying(**self._kwargs())
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def _translate(exc: rex.RedisError) -> BackendError:
+    if isinstance(exc, _TRANSIENT):
+        return BackendUnavailable(f"Redis unavailable: {exc}")
+    return BackendError(f"Redis error: {exc}")
+
+
+def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
+    if isinstance(req, Call):
+        return scripts[req.script](keys=req.keys, args=req.args, client=client)
+    pipe = client.pipeline(transaction=False)
+    for cmd in req.commands:
+        pipe.execute_command(*cmd)
+    return pipe.execute()
+
+
+async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any:
+    if isinstance(req, Call):
+        return await scripts[req.script](keys=req.keys, args=req.args, client=client)
+    pipe = client.pipeline(transaction=False)
+    for cmd in req.commands:
+        pipe.execute_command(*cmd)
+    return await pipe.execute()
+
+
+def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
+    """Drive ``op`` to completion with blocking I/O."""
+    try:
+        req = next(op)
+        while True:
+            try:
+                reply = None
+                for attempt in retry.sync():
+                    with attempt:
+                        reply = _send_sync(client, scripts, req)
+            except rex.RedisError as exc:
+                raise _translate(exc) from exc
+            req = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()
+
+
+async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
+    """Drive ``op`` to completion on the running event loop."""
+    try:
+        req = next(op)
+        while True:
+            try:
+                reply = None
+                async for attempt in retry.asyncio():
+                    with attempt:
+                        reply = await _send_async(client, scripts, req)
+            except rex.RedisError as exc:
+                raise _translate(exc) from exc
+            req = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()
+
+
+def check_client(client: Any) -> None:
+    """Refuse a client that would decode our binary blobs as text."""
+    try:
+        decode = client.get_encoder().decode_responses
+    except AttributeError as exc:
+        raise InvalidArgument(f"expected a redis-py client, got {type(client).__name__}") from exc
+    if decode:
+        raise InvalidArgument(
+            "the Redis client has decode_responses=True; redis_agentstate stores binary "
+            "msgpack and needs a client created with decode_responses=False"
+        )
+
+
+def new_nonce() -> str:
+    """A per-call identity that makes a re-sent write recognisable (not a secret)."""
+    return os.urandom(10).hex()

@@ -1,0 +1,42 @@
+"""Argument checks shared by every store; each raises ``InvalidArgument`` before any I/O."""
+
+from __future__ import annotations
+
+from .errors import InvalidArgument
+from .keys import MAX_ID_BYTES
+
+__all__ = ["MAX_CYCLE", "MAX_LEASE_MS", "MAX_REVISION", "check_id", "check_int", "check_optional_id"]
+
+MAX_CYCLE = 2**32 - 1
+#: Revisions and times are compared in Lua, whose numbers are doubles: exact below 2**53.
+MAX_REVISION = 2**53 - 1
+#: A lease longer than a year is a bug, not a lease.
+MAX_LEASE_MS = 366 * 24 * 3600 * 1000
+
+
+def check_id(value: object, what: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
+    """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgument(f"{what} must be a non-empty string")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not valid unicode (lone surrogate?)") from exc
+    if size > max_bytes:
+        raise InvalidArgument(f"{what} is {size} bytes, over the limit of {max_bytes}")
+    return value
+
+
+def check_optional_id(value: object, what: str) -> str | None:
+    return None if value is None else check_id(value, what)
+
+
+def check_int(value: object, what: str, lo: int, hi: int) -> int:
+    """An ``int`` (``bool`` excluded) within ``[lo, hi]``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{what} must be between {lo} and {hi}, got {value}")
+    return value

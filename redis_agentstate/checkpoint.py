@@ -1,0 +1,146 @@
+"""``CheckpointStore`` and ``AsyncCheckpointStore``: thin I/O shells over ``CheckpointCore``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import scripts
+from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
+from ._ops import RetryPolicy, check_client, run_async, run_sync
+from .models import Checkpoint
+
+__all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+
+class _Base:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str = "agentstate",
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        history_cache: int = 1024,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        check_client(client)
+        self._core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
+        self._client = client
+        self._scripts = scripts.register(client, scripts.CHECKPOINT_SCRIPTS)
+        self._retry = retry or RetryPolicy()
+
+    @property
+    def namespace(self) -> str:
+        return self._core.keys.namespace
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+
+class CheckpointStore(_Base):
+    """Fenced checkpoints of agent tasks on a ``redis.Redis`` / ``RedisCluster`` client.
+
+    Every method is one script round trip (``list`` is one pipelined read per
+    page). ``max_payload_bytes`` caps what one write may send; ``history_cache``
+    is how many tasks' decoded histories are kept so reads fetch only new
+    entries; ``retry`` bounds retries of connection errors (every operation is
+    safe to re-send).
+    """
+
+    def _run(self, op: Any) -> Any:
+        return run_sync(self._client, self._scripts, self._retry, op)
+
+    def create(self, cp: Checkpoint) -> bool:
+        """Store ``cp`` as a new task; False if the task already exists."""
+        return bool(self._run(self._core.create(cp)))
+
+    def save(self, cp: Checkpoint) -> None:
+        """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
+        self._run(self._core.save(cp))
+
+    def load(self, task_id: str) -> Checkpoint | None:
+        """The task's checkpoint, or None if it does not exist."""
+        return self._run(self._core.load(task_id))  # type: ignore[no-any-return]
+
+    def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Checkpoint | None:
+        """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
+        return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
+        """Write the claimed cycle's checkpoint; False if fenced out."""
+        return bool(self._run(self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)))
+
+    def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
+        """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
+        return self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms) is not None
+
+    def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
+        """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
+        return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
+        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        return bool(self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)))
+
+    def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
+        """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
+        return bool(self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision)))
+
+    def delete(self, task_id: str) -> None:
+        """Remove the task whatever its state."""
+        self._run(self._core.delete(task_id))
+
+    def list(self) -> list[str]:
+        """Every task id of the namespace, sorted."""
+        return self._run(self._core.list())  # type: ignore[no-any-return]
+
+
+class AsyncCheckpointStore(_Base):
+    """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
+
+    async def _run(self, op: Any) -> Any:
+        return await run_async(self._client, self._scripts, self._retry, op)
+
+    async def create(self, cp: Checkpoint) -> bool:
+        """Store ``cp`` as a new task; False if the task already exists."""
+        return bool(await self._run(self._core.create(cp)))
+
+    async def save(self, cp: Checkpoint) -> None:
+        """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
+        await self._run(self._core.save(cp))
+
+    async def load(self, task_id: str) -> Checkpoint | None:
+        """The task's checkpoint, or None if it does not exist."""
+        return await self._run(self._core.load(task_id))  # type: ignore[no-any-return]
+
+    async def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Checkpoint | None:
+        """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
+        return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    async def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
+        """Write the claimed cycle's checkpoint; False if fenced out."""
+        return bool(await self._run(self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)))
+
+    async def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
+        """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
+        return await self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms) is not None
+
+    async def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
+        """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
+        return await self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
+        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        return bool(await self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)))
+
+    async def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
+        """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
+        return bool(await self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision)))
+
+    async def delete(self, task_id: str) -> None:
+        """Remove the task whatever its state."""
+        await self._run(self._core.delete(task_id))
+
+    async def list(self) -> list[str]:
+        """Every task id of the namespace, sorted."""
+        return await self._run(self._core.list())  # type: ignore[no-any-return]

@@ -1,0 +1,42 @@
+"""Versioned msgpack codec for every opaque value the library stores.
+
+Each blob starts with one format byte so a later release can read what this
+one wrote (and refuse, loudly, what it cannot). Lua never looks inside a blob:
+scalars the scripts compare live in their own hash fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from .errors import CorruptState, InvalidArgument
+
+__all__ = ["FORMAT_VERSION", "decode", "encode"]
+
+FORMAT_VERSION = 1
+_PREFIX = bytes([FORMAT_VERSION])
+
+
+def encode(value: Any, *, what: str) -> bytes:
+    """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be."""
+    try:
+        return _PREFIX + msgpack.packb(value, use_bin_type=True, datetime=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument(f"{what} is not msgpack-serialisable: {exc}") from exc
+
+
+def decode(blob: bytes, *, key: str, task_id: str | None = None) -> Any:
+    """Inverse of :func:`encode`; ``CorruptState`` naming ``key`` on any bad byte."""
+    if not blob or blob[0] != FORMAT_VERSION:
+        found = blob[0] if blob else None
+        raise CorruptState(
+            f"value at {key!r} has unknown format byte {found!r} (expected {FORMAT_VERSION})",
+            key=key,
+            task_id=task_id,
+        )
+    try:
+        return msgpack.unpackb(blob[1:], raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise CorruptState(f"value at {key!r} does not decode: {exc}", key=key, task_id=task_id) from exc

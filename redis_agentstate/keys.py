@@ -1,0 +1,106 @@
+"""Every Redis key the library touches is built here.
+
+Layout, for namespace ``ns`` (no braces allowed in it)::
+
+    ns:{ns#SS}:cp:<task_id>       hash   scalar fields + opaque msgpack body
+    ns:{ns#SS}:msgs:<task_id>     list   one msgpack blob per message (append-only)
+    ns:{ns#SS}:cycles:<task_id>   list   one msgpack blob per cycle record
+    ns:{ns#SS}:tomb:<task_id>     string nonce of the last acknowledge_terminal (TTL)
+    ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
+    ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
+    ns:{ns#SS}:gen                string history-epoch counter of shard SS
+
+``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
+task id, so that the shard's indexes (``tasks``, ``ready``) share the slot of
+every task in it: each script then updates state and index atomically, on a
+single node or on Redis Cluster (where a script may only touch one slot).
+``SHARDS`` spreads a namespace over 64 slots, enough for clusters of dozens of
+primaries; it is part of the on-disk layout and must never change for a
+namespace that holds data.
+
+The task id comes last and verbatim after a fixed kind segment, and the
+namespace holds no braces, so no id (whatever it contains: colons, braces,
+slashes, unicode) can collide with or escape into another task's or another
+namespace's keys.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from .errors import InvalidArgument
+
+__all__ = ["MAX_ID_BYTES", "SHARDS", "Keys", "TaskKeys", "validate_namespace"]
+
+SHARDS = 64
+MAX_ID_BYTES = 1024
+MAX_NAMESPACE_CHARS = 128
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return ``namespace`` if usable as a key prefix, else raise ``InvalidArgument``."""
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidArgument(f"namespace must be a non-empty string, got {namespace!r}")
+    if len(namespace) > MAX_NAMESPACE_CHARS:
+        raise InvalidArgument(f"namespace longer than {MAX_NAMESPACE_CHARS} characters")
+    if any(c in namespace for c in "{}*?[]") or not namespace.isprintable():
+        raise InvalidArgument(
+            f"namespace {namespace!r} must be printable and contain none of {{ }} * ? [ ]"
+        )
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class TaskKeys:
+    """The keys of one task, in the order every checkpoint script takes them."""
+
+    checkpoint: str
+    messages: str
+    cycles: str
+    ready: str
+    tasks: str
+    gen: str
+    tomb: str
+
+    def as_list(self) -> list[str]:
+        return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb]
+
+
+class Keys:
+    """Key builder for one namespace."""
+
+    __slots__ = ("namespace", "_shard_prefixes")
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = validate_namespace(namespace)
+        self._shard_prefixes = [f"{namespace}:{{{namespace}#{s:02d}}}:" for s in range(SHARDS)]
+
+    @staticmethod
+    def shard_of(ident: str) -> int:
+        return zlib.crc32(ident.encode("utf-8")) % SHARDS
+
+    def shard_prefix(self, shard: int) -> str:
+        return self._shard_prefixes[shard]
+
+    def shard_tasks(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "tasks"
+
+    def shard_ready(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "ready"
+
+    def task(self, task_id: str) -> TaskKeys:
+        p = self._shard_prefixes[self.shard_of(task_id)]
+        return TaskKeys(
+            checkpoint=p + "cp:" + task_id,
+            messages=p + "msgs:" + task_id,
+            cycles=p + "cycles:" + task_id,
+            ready=p + "ready",
+            tasks=p + "tasks",
+            gen=p + "gen",
+            tomb=p + "tomb:" + task_id,
+        )
+
+    def pattern(self) -> str:
+        """A glob matching every key of this namespace (for ACL rules and tooling)."""
+        return f"{self.namespace}:*"

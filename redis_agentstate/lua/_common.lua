@@ -1,0 +1,130 @@
+-- _common.lua: prelude prepended to every checkpoint script (see scripts.py).
+--
+-- Checkpoint key layout (keys.py builds these; every script takes all seven,
+-- in this order, and they share one hash slot through the shard hash tag):
+--   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  status cycle rev token claimed lease
+--                                              term body epoch applied
+--   KEYS[2] - ns:{ns#SS}:msgs:<task>    list  one blob per message
+--   KEYS[3] - ns:{ns#SS}:cycles:<task>  list  one blob per cycle record
+--   KEYS[4] - ns:{ns#SS}:ready          zset  claimable task ids -> ms claimable since
+--   KEYS[5] - ns:{ns#SS}:tasks          zset  every task id of the shard (score 0)
+--   KEYS[6] - ns:{ns#SS}:gen            counter for history epochs
+--   KEYS[7] - ns:{ns#SS}:tomb:<task>    nonce of the last acknowledge_terminal
+--
+-- Hash fields hold decimal strings; absent optional values are ''. 'term' is
+-- '1' when a terminal_result is stored. 'epoch' names the current history
+-- (it changes whenever history is rewritten, never when it is appended to),
+-- so a client cache of history entries is valid while the epoch matches.
+-- 'applied' is the nonce of the last write that applied, which makes a
+-- re-sent create/commit/finalize recognisable after a lost reply.
+--
+-- Numbers: revisions stay below 2^53 and are exact in Lua 5.1 doubles;
+-- string.format('%d') avoids tostring()'s exponent notation.
+
+local TERMINAL = { completed = true, failed = true, max_cycles = true }
+local CHUNK = 1000
+
+-- The task id is the verbatim suffix of KEYS[1] after '}:cp:' (the
+-- namespace holds no braces, so the first '}' closes the shard tag).
+local function task_id_of(checkpoint_key)
+  local i = string.find(checkpoint_key, '}:cp:', 1, true)
+  return string.sub(checkpoint_key, i + 5)
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- TIME is read once per script: Valkey freezes it for the whole script,
+-- Redis 7 does not, and reading it twice could disagree with itself.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Keep the shard indexes in step with the hash (same slot, same script).
+local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now)
+  redis.call('ZADD', tasks_key, 0, task_id)
+  if status == 'running' and term ~= '1' then
+    local at = now
+    if token ~= '' then at = tonumber(lease) or now end
+    redis.call('ZADD', ready_key, at, task_id)
+  else
+    redis.call('ZREM', ready_key, task_id)
+  end
+end
+
+local function push_range(key, list, first, last)
+  local i = first
+  while i <= last do
+    local j = math.min(i + CHUNK - 1, last)
+    redis.call('RPUSH', key, unpack(list, i, j))
+    i = j + 1
+  end
+end
+
+-- The full checkpoint as a flat array (nil-free, for RESP2 and RESP3 alike):
+--   status cycle rev token claimed lease term body epoch
+--   n_msgs n_cycles from_msgs from_cycles k <k messages> <cycle records>
+-- History is sent from the caller's cached position when its epoch matches.
+local function read_checkpoint(keys, epoch, have_m, have_c)
+  local h = redis.call('HMGET', keys[1],
+    'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term', 'body', 'epoch')
+  local nm = redis.call('LLEN', keys[2])
+  local nc = redis.call('LLEN', keys[3])
+  local from_m, from_c = 0, 0
+  if h[9] and h[9] == epoch and have_m <= nm and have_c <= nc then
+    from_m, from_c = have_m, have_c
+  end
+  local out = {}
+  for i = 1, 9 do out[i] = h[i] or '' end
+  local msgs = {}
+  if from_m < nm then msgs = redis.call('LRANGE', keys[2], from_m, -1) end
+  local cycles = {}
+  if from_c < nc then cycles = redis.call('LRANGE', keys[3], from_c, -1) end
+  out[10] = fmt(nm)
+  out[11] = fmt(nc)
+  out[12] = fmt(from_m)
+  out[13] = fmt(from_c)
+  out[14] = fmt(#msgs)
+  local n = 14
+  for i = 1, #msgs do n = n + 1; out[n] = msgs[i] end
+  for i = 1, #cycles do n = n + 1; out[n] = cycles[i] end
+  return out
+end
+
+-- Writes the history part of a write operation. ARGV layout shared by
+-- create/save/commit/finalize (see write_header in each file):
+--   ARGV[8]  - epoch the client believes current ('' if unknown)
+--   ARGV[9]  - base_m: messages the client knows are stored; -1 = full list sent
+--   ARGV[10] - base_c: same for cycle records
+--   ARGV[11] - '1' to replace the whole history, '0' to append
+--   ARGV[14] - number of message blobs that follow; then the cycle blobs
+-- Returns the epoch now current, or nil plus an error code:
+--   'resend' - the client's base does not match what is stored (send full lists)
+--   'shrink' - a full list shorter than what is stored, without replace
+local function write_history(keys, current_epoch)
+  local epoch, base_m, base_c = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+  local replace, n_m = ARGV[11], tonumber(ARGV[14])
+  local first_m, last_m = 15, 14 + n_m
+  local first_c, last_c = last_m + 1, #ARGV
+  if replace == '1' or current_epoch == '' then
+    redis.call('DEL', keys[2], keys[3])
+    push_range(keys[2], ARGV, first_m, last_m)
+    push_range(keys[3], ARGV, first_c, last_c)
+    return fmt(redis.call('INCR', keys[6]))
+  end
+  local nm = redis.call('LLEN', keys[2])
+  local nc = redis.call('LLEN', keys[3])
+  if base_m < 0 then
+    -- Full lists sent: skip what is already stored.
+    if n_m < nm or (last_c - first_c + 1) < nc then return nil, 'shrink' end
+    first_m = first_m + nm
+    first_c = first_c + nc
+  elseif epoch ~= current_epoch or base_m ~= nm or base_c ~= nc then
+    return nil, 'resend'
+  end
+  push_range(keys[2], ARGV, first_m, last_m)
+  push_range(keys[3], ARGV, first_c, last_c)
+  return current_epoch
+end

@@ -1,0 +1,37 @@
+-- claim.lua: claim cycle N of a task under a lease computed on the server clock.
+--   KEYS[1..7] - the task's keys (see _common.lua)
+--   ARGV[1]    - claim token (non-empty)
+--   ARGV[2]    - cycle_index N to claim (the checkpoint must be at N - 1)
+--   ARGV[3]    - lease duration in ms
+--   ARGV[4..6] - cached history epoch, messages, cycle records (as load.lua)
+-- Returns {0} missing; {-1, status} terminal; {-2, status} not running;
+-- {-3, found_cycle} cycle conflict; {-4, lease_expires_at_ms} claimed by
+-- another live token; {1, checkpoint...} claimed (revision bumped);
+-- {2, checkpoint...} this token already holds this cycle (a re-sent claim).
+local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local cycle = tonumber(cycle_arg)
+
+local h = redis.call('HMGET', KEYS[1], 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term')
+if not h[1] then return {0} end
+local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
+local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
+
+if h[7] == '1' or TERMINAL[status] then return {-1, status} end
+if status ~= 'running' then return {-2, status} end
+if current_cycle ~= cycle - 1 then return {-3, h[2]} end
+
+local now = server_now_ms()
+local code = 1
+if held_by ~= '' and lease > now then
+  if held_by ~= token or claimed ~= cycle_arg then return {-4, h[6]} end
+  code = 2
+else
+  local expires = now + lease_ms
+  redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', cycle_arg, 'lease', fmt(expires))
+  redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+end
+local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+table.insert(out, 1, code)
+return out

@@ -1,0 +1,33 @@
+-- commit.lua: write the checkpoint of a claimed cycle, fenced by revision.
+--   KEYS[1..7]  - the task's keys (see _common.lua)
+--   ARGV[1]     - nonce of this call (a re-send after a lost reply returns 2)
+--   ARGV[2]     - claim token that holds the cycle
+--   ARGV[3]     - expected revision (the one the claim returned)
+--   ARGV[4]     - cycle_index of the checkpoint (must equal the claimed cycle)
+--   ARGV[5..7]  - status, term flag, body blob (as create.lua)
+--   ARGV[8..11] - history header (write_history)
+--   ARGV[12,13] - unused ('')
+--   ARGV[14]    - number of new message blobs; then message blobs, then cycle blobs
+-- The lease need not be unexpired: if nobody claimed since, the revision is
+-- unchanged and the fence holds.
+-- Returns {1, epoch} applied (revision + 1, claim cleared); {2, epoch} this
+-- nonce applied already; {0} fenced out; {-5} resend full history; {-6} shrink.
+local nonce, token, expected, cycle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local status, term, body = ARGV[5], ARGV[6], ARGV[7]
+
+local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'claimed', 'applied', 'epoch')
+if not h[1] then return {0} end
+local rev = tonumber(h[1])
+if rev == expected + 1 and h[4] == nonce then return {2, h[5]} end
+if rev ~= expected or h[2] ~= token or h[3] ~= cycle then return {0} end
+
+local epoch, err = write_history(KEYS, h[5])
+if not epoch then
+  if err == 'resend' then return {-5} end
+  return {-6}
+end
+redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
+  'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
+  'epoch', epoch, 'applied', nonce)
+reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', server_now_ms())
+return {1, epoch}

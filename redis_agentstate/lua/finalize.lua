@@ -1,0 +1,31 @@
+-- finalize.lua: write a terminal checkpoint; only when nobody holds a claim.
+--   KEYS[1..7]  - the task's keys (see _common.lua)
+--   ARGV[1]     - nonce of this call (a re-send after a lost reply returns 2)
+--   ARGV[2]     - unused ('')
+--   ARGV[3]     - expected revision
+--   ARGV[4..7]  - cycle_index, status, term flag ('1'), body blob
+--   ARGV[8..11] - history header (write_history)
+--   ARGV[12,13] - unused ('')
+--   ARGV[14]    - number of new message blobs; then message blobs, then cycle blobs
+-- Returns {1, epoch} applied (revision + 1); {2, epoch} this nonce applied
+-- already; {0} missing, wrong revision, claimed, or already terminal;
+-- {-5} resend full history; {-6} shrink.
+local nonce, expected, cycle = ARGV[1], tonumber(ARGV[3]), ARGV[4]
+local status, term, body = ARGV[5], ARGV[6], ARGV[7]
+
+local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
+if not h[1] then return {0} end
+local rev = tonumber(h[1])
+if rev == expected + 1 and h[4] == nonce then return {2, h[5]} end
+if rev ~= expected or h[2] ~= '' or h[3] == '1' then return {0} end
+
+local epoch, err = write_history(KEYS, h[5])
+if not epoch then
+  if err == 'resend' then return {-5} end
+  return {-6}
+end
+redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
+  'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
+  'epoch', epoch, 'applied', nonce)
+reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', 0)
+return {1, epoch}

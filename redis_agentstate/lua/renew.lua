@@ -1,0 +1,20 @@
+-- renew.lua: extend a live lease held by this token at this revision.
+--   KEYS[1..7] - the task's keys (see _common.lua)
+--   ARGV[1]    - claim token
+--   ARGV[2]    - expected revision (the one the claim returned)
+--   ARGV[3]    - new lease duration in ms, counted from now on the server clock
+-- An already expired lease is not revived: another worker may be about to
+-- claim, and the holder must treat its lease as lost.
+-- Returns {1, lease_expires_at_ms} renewed; {0} not renewed.
+local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+
+local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
+if not h[1] then return {0} end
+local now = server_now_ms()
+if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
+  return {0}
+end
+local expires = now + lease_ms
+redis.call('HSET', KEYS[1], 'lease', fmt(expires))
+redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+return {1, fmt(expires)}

@@ -1,0 +1,14 @@
+-- save.lua: store a checkpoint unconditionally (admin / import), replacing
+-- whatever the task held, history included.
+--   KEYS[1..7], ARGV[1..14+] - exactly as create.lua
+-- Returns {1, epoch}.
+local nonce, token, revision, cycle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local status, term, body = ARGV[5], ARGV[6], ARGV[7]
+local claimed, lease = ARGV[12], ARGV[13]
+
+local epoch = write_history(KEYS, '')
+redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
+  'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
+  'epoch', epoch, 'applied', nonce)
+reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, server_now_ms())
+return {1, epoch}

@@ -1,0 +1,58 @@
+"""The checkpoint data model shared by the sync and async stores."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TERMINAL_STATUSES", "AgentStatus", "Checkpoint"]
+
+
+class AgentStatus(str, enum.Enum):
+    """Lifecycle status of an agent task; the values are the seed's strings."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAIT_USER = "wait_user"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    MAX_CYCLES = "max_cycles"
+    RECONCILIATION_REQUIRED = "reconciliation_required"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Statuses after which no cycle can ever be claimed again.
+TERMINAL_STATUSES = frozenset({AgentStatus.COMPLETED, AgentStatus.FAILED, AgentStatus.MAX_CYCLES})
+
+
+@dataclass
+class Checkpoint:
+    """The durable state of one agent task, as the seed's ``Checkpoint``.
+
+    ``messages`` and ``cycles`` are append-only histories: a commit sends only
+    the entries added since the checkpoint was loaded or claimed. To rewrite
+    history (e.g. compaction) pass ``replace_history=True`` to ``commit``.
+    Loaded history entries may be shared with the store's history cache:
+    append new entries, do not mutate old ones in place.
+    """
+
+    task_id: str
+    cycle_index: int = 0
+    status: AgentStatus = AgentStatus.RUNNING
+    messages: list[Any] = field(default_factory=list)
+    cycles: list[Any] = field(default_factory=list)
+    shared_state: dict[Any, Any] = field(default_factory=dict)
+    revision: int = 0
+    claim_token: str | None = None
+    claimed_cycle: int | None = None
+    lease_expires_at_ms: int | None = None
+    terminal_result: Any = None
+    budget_usage: Any = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True when no further cycle of this task can be claimed."""
+        return self.terminal_result is not None or AgentStatus(self.status) in TERMINAL_STATUSES
