@@ -1,0 +1,242 @@
+"""Shared test fixtures: one backend fixture over fakeredis and a real redis-server.
+
+The real server is, in order: ``REDIS_URL`` if set (tests then use unique
+namespaces and never flush it); else a private ``redis-server`` started on a
+free port in a temp dir for the session; else a ``testcontainers`` Redis where
+a Docker engine answers; else the real-backend tests skip with the reason,
+except under ``CI=true`` where a missing real server fails them.
+
+Every store test takes a store built by ``make`` and runs four times:
+{fake, real} x {sync, async}. The async store is driven through ``Twin``,
+which runs each coroutine to completion on a private event loop, so one test
+body checks both stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from redis_agentstate import AsyncCheckpointStore, CheckpointStore
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServerProcess:
+    """A private redis-server in its own temp dir; stopped and removed on ``stop``."""
+
+    port: int
+    dir: str
+    proc: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def start(cls, *extra: str, port: int | None = None, dir: str | None = None) -> RedisServerProcess:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server not on PATH")
+        port = port or free_port()
+        dir = dir or tempfile.mkdtemp(prefix="agentstate-redis-")
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", dir,
+                "--save", "", "--appendonly", "no", "--logfile", os.path.join(dir, "redis.log"), *extra]  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = cls(port=port, dir=dir, proc=proc, args=args)
+        server.wait_ready()
+        return server
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.dir}/redis.log")
+            try:
+                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise TimeoutError(f"redis-server on port {self.port} did not answer PING")
+
+    def stop(self, *, remove: bool = True) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class RealServer:
+    url: str | None
+    reason: str
+    owned: bool
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[RealServer]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield RealServer(url, "", owned=False)
+        return
+    try:
+        proc = RedisServerProcess.start()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        reason = f"no redis-server: {exc}"
+    else:
+        try:
+            yield RealServer(proc.url, "", owned=True)
+        finally:
+            proc.stop()
+        return
+    try:  # pragma: no cover - only where a Docker engine answers
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7") as container:
+            host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+            yield RealServer(f"redis://{host}:{port}/0", "", owned=True)
+            return
+    except Exception as exc:  # noqa: BLE001 - any docker failure means "no container"
+        reason += f"; testcontainers: {exc!r}"
+    yield RealServer(None, reason, owned=False)
+
+
+def require_real(real_server: RealServer) -> str:
+    if real_server.url is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no real Redis is available: {real_server.reason}")
+        pytest.skip(f"no real Redis: {real_server.reason}")
+    return real_server.url
+
+
+@dataclass
+class Backend:
+    """Client factories for one backend; every client made is closed at teardown."""
+
+    kind: str
+    url: str | None = None
+    server: Any = None
+    _sync: list[Any] = field(default_factory=list)
+    _async: list[Any] = field(default_factory=list)
+
+    def sync_client(self, **kw: Any) -> Any:
+        if self.kind == "fake":
+            client = fakeredis.FakeRedis(server=self.server, **kw)
+        else:
+            client = redis.Redis.from_url(self.url, **kw)
+        self._sync.append(client)
+        return client
+
+    def async_client(self, **kw: Any) -> Any:
+        if self.kind == "fake":
+            client = fakeredis.FakeAsyncRedis(server=self.server, **kw)
+        else:
+            client = aioredis.Redis.from_url(self.url, **kw)
+        self._async.append(client)
+        return client
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        for c in self._sync:
+            c.close()
+        for c in self._async:
+            loop.run_until_complete(c.aclose())
+
+
+@pytest.fixture(params=["fake", "real"])
+def backend(request: pytest.FixtureRequest, real_server: RealServer, twin_loop: asyncio.AbstractEventLoop) -> Iterator[Backend]:
+    if request.param == "fake":
+        b = Backend("fake", server=fakeredis.FakeServer())
+    else:
+        b = Backend("real", url=require_real(real_server))
+    yield b
+    b.close(twin_loop)
+
+
+@pytest.fixture
+def twin_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+class Twin:
+    """Presents an async object with a sync face: coroutine methods run to completion."""
+
+    def __init__(self, obj: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._obj = obj
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._obj, name)
+        if inspect.iscoroutinefunction(attr):
+            return lambda *a, **k: self._loop.run_until_complete(attr(*a, **k))
+        return attr
+
+    @property
+    def wrapped(self) -> Any:
+        return self._obj
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{next(_counter)}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavor(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make(backend: Backend, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop) -> Callable[..., Any]:
+    """``make(SyncCls, AsyncCls, **kw)``: a store of this test's flavor on this backend."""
+
+    def build(sync_cls: type, async_cls: type, **kw: Any) -> Any:
+        kw.setdefault("namespace", namespace)
+        if flavor == "sync":
+            return sync_cls(backend.sync_client(), **kw)
+        return Twin(async_cls(backend.async_client(), **kw), twin_loop)
+
+    return build
+
+
+@pytest.fixture
+def store(make: Callable[..., Any]) -> Any:
+    return make(CheckpointStore, AsyncCheckpointStore)
+
+
+@pytest.fixture
+def raw(backend: Backend) -> Any:
+    """A plain sync client on the same backend, for inspecting and corrupting keys."""
+    return backend.sync_client()
