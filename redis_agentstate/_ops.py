@@ -27,7 +27,7 @@ from tenacity import (
 
 from .errors import BackendError, BackendUnavailable, InvalidArgument
 
-__all__ = ["Call", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
+__all__ = ["Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -48,7 +48,14 @@ class Pipe:
     commands: Sequence[Sequence[Any]]
 
 
-Request = Union[Call, Pipe]
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One plain command sent on its own, e.g. a blocking ``XREAD`` (never pipelined)."""
+
+    args: Sequence[Any]
+
+
+Request = Union[Call, Pipe, Command]
 Op = Generator[Request, Any, T]
 
 #: Errors after which the request may or may not have applied. Every request
@@ -104,6 +111,8 @@ def _translate(exc: rex.RedisError) -> BackendError:
 def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Command):
+        return client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
@@ -113,6 +122,8 @@ def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
 async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Command):
+        return await client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
