@@ -10,6 +10,24 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
 
+Agent pools (``SS`` is the shard of the pool id)::
+
+    ns:{ns#SS}:pool:<pool_id>                 hash   cfg created seq evt
+    ns:{ns#SS}:pool-members:<pool_id>         hash   run_id -> member blob
+    ns:{ns#SS}:pool-msgs:<pool_id>            hash   message_id -> stored message blob
+    ns:{ns#SS}:pool-msg-dedupe:<pool_id>      hash   idempotency key -> "<seq>:<receipt blob>"
+    ns:{ns#SS}:pool-wakes:<pool_id>           hash   condition_id -> stored wake blob
+    ns:{ns#SS}:pool-wake-dedupe:<pool_id>     hash   idempotency key -> "<seq>:<registration blob>"
+    ns:{ns#SS}:pool-log:<pool_id>             stream the record log, entry id "<seq>-0"
+    ns:{ns#SS}:pool-nonce:<nonce>:<pool_id>   string a write's reply, kept briefly for re-sends
+    ns:{ns#SS}:pools                          zset   every pool id of shard SS (score 0)
+
+Key/value seam (``SS`` is the shard of the key)::
+
+    ns:{ns#SS}:kv:<key>           string the value (PX when set with a TTL)
+    ns:{ns#SS}:kvkeys             zset   every key of shard SS (score 0, lex order)
+    ns:{ns#SS}:kvttl              zset   keys of shard SS that have a TTL -> expiry (unix ms)
+
 ``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
 task id, so that the shard's indexes (``tasks``, ``ready``) share the slot of
 every task in it: each script then updates state and index atomically, on a
@@ -31,7 +49,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 
-__all__ = ["MAX_ID_BYTES", "SHARDS", "Keys", "TaskKeys", "validate_namespace"]
+__all__ = ["MAX_ID_BYTES", "SHARDS", "Keys", "PoolKeys", "TaskKeys", "validate_namespace"]
 
 SHARDS = 64
 MAX_ID_BYTES = 1024
@@ -67,6 +85,29 @@ class TaskKeys:
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolKeys:
+    """The keys of one agent pool, in the order every pool script takes them."""
+
+    state: str
+    members: str
+    messages: str
+    message_dedupe: str
+    wakes: str
+    wake_dedupe: str
+    log: str
+    pools: str
+    prefix: str
+
+    def as_list(self) -> list[str]:
+        return [self.state, self.members, self.messages, self.message_dedupe,
+                self.wakes, self.wake_dedupe, self.log, self.pools]  # fmt: skip
+
+    def nonce(self, nonce: str) -> str:
+        """Where a write remembers its reply (``nonce`` is fixed-length hex, the pool id last)."""
+        return f"{self.prefix}pool-nonce:{nonce}:{self.state[len(self.prefix) + 5 :]}"
+
+
 class Keys:
     """Key builder for one namespace."""
 
@@ -100,6 +141,32 @@ class Keys:
             gen=p + "gen",
             tomb=p + "tomb:" + task_id,
         )
+
+    def pool(self, pool_id: str) -> PoolKeys:
+        p = self._shard_prefixes[self.shard_of(pool_id)]
+        return PoolKeys(
+            state=p + "pool:" + pool_id,
+            members=p + "pool-members:" + pool_id,
+            messages=p + "pool-msgs:" + pool_id,
+            message_dedupe=p + "pool-msg-dedupe:" + pool_id,
+            wakes=p + "pool-wakes:" + pool_id,
+            wake_dedupe=p + "pool-wake-dedupe:" + pool_id,
+            log=p + "pool-log:" + pool_id,
+            pools=p + "pools",
+            prefix=p,
+        )
+
+    def shard_pools(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "pools"
+
+    def kv(self, key: str) -> str:
+        """The string key holding the value of KV key ``key``."""
+        return self._shard_prefixes[self.shard_of(key)] + "kv:" + key
+
+    def kv_index(self, shard: int) -> tuple[str, str]:
+        """``(kvkeys, kvttl)``: shard ``shard``'s key index and its expiry index."""
+        p = self._shard_prefixes[shard]
+        return p + "kvkeys", p + "kvttl"
 
     def pattern(self) -> str:
         """A glob matching every key of this namespace (for ACL rules and tooling)."""
