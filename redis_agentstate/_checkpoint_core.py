@@ -6,6 +6,7 @@ stores drive with their own client. Nothing here blocks or awaits.
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -84,6 +85,23 @@ def _opt_int(raw: bytes) -> int | None:
     return int(raw) if raw else None
 
 
+def _time_ms(reply: Any) -> int:
+    """``TIME`` as parsed by redis-py (a pair of ints) or raw (two byte strings), in ms."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _zset_head(reply: Any) -> tuple[str, float] | None:
+    """``ZRANGE key 0 0 WITHSCORES``: RESP2 ``[member, score]`` or RESP3 ``[[member, score]]``."""
+    if not reply:
+        return None
+    if isinstance(reply[0], (list, tuple)):
+        member, score = reply[0]
+    else:
+        member, score = reply[0], reply[1]
+    return _s(member), float(score)
+
+
 class CheckpointCore:
     """Validation, request building and reply parsing for one namespace."""
 
@@ -155,17 +173,14 @@ class CheckpointCore:
         """
         tid = cp.task_id
         body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {tid!r} body")
-        if history is None or replace:
+        # A checkpoint shorter than our cached view goes whole: the script decides
+        # (after fencing) whether that is a forbidden shrink.
+        if history is None or replace or len(cp.messages) < len(history.messages) or len(cp.cycles) < len(history.cycles):
             base_m = base_c = -1
             epoch = b""
             new_m, new_c = cp.messages, cp.cycles
         else:
             base_m, base_c = len(history.messages), len(history.cycles)
-            if len(cp.messages) < base_m or len(cp.cycles) < base_c:
-                raise InvalidArgument(
-                    f"checkpoint {tid!r} has fewer messages or cycles than are stored; "
-                    "history is append-only (pass replace_history=True to rewrite it)"
-                )
             epoch = history.epoch
             new_m, new_c = cp.messages[base_m:], cp.cycles[base_c:]
         blobs = [encode(m, what=f"message of task {tid!r}") for m in new_m]
@@ -190,14 +205,31 @@ class CheckpointCore:
 
     # ---- reply parsing --------------------------------------------------
 
-    def _checkpoint(self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None) -> Checkpoint:
+    def _checkpoint(
+        self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None
+    ) -> Checkpoint:
         """Parse ``read_checkpoint``'s array starting at ``reply[at]``."""
         try:
             status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
             blobs = reply[at + 14 :]
-            status = _STATUSES[_s(status_raw)]
             shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
+            if not isinstance(shared_state, dict):
+                raise TypeError("shared_state is not a map")
+            cp = Checkpoint(
+                task_id=task_id,
+                cycle_index=int(cycle),
+                status=_STATUSES[_s(status_raw)],
+                shared_state=shared_state,
+                revision=int(rev),
+                claim_token=_s(token) if token else None,
+                claimed_cycle=_opt_int(claimed),
+                lease_expires_at_ms=_opt_int(lease),
+                terminal_result=terminal_result if term == b"1" else None,
+                budget_usage=budget,
+            )
+            if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
+                raise ValueError("history reply is inconsistent")
         except CorruptState:
             raise
         except Exception as exc:
@@ -206,8 +238,6 @@ class CheckpointCore:
                 task_id=task_id,
                 key=keys.checkpoint,
             ) from exc
-        if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
-            raise CorruptState(f"history reply of task {task_id!r} is inconsistent", task_id=task_id, key=keys.messages)
         if from_m or from_c:
             # The script only skips entries when our cached epoch matched.
             assert cached is not None and cached.epoch == epoch
@@ -218,22 +248,9 @@ class CheckpointCore:
         messages += [decode(b, key=keys.messages, task_id=task_id) for b in blobs[:k]]
         cycles += [decode(b, key=keys.cycles, task_id=task_id) for b in blobs[k:]]
         self.history.put(task_id, epoch, messages, cycles)
-        if not isinstance(shared_state, dict):
-            raise CorruptState(f"shared_state of task {task_id!r} is not a map", task_id=task_id, key=keys.checkpoint)
-        return Checkpoint(
-            task_id=task_id,
-            cycle_index=int(cycle),
-            status=status,
-            messages=list(messages),
-            cycles=list(cycles),
-            shared_state=shared_state,
-            revision=int(rev),
-            claim_token=_s(token) if token else None,
-            claimed_cycle=_opt_int(claimed),
-            lease_expires_at_ms=_opt_int(lease),
-            terminal_result=terminal_result if term == b"1" else None,
-            budget_usage=budget,
-        )
+        cp.messages = list(messages)
+        cp.cycles = list(cycles)
+        return cp
 
     # ---- operations -----------------------------------------------------
 
@@ -304,6 +321,42 @@ class CheckpointCore:
                 lease_expires_at_ms=int(detail),
             )
         raise CorruptState(f"unexpected claim reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+
+    #: How many successive heads of one shard claim_next tries after losing races there.
+    CLAIM_NEXT_TRIES_PER_SHARD = 4
+
+    def claim_next(self, *, token: str, lease_ms: int) -> Op[Checkpoint | None]:
+        """Claim the next cycle of any claimable task, or return None when none is due.
+
+        One pipelined peek reads the server clock and the head (oldest score) of
+        every shard's ready index; the due shards are visited in random order so
+        a fleet spreads over them, and within a shard the oldest entry goes
+        first (a task that just committed re-enters at the back: FIFO). The
+        claim itself is one script on the candidate's keys, which re-checks the
+        checkpoint and, when another worker won the race, answers with the
+        shard's new head so the next try costs one more script, not a new peek.
+        """
+        token = self._token(token)
+        lease_ms = self._lease(lease_ms)
+        heads = [("ZRANGE", self.keys.shard_ready(s), 0, 0, "WITHSCORES") for s in range(SHARDS)]
+        replies = yield Pipe([("TIME",), *heads])
+        now = _time_ms(replies[0])
+        due = [head for head in map(_zset_head, replies[1:]) if head is not None and head[1] <= now]
+        random.shuffle(due)
+        for tid, _score in due:
+            for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
+                keys = self.keys.task(tid)
+                cached, have = self._cached(tid)
+                reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
+                code = reply[0]
+                if code in (1, 2):
+                    return self._checkpoint(tid, keys, reply, 1, cached)
+                if code != 0:
+                    raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+                if len(reply) < 4 or float(reply[3]) > int(reply[1]):
+                    break  # nothing else due in this shard
+                tid = _s(reply[2])
+        return None
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
         self.validate(cp)
