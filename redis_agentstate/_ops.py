@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import redis.exceptions as rex
 from tenacity import (
@@ -55,7 +55,7 @@ class Command:
     args: Sequence[Any]
 
 
-Request = Union[Call, Pipe, Command]
+Request = Call | Pipe | Command
 Op = Generator[Request, Any, T]
 
 #: Errors after which the request may or may not have applied. Every request

@@ -22,7 +22,8 @@ _PREFIX = bytes([FORMAT_VERSION])
 def encode(value: Any, *, what: str) -> bytes:
     """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be."""
     try:
-        return _PREFIX + msgpack.packb(value, use_bin_type=True, datetime=False)
+        packed: bytes = msgpack.packb(value, use_bin_type=True, datetime=False)
+        return _PREFIX + packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(f"{what} is not msgpack-serialisable: {exc}") from exc
 

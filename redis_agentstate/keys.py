@@ -63,9 +63,7 @@ def validate_namespace(namespace: object) -> str:
     if len(namespace) > MAX_NAMESPACE_CHARS:
         raise InvalidArgument(f"namespace longer than {MAX_NAMESPACE_CHARS} characters")
     if any(c in namespace for c in "{}*?[]") or not namespace.isprintable():
-        raise InvalidArgument(
-            f"namespace {namespace!r} must be printable and contain none of {{ }} * ? [ ]"
-        )
+        raise InvalidArgument(f"namespace {namespace!r} must be printable and contain none of {{ }} * ? [ ]")
     return namespace
 
 
@@ -111,7 +109,7 @@ class PoolKeys:
 class Keys:
     """Key builder for one namespace."""
 
-    __slots__ = ("namespace", "_shard_prefixes")
+    __slots__ = ("_shard_prefixes", "namespace")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = validate_namespace(namespace)

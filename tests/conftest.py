@@ -36,6 +36,19 @@ import redis.asyncio as aioredis
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--benchmarks", action="store_true", help="also run tests marked 'benchmark'")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--benchmarks"):
+        return
+    skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")
+    for item in items:
+        if "benchmark" in item.keywords:
+            item.add_marker(skip)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,7 +136,7 @@ def real_server() -> Iterator[RealServer]:
             host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
             yield RealServer(f"redis://{host}:{port}/0", "", owned=True)
             return
-    except Exception as exc:  # noqa: BLE001 - any docker failure means "no container"
+    except Exception as exc:
         reason += f"; testcontainers: {exc!r}"
     yield RealServer(None, reason, owned=False)
 
@@ -170,7 +183,9 @@ class Backend:
 
 
 @pytest.fixture(params=["fake", "real"])
-def backend(request: pytest.FixtureRequest, real_server: RealServer, twin_loop: asyncio.AbstractEventLoop) -> Iterator[Backend]:
+def backend(
+    request: pytest.FixtureRequest, real_server: RealServer, twin_loop: asyncio.AbstractEventLoop
+) -> Iterator[Backend]:
     if request.param == "fake":
         b = Backend("fake", server=fakeredis.FakeServer())
     else:

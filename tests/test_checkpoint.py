@@ -294,7 +294,9 @@ class TestRetrySafety:
         monkeypatch.setattr(type(script), "__call__", apply_then_drop)
         return calls
 
-    def test_commit_resent_after_lost_reply_returns_true_once(self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_commit_resent_after_lost_reply_returns_true_once(
+        self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
         cp.cycle_index = 1
         cp.messages.append("applied once")
@@ -304,9 +306,13 @@ class TestRetrySafety:
         got = store.load("task-1")
         assert got.revision == cp.revision + 1 and got.messages.count("applied once") == 1
 
-    def test_finalize_resent_after_lost_reply_returns_true(self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_finalize_resent_after_lost_reply_returns_true(
+        self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         calls = self.lose_first_reply(store, "finalize", monkeypatch)
-        final = Checkpoint("task-1", status=AgentStatus.COMPLETED, terminal_result="ok", messages=[*running.messages, "bye"])
+        final = Checkpoint(
+            "task-1", status=AgentStatus.COMPLETED, terminal_result="ok", messages=[*running.messages, "bye"]
+        )
         assert store.finalize(final, expected_revision=0) is True
         assert len(calls) == 2 and store.load("task-1").messages.count("bye") == 1
 
@@ -318,7 +324,9 @@ class TestRetrySafety:
         assert store.acknowledge_terminal("c", expected_revision=0) is True
         assert len(calls) == 2 and store.load("c") is None
 
-    def test_claim_resent_after_lost_reply_returns_the_claim(self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_claim_resent_after_lost_reply_returns_the_claim(
+        self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         calls = self.lose_first_reply(store, "claim", monkeypatch)
         cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
         assert len(calls) == 2 and cp.revision == 1 and cp.claim_token == "w"
@@ -416,7 +424,9 @@ class TestHistory:
 class TestServerClock:
     """DESIGN.md 1: leases come from Redis TIME; a worker's clock is irrelevant."""
 
-    def test_client_clock_hours_off_changes_nothing(self, store: Any, running: Checkpoint, raw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_client_clock_hours_off_changes_nothing(
+        self, store: Any, running: Checkpoint, raw: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         real_time = time.time
         monkeypatch.setattr(time, "time", lambda: real_time() + 6 * 3600)
         monkeypatch.setattr(time, "time_ns", lambda: int((real_time() + 6 * 3600) * 1e9))
@@ -551,7 +561,9 @@ class TestCorruptState:
             ("msgs", None, b"\x01\xc1"),
         ],
     )
-    def test_undecodable_bytes_name_task_and_key(self, store: Any, raw: Any, kind: str, field: Any, value: bytes) -> None:
+    def test_undecodable_bytes_name_task_and_key(
+        self, store: Any, raw: Any, kind: str, field: Any, value: bytes
+    ) -> None:
         from redis_agentstate import CorruptState
 
         store.create(Checkpoint("bad", messages=["a", "b"]))

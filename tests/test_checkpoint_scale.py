@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore
-from redis_agentstate import _checkpoint_core
+from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore, _checkpoint_core
 from redis_agentstate.scripts import SAVE
 
 LEASE = 60_000
