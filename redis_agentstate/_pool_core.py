@@ -1,0 +1,580 @@
+"""Everything the pool stores do that is not I/O: checks, arguments, replies.
+
+Each public operation is a generator (see ``_ops``) that the sync and async
+stores drive with their own client. Nothing here blocks or awaits.
+
+Layout: a pool's state lives in hashes and its record log in a Redis Stream
+(key layout in ``keys.py`` and ``lua/_pool.lua``). Every state change and
+its record are written by one script, which also numbers the record from a
+per-pool counter: sequences 1, 2, 3, ... with no gap, whatever the number of
+writers. A stream entry's id is ``<seq>-0``, so ``XRANGE``/``XREAD`` after a
+cursor are exact. Retention trims the head of the log only, so the records a
+read returns are always consecutive: if the first one is not the one after
+the cursor, the records in between were trimmed, and the read raises
+``CursorExpired`` instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import msgpack
+
+from . import scripts
+from ._ops import Call, Command, Op, Pipe, new_nonce
+from ._validate import MAX_REVISION, check_id, check_int
+from .codec import decode, encode
+from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
+from .keys import SHARDS, Keys, PoolKeys
+from .pool_models import (
+    Cursor,
+    MessageReceipt,
+    PoolConfig,
+    PoolMember,
+    PoolRecord,
+    PoolRecordKind,
+    PoolSnapshot,
+    RecordPayload,
+    RunMessage,
+    StoredMessage,
+    StoredWake,
+    WakeCondition,
+    WakeRegistration,
+)
+
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "POOL_SCRIPTS", "PoolCore"]
+
+POOL_OPEN = "pool_open"
+POOL_SNAPSHOT = "pool_snapshot"
+POOL_RECORD_CREATED = "pool_record_created"
+POOL_JOIN = "pool_join"
+POOL_LEAVE = "pool_leave"
+POOL_RECORD_MESSAGE = "pool_record_message"
+POOL_RECORD_WAKE = "pool_record_wake"
+POOL_NEXT_EVENT_SEQUENCE = "pool_next_event_sequence"
+POOL_WATCH = "pool_watch"
+
+POOL_SCRIPTS = (
+    POOL_OPEN, POOL_SNAPSHOT, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE,
+    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH,
+)  # fmt: skip
+scripts.add_prelude(POOL_SCRIPTS, "_pool")
+
+#: The largest record one write may send (its encoded state and payload).
+DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
+#: How long a join/leave/record_created remembers its reply, so that a re-send
+#: after a lost reply gets the same answer (longer than any retry window).
+REMEMBER_MS = 120_000
+#: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
+MAX_BLOCK_MS = 24 * 3600 * 1000
+MAX_WATCH_COUNT = 1_000_000
+_LIST_PAGE = 5000
+_KINDS = {k.value: k for k in PoolRecordKind}
+_NONE_BLOB = encode(None, what="pool_created payload")
+
+T = TypeVar("T")
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+# ---- canonical encoding (configs compare by their bytes in Lua) -----------
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every map's items in one order, so equal configs encode to equal bytes."""
+    if isinstance(value, dict):
+        try:
+            items = sorted(
+                ((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0]
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
+        return {k: _canonical(v) for _, k, v in items}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+# ---- checks -----------------------------------------------------------------
+
+
+def _check_type(value: object, cls: type[T], what: str) -> T:
+    if not isinstance(value, cls):
+        raise InvalidArgument(f"{what} must be a {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_dict(value: object, what: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{what} must be a dict, got {type(value).__name__}")
+    return value
+
+
+def _check_list(value: object, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _check_str_list(value: object, what: str) -> list[str]:
+    for item in _check_list(value, what):
+        check_id(item, f"each of {what}")
+    return value  # type: ignore[return-value]
+
+
+def _opt_id(value: object, what: str) -> str | None:
+    return None if value is None else check_id(value, what)
+
+
+def check_config(config: object) -> PoolConfig:
+    c = _check_type(config, PoolConfig, "config")
+    _check_dict(c.message_policy, "config.message_policy")
+    _check_dict(c.wake_policy, "config.wake_policy")
+    _check_list(c.policy_refs, "config.policy_refs")
+    return c
+
+
+def check_member(member: object) -> PoolMember:
+    m = _check_type(member, PoolMember, "member")
+    check_id(m.run_id, "member.run_id")
+    _check_str_list(m.topics, "member.topics")
+    _check_dict(m.metadata, "member.metadata")
+    return m
+
+
+def check_message(message: object, receipt: object) -> tuple[RunMessage, MessageReceipt]:
+    m = _check_type(message, RunMessage, "message")
+    check_id(m.message_id, "message.message_id")
+    check_id(m.idempotency_key, "message.idempotency_key")
+    _opt_id(m.topic, "message.topic")
+    _opt_id(m.sender, "message.sender")
+    r = _check_type(receipt, MessageReceipt, "receipt")
+    check_id(r.message_id, "receipt.message_id")
+    if r.message_id != m.message_id:
+        raise InvalidArgument(f"receipt.message_id {r.message_id!r} is not the message's {m.message_id!r}")
+    _check_str_list(r.recipients, "receipt.recipients")
+    _check_dict(r.metadata, "receipt.metadata")
+    return m, r
+
+
+def check_wake(condition: object, registration: object) -> tuple[WakeCondition, WakeRegistration]:
+    c = _check_type(condition, WakeCondition, "condition")
+    check_id(c.condition_id, "condition.condition_id")
+    check_id(c.idempotency_key, "condition.idempotency_key")
+    check_id(c.run_id, "condition.run_id")
+    _check_dict(c.filter, "condition.filter")
+    r = _check_type(registration, WakeRegistration, "registration")
+    check_id(r.condition_id, "registration.condition_id")
+    if r.condition_id != c.condition_id:
+        raise InvalidArgument(
+            f"registration.condition_id {r.condition_id!r} is not the condition's {c.condition_id!r}"
+        )
+    _check_dict(r.metadata, "registration.metadata")
+    return c, r
+
+
+# ---- to and from stored maps --------------------------------------------------
+
+
+def _config_map(c: PoolConfig) -> dict[str, Any]:
+    return {"message_policy": c.message_policy, "wake_policy": c.wake_policy, "policy_refs": c.policy_refs}
+
+
+def _member_map(m: PoolMember) -> dict[str, Any]:
+    return {"run_id": m.run_id, "topics": m.topics, "metadata": m.metadata}
+
+
+def _message_map(m: RunMessage) -> dict[str, Any]:
+    return {
+        "message_id": m.message_id,
+        "idempotency_key": m.idempotency_key,
+        "payload": m.payload,
+        "topic": m.topic,
+        "sender": m.sender,
+    }
+
+
+def _receipt_map(r: MessageReceipt) -> dict[str, Any]:
+    return {"message_id": r.message_id, "recipients": r.recipients, "metadata": r.metadata}
+
+
+def _condition_map(c: WakeCondition) -> dict[str, Any]:
+    return {"condition_id": c.condition_id, "idempotency_key": c.idempotency_key, "run_id": c.run_id, "filter": c.filter}
+
+
+def _registration_map(r: WakeRegistration) -> dict[str, Any]:
+    return {"condition_id": r.condition_id, "metadata": r.metadata}
+
+
+class _Shape(Exception):
+    """A decoded value does not have the shape this library writes."""
+
+
+def _field(m: Any, name: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    if not isinstance(m, dict) or name not in m:
+        raise _Shape(f"missing field {name!r}")
+    value = m[name]
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind):
+        raise _Shape(f"field {name!r} is {type(value).__name__}")
+    return value
+
+
+def _config_of(m: Any) -> PoolConfig:
+    return PoolConfig(_field(m, "message_policy", dict), _field(m, "wake_policy", dict), _field(m, "policy_refs", list))
+
+
+def _member_of(m: Any) -> PoolMember:
+    return PoolMember(_field(m, "run_id", str), _field(m, "topics", list), _field(m, "metadata", dict))
+
+
+def _message_of(m: Any) -> RunMessage:
+    if not isinstance(m, dict) or "payload" not in m:
+        raise _Shape("missing field 'payload'")
+    return RunMessage(
+        _field(m, "message_id", str),
+        _field(m, "idempotency_key", str),
+        m["payload"],
+        _field(m, "topic", str, optional=True),
+        _field(m, "sender", str, optional=True),
+    )
+
+
+def _receipt_of(m: Any) -> MessageReceipt:
+    return MessageReceipt(_field(m, "message_id", str), _field(m, "recipients", list), _field(m, "metadata", dict))
+
+
+def _stored_message_of(m: Any) -> StoredMessage:
+    return StoredMessage(_message_of(_field(m, "message", dict)), _receipt_of(_field(m, "receipt", dict)))
+
+
+def _condition_of(m: Any) -> WakeCondition:
+    return WakeCondition(
+        _field(m, "condition_id", str), _field(m, "idempotency_key", str), _field(m, "run_id", str), _field(m, "filter", dict)
+    )
+
+
+def _registration_of(m: Any) -> WakeRegistration:
+    return WakeRegistration(_field(m, "condition_id", str), _field(m, "metadata", dict))
+
+
+def _stored_wake_of(m: Any) -> StoredWake:
+    if not isinstance(m, dict) or "compiled_filter" not in m:
+        raise _Shape("missing field 'compiled_filter'")
+    return StoredWake(
+        _condition_of(_field(m, "condition", dict)), m["compiled_filter"], _registration_of(_field(m, "registration", dict))
+    )
+
+
+def _read(blob: Any, key: str, what: str, build: Callable[[Any], T]) -> T:
+    """Decode ``blob`` (stored at ``key``) and build a model from it; ``CorruptState`` naming the key."""
+    if not isinstance(blob, bytes):
+        raise CorruptState(f"{what} at {key!r} is not a blob: {blob!r}", key=key)
+    value = decode(blob, key=key)
+    try:
+        return build(value)
+    except _Shape as exc:
+        raise CorruptState(f"{what} at {key!r} is malformed: {exc}", key=key) from exc
+
+
+def _split_seq(raw: Any, key: str) -> tuple[int, bytes]:
+    """``b"<seq>:<blob>"`` -> (seq, blob)."""
+    try:
+        head, _, blob = raw.partition(b":")
+        return int(head), blob
+    except (AttributeError, ValueError) as exc:
+        raise CorruptState(f"dedupe entry at {key!r} is malformed: {raw!r}", key=key) from exc
+
+
+def _xread_entries(reply: Any) -> list[tuple[bytes, bytes, bytes]]:
+    """``(seq, kind, blob)`` of an ``XREAD`` of one stream, as parsed by redis-py on RESP2 or RESP3."""
+    if not reply:
+        return []
+    streams = list(reply.values()) if isinstance(reply, dict) else [s[1] for s in reply]
+    out = []
+    for entries in streams:
+        # redis-py's RESP3 parser wraps a stream's entry list in one more list.
+        if entries and isinstance(entries[0], list) and entries[0] and isinstance(entries[0][0], (list, tuple)):
+            entries = [e for sub in entries for e in sub]
+        for entry_id, fields in entries:
+            f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+            out.append((entry_id.split(b"-", 1)[0], f.get(b"k", b""), f.get(b"p", b"")))
+    return out
+
+
+class PoolCore:
+    """Validation, request building and reply parsing for the pools of one namespace."""
+
+    def __init__(self, namespace: str, *, max_records: int | None, max_record_bytes: int) -> None:
+        self.keys = Keys(namespace)
+        self.max_records = None if max_records is None else check_int(max_records, "max_records", 1, 2**53)
+        self.max_record_bytes = check_int(max_record_bytes, "max_record_bytes", 1, 2**31)
+        self._maxlen = self.max_records or 0
+
+    # ---- helpers ------------------------------------------------------
+
+    def _pool(self, pool_id: object) -> tuple[str, PoolKeys]:
+        pid = check_id(pool_id, "pool_id")
+        return pid, self.keys.pool(pid)
+
+    def _encode(self, value: Any, what: str) -> bytes:
+        blob = encode(value, what=what)
+        if len(blob) > self.max_record_bytes:
+            raise InvalidArgument(f"{what} is {len(blob)} bytes, over max_record_bytes={self.max_record_bytes}")
+        return blob
+
+    @staticmethod
+    def _not_open(pid: str) -> PoolNotOpen:
+        return PoolNotOpen(f"agent pool {pid!r} is not open")
+
+    def _cursor(self, reply: Sequence[Any], pid: str) -> Cursor:
+        if reply[0] == -1:
+            raise self._not_open(pid)
+        return Cursor(int(reply[1]))
+
+    def _snapshot(self, pid: str, keys: PoolKeys, reply: Sequence[Any], at: int) -> PoolSnapshot:
+        """Parse the snapshot array (layout in ``_pool.lua``) starting at ``reply[at]``."""
+        try:
+            cfg_blob, created, seq = reply[at : at + 3]
+            pos = at + 3
+            groups: list[list[Any]] = []
+            for _ in range(3):
+                n = int(reply[pos])
+                groups.append(list(reply[pos + 1 : pos + 1 + n]))
+                pos += 1 + n
+            seq_n = int(seq)
+        except (ValueError, TypeError) as exc:
+            raise CorruptState(f"snapshot of pool {pid!r} at {keys.state!r} is malformed", key=keys.state) from exc
+        config = _read(cfg_blob, keys.state, "config", _config_of)
+        members = sorted(
+            (_read(b, keys.members, "member", _member_of) for b in groups[0]), key=lambda m: m.run_id
+        )
+        messages = sorted(
+            (_read(b, keys.messages, "stored message", _stored_message_of) for b in groups[1]),
+            key=lambda m: m.message.message_id,
+        )
+        wakes = sorted(
+            (_read(b, keys.wakes, "stored wake", _stored_wake_of) for b in groups[2]),
+            key=lambda w: w.condition.condition_id,
+        )
+        topics = sorted({t for m in members for t in m.topics if isinstance(t, str)})
+        return PoolSnapshot(
+            pool_id=pid,
+            created=created == b"1",
+            topics=topics,
+            members=members,
+            message_policy=config.message_policy,
+            wake_policy=config.wake_policy,
+            policy_refs=config.policy_refs,
+            messages=messages,
+            wakes=wakes,
+            cursor=Cursor(seq_n) if seq_n else None,
+        )
+
+    def _records(
+        self, pid: str, keys: PoolKeys, after: int, head: int | None, entries: list[tuple[Any, Any, Any]]
+    ) -> list[PoolRecord]:
+        """Records from ``(seq, kind, blob)`` entries read after ``after``; ``CursorExpired`` on a gap."""
+        if not entries:
+            if head is not None and head > after:
+                raise CursorExpired(
+                    f"records of pool {pid!r} after sequence {after} were trimmed by retention", key=keys.log
+                )
+            return []
+        expect = after + 1
+        out = []
+        for seq_raw, kind_raw, blob in entries:
+            try:
+                seq = int(seq_raw)
+                kind = _KINDS[_s(kind_raw)]
+            except (ValueError, KeyError, UnicodeDecodeError) as exc:
+                raise CorruptState(f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log) from exc
+            if seq != expect:
+                if not out and seq > expect:
+                    raise CursorExpired(
+                        f"records {expect}..{seq - 1} of pool {pid!r} were trimmed by retention "
+                        f"(oldest kept: {seq}); cursor {after} has expired",
+                        key=keys.log,
+                    )
+                raise CorruptState(f"record log of pool {pid!r} at {keys.log!r} skips from {expect} to {seq}", key=keys.log)
+            out.append(PoolRecord(pid, Cursor(seq), kind, self._payload(kind, blob, keys.log)))
+            expect += 1
+        return out
+
+    @staticmethod
+    def _payload(kind: PoolRecordKind, blob: Any, key: str) -> RecordPayload:
+        if kind is PoolRecordKind.POOL_OPENED:
+            return _read(blob, key, "pool_opened record", _config_of)
+        if kind is PoolRecordKind.POOL_CREATED:
+            return None
+        if kind in (PoolRecordKind.MEMBER_JOINED, PoolRecordKind.MEMBER_LEFT):
+            return _read(blob, key, f"{kind.value} record", _member_of)
+        if kind is PoolRecordKind.RUN_MESSAGE:
+            return _read(blob, key, "run_message record", _stored_message_of)
+        return _read(blob, key, "wake record", _stored_wake_of)
+
+    # ---- operations ----------------------------------------------------
+
+    def open(self, pool_id: str, config: PoolConfig) -> Op[PoolSnapshot]:
+        pid, keys = self._pool(pool_id)
+        c = check_config(config)
+        blob = self._encode(_canonical(_config_map(c)), f"config of pool {pid!r}")
+        reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen])
+        if reply[0] != -1:
+            return self._snapshot(pid, keys, reply, 1)
+        stored = _read(reply[1], keys.state, "config", _config_of)
+        if _config_map(stored) != _config_map(c):
+            raise ConfigConflict(f"agent pool {pid!r} is open with a different config", key=keys.state)
+        # Equal values, other bytes (e.g. 1 and 1.0): the stored config rules.
+        return (yield from self.snapshot(pid))
+
+    def snapshot(self, pool_id: str) -> Op[PoolSnapshot]:
+        pid, keys = self._pool(pool_id)
+        reply = yield Call(POOL_SNAPSHOT, keys.as_list(), [])
+        if reply[0] == -1:
+            raise self._not_open(pid)
+        return self._snapshot(pid, keys, reply, 1)
+
+    def record_created(self, pool_id: str) -> Op[Cursor]:
+        pid, keys = self._pool(pool_id)
+        nonce_key = keys.nonce(new_nonce())
+        reply = yield Call(POOL_RECORD_CREATED, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, _NONE_BLOB])
+        return self._cursor(reply, pid)
+
+    def join(self, pool_id: str, member: PoolMember) -> Op[Cursor]:
+        pid, keys = self._pool(pool_id)
+        m = check_member(member)
+        blob = self._encode(_member_map(m), f"member {m.run_id!r}")
+        nonce_key = keys.nonce(new_nonce())
+        reply = yield Call(POOL_JOIN, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, m.run_id, blob])
+        return self._cursor(reply, pid)
+
+    def leave(self, pool_id: str, run_id: str) -> Op[tuple[PoolMember, Cursor]]:
+        pid, keys = self._pool(pool_id)
+        rid = check_id(run_id, "run_id")
+        nonce_key = keys.nonce(new_nonce())
+        reply = yield Call(POOL_LEAVE, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, rid])
+        if reply[0] == -2:
+            raise NotAMember(f"run {rid!r} is not a member of agent pool {pid!r}", key=keys.members)
+        cursor = self._cursor(reply, pid)
+        return _read(reply[2], keys.members, "member", _member_of), cursor
+
+    def message_receipt(self, pool_id: str, idempotency_key: str) -> Op[MessageReceipt | None]:
+        pid, keys = self._pool(pool_id)
+        key = check_id(idempotency_key, "idempotency_key")
+        found = yield from self._dedupe_lookup(pid, keys, keys.message_dedupe, key)
+        return None if found is None else _read(found, keys.message_dedupe, "receipt", _receipt_of)
+
+    def wake_registration(self, pool_id: str, idempotency_key: str) -> Op[WakeRegistration | None]:
+        pid, keys = self._pool(pool_id)
+        key = check_id(idempotency_key, "idempotency_key")
+        found = yield from self._dedupe_lookup(pid, keys, keys.wake_dedupe, key)
+        return None if found is None else _read(found, keys.wake_dedupe, "registration", _registration_of)
+
+    def _dedupe_lookup(self, pid: str, keys: PoolKeys, hash_key: str, field: str) -> Op[bytes | None]:
+        # Two reads in one round trip; a pool is never closed, so they cannot disagree on "open".
+        is_open, raw = yield Pipe([("EXISTS", keys.state), ("HGET", hash_key, field)])
+        if not is_open:
+            raise self._not_open(pid)
+        return None if raw is None else _split_seq(raw, hash_key)[1]
+
+    def wake(self, pool_id: str, condition_id: str) -> Op[StoredWake | None]:
+        pid, keys = self._pool(pool_id)
+        cid = check_id(condition_id, "condition_id")
+        is_open, raw = yield Pipe([("EXISTS", keys.state), ("HGET", keys.wakes, cid)])
+        if not is_open:
+            raise self._not_open(pid)
+        return None if raw is None else _read(raw, keys.wakes, "stored wake", _stored_wake_of)
+
+    def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Op[Cursor]:
+        pid, keys = self._pool(pool_id)
+        m, r = check_message(message, receipt)
+        receipt_map = _receipt_map(r)
+        receipt_blob = encode(receipt_map, what=f"receipt of message {m.message_id!r}")
+        stored = self._encode({"message": _message_map(m), "receipt": receipt_map}, f"message {m.message_id!r}")
+        args = [self._maxlen, m.message_id, m.idempotency_key, receipt_blob, stored]
+        reply = yield Call(POOL_RECORD_MESSAGE, keys.as_list(), args)
+        return self._cursor(reply, pid)
+
+    def record_wake(
+        self, pool_id: str, condition: WakeCondition, compiled_filter: Any, registration: WakeRegistration
+    ) -> Op[Cursor]:
+        pid, keys = self._pool(pool_id)
+        c, r = check_wake(condition, registration)
+        reg_map = _registration_map(r)
+        reg_blob = encode(reg_map, what=f"registration of wake {c.condition_id!r}")
+        stored = self._encode(
+            {"condition": _condition_map(c), "compiled_filter": compiled_filter, "registration": reg_map},
+            f"wake {c.condition_id!r}",
+        )
+        args = [self._maxlen, c.condition_id, c.idempotency_key, reg_blob, stored]
+        reply = yield Call(POOL_RECORD_WAKE, keys.as_list(), args)
+        return self._cursor(reply, pid)
+
+    def next_event_sequence(self, pool_id: str) -> Op[int]:
+        pid, keys = self._pool(pool_id)
+        reply = yield Call(POOL_NEXT_EVENT_SEQUENCE, keys.as_list(), [])
+        return self._cursor(reply, pid).sequence
+
+    def watch(
+        self,
+        pool_id: str,
+        after: Cursor | None = None,
+        *,
+        count: int | None = None,
+        block_ms: int | None = None,
+        slice_ms: int | None = None,
+    ) -> Op[list[PoolRecord]]:
+        """Records after ``after``; with ``block_ms``, waits that long for the first new one.
+
+        The wait is ``XREAD BLOCK`` in slices of at most ``slice_ms`` (set from
+        the client's socket timeout, so a long wait never trips it).
+        """
+        pid, keys = self._pool(pool_id)
+        if after is None:
+            seq = 0
+        else:
+            seq = check_int(_check_type(after, Cursor, "after").sequence, "after.sequence", 0, MAX_REVISION)
+        n = 0 if count is None else check_int(count, "count", 1, MAX_WATCH_COUNT)
+        wait = 0 if block_ms is None else check_int(block_ms, "block_ms", 0, MAX_BLOCK_MS)
+        reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
+        if reply[0] == -1:
+            raise self._not_open(pid)
+        head = int(reply[1])
+        entries = [(reply[i], reply[i + 1], reply[i + 2]) for i in range(2, len(reply), 3)]
+        if entries or head > seq or not wait:
+            return self._records(pid, keys, seq, head, entries)
+        deadline = time.monotonic() + wait / 1000
+        read = ["XREAD", *(("COUNT", n) if n else ()), "BLOCK"]
+        while True:
+            left = math.ceil((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                return []
+            block = min(left, slice_ms) if slice_ms else left
+            raw = yield Command([*read, block, "STREAMS", keys.log, f"{seq}-0"])
+            found = _xread_entries(raw)
+            if found:
+                return self._records(pid, keys, seq, None, found)
+
+    def list(self) -> Op[list[str]]:
+        """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""
+        found: list[str] = []
+        pending = {shard: b"-" for shard in range(SHARDS)}
+        while pending:
+            shards = list(pending)
+            replies = yield Pipe(
+                [("ZRANGEBYLEX", self.keys.shard_pools(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
+            )
+            pending = {}
+            for shard, page in zip(shards, replies):
+                found.extend(_s(m) for m in page)
+                if len(page) == _LIST_PAGE:
+                    pending[shard] = b"(" + page[-1]
+        found.sort()
+        return found

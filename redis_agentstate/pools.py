@@ -1,0 +1,216 @@
+"""``PoolStore`` and ``AsyncPoolStore``: thin I/O shells over ``PoolCore``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import scripts
+from ._ops import RetryPolicy, check_client, run_async, run_sync
+from ._pool_core import DEFAULT_MAX_RECORD_BYTES, POOL_SCRIPTS, PoolCore
+from .pool_models import (
+    Cursor,
+    MessageReceipt,
+    PoolConfig,
+    PoolMember,
+    PoolRecord,
+    PoolSnapshot,
+    RunMessage,
+    StoredWake,
+    WakeCondition,
+    WakeRegistration,
+)
+
+__all__ = ["AsyncPoolStore", "PoolStore"]
+
+
+def socket_timeout_s(client: Any) -> float | None:
+    """The read timeout a client applies to every reply, if any (standalone or cluster)."""
+    for owner in ("connection_pool", "nodes_manager"):
+        kwargs = getattr(getattr(client, owner, None), "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            timeout = kwargs.get("socket_timeout")
+            return float(timeout) if timeout else None
+    return None
+
+
+def block_slice_ms(client: Any) -> int | None:
+    """Longest single ``XREAD BLOCK`` that stays well inside the client's socket timeout."""
+    timeout = socket_timeout_s(client)
+    return None if timeout is None else max(1, int(timeout * 1000) // 2)
+
+
+class _Base:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str = "agentstate",
+        max_records: int | None = None,
+        *,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        check_client(client)
+        self._core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes)
+        self._client = client
+        self._scripts = scripts.register(client, POOL_SCRIPTS)
+        self._retry = retry or RetryPolicy()
+        self._slice_ms = block_slice_ms(client)
+
+    @property
+    def namespace(self) -> str:
+        return self._core.keys.namespace
+
+    @property
+    def max_records(self) -> int | None:
+        return self._core.max_records
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+
+class PoolStore(_Base):
+    """Agent pools (the seed's ``AgentPoolStore``) on a ``redis.Redis`` / ``RedisCluster`` client.
+
+    State lives in hashes, the record log in a Redis Stream; every state
+    change and its record are written by one script. ``max_records`` trims
+    each pool's log to that many records (a watch cursor older than the
+    oldest kept record raises ``CursorExpired``); ``max_record_bytes`` caps one
+    write; ``retry`` bounds retries of connection errors (every write is safe
+    to re-send).
+    """
+
+    def _run(self, op: Any) -> Any:
+        return run_sync(self._client, self._scripts, self._retry, op)
+
+    def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
+        """Open the pool (appending ``pool_opened`` if new); ``ConfigConflict`` if open with another config."""
+        return self._run(self._core.open(pool_id, config))  # type: ignore[no-any-return]
+
+    def snapshot(self, pool_id: str) -> PoolSnapshot:
+        """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
+        return self._run(self._core.snapshot(pool_id))  # type: ignore[no-any-return]
+
+    def record_created(self, pool_id: str) -> Cursor:
+        """Mark the pool created and append ``pool_created``."""
+        return self._run(self._core.record_created(pool_id))  # type: ignore[no-any-return]
+
+    def join(self, pool_id: str, member: PoolMember) -> Cursor:
+        """Add (or replace) a member and append ``member_joined``."""
+        return self._run(self._core.join(pool_id, member))  # type: ignore[no-any-return]
+
+    def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
+        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
+        return self._run(self._core.leave(pool_id, run_id))  # type: ignore[no-any-return]
+
+    def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
+        """The receipt first recorded under ``idempotency_key``, or None."""
+        return self._run(self._core.message_receipt(pool_id, idempotency_key))  # type: ignore[no-any-return]
+
+    def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Cursor:
+        """Store the message and append ``run_message``; a recorded idempotency key returns the first cursor."""
+        return self._run(self._core.record_message(pool_id, message, receipt))  # type: ignore[no-any-return]
+
+    def wake_registration(self, pool_id: str, idempotency_key: str) -> WakeRegistration | None:
+        """The registration first recorded under ``idempotency_key``, or None."""
+        return self._run(self._core.wake_registration(pool_id, idempotency_key))  # type: ignore[no-any-return]
+
+    def wake(self, pool_id: str, condition_id: str) -> StoredWake | None:
+        """The stored wake condition ``condition_id``, or None."""
+        return self._run(self._core.wake(pool_id, condition_id))  # type: ignore[no-any-return]
+
+    def record_wake(
+        self, pool_id: str, condition: WakeCondition, compiled_filter: Any, registration: WakeRegistration
+    ) -> Cursor:
+        """Store the wake condition and append ``wake``; a recorded idempotency key returns the first cursor."""
+        return self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))  # type: ignore[no-any-return]
+
+    def watch(
+        self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
+    ) -> list[PoolRecord]:
+        """The records after ``after`` (all from the first if None), in order, at most ``count``.
+
+        With ``block_ms`` > 0 and nothing new yet, waits up to that long for new
+        records (``XREAD BLOCK``) and returns ``[]`` if none came. Raises
+        ``CursorExpired`` if retention trimmed records after ``after``.
+        """
+        op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
+        return self._run(op)  # type: ignore[no-any-return]
+
+    def next_event_sequence(self, pool_id: str) -> int:
+        """The pool's next event number: 1, 2, 3, ... (no record appended)."""
+        return self._run(self._core.next_event_sequence(pool_id))  # type: ignore[no-any-return]
+
+    def list(self) -> list[str]:
+        """Every pool id of the namespace, sorted."""
+        return self._run(self._core.list())  # type: ignore[no-any-return]
+
+
+class AsyncPoolStore(_Base):
+    """The asyncio twin of :class:`PoolStore` (``redis.asyncio`` clients)."""
+
+    async def _run(self, op: Any) -> Any:
+        return await run_async(self._client, self._scripts, self._retry, op)
+
+    async def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
+        """Open the pool (appending ``pool_opened`` if new); ``ConfigConflict`` if open with another config."""
+        return await self._run(self._core.open(pool_id, config))  # type: ignore[no-any-return]
+
+    async def snapshot(self, pool_id: str) -> PoolSnapshot:
+        """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
+        return await self._run(self._core.snapshot(pool_id))  # type: ignore[no-any-return]
+
+    async def record_created(self, pool_id: str) -> Cursor:
+        """Mark the pool created and append ``pool_created``."""
+        return await self._run(self._core.record_created(pool_id))  # type: ignore[no-any-return]
+
+    async def join(self, pool_id: str, member: PoolMember) -> Cursor:
+        """Add (or replace) a member and append ``member_joined``."""
+        return await self._run(self._core.join(pool_id, member))  # type: ignore[no-any-return]
+
+    async def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
+        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
+        return await self._run(self._core.leave(pool_id, run_id))  # type: ignore[no-any-return]
+
+    async def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
+        """The receipt first recorded under ``idempotency_key``, or None."""
+        return await self._run(self._core.message_receipt(pool_id, idempotency_key))  # type: ignore[no-any-return]
+
+    async def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Cursor:
+        """Store the message and append ``run_message``; a recorded idempotency key returns the first cursor."""
+        return await self._run(self._core.record_message(pool_id, message, receipt))  # type: ignore[no-any-return]
+
+    async def wake_registration(self, pool_id: str, idempotency_key: str) -> WakeRegistration | None:
+        """The registration first recorded under ``idempotency_key``, or None."""
+        return await self._run(self._core.wake_registration(pool_id, idempotency_key))  # type: ignore[no-any-return]
+
+    async def wake(self, pool_id: str, condition_id: str) -> StoredWake | None:
+        """The stored wake condition ``condition_id``, or None."""
+        return await self._run(self._core.wake(pool_id, condition_id))  # type: ignore[no-any-return]
+
+    async def record_wake(
+        self, pool_id: str, condition: WakeCondition, compiled_filter: Any, registration: WakeRegistration
+    ) -> Cursor:
+        """Store the wake condition and append ``wake``; a recorded idempotency key returns the first cursor."""
+        return await self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))  # type: ignore[no-any-return]
+
+    async def watch(
+        self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
+    ) -> list[PoolRecord]:
+        """The records after ``after`` (all from the first if None), in order, at most ``count``.
+
+        With ``block_ms`` > 0 and nothing new yet, waits up to that long for new
+        records (``XREAD BLOCK`` on one pooled connection; the event loop stays
+        free) and returns ``[]`` if none came. Raises ``CursorExpired`` if
+        retention trimmed records after ``after``.
+        """
+        op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
+        return await self._run(op)  # type: ignore[no-any-return]
+
+    async def next_event_sequence(self, pool_id: str) -> int:
+        """The pool's next event number: 1, 2, 3, ... (no record appended)."""
+        return await self._run(self._core.next_event_sequence(pool_id))  # type: ignore[no-any-return]
+
+    async def list(self) -> list[str]:
+        """Every pool id of the namespace, sorted."""
+        return await self._run(self._core.list())  # type: ignore[no-any-return]
