@@ -1,0 +1,195 @@
+"""Everything the key/value stores do that is not I/O: checks, requests, replies.
+
+The seam of the seeds (``get``/``set``/``delete`` plus batches, ``exists``,
+``keys``, ``count``) under a namespace. A value lives at
+``ns:{ns#SS}:kv:<key>``, the key verbatim after a fixed kind segment, so no
+key can reach another namespace's or another kind's keys.
+
+Why ``keys()`` and ``count()`` need neither ``KEYS`` nor ``SCAN``: each of
+the 64 shards keeps an index in its own hash slot, written by the same
+script as the value (``lua/kv_set.lua``, ``lua/kv_delete.lua``), so it
+never misses a live key and works unchanged on Redis Cluster:
+
+* ``kvkeys`` -- a zset of every key of the shard (score 0, so it pages in
+  lex order with ``ZRANGEBYLEX``, cost proportional to the page);
+* ``kvttl`` -- a zset of the keys that have a TTL, scored by their absolute
+  expiry (``PEXPIRETIME``, the server's own number).
+
+Redis expires values on its own, so the index outlives expired keys. Readers
+never report them: ``kv_keys.lua`` and ``kv_count.lua`` compare each expiry
+with the server clock (``TIME``, the clock Redis expires by), and ``count``
+is ``ZCARD kvkeys - ZCOUNT kvttl -inf (now``, exact in O(log n) per shard.
+Writers drop up to 100 expired index entries per call, so the index does
+not grow without bound. ``SCAN`` was rejected: it walks the whole keyspace
+(every namespace's keys), returns duplicates, and would still need a
+per-key expiry check for ``count``. Keys written around this store (plain
+``SET``/``DEL`` by another tool) are not indexed; eviction under a
+``maxmemory`` policy can leave index entries for evicted keys, which is why
+agent state belongs on a Redis with ``noeviction``.
+
+Batches (``get_many``, ``set_many``) are one pipeline: ``GET`` per key, and
+one ``EVAL`` of ``kv_set.lua`` per shard (per chunk) for ``set_many``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import scripts
+from ._ops import Call, Command, Op, Pipe
+from ._validate import check_id, check_int
+from .errors import InvalidArgument
+from .keys import SHARDS, Keys
+
+__all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_VALUE_BYTES", "KV_SCRIPTS", "KvCore"]
+
+KV_SET = "kv_set"
+KV_DELETE = "kv_delete"
+KV_KEYS = "kv_keys"
+KV_COUNT = "kv_count"
+KV_SCRIPTS = (KV_SET, KV_DELETE, KV_KEYS, KV_COUNT)
+scripts.add_prelude(KV_SCRIPTS, "_kv")
+
+DEFAULT_MAX_KEY_BYTES = 512
+DEFAULT_MAX_VALUE_BYTES = 8 * 2**20
+#: A TTL longer than a century is a bug, not a TTL.
+MAX_TTL_MS = 100 * 366 * 24 * 3600 * 1000
+#: One set_many script call carries at most this many keys or this many value bytes.
+_BATCH_KEYS = 500
+_BATCH_BYTES = 32 * 2**20
+_KEYS_PAGE = 1000
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class KvCore:
+    """Validation, request building and reply parsing for one namespace's key/value seam."""
+
+    def __init__(self, namespace: str, *, max_key_bytes: int, max_value_bytes: int) -> None:
+        self.keys = Keys(namespace)
+        self.max_key_bytes = check_int(max_key_bytes, "max_key_bytes", 1, 2**20)
+        self.max_value_bytes = check_int(max_value_bytes, "max_value_bytes", 0, 512 * 2**20)
+
+    # ---- checks ---------------------------------------------------------
+
+    def _key(self, key: object) -> str:
+        return check_id(key, "key", max_bytes=self.max_key_bytes)
+
+    def _value(self, value: object, key: str) -> bytes:
+        if isinstance(value, (bytearray, memoryview)):
+            value = bytes(value)
+        if not isinstance(value, bytes):
+            raise InvalidArgument(f"value of key {key!r} must be bytes, got {type(value).__name__}")
+        if len(value) > self.max_value_bytes:
+            raise InvalidArgument(
+                f"value of key {key!r} is {len(value)} bytes, over max_value_bytes={self.max_value_bytes}"
+            )
+        return value
+
+    @staticmethod
+    def _ttl(ttl_ms: object) -> str:
+        return "" if ttl_ms is None else str(check_int(ttl_ms, "ttl_ms", 1, MAX_TTL_MS))
+
+    def _key_list(self, keys: object) -> list[str]:
+        if isinstance(keys, (str, bytes, bytearray)) or not isinstance(keys, Iterable):
+            raise InvalidArgument(f"keys must be an iterable of str, got {type(keys).__name__}")
+        return [self._key(k) for k in keys]
+
+    def _items(self, items: object) -> list[tuple[str, bytes]]:
+        if isinstance(items, Mapping):
+            pairs: Iterable[Any] = items.items()
+        elif isinstance(items, (str, bytes, bytearray)) or not isinstance(items, Iterable):
+            raise InvalidArgument(f"items must be a mapping or an iterable of pairs, got {type(items).__name__}")
+        else:
+            pairs = items
+        out = []
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidArgument(f"each item must be a (key, value) pair, got {pair!r:.80}")
+            key = self._key(pair[0])
+            out.append((key, self._value(pair[1], key)))
+        return out
+
+    def _index(self, key: str) -> list[str]:
+        """KEYS of a one-key kv script: the key's shard index, then its value key."""
+        return [*self.keys.kv_index(Keys.shard_of(key)), self.keys.kv(key)]
+
+    # ---- operations -----------------------------------------------------
+
+    def get(self, key: str) -> Op[bytes | None]:
+        reply = yield Command(["GET", self.keys.kv(self._key(key))])
+        return None if reply is None else bytes(reply)
+
+    def exists(self, key: str) -> Op[bool]:
+        reply = yield Command(["EXISTS", self.keys.kv(self._key(key))])
+        return bool(reply)
+
+    def get_many(self, keys: Iterable[str]) -> Op[list[bytes | None]]:
+        wanted = self._key_list(keys)
+        if not wanted:
+            return []
+        replies = yield Pipe([("GET", self.keys.kv(k)) for k in wanted])
+        return [None if r is None else bytes(r) for r in replies]
+
+    def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> Op[None]:
+        k = self._key(key)
+        v = self._value(value, k)
+        yield Call(KV_SET, self._index(k), [self._ttl(ttl_ms), v])
+        return None
+
+    def set_many(self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None) -> Op[None]:
+        pairs = self._items(items)
+        ttl = self._ttl(ttl_ms)
+        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        for key, value in pairs:
+            by_shard.setdefault(Keys.shard_of(key), []).append((key, value))
+        text = scripts.script_text(KV_SET)
+        commands: list[list[Any]] = []
+        for shard, group in by_shard.items():
+            index = list(self.keys.kv_index(shard))
+            chunk: list[tuple[str, bytes]] = []
+            size = 0
+            for key, value in group:
+                if chunk and (len(chunk) >= _BATCH_KEYS or size + len(value) > _BATCH_BYTES):
+                    commands.append(self._eval_set(text, index, chunk, ttl))
+                    chunk, size = [], 0
+                chunk.append((key, value))
+                size += len(value)
+            commands.append(self._eval_set(text, index, chunk, ttl))
+        if commands:
+            yield Pipe(commands)
+        return None
+
+    def _eval_set(self, text: str, index: list[str], chunk: list[tuple[str, bytes]], ttl: str) -> list[Any]:
+        value_keys = [self.keys.kv(k) for k, _ in chunk]
+        return ["EVAL", text, 2 + len(chunk), *index, *value_keys, ttl, *(v for _, v in chunk)]
+
+    def delete(self, key: str) -> Op[None]:
+        yield Call(KV_DELETE, self._index(self._key(key)), [])
+        return None
+
+    def keys_list(self) -> Op[list[str]]:
+        """Every live key, sorted: pages of every shard's index, one pipeline per round."""
+        text = scripts.script_text(KV_KEYS)
+        found: list[str] = []
+        pending: dict[int, bytes] = {shard: b"-" for shard in range(SHARDS)}
+        while pending:
+            shards = list(pending)
+            replies = yield Pipe(
+                [("EVAL", text, 2, *self.keys.kv_index(s), pending[s], _KEYS_PAGE) for s in shards]
+            )
+            pending = {}
+            for shard, page in zip(shards, replies):
+                found.extend(_s(k) for k in page[1:])
+                if page[0]:
+                    pending[shard] = b"(" + page[0]
+        found.sort()
+        return found
+
+    def count(self) -> Op[int]:
+        text = scripts.script_text(KV_COUNT)
+        replies = yield Pipe([("EVAL", text, 2, *self.keys.kv_index(s)) for s in range(SHARDS)])
+        return sum(int(r) for r in replies)

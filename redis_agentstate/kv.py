@@ -1,0 +1,124 @@
+"""``KeyValueStore`` and ``AsyncKeyValueStore``: thin I/O shells over ``KvCore``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from . import scripts
+from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
+from ._ops import RetryPolicy, check_client, run_async, run_sync
+
+__all__ = ["AsyncKeyValueStore", "KeyValueStore"]
+
+
+class _Base:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str = "agentstate",
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        check_client(client)
+        self._core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
+        self._client = client
+        self._scripts = scripts.register(client, KV_SCRIPTS)
+        self._retry = retry or RetryPolicy()
+
+    @property
+    def namespace(self) -> str:
+        return self._core.keys.namespace
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+
+class KeyValueStore(_Base):
+    """The seeds' key/value state seam on a ``redis.Redis`` / ``RedisCluster`` client.
+
+    Keys are non-empty strings of at most ``max_key_bytes`` UTF-8 bytes,
+    values any bytes up to ``max_value_bytes``; anything else raises
+    ``InvalidArgument`` before a byte is sent. Batches are pipelined;
+    ``keys()`` and ``count()`` read per-shard indexes (never ``KEYS`` or
+    ``SCAN``) and never report an expired key.
+    """
+
+    def _run(self, op: Any) -> Any:
+        return run_sync(self._client, self._scripts, self._retry, op)
+
+    def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None."""
+        return self._run(self._core.get(key))  # type: ignore[no-any-return]
+
+    def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> None:
+        """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
+        self._run(self._core.set(key, value, ttl_ms=ttl_ms))
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (a missing key is fine)."""
+        self._run(self._core.delete(key))
+
+    def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
+        """The values of ``keys``, in order (None where missing), in one pipeline."""
+        return self._run(self._core.get_many(keys))  # type: ignore[no-any-return]
+
+    def set_many(self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None) -> None:
+        """Store every ``(key, value)`` in one pipeline (atomically per shard, not across shards)."""
+        self._run(self._core.set_many(items, ttl_ms=ttl_ms))
+
+    def exists(self, key: str) -> bool:
+        """True if ``key`` holds a value."""
+        return self._run(self._core.exists(key))  # type: ignore[no-any-return]
+
+    def keys(self) -> Iterator[str]:
+        """Every live key of the namespace, sorted."""
+        return iter(self._run(self._core.keys_list()))
+
+    def count(self) -> int:
+        """The number of live keys of the namespace."""
+        return self._run(self._core.count())  # type: ignore[no-any-return]
+
+
+class AsyncKeyValueStore(_Base):
+    """The asyncio twin of :class:`KeyValueStore` (``redis.asyncio`` clients)."""
+
+    async def _run(self, op: Any) -> Any:
+        return await run_async(self._client, self._scripts, self._retry, op)
+
+    async def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None."""
+        return await self._run(self._core.get(key))  # type: ignore[no-any-return]
+
+    async def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> None:
+        """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
+        await self._run(self._core.set(key, value, ttl_ms=ttl_ms))
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` (a missing key is fine)."""
+        await self._run(self._core.delete(key))
+
+    async def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
+        """The values of ``keys``, in order (None where missing), in one pipeline."""
+        return await self._run(self._core.get_many(keys))  # type: ignore[no-any-return]
+
+    async def set_many(
+        self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None
+    ) -> None:
+        """Store every ``(key, value)`` in one pipeline (atomically per shard, not across shards)."""
+        await self._run(self._core.set_many(items, ttl_ms=ttl_ms))
+
+    async def exists(self, key: str) -> bool:
+        """True if ``key`` holds a value."""
+        return await self._run(self._core.exists(key))  # type: ignore[no-any-return]
+
+    async def keys(self) -> Iterator[str]:
+        """Every live key of the namespace, sorted."""
+        return iter(await self._run(self._core.keys_list()))
+
+    async def count(self) -> int:
+        """The number of live keys of the namespace."""
+        return await self._run(self._core.count())  # type: ignore[no-any-return]
