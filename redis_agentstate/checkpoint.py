@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
 from ._ops import RetryPolicy, check_client, run_async, run_sync
 from .models import Checkpoint
+
+if TYPE_CHECKING:
+    from .lease import AsyncLease, Lease
+
+#: Default lease of ``lease()`` (the same as ``lease.DEFAULT_LEASE_MS``).
+DEFAULT_LEASE_MS = 30_000
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
 
@@ -66,6 +72,24 @@ class CheckpointStore(_Base):
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
 
+    def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
+        return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    def lease(
+        self,
+        task_id: str,
+        cycle_index: int,
+        *,
+        token: str | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        **options: Any,
+    ) -> Lease:
+        """A context manager that claims ``cycle_index`` and keeps the lease alive (see ``lease.Lease``)."""
+        from .lease import Lease
+
+        return Lease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
+
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""
         return bool(self._run(self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)))
@@ -116,6 +140,24 @@ class AsyncCheckpointStore(_Base):
     async def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Checkpoint | None:
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    async def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
+        return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+
+    def lease(
+        self,
+        task_id: str,
+        cycle_index: int,
+        *,
+        token: str | None = None,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        **options: Any,
+    ) -> AsyncLease:
+        """An ``async with`` context that claims ``cycle_index`` and keeps the lease alive (``lease.AsyncLease``)."""
+        from .lease import AsyncLease
+
+        return AsyncLease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
 
     async def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""

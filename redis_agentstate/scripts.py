@@ -17,6 +17,7 @@ __all__ = [
     "ACKNOWLEDGE_TERMINAL",
     "CHECKPOINT_SCRIPTS",
     "CLAIM",
+    "CLAIM_NEXT",
     "COMMIT",
     "CREATE",
     "DELETE",
@@ -32,13 +33,16 @@ CREATE = "create"
 SAVE = "save"
 LOAD = "load"
 CLAIM = "claim"
+CLAIM_NEXT = "claim_next"
 COMMIT = "commit"
 RENEW = "renew"
 FINALIZE = "finalize"
 ACKNOWLEDGE_TERMINAL = "acknowledge_terminal"
 DELETE = "delete"
 
-CHECKPOINT_SCRIPTS = (CREATE, SAVE, LOAD, CLAIM, COMMIT, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE)
+CHECKPOINT_SCRIPTS = (
+    CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
+)  # fmt: skip
 
 #: Which prelude each script family is built on.
 _PRELUDES = {name: "_common" for name in CHECKPOINT_SCRIPTS}

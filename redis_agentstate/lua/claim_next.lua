@@ -1,0 +1,74 @@
+-- claim_next.lua: claim the next cycle of a candidate task picked from its
+-- shard's ready index, checking that the index entry is still due.
+--   KEYS[1..7] - the candidate task's keys (see _common.lua); KEYS[4] is the
+--                ready index of its shard, so every key is declared and in
+--                the shard's slot
+--   ARGV[1]    - claim token (non-empty)
+--   ARGV[2]    - lease duration in ms
+--   ARGV[3..5] - cached history epoch, messages, cycle records (as load.lua)
+--
+-- The client picks the candidate with one pipelined peek at the head of each
+-- shard's ready index (ZRANGE 0 0, the oldest score: FIFO). Between the peek
+-- and this script another worker may have claimed it; then nothing is
+-- written and the shard's current head is returned so the client can try it.
+-- An index entry that disagrees with the checkpoint hash (which the other
+-- scripts never leave behind) is repaired here, then treated as a lost race.
+--
+-- Returns
+--   {1, checkpoint...}  claimed cycle_index + 1 (revision bumped, lease set)
+--   {2, checkpoint...}  this token already holds it with a live lease (a
+--                       re-sent claim_next after a lost reply)
+--   {0, now}            not due any more; the shard has nothing else due
+--   {0, now, head_id, head_score}  not due any more; the shard's head now
+local token, lease_ms = ARGV[1], tonumber(ARGV[2])
+local epoch, have_m, have_c = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local task_id = task_id_of(KEYS[1])
+local now = server_now_ms()
+
+local function lost_race()
+  local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if head[1] then return {0, fmt(now), head[1], head[2]} end
+  return {0, fmt(now)}
+end
+
+local h = redis.call('HMGET', KEYS[1], 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term')
+local score = redis.call('ZSCORE', KEYS[4], task_id)
+
+if not h[1] then
+  -- No checkpoint: an index entry would be stale.
+  if score then redis.call('ZREM', KEYS[4], task_id) end
+  return lost_race()
+end
+
+local status, cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
+local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
+local next_cycle = cycle + 1
+
+-- A re-send of a claim_next whose reply was lost: the claim is ours already.
+if held_by == token and lease > now and claimed == fmt(next_cycle) then
+  local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+  table.insert(out, 1, 2)
+  return out
+end
+
+if h[7] == '1' or status ~= 'running' or next_cycle > 4294967295 then
+  -- Not claimable at all: it must not be in the index.
+  if score then redis.call('ZREM', KEYS[4], task_id) end
+  return lost_race()
+end
+
+if held_by ~= '' and lease > now then
+  -- Live claim (someone won the race): the index must say when it expires.
+  if not score or tonumber(score) ~= lease then redis.call('ZADD', KEYS[4], lease, task_id) end
+  return lost_race()
+end
+
+-- The checkpoint says claimable; that decides, whatever the index said.
+local expires = now + lease_ms
+redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
+  'claimed', fmt(next_cycle), 'lease', fmt(expires))
+redis.call('ZADD', KEYS[4], expires, task_id)
+redis.call('ZADD', KEYS[5], 0, task_id)
+local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+table.insert(out, 1, 1)
+return out
