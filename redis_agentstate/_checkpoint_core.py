@@ -238,16 +238,20 @@ class CheckpointCore:
                 task_id=task_id,
                 key=keys.checkpoint,
             ) from exc
-        if from_m or from_c:
+        new_m = [decode(b, key=keys.messages, task_id=task_id) for b in blobs[:k]]
+        new_c = [decode(b, key=keys.cycles, task_id=task_id) for b in blobs[k:]]
+        if not (from_m or from_c):
+            messages, cycles = new_m, new_c
+        else:
             # The script only skips entries when our cached epoch matched.
             assert cached is not None and cached.epoch == epoch
-            messages = cached.messages[:from_m]
-            cycles = cached.cycles[:from_c]
-        else:
-            messages, cycles = [], []
-        messages += [decode(b, key=keys.messages, task_id=task_id) for b in blobs[:k]]
-        cycles += [decode(b, key=keys.cycles, task_id=task_id) for b in blobs[k:]]
-        self.history.put(task_id, epoch, messages, cycles)
+            if new_m or new_c or from_m != len(cached.messages) or from_c != len(cached.cycles):
+                messages, cycles = cached.messages[:from_m] + new_m, cached.cycles[:from_c] + new_c
+            else:
+                messages, cycles = cached.messages, cached.cycles
+        if messages is not getattr(cached, "messages", None):
+            self.history.put(task_id, epoch, messages, cycles)
+        # One copy for the caller: the cached lists must never change under us.
         cp.messages = list(messages)
         cp.cycles = list(cycles)
         return cp

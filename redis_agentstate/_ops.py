@@ -10,7 +10,10 @@ and no rule can drift between them.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -84,19 +87,25 @@ class RetryPolicy:
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"RetryPolicy.{name} must be >= 0")
 
-    def _kwargs(self) -> dict[str, Any]:
+    def first_wait(self) -> float:
+        """Jittered pause before the first re-send (the later ones are tenacity's)."""
+        return random.uniform(0, min(self.max_wait_s, self.multiplier_s))
+
+    def _kwargs(self, retries: bool) -> dict[str, Any]:
+        # ``retries``: the first attempt already failed outside tenacity.
+        attempts = self.attempts - 1 if retries else self.attempts
         return {
-            "stop": stop_after_attempt(self.attempts) | stop_after_delay(self.max_delay_s),
+            "stop": stop_after_attempt(attempts) | stop_after_delay(self.max_delay_s),
             "wait": wait_random_exponential(multiplier=self.multiplier_s, max=self.max_wait_s),
             "retry": retry_if_exception_type(self.retry_on),
             "reraise": True,
         }
 
-    def sync(self) -> Retrying:
-        return Retrying(**self._kwargs())
+    def sync(self, retries: bool = False) -> Retrying:
+        return Retrying(**self._kwargs(retries))
 
-    def asyncio(self) -> AsyncRetrying:
-        return AsyncRetrying(**self._kwargs())
+    def asyncio(self, retries: bool = False) -> AsyncRetrying:
+        return AsyncRetrying(**self._kwargs(retries))
 
 
 NO_RETRY = RetryPolicy(attempts=1)
@@ -130,16 +139,27 @@ async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any
     return await pipe.execute()
 
 
+def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+    # The first try runs outside tenacity: the happy path pays no retry bookkeeping.
+    try:
+        return _send_sync(client, scripts, req)
+    except retry.retry_on:
+        if retry.attempts == 1:
+            raise
+    time.sleep(retry.first_wait())
+    for attempt in retry.sync(retries=True):
+        with attempt:
+            return _send_sync(client, scripts, req)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
 def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
     """Drive ``op`` to completion with blocking I/O."""
     try:
         req = next(op)
         while True:
             try:
-                reply = None
-                for attempt in retry.sync():
-                    with attempt:
-                        reply = _send_sync(client, scripts, req)
+                reply = _send_retrying_sync(client, scripts, retry, req)
             except rex.RedisError as exc:
                 raise _translate(exc) from exc
             req = op.send(reply)
@@ -149,16 +169,26 @@ def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]
         op.close()
 
 
+async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+    try:
+        return await _send_async(client, scripts, req)
+    except retry.retry_on:
+        if retry.attempts == 1:
+            raise
+    await asyncio.sleep(retry.first_wait())
+    async for attempt in retry.asyncio(retries=True):
+        with attempt:
+            return await _send_async(client, scripts, req)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
 async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
     """Drive ``op`` to completion on the running event loop."""
     try:
         req = next(op)
         while True:
             try:
-                reply = None
-                async for attempt in retry.asyncio():
-                    with attempt:
-                        reply = await _send_async(client, scripts, req)
+                reply = await _send_retrying_async(client, scripts, retry, req)
             except rex.RedisError as exc:
                 raise _translate(exc) from exc
             req = op.send(reply)
