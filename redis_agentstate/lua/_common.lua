@@ -100,10 +100,12 @@ end
 --   ARGV[10] - base_c: same for cycle records
 --   ARGV[11] - '1' to replace the whole history, '0' to append
 --   ARGV[14] - number of message blobs that follow; then the cycle blobs
+-- ``now`` (server ms) makes a new epoch unique even if the shard counter was
+-- lost (FLUSHALL, restart without persistence) while a client cache survived.
 -- Returns the epoch now current, or nil plus an error code:
 --   'resend' - the client's base does not match what is stored (send full lists)
 --   'shrink' - a full list shorter than what is stored, without replace
-local function write_history(keys, current_epoch)
+local function write_history(keys, current_epoch, now)
   local epoch, base_m, base_c = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
   local replace, n_m = ARGV[11], tonumber(ARGV[14])
   local first_m, last_m = 15, 14 + n_m
@@ -112,7 +114,7 @@ local function write_history(keys, current_epoch)
     redis.call('DEL', keys[2], keys[3])
     push_range(keys[2], ARGV, first_m, last_m)
     push_range(keys[3], ARGV, first_c, last_c)
-    return fmt(redis.call('INCR', keys[6]))
+    return fmt(redis.call('INCR', keys[6])) .. '.' .. fmt(now)
   end
   local nm = redis.call('LLEN', keys[2])
   local nc = redis.call('LLEN', keys[3])

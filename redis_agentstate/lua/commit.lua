@@ -21,7 +21,8 @@ local rev = tonumber(h[1])
 if rev == expected + 1 and h[4] == nonce then return {2, h[5]} end
 if rev ~= expected or h[2] ~= token or h[3] ~= cycle then return {0} end
 
-local epoch, err = write_history(KEYS, h[5])
+local now = server_now_ms()
+local epoch, err = write_history(KEYS, h[5], now)
 if not epoch then
   if err == 'resend' then return {-5} end
   return {-6}
@@ -29,5 +30,5 @@ end
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
   'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
   'epoch', epoch, 'applied', nonce)
-reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', server_now_ms())
+reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', now)
 return {1, epoch}

@@ -6,9 +6,10 @@ local nonce, token, revision, cycle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local claimed, lease = ARGV[12], ARGV[13]
 
-local epoch = write_history(KEYS, '')
+local now = server_now_ms()
+local epoch = write_history(KEYS, '', now)
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
   'epoch', epoch, 'applied', nonce)
-reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, server_now_ms())
+reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, now)
 return {1, epoch}
