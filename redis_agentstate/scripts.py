@@ -49,7 +49,7 @@ _PRELUDES = {name: "_common" for name in CHECKPOINT_SCRIPTS}
 
 
 def _read(name: str) -> str:
-    return resources.files("redis_agentstate").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return resources.files("redis_agentstate").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
 
 
 @cache
