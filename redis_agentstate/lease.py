@@ -793,6 +793,7 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
             if state.ended is None and state.lost_reason is None:
                 self._lose("lease keeper task was cancelled")
             raise
-        except BaseException as exc:
+        except Exception as exc:
+            # Logged (with the traceback) and turned into a lost lease, which cancels the work.
+            log.error("%s", self._describe("lease keeper task crashed"), exc_info=exc)
             self._lose(f"lease keeper task crashed: {exc!r}")
-            raise

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import redis
-
 from conftest import RedisServerProcess
+
 from redis_agentstate import (
     AgentStatus,
     AlreadyClaimed,
@@ -455,7 +455,7 @@ def test_fleet_of_8_processes_commits_every_cycle_exactly_once(private_server: A
 # ---- Redis Cluster ----------------------------------------------------------------------------------
 
 try:
-    from cluster_support import redis_cluster  # noqa: F401 - fixture
+    from cluster_support import redis_cluster
 except ImportError:  # pragma: no cover - the cluster harness is optional
     redis_cluster = None
 
@@ -463,7 +463,7 @@ except ImportError:  # pragma: no cover - the cluster harness is optional
 @pytest.mark.real
 @pytest.mark.cluster
 @pytest.mark.skipif(redis_cluster is None, reason="tests/cluster_support.py is not available")
-def test_claim_next_on_redis_cluster(redis_cluster: Any, twin_loop: Any) -> None:  # noqa: F811
+def test_claim_next_on_redis_cluster(redis_cluster: Any, twin_loop: Any) -> None:
     """Tasks on all 64 shards, so on every primary: each cycle is claimed exactly once, sync and async."""
     from conftest import Twin
 
