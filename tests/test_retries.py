@@ -1,0 +1,360 @@
+"""Retries are safe, per operation, and connections are never reused mid-reply.
+
+Each test puts ``tests/faults.FaultProxy`` between the store and a real
+redis-server. ``lose_next_reply`` forwards one request, waits for the
+server's reply (so the write has certainly applied), throws the reply away
+and resets the connection. The store must then re-send and report the truth:
+
+* create / save / commit / finalize / acknowledge_terminal carry a per-call
+  nonce, so the re-send of an applied write returns True and applies nothing
+  a second time (a *new* call, with a new nonce, is correctly refused: the
+  negative control that shows the nonce is doing the work);
+* claim re-sent with the same token and cycle returns that same claim (the
+  revision moved once);
+* renew, delete, load and list are idempotent by nature.
+
+Every case runs with redis-py's own retries switched off (so the re-send is
+the library's tenacity ``RetryPolicy``) and with redis-py's defaults (so the
+re-send is the client's); both are safe. Then: after a socket timeout, an
+async cancellation or a blackholed connection, the late reply is never read
+by the next command (redis-py disconnects the connection; we prove it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from conftest import RealServer, Twin, require_real
+from faults import FaultProxy
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from redis_agentstate import (
+    AgentStatus,
+    AsyncCheckpointStore,
+    BackendUnavailable,
+    Checkpoint,
+    CheckpointStore,
+    RetryPolicy,
+)
+from redis_agentstate.scripts import script_text
+
+pytestmark = pytest.mark.real
+
+LEASE = 60_000
+
+
+def sha(name: str) -> bytes:
+    return hashlib.sha1(script_text(name).encode()).hexdigest().encode()
+
+
+@pytest.fixture
+def proxy(real_server: RealServer) -> Iterator[FaultProxy]:
+    url = urlparse(require_real(real_server))
+    p = FaultProxy(url.port or 6379, url.hostname or "127.0.0.1")
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def direct(real_server: RealServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(require_real(real_server))
+    yield client
+    client.close()
+
+
+class Harness:
+    """A store through the proxy (``via``) and one straight to the server (``admin``)."""
+
+    def __init__(self, via: Any, admin: CheckpointStore, proxy: FaultProxy) -> None:
+        self.via = via
+        self.admin = admin
+        self.proxy = proxy
+
+    def lose_reply_of(self, script: str) -> bytes:
+        pattern = sha(script)
+        self.proxy.watch(pattern)
+        self.proxy.lose_next_reply(pattern)
+        return pattern
+
+    def assert_resent_once(self, pattern: bytes) -> None:
+        assert self.proxy.stats["replies_lost"] == 1, self.proxy.stats
+        assert self.proxy.armed == 0
+        assert self.proxy.seen(pattern) == 2, "the request was not re-sent exactly once"
+
+
+@pytest.fixture(params=["sync-library-retry", "sync-client-retry", "async-library-retry", "async-client-retry"])
+def h(
+    request: pytest.FixtureRequest, proxy: FaultProxy, direct: redis.Redis, twin_loop: asyncio.AbstractEventLoop
+) -> Iterator[Harness]:
+    flavor, layer = request.param.split("-", 1)
+    kw: dict[str, Any] = {"port": proxy.port, "socket_timeout": 5}
+    if layer == "library-retry":
+        kw["retry"] = Retry(NoBackoff(), 0)  # redis-py does not re-send: our RetryPolicy must
+    ns = f"rt-{uuid.uuid4().hex[:8]}"
+    admin = CheckpointStore(direct, namespace=ns)
+    # Load every script on the server first, so the lost reply is the script's, not a NOSCRIPT.
+    admin.create(Checkpoint("warm"))
+    admin.claim("warm", 1, token="w", lease_ms=LEASE)
+    admin.renew("warm", token="w", expected_revision=1, lease_ms=LEASE)
+    admin.commit(Checkpoint("warm", cycle_index=1), token="w", expected_revision=1)
+    admin.finalize(Checkpoint("warm", cycle_index=1, terminal_result=1), expected_revision=2)
+    admin.acknowledge_terminal("warm", expected_revision=3)
+    admin.save(Checkpoint("warm"))
+    admin.load("warm")
+    admin.delete("warm")
+    if flavor == "sync":
+        client: Any = redis.Redis(**kw)
+        yield Harness(CheckpointStore(client, namespace=ns), admin, proxy)
+        client.close()
+    else:
+        aclient = aioredis.Redis(**kw)
+        yield Harness(Twin(AsyncCheckpointStore(aclient, namespace=ns), twin_loop), admin, proxy)
+        twin_loop.run_until_complete(aclient.aclose())
+
+
+def claimed(h: Harness, tid: str, cycle: int = 1, token: str = "tok") -> Checkpoint:
+    cp = h.admin.claim(tid, cycle, token=token, lease_ms=LEASE)
+    assert cp is not None
+    return cp
+
+
+# ---- a lost reply, per operation ----------------------------------------------
+
+
+def test_create_lost_reply_is_true_and_applied_once(h: Harness) -> None:
+    pattern = h.lose_reply_of("create")
+    assert h.via.create(Checkpoint("t", messages=["m"])) is True
+    h.assert_resent_once(pattern)
+    cp = h.admin.load("t")
+    assert cp.messages == ["m"] and cp.revision == 0
+    assert h.via.create(Checkpoint("t")) is False  # negative control: a new call is refused
+
+
+def test_save_lost_reply_is_applied_once(h: Harness) -> None:
+    pattern = h.lose_reply_of("save")
+    h.via.save(Checkpoint("t", cycle_index=4, messages=["a", "b"], revision=7))
+    h.assert_resent_once(pattern)
+    cp = h.admin.load("t")
+    assert (cp.cycle_index, cp.messages, cp.revision) == (4, ["a", "b"], 7)
+
+
+def test_commit_lost_reply_is_true_and_applied_once(h: Harness) -> None:
+    h.admin.create(Checkpoint("t", messages=["m0"]))
+    cp = claimed(h, "t")
+    cp.cycle_index = 1
+    cp.messages.append("m1")
+    cp.cycles.append({"c": 1})
+    pattern = h.lose_reply_of("commit")
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is True
+    h.assert_resent_once(pattern)
+    after = h.admin.load("t")
+    assert after.revision == cp.revision + 1
+    assert after.messages == ["m0", "m1"] and after.cycles == [{"c": 1}]  # appended once
+    assert after.claim_token is None
+    # Negative control: without the nonce, the same write is (rightly) fenced out.
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is False
+
+
+def test_finalize_lost_reply_is_true_and_applied_once(h: Harness) -> None:
+    h.admin.create(Checkpoint("t", messages=["m0"]))
+    cp = h.admin.load("t")
+    cp.status = AgentStatus.COMPLETED
+    cp.terminal_result = {"answer": 42}
+    cp.messages.append("done")
+    pattern = h.lose_reply_of("finalize")
+    assert h.via.finalize(cp, expected_revision=0) is True
+    h.assert_resent_once(pattern)
+    after = h.admin.load("t")
+    assert after.revision == 1 and after.terminal_result == {"answer": 42}
+    assert after.messages == ["m0", "done"]
+    assert h.via.finalize(cp, expected_revision=0) is False  # negative control
+
+
+def test_acknowledge_lost_reply_is_true_and_applied_once(h: Harness) -> None:
+    h.admin.create(Checkpoint("t", status=AgentStatus.FAILED, terminal_result="boom"))
+    pattern = h.lose_reply_of("acknowledge_terminal")
+    assert h.via.acknowledge_terminal("t", expected_revision=0) is True
+    h.assert_resent_once(pattern)
+    assert h.admin.load("t") is None
+    assert h.via.acknowledge_terminal("t", expected_revision=0) is False  # negative control
+
+
+def test_claim_lost_reply_returns_the_same_claim(h: Harness) -> None:
+    h.admin.create(Checkpoint("t"))
+    pattern = h.lose_reply_of("claim")
+    cp = h.via.claim("t", 1, token="tok", lease_ms=LEASE)
+    h.assert_resent_once(pattern)
+    assert cp is not None and cp.claim_token == "tok" and cp.claimed_cycle == 1
+    assert cp.revision == 1  # bumped once, not twice
+    stored = h.admin.load("t")
+    assert stored.revision == 1 and stored.lease_expires_at_ms == cp.lease_expires_at_ms
+    cp.cycle_index = 1
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision)
+
+
+def test_renew_lost_reply_is_true(h: Harness) -> None:
+    h.admin.create(Checkpoint("t"))
+    cp = claimed(h, "t")
+    pattern = h.lose_reply_of("renew")
+    assert h.via.renew("t", token="tok", expected_revision=cp.revision, lease_ms=LEASE) is True
+    h.assert_resent_once(pattern)
+    stored = h.admin.load("t")
+    assert stored.revision == cp.revision and stored.claim_token == "tok"
+    assert stored.lease_expires_at_ms >= cp.lease_expires_at_ms
+
+
+def test_delete_load_list_lost_replies(h: Harness) -> None:
+    h.admin.create(Checkpoint("a", messages=["x"]))
+    h.admin.create(Checkpoint("b"))
+    pattern = h.lose_reply_of("load")
+    assert h.via.load("a").messages == ["x"]
+    h.assert_resent_once(pattern)
+    h.proxy.stats.clear()
+    h.proxy.watch(b"ZRANGEBYLEX")
+    h.proxy.lose_next_reply(b"ZRANGEBYLEX")
+    assert h.via.list() == ["a", "b"]
+    assert h.proxy.stats["replies_lost"] == 1
+    h.proxy.stats.clear()
+    h.proxy.lose_next_reply(sha("delete"))
+    h.via.delete("a")
+    assert h.proxy.stats["replies_lost"] == 1
+    assert h.admin.list() == ["b"]
+
+
+# ---- bounded retries ---------------------------------------------------------
+
+
+def test_retries_are_bounded_and_then_raise(proxy: FaultProxy, direct: redis.Redis) -> None:
+    client = redis.Redis(port=proxy.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+    policy = RetryPolicy(attempts=4, max_wait_s=0.05, max_delay_s=5)
+    store = CheckpointStore(client, namespace=f"rt-{uuid.uuid4().hex[:8]}", retry=policy)
+    store.list()  # connect
+    before = proxy.stats["connections"]
+    with proxy.fault("reset"):
+        t0 = time.monotonic()
+        with pytest.raises(BackendUnavailable) as info:
+            store.load("t")
+        elapsed = time.monotonic() - t0
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+    # Each attempt after the first reconnects (redis-py may also replace the reset
+    # connection before the first one): never more connections than attempts.
+    assert policy.attempts - 1 <= proxy.stats["connections"] - before <= policy.attempts
+    assert elapsed < 2
+    assert store.load("t") is None  # and the store works again once the network does
+    client.close()
+
+
+# ---- no reuse mid-reply ------------------------------------------------------
+
+
+def _two_tasks(admin: CheckpointStore) -> None:
+    admin.create(Checkpoint("A", messages=["I am A"] * 50, shared_state={"who": "A"}))
+    admin.create(Checkpoint("B", messages=["I am B"], shared_state={"who": "B"}))
+
+
+def _assert_b(cp: Checkpoint | None) -> None:
+    assert cp is not None and cp.task_id == "B"
+    assert cp.shared_state == {"who": "B"} and cp.messages == ["I am B"]
+
+
+@pytest.mark.parametrize("fault", ["delay", "blackhole"])
+def test_sync_timeout_discards_the_connection(proxy: FaultProxy, direct: redis.Redis, fault: str) -> None:
+    ns = f"rt-{uuid.uuid4().hex[:8]}"
+    _two_tasks(CheckpointStore(direct, namespace=ns))
+    # One connection at most: if the timed-out one went back to the pool, B's read would get A's reply.
+    pool = redis.BlockingConnectionPool(port=proxy.port, max_connections=1, socket_timeout=0.3, timeout=5)
+    client = redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+    store = CheckpointStore(client, namespace=ns, retry=RetryPolicy(attempts=2, max_wait_s=0.01))
+    assert store.load("B") is not None
+    with proxy.fault(fault, delay_s=0.5):
+        with pytest.raises(BackendUnavailable) as info:
+            store.load("A")
+        assert isinstance(info.value.__cause__, redis.TimeoutError)
+    time.sleep(1.2)  # the delayed reply to A has arrived by now (delay mode)
+    _assert_b(store.load("B"))
+    client.close()
+
+
+def test_async_cancellation_discards_the_connection(
+    proxy: FaultProxy, direct: redis.Redis, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    ns = f"rt-{uuid.uuid4().hex[:8]}"
+    _two_tasks(CheckpointStore(direct, namespace=ns))
+
+    async def scenario() -> None:
+        pool = aioredis.BlockingConnectionPool(port=proxy.port, max_connections=1, timeout=5)
+        client = aioredis.Redis(connection_pool=pool)
+        store = AsyncCheckpointStore(client, namespace=ns)
+        assert await store.load("B") is not None
+        proxy.set_mode("delay", delay_s=0.4)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(store.load("A"), 0.2)  # cancelled mid-reply
+        proxy.set_mode("pass")
+        await asyncio.sleep(1.0)  # A's late reply is on the wire by now
+        _assert_b(await store.load("B"))
+        # The same for a write: a cancelled commit applies at most once, and the connection is fresh.
+        cp = await store.claim("B", 1, token="t", lease_ms=LEASE)
+        assert cp is not None
+        cp.cycle_index = 1
+        cp.messages.append("B1")
+        proxy.set_mode("delay", delay_s=0.4)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(store.commit(cp, token="t", expected_revision=cp.revision), 0.2)
+        proxy.set_mode("pass")
+        await asyncio.sleep(1.0)
+        after = await store.load("B")
+        assert after is not None and after.task_id == "B"
+        assert after.messages in (["I am B"], ["I am B", "B1"])
+        assert after.revision in (cp.revision, cp.revision + 1)
+        await client.aclose()
+
+    twin_loop.run_until_complete(scenario())
+
+
+def test_async_socket_timeout_discards_the_connection(
+    proxy: FaultProxy, direct: redis.Redis, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    ns = f"rt-{uuid.uuid4().hex[:8]}"
+    _two_tasks(CheckpointStore(direct, namespace=ns))
+
+    async def scenario() -> None:
+        pool = aioredis.BlockingConnectionPool(port=proxy.port, max_connections=1, socket_timeout=0.3, timeout=5)
+        client = aioredis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+        store = AsyncCheckpointStore(client, namespace=ns, retry=RetryPolicy(attempts=2, max_wait_s=0.01))
+        assert await store.load("B") is not None
+        proxy.set_mode("delay", delay_s=0.5)
+        with pytest.raises(BackendUnavailable) as info:
+            await store.load("A")
+        assert isinstance(info.value.__cause__, redis.TimeoutError)
+        proxy.set_mode("pass")
+        await asyncio.sleep(1.2)
+        _assert_b(await store.load("B"))
+        await client.aclose()
+
+    twin_loop.run_until_complete(scenario())
+
+
+def test_default_policy_is_bounded_and_jittered() -> None:
+    policy = RetryPolicy()
+    assert 1 < policy.attempts <= 5 and policy.max_delay_s <= 10
+    waits = {round(policy.sync().wait(_FakeState(n)), 6) for n in range(1, 6) for _ in range(5)}  # type: ignore[arg-type]
+    assert len(waits) > 5 and max(waits) <= policy.max_wait_s
+
+
+class _FakeState:
+    """The two attributes tenacity's wait strategies read."""
+
+    def __init__(self, n: int) -> None:
+        self.attempt_number = n
+        self.seconds_since_start = 0.0
+        self.outcome: Callable[[], None] | None = None
