@@ -1,0 +1,442 @@
+"""Runners: a worker loop of ``claim_next -> handler(checkpoint) -> commit`` under a kept lease.
+
+The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
+
+    def handler(cp: Checkpoint) -> StepResult | Checkpoint: ...
+    async def handler(cp: Checkpoint) -> StepResult | Checkpoint: ...   # AsyncRunner
+
+* ``cp`` is the checkpoint as claimed: ``cp.claimed_cycle`` is the cycle to
+  run, ``cp.cycle_index`` the last committed one. It is the handler's to
+  change: append to ``messages``/``cycles`` (history is append-only), edit
+  ``shared_state``, set ``status``.
+* Return ``StepResult(cp)`` to commit the cycle, ``StepResult(cp, done=True)``
+  to finish the task (``cp.terminal_result`` must be set; the commit and the
+  terminal state are one fenced write). Returning a bare ``Checkpoint`` means
+  ``done = cp.terminal_result is not None``. The runner sets
+  ``cycle_index`` to the claimed cycle before writing; claim fields are ignored.
+* Raising fails the cycle: it is logged with its traceback and released, to
+  be claimed again (by any worker) after ``failure_delay_ms``.
+* A long handler should call ``current_lease().check()`` between steps: it
+  raises :class:`~redis_agentstate.errors.LeaseLost` as soon as the lease is
+  lost. On asyncio, losing the lease cancels the handler by itself.
+
+Stopping: :meth:`Runner.stop`, or SIGTERM/SIGINT when ``handle_signals`` (the
+default, main thread only). The first signal stops claiming and lets every
+in-flight cycle finish and commit; a second one exits at once (sync: raises
+``SystemExit`` from :meth:`Runner.run`; async: cancels the cycles, which
+release their claims). Every log line about a cycle (logger
+``redis_agentstate.runner``) carries ``task=... cycle=... revision=... token=...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._validate import check_int
+from .errors import AgentStateError, InvalidArgument, LeaseLost
+from .lease import DEFAULT_LEASE_MS, AsyncLease, Lease, LeaseTiming
+from .models import Checkpoint
+
+if TYPE_CHECKING:
+    from .checkpoint import AsyncCheckpointStore, CheckpointStore
+
+__all__ = ["AsyncRunner", "Runner", "RunnerStats", "StepResult", "current_lease"]
+
+log = logging.getLogger("redis_agentstate.runner")
+
+
+@dataclass
+class StepResult:
+    """What a handler returns: the checkpoint after this cycle, and whether the task is done."""
+
+    checkpoint: Checkpoint
+    done: bool = False
+
+
+@dataclass
+class RunnerStats:
+    """Counters of one runner (cumulative over ``run`` calls)."""
+
+    claimed: int = 0
+    committed: int = 0
+    finalized: int = 0
+    lost: int = 0
+    failed: int = 0
+    claim_errors: int = 0
+
+
+Outcome = StepResult | Checkpoint
+Handler = Callable[[Checkpoint], Outcome]
+AsyncHandler = Callable[[Checkpoint], Awaitable[Outcome]]
+
+_current: ContextVar[Lease | AsyncLease | None] = ContextVar("agentstate_current_lease", default=None)
+
+
+def current_lease() -> Lease | AsyncLease | None:
+    """The lease of the cycle the calling handler is running (None outside a handler)."""
+    return _current.get()
+
+
+class CycleLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes every message with the cycle it concerns."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        e = self.extra or {}
+        return f"task={e['task_id']} cycle={e['cycle']} revision={e['revision']} token={e['token']}: {msg}", kwargs
+
+
+def cycle_log(lease: Lease | AsyncLease, logger: logging.Logger) -> CycleLog:
+    extra = {"task_id": lease.task_id, "cycle": lease.cycle_index, "revision": lease.revision, "token": lease.token}
+    return CycleLog(logger, extra)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()[:64]}-{os.getpid()}-{os.urandom(2).hex()}"
+
+
+H = TypeVar("H")
+S = TypeVar("S")
+
+
+class _RunnerBase(Generic[S, H]):
+    """Configuration, counters, logging and the handler contract; no I/O."""
+
+    def __init__(
+        self,
+        store: S,
+        handler: H,
+        *,
+        concurrency: int = 1,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        renew_interval_ms: int | None = None,
+        renew_deadline_ms: int | None = None,
+        idle_min_ms: int = 50,
+        idle_max_ms: int = 2_000,
+        failure_delay_ms: int = 1_000,
+        worker_id: str | None = None,
+        handle_signals: bool = True,
+        on_lease_lost: Callable[[Any, Checkpoint | None], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if not callable(handler):
+            raise InvalidArgument("handler must be callable")
+        self.store = store
+        self.handler = handler
+        self.concurrency = check_int(concurrency, "concurrency", 1, 4096)
+        self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
+        self.idle_min_ms = check_int(idle_min_ms, "idle_min_ms", 1, 3_600_000)
+        self.idle_max_ms = check_int(idle_max_ms, "idle_max_ms", idle_min_ms, 3_600_000)
+        self.failure_delay_ms = check_int(failure_delay_ms, "failure_delay_ms", 1, 3_600_000)
+        self.worker_id = worker_id or default_worker_id()
+        self.handle_signals = handle_signals
+        self.on_lease_lost = on_lease_lost
+        self.log = logger or log
+        self.stats = RunnerStats()
+        self._tokens = itertools.count()
+        self._stats_lock = threading.Lock()
+        self._signals = 0
+
+    # ---- decisions shared by both shells -----------------------------------------------
+
+    def _lease_kwargs(self) -> dict[str, Any]:
+        return {
+            "token": f"{self.worker_id}:{next(self._tokens)}",
+            "lease_ms": self.timing.lease_ms,
+            "renew_interval_ms": self.timing.renew_interval_ms,
+            "renew_deadline_ms": self.timing.renew_deadline_ms,
+        }
+
+    def _idle_delay(self, idle_polls: int) -> float:
+        """Full-jitter exponential backoff between ``idle_min_ms`` and ``idle_max_ms`` (seconds)."""
+        cap = min(self.idle_max_ms, self.idle_min_ms * 2 ** min(idle_polls, 30))
+        return random.uniform(self.idle_min_ms, cap) / 1000
+
+    def _count(self, what: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, what, getattr(self.stats, what) + 1)
+
+    def _outcome(self, result: object, lease: Lease | AsyncLease) -> tuple[Checkpoint, bool]:
+        if isinstance(result, StepResult):
+            cp, done = result.checkpoint, bool(result.done)
+        elif isinstance(result, Checkpoint):
+            cp, done = result, result.terminal_result is not None
+        else:
+            raise InvalidArgument(f"handler must return a StepResult or a Checkpoint, got {type(result).__name__}")
+        if not isinstance(cp, Checkpoint):
+            raise InvalidArgument(f"StepResult.checkpoint must be a Checkpoint, got {type(cp).__name__}")
+        if done and cp.terminal_result is None:
+            raise InvalidArgument("a done StepResult needs checkpoint.terminal_result")
+        cp = replace(cp, cycle_index=lease.cycle_index, claim_token=None, claimed_cycle=None, lease_expires_at_ms=None)
+        return cp, done
+
+    def _claim_failed(self, exc: Exception, idle_polls: int) -> float:
+        self._count("claim_errors")
+        delay = self._idle_delay(idle_polls + 3)
+        self.log.warning("claim_next failed, retrying in %.0f ms: %s", delay * 1000, exc)
+        return delay
+
+    def _claimed(self, lease: Lease | AsyncLease) -> CycleLog:
+        self._count("claimed")
+        clog = cycle_log(lease, self.log)
+        clog.info("claimed (lease %d ms)", self.timing.lease_ms)
+        return clog
+
+    def _handler_failed(self, clog: CycleLog, exc: BaseException) -> None:
+        self._count("failed")
+        clog.error("handler failed; releasing the cycle for retry in %d ms", self.failure_delay_ms, exc_info=exc)
+
+    def _written(self, clog: CycleLog, lease: Lease | AsyncLease, done: bool) -> None:
+        self._count("finalized" if done else "committed")
+        clog.info("%s; new revision=%d", "finalized (task done)" if done else "committed", lease.revision + 1)
+
+    def _lost(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint | None, exc: LeaseLost) -> None:
+        self._count("lost")
+        clog.warning("lease lost, cycle not committed: %s", exc)
+        if self.on_lease_lost is not None:
+            try:
+                self.on_lease_lost(lease, cp)
+            except Exception:
+                clog.exception("on_lease_lost callback failed")
+
+    def _signal_received(self, signum: int) -> bool:
+        """True for the first signal (stop gracefully), False for a later one (stop now)."""
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            self.log.warning("%s received: finishing in-flight cycles, then stopping (again to exit now)", name)
+            return True
+        self.log.warning("%s received again: exiting now; in-flight cycles are released or expire", name)
+        return False
+
+
+class Runner(_RunnerBase["CheckpointStore", Handler]):
+    """Runs ``handler`` on claimable cycles with ``concurrency`` worker threads (see module docstring).
+
+    ``lease_ms`` / ``renew_*_ms``: the lease kept per cycle (:class:`LeaseTiming`).
+    ``idle_min_ms`` / ``idle_max_ms``: jittered exponential backoff while there is
+    no work. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
+    could not be committed because the lease was lost.
+    """
+
+    def __init__(self, store: CheckpointStore, handler: Handler, **options: Any) -> None:
+        super().__init__(store, handler, **options)
+        self._stop = threading.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight cycles finish (thread-safe, signal-safe)."""
+        self._stop.set()
+
+    def run(self, *, stop_when_idle: bool = False) -> RunnerStats:
+        """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
+        self._stop.clear()
+        self._signals = 0
+        restore = self._install_signals()
+        try:
+            threads = [
+                threading.Thread(
+                    target=self._worker, args=(stop_when_idle,), name=f"agentstate-runner-{i}", daemon=True
+                )
+                for i in range(self.concurrency)
+            ]
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.1)  # short joins keep the main thread responsive to signals
+        finally:
+            restore()
+        return self.stats
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum: int, frame: object) -> None:
+            if self._signal_received(signum):
+                self.stop()
+            else:
+                raise SystemExit(128 + signum)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _worker(self, stop_when_idle: bool) -> None:
+        idle = 0
+        while not self._stop.is_set():
+            try:
+                lease = Lease.next(self.store, **self._lease_kwargs())
+            except AgentStateError as exc:
+                self._stop.wait(self._claim_failed(exc, idle))
+                continue
+            if lease is None:
+                if stop_when_idle:
+                    return
+                self._stop.wait(self._idle_delay(idle))
+                idle += 1
+                continue
+            idle = 0
+            self._cycle(lease)
+
+    def _cycle(self, lease: Lease) -> None:
+        clog = self._claimed(lease)
+        cp: Checkpoint | None = None
+        with lease:
+            reset = _current.set(lease)
+            try:
+                result = self.handler(lease.checkpoint)
+                cp, done = self._outcome(result, lease)
+            except LeaseLost as exc:
+                self._lost(clog, lease, cp, exc)
+                return
+            except Exception as exc:
+                self._handler_failed(clog, exc)
+                with contextlib.suppress(AgentStateError):
+                    lease.release(after_ms=self.failure_delay_ms)
+                return
+            finally:
+                _current.reset(reset)
+            try:
+                if done:
+                    lease.finalize(cp)
+                else:
+                    lease.commit(cp)
+            except LeaseLost as exc:
+                self._lost(clog, lease, cp, exc)
+                return
+            except AgentStateError as exc:
+                self._handler_failed(clog, exc)
+                return
+            self._written(clog, lease, done)
+
+
+class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
+    """The asyncio twin of :class:`Runner`: ``concurrency`` worker tasks, an ``async`` handler,
+    and a lost lease cancels its handler."""
+
+    def __init__(self, store: AsyncCheckpointStore, handler: AsyncHandler, **options: Any) -> None:
+        super().__init__(store, handler, **options)
+        self._stop: asyncio.Event | None = None
+        self._workers: list[asyncio.Task[None]] = []
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight cycles finish. Call from the runner's event loop."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self, *, stop_when_idle: bool = False) -> RunnerStats:
+        """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
+        self._stop = asyncio.Event()
+        self._signals = 0
+        loop = asyncio.get_running_loop()
+        installed = self._install_signals(loop)
+        try:
+            self._workers = [
+                loop.create_task(self._worker(stop_when_idle), name=f"agentstate-runner-{i}")
+                for i in range(self.concurrency)
+            ]
+            await asyncio.gather(*self._workers, return_exceptions=False)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._workers = []
+        return self.stats
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+
+        def on_signal(signum: int) -> None:
+            if self._signal_received(signum):
+                self.stop()
+            else:
+                for task in self._workers:
+                    task.cancel()
+
+        installed: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # e.g. Windows, or not the main thread's loop
+                continue
+            installed.append(sig)
+        return installed
+
+    async def _wait(self, seconds: float) -> None:
+        assert self._stop is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+    async def _worker(self, stop_when_idle: bool) -> None:
+        idle = 0
+        assert self._stop is not None
+        while not self._stop.is_set():
+            try:
+                lease = await AsyncLease.next(self.store, **self._lease_kwargs())
+            except AgentStateError as exc:
+                await self._wait(self._claim_failed(exc, idle))
+                continue
+            if lease is None:
+                if stop_when_idle:
+                    return
+                await self._wait(self._idle_delay(idle))
+                idle += 1
+                continue
+            idle = 0
+            await self._cycle(lease)
+
+    async def _cycle(self, lease: AsyncLease) -> None:
+        clog = self._claimed(lease)
+        cp: Checkpoint | None = None
+        try:
+            async with lease:
+                reset = _current.set(lease)
+                try:
+                    result = await self.handler(lease.checkpoint)
+                    cp, done = self._outcome(result, lease)
+                except LeaseLost:
+                    raise
+                except Exception as exc:
+                    self._handler_failed(clog, exc)
+                    with contextlib.suppress(AgentStateError):
+                        await lease.release(after_ms=self.failure_delay_ms)
+                    return
+                finally:
+                    _current.reset(reset)
+                try:
+                    if done:
+                        await lease.finalize(cp)
+                    else:
+                        await lease.commit(cp)
+                except LeaseLost:
+                    raise
+                except AgentStateError as exc:
+                    self._handler_failed(clog, exc)
+                    return
+                self._written(clog, lease, done)
+        except LeaseLost as exc:
+            self._lost(clog, lease, cp, exc)

@@ -1,0 +1,271 @@
+"""Runner and AsyncRunner: claim_next -> handler -> commit/finalize, failures, lost leases,
+logging, and a graceful SIGTERM in a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from conftest import RedisServerProcess
+
+from redis_agentstate import (
+    AgentStatus,
+    AsyncCheckpointStore,
+    Checkpoint,
+    CheckpointStore,
+    InvalidArgument,
+    LeaseLost,
+)
+from redis_agentstate.runner import AsyncRunner, Runner, StepResult, current_lease
+
+CYCLES = 3
+
+
+def step(cp: Checkpoint, who: str = "w") -> StepResult:
+    """A simulated agent step: one message per cycle; done after CYCLES."""
+    cycle = cp.claimed_cycle
+    cp.messages.append({"cycle": cycle, "by": who})
+    if cycle == CYCLES:
+        cp.status, cp.terminal_result = AgentStatus.COMPLETED, {"cycles": cycle}
+        return StepResult(cp, done=True)
+    return StepResult(cp)
+
+
+@pytest.fixture
+def sync_store(backend: Any, namespace: str) -> CheckpointStore:
+    return CheckpointStore(backend.sync_client(), namespace=namespace)
+
+
+@pytest.fixture
+async def async_store(backend: Any, namespace: str) -> Any:
+    if backend.kind == "fake":
+        import fakeredis
+
+        client = fakeredis.FakeAsyncRedis(server=backend.server)
+    else:
+        client = aioredis.Redis.from_url(backend.url)
+    yield AsyncCheckpointStore(client, namespace=namespace)
+    await client.aclose()
+
+
+def assert_all_done(cps: list[Checkpoint]) -> None:
+    for cp in cps:
+        assert cp.is_terminal and cp.cycle_index == CYCLES, cp
+        assert [m["cycle"] for m in cp.messages] == list(range(1, CYCLES + 1))
+
+
+def test_runner_takes_every_task_to_the_end(sync_store: CheckpointStore) -> None:
+    for i in range(6):
+        sync_store.create(Checkpoint(f"t{i}"))
+    runner = Runner(sync_store, step, concurrency=3, lease_ms=5_000, handle_signals=False, idle_min_ms=5)
+    stats = runner.run(stop_when_idle=True)
+    assert (stats.claimed, stats.committed, stats.finalized, stats.failed, stats.lost) == (18, 12, 6, 0, 0)
+    assert_all_done([sync_store.load(f"t{i}") for i in range(6)])
+
+
+async def test_async_runner_takes_every_task_to_the_end(async_store: AsyncCheckpointStore) -> None:
+    for i in range(6):
+        await async_store.create(Checkpoint(f"t{i}"))
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        await asyncio.sleep(0.001)
+        return step(cp)
+
+    runner = AsyncRunner(async_store, handler, concurrency=3, lease_ms=5_000, handle_signals=False)
+    stats = await runner.run(stop_when_idle=True)
+    assert (stats.committed, stats.finalized) == (12, 6)
+    assert_all_done([await async_store.load(f"t{i}") for i in range(6)])
+
+
+def test_a_bare_checkpoint_is_done_when_it_has_a_result(sync_store: CheckpointStore) -> None:
+    sync_store.create(Checkpoint("t"))
+
+    def handler(cp: Checkpoint) -> Checkpoint:
+        cp.messages.append(cp.claimed_cycle)
+        if cp.claimed_cycle == 2:
+            cp.status, cp.terminal_result = AgentStatus.COMPLETED, "ok"
+        return cp
+
+    stats = Runner(sync_store, handler, handle_signals=False).run(stop_when_idle=True)
+    assert (stats.committed, stats.finalized) == (1, 1)
+    assert sync_store.load("t").messages == [1, 2]
+
+
+def test_every_cycle_log_line_names_task_cycle_revision_token(
+    sync_store: CheckpointStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    sync_store.create(Checkpoint("t"))
+    caplog.set_level(logging.INFO, logger="redis_agentstate.runner")
+    Runner(sync_store, step, handle_signals=False, worker_id="wk").run(stop_when_idle=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "redis_agentstate.runner"]
+    assert len(lines) == 2 * CYCLES
+    assert lines[0].startswith("task=t cycle=1 revision=1 token=wk:") and "claimed" in lines[0]
+    assert lines[1].startswith("task=t cycle=1 revision=1 token=wk:") and "committed; new revision=2" in lines[1]
+    assert "finalized" in lines[-1] and lines[-1].startswith("task=t cycle=3 revision=5 ")
+
+
+def test_a_failing_handler_releases_the_cycle_for_a_retry(
+    sync_store: CheckpointStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    sync_store.create(Checkpoint("t"))
+    calls: list[int] = []
+
+    def flaky(cp: Checkpoint) -> StepResult:
+        calls.append(cp.claimed_cycle)
+        if len(calls) == 2:
+            raise RuntimeError("model timed out")
+        return step(cp)
+
+    runner = Runner(sync_store, flaky, handle_signals=False, failure_delay_ms=30, idle_min_ms=5, idle_max_ms=20)
+    started = time.monotonic()
+    while not sync_store.load("t").is_terminal and time.monotonic() - started < 5:
+        runner.run(stop_when_idle=True)  # returns when the released cycle is not due yet; go again
+    assert calls == [1, 2, 2, 3]
+    assert runner.stats.failed == 1 and runner.stats.finalized == 1
+    assert_all_done([sync_store.load("t")])
+    assert any("model timed out" in (r.exc_text or "") or r.exc_info for r in caplog.records if r.levelname == "ERROR")
+
+
+def test_a_bad_handler_result_fails_the_cycle(sync_store: CheckpointStore) -> None:
+    sync_store.create(Checkpoint("t"))
+    runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=60_000)  # type: ignore[arg-type,return-value]
+    stats = runner.run(stop_when_idle=True)
+    assert stats.failed == 1 and stats.committed == 0
+    assert sync_store.load("t").cycle_index == 0
+
+
+def test_a_lost_lease_is_reported_and_not_committed(sync_store: CheckpointStore) -> None:
+    sync_store.create(Checkpoint("t"))
+    lost: list[tuple[Any, Any]] = []
+    sabotaged: list[bool] = []
+
+    def handler(cp: Checkpoint) -> StepResult:
+        if not sabotaged:
+            sabotaged.append(True)
+            sync_store.save(Checkpoint("t", revision=40))  # an operator resets the task mid-cycle
+            lease = current_lease()
+            assert lease is not None
+            for _ in range(100):
+                time.sleep(0.02)
+                lease.check()  # raises LeaseLost within one renew interval
+        return step(cp)
+
+    runner = Runner(
+        sync_store, handler, lease_ms=200, handle_signals=False, on_lease_lost=lambda le, cp: lost.append((le, cp))
+    )
+    stats = runner.run(stop_when_idle=True)
+    assert stats.lost == 1 and stats.finalized == 1
+    assert len(lost) == 1 and lost[0][0].lost and lost[0][1] is None
+    final = sync_store.load("t")
+    assert [m["cycle"] for m in final.messages] == [1, 2, 3] and final.revision == 46
+
+
+async def test_async_lost_lease_cancels_the_handler(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t"))
+    cancelled: list[bool] = []
+    lost: list[Any] = []
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        if not cancelled:
+            await async_store.save(Checkpoint("t", revision=40))
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        return step(cp)
+
+    runner = AsyncRunner(
+        async_store, handler, lease_ms=200, handle_signals=False, on_lease_lost=lambda le, cp: lost.append(le)
+    )
+    started = time.monotonic()
+    stats = await runner.run(stop_when_idle=True)
+    assert cancelled == [True] and stats.lost == 1 and stats.finalized == 1 and len(lost) == 1
+    assert time.monotonic() - started < 5
+    assert isinstance(LeaseLost("x"), Exception)
+
+
+def test_options_are_validated(sync_store: CheckpointStore) -> None:
+    for bad in (
+        {"concurrency": 0},
+        {"idle_min_ms": 100, "idle_max_ms": 50},
+        {"lease_ms": 100, "renew_deadline_ms": 100},
+        {"failure_delay_ms": 0},
+    ):
+        with pytest.raises(InvalidArgument):
+            Runner(sync_store, step, **bad)
+    with pytest.raises(InvalidArgument):
+        Runner(sync_store, "not callable")  # type: ignore[arg-type]
+
+
+# ---- graceful SIGTERM in a real process ---------------------------------------------------------
+
+SLOW_WORKER = textwrap.dedent(
+    """
+    import logging, sys, time
+    import redis
+    from redis_agentstate import CheckpointStore
+    from redis_agentstate.runner import Runner, StepResult
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s", force=True)
+    store = CheckpointStore(redis.Redis.from_url(sys.argv[1]), namespace="graceful")
+
+    def handler(cp):
+        print("WORKING", cp.claimed_cycle, flush=True)
+        time.sleep(0.8)
+        cp.messages.append(cp.claimed_cycle)
+        return StepResult(cp)
+
+    stats = Runner(store, handler, lease_ms=5000, worker_id="slow").run()
+    print("EXIT", stats.committed, flush=True)
+    """
+)
+
+
+@pytest.fixture
+def private_server() -> Any:
+    try:
+        server = RedisServerProcess.start()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no redis-server: {exc}")
+        pytest.skip(f"no redis-server: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_cycle_in_flight_then_exits(private_server: Any, sig: int) -> None:
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace="graceful")
+    store.create(Checkpoint("t"))
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WORKER, private_server.url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("WORKING"):
+                break
+        proc.send_signal(sig)
+        lines += [line.strip() for line in proc.stdout]
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert lines[-1] == "EXIT 1", lines
+    assert any("finishing in-flight cycles" in line for line in lines)
+    assert any(line.startswith("task=t cycle=1 revision=1 token=slow:") and "committed" in line for line in lines)
+    cp = store.load("t")
+    assert cp.cycle_index == 1 and cp.messages == [1] and cp.claim_token is None
