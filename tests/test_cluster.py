@@ -23,118 +23,86 @@ from collections import Counter
 from typing import Any
 
 import pytest
-import redis.cluster
-from cluster_support import LocalCluster, redis_cluster  # noqa: F401 - fixture
+from cluster_support import LocalCluster, cluster_backend, redis_cluster  # noqa: F401 - fixture
+from conftest import Twin
+from flows import HOSTILE_IDS, checkpoint_flow, claim_next_flow, ids_on_every_shard, kv_flow, pool_flow
+from redis.crc import key_slot
 
 from redis_agentstate import (
-    AgentStatus,
-    AlreadyClaimed,
     AsyncCheckpointStore,
     BackendError,
     Checkpoint,
     CheckpointStore,
-    CycleConflict,
 )
 from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
+from redis_agentstate.pools import AsyncPoolStore, PoolStore
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real]
-
-HOSTILE_IDS = ["a:b:c", "{x}", "}{", "{ns#01}", "*", "?[]", "ünï-cödé ✓", "cp:evil", " ", "a" * 1000, "tomb:x}:cp:y"]
 
 
 def ns() -> str:
     return f"cl-{uuid.uuid4().hex[:8]}"
 
 
-def ids_on_every_shard(keys: Keys, per_shard: int = 1) -> list[str]:
-    """Task ids covering each of the 64 shards ``per_shard`` times."""
-    counts: Counter[int] = Counter()
-    out: list[str] = []
-    i = 0
-    while len(out) < SHARDS * per_shard:
-        tid = f"task-{i}"
-        i += 1
-        shard = keys.shard_of(tid)
-        if counts[shard] < per_shard:
-            counts[shard] += 1
-            out.append(tid)
-    return out
-
-
 def test_every_task_key_set_is_in_one_slot() -> None:
     keys = Keys("tenant:a")
     for tid in [*HOSTILE_IDS, *ids_on_every_shard(keys)]:
-        slots = {redis.cluster.key_slot(k.encode()) for k in keys.task(tid).as_list()}
+        slots = {key_slot(k.encode()) for k in keys.task(tid).as_list()}
         assert len(slots) == 1, (tid, slots)
-    shard_slots = {redis.cluster.key_slot(keys.shard_tasks(s).encode()) for s in range(SHARDS)}
+    shard_slots = {key_slot(keys.shard_tasks(s).encode()) for s in range(SHARDS)}
     assert len(shard_slots) == SHARDS  # 64 distinct slots: the namespace spreads over the cluster
 
 
 def test_shards_cover_every_primary(redis_cluster: LocalCluster) -> None:  # noqa: F811
     keys = Keys(ns())
-    owners = {
-        redis_cluster.owner_of_slot(redis.cluster.key_slot(keys.shard_tasks(s).encode())).port for s in range(SHARDS)
-    }
+    owners = {redis_cluster.owner_of_slot(key_slot(keys.shard_tasks(s).encode())).port for s in range(SHARDS)}
     assert owners == {n.port for n in redis_cluster.nodes}
 
 
-def _flow(store: Any, tids: list[str]) -> None:
-    """The whole checkpoint life cycle on every task in ``tids`` (sync face)."""
-    for tid in tids:
-        assert store.create(Checkpoint(task_id=tid, messages=["hello"], shared_state={"k": tid}))
-        assert not store.create(Checkpoint(task_id=tid))
-    assert store.list() == sorted(tids)
-    for tid in tids:
-        cp = store.claim(tid, 1, token="w1", lease_ms=30_000)
-        assert cp is not None and cp.claimed_cycle == 1 and cp.revision == 1
-        assert cp.lease_expires_at_ms is not None
-        again = store.claim(tid, 1, token="w1", lease_ms=30_000)  # a re-sent claim
-        assert again is not None and again.revision == cp.revision
-        with pytest.raises(AlreadyClaimed):
-            store.claim(tid, 1, token="w2", lease_ms=30_000)
-        assert store.renew(tid, token="w1", expected_revision=1, lease_ms=60_000)
-        cp.cycle_index = 1
-        cp.messages.append({"cycle": 1})
-        cp.cycles.append({"n": 1})
-        assert store.commit(cp, token="w1", expected_revision=1)
-        assert not store.commit(cp, token="w1", expected_revision=1)  # fenced: revision moved
-        with pytest.raises(CycleConflict):
-            store.claim(tid, 1, token="w1", lease_ms=30_000)
-        loaded = store.load(tid)
-        assert loaded.revision == 2 and loaded.cycle_index == 1
-        assert loaded.messages == ["hello", {"cycle": 1}] and loaded.cycles == [{"n": 1}]
-        assert loaded.claim_token is None and loaded.shared_state == {"k": tid}
-        loaded.status = AgentStatus.COMPLETED
-        loaded.terminal_result = {"ok": tid}
-        assert store.finalize(loaded, expected_revision=2)
-        assert store.load(tid).terminal_result == {"ok": tid}
-    half = len(tids) // 2
-    for tid in tids[:half]:
-        assert not store.acknowledge_terminal(tid, expected_revision=2)
-        assert store.acknowledge_terminal(tid, expected_revision=3)
-        assert store.load(tid) is None
-    for tid in tids[half:]:
-        store.delete(tid)
-    assert store.list() == []
-
-
 @pytest.fixture(params=["sync", "async"])
-def cluster_store(request: pytest.FixtureRequest, redis_cluster: LocalCluster, twin_loop: Any) -> Any:  # noqa: F811
-    from conftest import Twin
+def cluster_make(request: pytest.FixtureRequest, redis_cluster: LocalCluster, twin_loop: Any) -> Any:  # noqa: F811
+    """``cluster_make(SyncCls, AsyncCls)``: a store of this flavor on a RedisCluster client."""
+    backend = cluster_backend(redis_cluster)
 
-    if request.param == "sync":
-        client = redis_cluster.sync_client()
-        yield CheckpointStore(client, namespace=ns())
-        client.close()
-    else:
-        client = redis_cluster.async_client()
-        yield Twin(AsyncCheckpointStore(client, namespace=ns()), twin_loop)
-        twin_loop.run_until_complete(client.aclose())
+    def build(sync_cls: type, async_cls: type, **kw: Any) -> Any:
+        kw.setdefault("namespace", ns())
+        if request.param == "sync":
+            return sync_cls(backend.sync_client(), **kw)
+        return Twin(async_cls(backend.async_client(), **kw), twin_loop)
+
+    yield build
+    backend.close(twin_loop)
+
+
+@pytest.fixture
+def cluster_store(cluster_make: Any) -> Any:
+    return cluster_make(CheckpointStore, AsyncCheckpointStore)
 
 
 def test_checkpoint_flow_across_all_shards(cluster_store: Any) -> None:
     keys = Keys(cluster_store.namespace)
-    _flow(cluster_store, ids_on_every_shard(keys))
+    checkpoint_flow(cluster_store, ids_on_every_shard(keys))
+
+
+def test_claim_next_finds_tasks_on_every_node(cluster_store: Any) -> None:
+    claim_next_flow(cluster_store, ids_on_every_shard(Keys(cluster_store.namespace), per_shard=2))
+
+
+def test_pools_on_every_node(cluster_make: Any, redis_cluster: LocalCluster) -> None:  # noqa: F811
+    pools = cluster_make(PoolStore, AsyncPoolStore)
+    keys = Keys(pools.namespace)
+    pool_ids = ids_on_every_shard(keys, prefix="pool")[::8]  # 8 pools on 8 shards
+    owners = {redis_cluster.owner_of_slot(key_slot(keys.pool(p).state.encode())).port for p in pool_ids}
+    assert len(owners) >= 2
+    for pid in pool_ids:
+        pool_flow(pools, pid)
+    assert sorted(pools.list()) == sorted(pool_ids)
+
+
+def test_kv_keys_and_count_across_all_shards(cluster_make: Any) -> None:
+    kv = cluster_make(KeyValueStore, AsyncKeyValueStore)
+    kv_flow(kv, [*(k[:500] for k in HOSTILE_IDS), *ids_on_every_shard(Keys(kv.namespace), prefix="k")])
 
 
 def test_hostile_ids_and_big_list_on_cluster(cluster_store: Any) -> None:
@@ -271,7 +239,7 @@ def test_slot_migration_under_live_workers(redis_cluster: LocalCluster) -> None:
         assert store.create(Checkpoint(task_id=tid))
 
     def slot_of(tid: str) -> int:
-        return redis.cluster.key_slot(keys.task(tid).checkpoint.encode())
+        return key_slot(keys.task(tid).checkpoint.encode())
 
     # Slot A: moved by hand, key batches with pauses (clients see ASK and TRYAGAIN).
     slot_a = slot_of(tids[0])
