@@ -128,6 +128,7 @@ class _RunnerBase(Generic[S, H]):
         worker_id: str | None = None,
         handle_signals: bool = True,
         on_lease_lost: Callable[[Any, Checkpoint | None], None] | None = None,
+        on_written: Callable[[Any, Checkpoint, bool], None] | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         if not callable(handler):
@@ -142,6 +143,7 @@ class _RunnerBase(Generic[S, H]):
         self.worker_id = worker_id or default_worker_id()
         self.handle_signals = handle_signals
         self.on_lease_lost = on_lease_lost
+        self.on_written = on_written
         self.log = logger or log
         self.stats = RunnerStats()
         self._tokens = itertools.count()
@@ -197,9 +199,14 @@ class _RunnerBase(Generic[S, H]):
         self._count("failed")
         clog.error("handler failed; releasing the cycle for retry in %d ms", self.failure_delay_ms, exc_info=exc)
 
-    def _written(self, clog: CycleLog, lease: Lease | AsyncLease, done: bool) -> None:
+    def _written(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint, done: bool) -> None:
         self._count("finalized" if done else "committed")
         clog.info("%s; new revision=%d", "finalized (task done)" if done else "committed", lease.revision + 1)
+        if self.on_written is not None:
+            try:
+                self.on_written(lease, cp, done)
+            except Exception:
+                clog.exception("on_written callback failed")
 
     def _lost(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint | None, exc: LeaseLost) -> None:
         self._count("lost")
@@ -227,7 +234,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
     ``lease_ms`` / ``renew_*_ms``: the lease kept per cycle (:class:`LeaseTiming`).
     ``idle_min_ms`` / ``idle_max_ms``: jittered exponential backoff while there is
     no work. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
-    could not be committed because the lease was lost.
+    could not be committed because the lease was lost (``checkpoint`` is None
+    if the handler had not returned); ``on_written(lease, checkpoint, done)``
+    after each successful commit or finalize.
     """
 
     def __init__(self, store: CheckpointStore, handler: Handler, **options: Any) -> None:
@@ -327,7 +336,7 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
             except AgentStateError as exc:
                 self._handler_failed(clog, exc)
                 return
-            self._written(clog, lease, done)
+            self._written(clog, lease, cp, done)
 
 
 class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
@@ -437,6 +446,6 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 except AgentStateError as exc:
                     self._handler_failed(clog, exc)
                     return
-                self._written(clog, lease, done)
+                self._written(clog, lease, cp, done)
         except LeaseLost as exc:
             self._lost(clog, lease, cp, exc)

@@ -1,0 +1,415 @@
+"""``agentstate demo``: a fleet of worker processes on one Redis, with a crash and a freeze.
+
+The supervisor creates ``tasks`` agent tasks of ``cycles`` cycles, starts
+``workers`` processes (each a :class:`~redis_agentstate.runner.Runner`), and
+while they work it SIGKILLs one worker in the middle of a cycle and SIGSTOPs
+another past its lease (then SIGCONTs it). Each simulated agent step appends
+one message naming ``(task, cycle, worker)``; each acknowledged commit is
+also recorded by the worker in a side list.
+
+At the end the supervisor reads every task back and checks, from the stored
+histories alone:
+
+* double-applied cycles: a ``(task, cycle)`` with more than one message;
+* lost commits: a commit Redis acknowledged to a worker whose message is not
+  in the history (or a finished task missing a cycle);
+* takeovers: claims beyond the 2 revisions per cycle a clean run needs (every
+  claim bumps the revision), summed over tasks;
+* stale commits rejected by fencing: a worker whose lease was lost still
+  tries its commit (as a worker without a lease keeper would) and counts
+  Redis's refusal.
+
+The exit status is non-zero if any invariant broke.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+import redis
+
+from .checkpoint import CheckpointStore
+from .embedded import EmbeddedServer, start_embedded
+from .models import AgentStatus, Checkpoint
+from .runner import Runner, StepResult, current_lease
+
+__all__ = ["DemoConfig", "DemoReport", "run_demo", "run_worker", "verify"]
+
+
+@dataclass
+class DemoConfig:
+    workers: int = 4
+    tasks: int = 24
+    cycles: int = 8
+    step_ms: int = 40
+    lease_ms: int = 1_000
+    chaos: bool = True
+    timeout_s: float = 120.0
+    keep: bool = False
+
+
+@dataclass
+class DemoReport:
+    """What the demo measured; every invariant figure is derived from stored state."""
+
+    tasks: int
+    tasks_done: int = 0
+    cycles_expected: int = 0
+    cycles_committed: int = 0
+    takeovers: int = 0
+    stale_commits_rejected: int = 0
+    late_commits_accepted: int = 0
+    double_applied: int = 0
+    lost_commits: int = 0
+    acked_commits: int = 0
+    elapsed_s: float = 0.0
+    cycles_per_s: float = 0.0
+    killed: str | None = None
+    frozen: str | None = None
+    worker_failures: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _keys(ns: str) -> dict[str, str]:
+    return {"stats": f"{ns}:demo:stats", "busy": f"{ns}:demo:busy", "acks": f"{ns}:demo:acks"}
+
+
+# ---- verification (pure) -------------------------------------------------------------------------
+
+
+def verify(
+    checkpoints: Mapping[str, Checkpoint | None],
+    acks: Sequence[Mapping[str, Any]],
+    cycles: int,
+) -> DemoReport:
+    """Derive the invariant figures from stored checkpoints and the workers' acknowledged commits."""
+    report = DemoReport(tasks=len(checkpoints), cycles_expected=len(checkpoints) * cycles)
+    applied: Counter[tuple[str, int]] = Counter()
+    writer: dict[tuple[str, int], str] = {}
+    for tid, cp in checkpoints.items():
+        if cp is None:
+            report.problems.append(f"task {tid} vanished")
+            continue
+        seen = []
+        for m in cp.messages:
+            if isinstance(m, dict) and m.get("task") == tid and isinstance(m.get("cycle"), int):
+                applied[(tid, m["cycle"])] += 1
+                writer[(tid, m["cycle"])] = str(m.get("worker"))
+                seen.append(m["cycle"])
+        if seen != sorted(seen):
+            report.problems.append(f"task {tid}: cycles out of order {seen}")
+        if cp.is_terminal and cp.cycle_index == cycles:
+            report.tasks_done += 1
+            missing = [c for c in range(1, cycles + 1) if applied[(tid, c)] == 0]
+            if missing:
+                report.lost_commits += len(missing)
+                report.problems.append(f"task {tid} finished without cycles {missing}")
+        report.takeovers += max(0, cp.revision - 2 * cp.cycle_index)
+    report.cycles_committed = len(applied)
+    report.double_applied = sum(n - 1 for n in applied.values() if n > 1)
+    report.acked_commits = len(acks)
+    for ack in acks:
+        key = (str(ack["task"]), int(ack["cycle"]))
+        if applied[key] == 0:
+            report.lost_commits += 1
+            report.problems.append(f"acknowledged commit of {key} by {ack['worker']} is not in the history")
+        elif writer[key] != ack["worker"]:
+            report.problems.append(f"{key} acknowledged to {ack['worker']} but written by {writer[key]}")
+    if report.double_applied:
+        report.problems.append(f"{report.double_applied} cycle(s) applied twice")
+    if report.tasks_done != report.tasks:
+        report.problems.append(f"only {report.tasks_done} of {report.tasks} tasks finished")
+    return report
+
+
+# ---- the worker process ------------------------------------------------------------------------
+
+
+def run_worker(url: str, namespace: str, worker_id: str, *, cycles: int, step_ms: int, lease_ms: int) -> int:
+    """One demo worker: a Runner whose handler simulates an agent step. Runs until SIGTERM."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {worker_id} %(levelname)s %(message)s"
+    )
+    client = redis.Redis.from_url(url)
+    store = CheckpointStore(client, namespace=namespace)
+    keys = _keys(namespace)
+    rng = random.Random()
+
+    def handler(cp: Checkpoint) -> StepResult:
+        cycle = cp.claimed_cycle or 0
+        lease = current_lease()
+        client.hset(keys["busy"], worker_id, f"{cp.task_id}:{cycle}")
+        # Every claim bumps the revision; beyond 2 per cycle, earlier claims were abandoned.
+        abandoned = cp.revision - (2 * cycle - 1)
+        if abandoned > int(cp.shared_state.get("takeovers", 0)):
+            client.hincrby(keys["stats"], "takeovers", abandoned - int(cp.shared_state.get("takeovers", 0)))
+            cp.shared_state["takeovers"] = abandoned
+            logging.warning("took over %s cycle %d (an earlier claim was abandoned)", cp.task_id, cycle)
+        time.sleep(step_ms * rng.uniform(0.5, 1.5) / 1000)  # the "model call"
+        cp.messages.append(
+            {"role": "assistant", "task": cp.task_id, "cycle": cycle, "worker": worker_id,
+             "token": lease.token if lease else None, "content": f"step {cycle} of {cp.task_id}"}
+        )  # fmt: skip
+        cp.cycles.append({"cycle": cycle, "worker": worker_id})
+        client.hdel(keys["busy"], worker_id)
+        if cycle >= cycles:
+            cp.status, cp.terminal_result = AgentStatus.COMPLETED, {"cycles": cycle, "finished_by": worker_id}
+            return StepResult(cp, done=True)
+        return StepResult(cp)
+
+    def ack(cp: Checkpoint, how: str) -> None:
+        client.rpush(keys["acks"], json.dumps({"task": cp.task_id, "cycle": cp.cycle_index, "worker": worker_id}))
+        client.hincrby(keys["stats"], "cycles", 1)
+        if how == "finalized":
+            client.hincrby(keys["stats"], "done", 1)
+
+    def on_written(lease: Any, cp: Checkpoint, done: bool) -> None:
+        ack(cp, "finalized" if done else "committed")
+
+    def on_lease_lost(lease: Any, cp: Checkpoint | None) -> None:
+        if cp is None:
+            return
+        # What a worker without a lease keeper would do: commit anyway. The fence decides.
+        if store.commit(cp, token=lease.token, expected_revision=lease.revision):
+            logging.warning("late commit of %s cycle %d accepted: nobody had taken over", cp.task_id, cp.cycle_index)
+            client.hincrby(keys["stats"], "late_accepted", 1)
+            ack(cp, "finalized" if cp.terminal_result is not None else "committed")
+        else:
+            logging.warning("stale commit of %s cycle %d rejected by the fence", cp.task_id, cp.cycle_index)
+            client.hincrby(keys["stats"], "stale_rejected", 1)
+
+    runner = Runner(
+        store, handler, lease_ms=lease_ms, idle_min_ms=10, idle_max_ms=100, worker_id=worker_id,
+        on_lease_lost=on_lease_lost, on_written=on_written,
+    )  # fmt: skip
+    stats = runner.run()
+    logging.info("stopped: %s", stats)
+    return 0
+
+
+# ---- the supervisor ------------------------------------------------------------------------------
+
+
+class _Progress:
+    def __init__(self, out: IO[str], total: int, tasks: int) -> None:
+        self.out = out
+        self.total = total
+        self.tasks = tasks
+        self.tty = out.isatty()
+        self.last = 0.0
+
+    def event(self, text: str, t0: float) -> None:
+        if self.tty:
+            self.out.write("\r\033[K")
+        self.out.write(f"[{time.monotonic() - t0:5.1f}s] {text}\n")
+        self.out.flush()
+
+    def show(self, stats: Mapping[Any, Any], t0: float, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and not self.tty and now - self.last < 1.0:
+            return
+        self.last = now
+        cycles = int(stats.get(b"cycles", 0))
+        done = int(stats.get(b"done", 0))
+        width = 24
+        filled = width * cycles // max(1, self.total)
+        line = (
+            f"[{now - t0:5.1f}s] [{'#' * filled}{'.' * (width - filled)}] cycles {cycles}/{self.total}  "
+            f"tasks done {done}/{self.tasks}  takeovers {int(stats.get(b'takeovers', 0))}  "
+            f"stale rejected {int(stats.get(b'stale_rejected', 0))}"
+        )
+        if self.tty:
+            self.out.write("\r\033[K" + line)
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+def _pick_busy(client: Any, busy_key: str, candidates: Sequence[int]) -> tuple[int, str] | None:
+    busy = {k.decode(): v.decode() for k, v in client.hgetall(busy_key).items()}
+    for i in candidates:
+        if f"w{i}" in busy:
+            return i, busy[f"w{i}"]
+    return None
+
+
+def run_demo(
+    config: DemoConfig,
+    *,
+    url: str | None = None,
+    namespace: str | None = None,
+    embedded: str | None = None,
+    out: IO[str] | None = None,
+) -> DemoReport:
+    """Run the whole demo and return its report (see the module docstring)."""
+    out = out or sys.stderr
+    server: EmbeddedServer | None = None
+    if url is None:
+        server = start_embedded(embedded)
+        url = server.url
+        out.write(f"Redis: started a private {server.description}\n")
+    else:
+        out.write(f"Redis: {url}\n")
+    ns = namespace or f"demo-{os.urandom(3).hex()}"
+    logdir = tempfile.mkdtemp(prefix="agentstate-demo-")
+    procs: list[subprocess.Popen[bytes]] = []
+    client = redis.Redis.from_url(url)
+    store = CheckpointStore(client, namespace=ns)
+    keys = _keys(ns)
+    tids = [f"task-{i:03d}" for i in range(config.tasks)]
+    frozen_pid: int | None = None
+    try:
+        for tid in tids:
+            if not store.create(Checkpoint(tid, shared_state={"goal": f"simulated agent task {tid}"})):
+                raise RuntimeError(f"task {tid} already exists in namespace {ns!r}; pick another --namespace")
+        out.write(
+            f"namespace {ns!r}: {config.tasks} tasks x {config.cycles} cycles, {config.workers} worker processes, "
+            f"lease {config.lease_ms} ms, step ~{config.step_ms} ms; worker logs in {logdir}\n"
+        )
+        total = config.tasks * config.cycles
+        t0 = time.monotonic()
+        for i in range(config.workers):
+            log = open(os.path.join(logdir, f"w{i}.log"), "wb")  # noqa: SIM115 - closed with the process
+            argv = [sys.executable, "-m", "redis_agentstate", "_demo-worker", "--url", url, "--namespace", ns,
+                    "--worker-id", f"w{i}", "--cycles", str(config.cycles), "--step-ms", str(config.step_ms),
+                    "--lease-ms", str(config.lease_ms)]  # fmt: skip
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        progress = _Progress(out, total, config.tasks)
+        report_killed: str | None = None
+        report_frozen: str | None = None
+        kill_idx = 0 if config.chaos and config.workers >= 2 else None
+        stop_idx = 1 if config.chaos and config.workers >= 3 else None
+        if config.chaos and config.workers < 3:
+            progress.event("fewer than 3 workers: skipping the freeze (and the kill below 2)", t0)
+        resume_at: float | None = None
+        deadline = t0 + config.timeout_s
+        stats: Mapping[Any, Any] = {}
+        while True:
+            stats = client.hgetall(keys["stats"])
+            cycles_done = int(stats.get(b"cycles", 0))
+            if int(stats.get(b"done", 0)) >= config.tasks:
+                break
+            if time.monotonic() > deadline:
+                progress.event(f"timed out after {config.timeout_s:.0f}s", t0)
+                break
+            if kill_idx is not None and report_killed is None and cycles_done >= total * 0.15:
+                picked = _pick_busy(client, keys["busy"], [kill_idx])
+                if picked:
+                    procs[kill_idx].send_signal(signal.SIGKILL)
+                    report_killed = f"w{kill_idx} (SIGKILL mid-cycle of {picked[1].replace(':', ' cycle ')})"
+                    progress.event(f"chaos: SIGKILL {report_killed}", t0)
+            if stop_idx is not None and report_frozen is None and cycles_done >= total * 0.3:
+                picked = _pick_busy(client, keys["busy"], [stop_idx])
+                if picked:
+                    procs[stop_idx].send_signal(signal.SIGSTOP)
+                    frozen_pid = procs[stop_idx].pid
+                    pause = 2 * config.lease_ms / 1000 + 0.3
+                    resume_at = time.monotonic() + pause
+                    report_frozen = (
+                        f"w{stop_idx} (SIGSTOP for {pause:.1f}s mid-cycle of {picked[1].replace(':', ' cycle ')})"
+                    )
+                    progress.event(f"chaos: SIGSTOP {report_frozen}", t0)
+            if resume_at is not None and time.monotonic() >= resume_at and frozen_pid is not None:
+                os.kill(frozen_pid, signal.SIGCONT)
+                frozen_pid = None
+                progress.event(f"chaos: SIGCONT w{stop_idx}: it wakes up with a lost lease", t0)
+            progress.show(stats, t0)
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        progress.show(client.hgetall(keys["stats"]), t0, force=True)
+        if progress.tty:
+            out.write("\n")
+        failures = _stop_workers(procs, frozen_pid, kill_idx if report_killed else None)
+        frozen_pid = None
+        stats = client.hgetall(keys["stats"])
+        acks = [json.loads(a) for a in client.lrange(keys["acks"], 0, -1)]
+        report = verify({tid: store.load(tid) for tid in tids}, acks, config.cycles)
+        report.elapsed_s = elapsed
+        report.cycles_per_s = report.cycles_committed / elapsed if elapsed > 0 else 0.0
+        report.stale_commits_rejected = int(stats.get(b"stale_rejected", 0))
+        report.late_commits_accepted = int(stats.get(b"late_accepted", 0))
+        report.killed, report.frozen = report_killed, report_frozen
+        report.worker_failures = failures
+        report.problems += [f"worker {f}" for f in failures]
+        if report.problems:
+            out.write(f"worker logs kept in {logdir}\n")
+        if not config.keep:
+            for tid in tids:
+                store.delete(tid)
+            client.delete(*keys.values())
+        return report
+    finally:
+        if frozen_pid is not None:
+            os.kill(frozen_pid, signal.SIGCONT)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        client.close()
+        if server is not None:
+            server.stop()
+
+
+def _stop_workers(procs: list[subprocess.Popen[bytes]], frozen_pid: int | None, killed: int | None) -> list[str]:
+    """SIGTERM every live worker (graceful: finish the cycle in flight); report unexpected exits."""
+    if frozen_pid is not None:
+        os.kill(frozen_pid, signal.SIGCONT)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    failures = []
+    for i, p in enumerate(procs):
+        try:
+            code = p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            failures.append(f"w{i} did not stop within 15s of SIGTERM")
+            continue
+        if i == killed:
+            if code != -signal.SIGKILL:
+                failures.append(f"w{i} was SIGKILLed but exited with {code}")
+        elif code != 0:
+            failures.append(f"w{i} exited with status {code}")
+    return failures
+
+
+def report_table(report: DemoReport) -> str:
+    rows = [
+        ("tasks done", f"{report.tasks_done}/{report.tasks}"),
+        ("cycles committed", f"{report.cycles_committed}/{report.cycles_expected}"),
+        ("takeovers", str(report.takeovers)),
+        ("stale commits rejected by fencing", str(report.stale_commits_rejected)),
+        ("double-applied cycles (must be 0)", str(report.double_applied)),
+        ("lost commits (must be 0)", str(report.lost_commits)),
+        ("cycles/s", f"{report.cycles_per_s:.1f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    vwidth = max(len(v) for _, v in rows)
+    lines = [f"+-{'-' * width}-+-{'-' * vwidth}-+"]
+    lines += [f"| {k.ljust(width)} | {v.rjust(vwidth)} |" for k, v in rows]
+    lines.append(lines[0])
+    return "\n".join(lines)
+
+
+def report_json(report: DemoReport) -> dict[str, Any]:
+    data = asdict(report)
+    data["ok"] = report.ok
+    return data
