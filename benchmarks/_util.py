@@ -1,0 +1,364 @@
+"""Shared pieces of the harness: the private server, settings, statistics, CPU sampling, payloads."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+
+# ---- settings --------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """How much to measure. ``quick`` is the smoke-test preset (a few seconds in all)."""
+
+    url: str
+    server_pid: int | None
+    private: bool
+    quick: bool = False
+    rounds: int = 9
+    seed: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def ns(self, what: str) -> str:
+        """A namespace unique to this run, so ``--url`` servers never see collisions."""
+        return f"bench-{self.run_id}-{what}"
+
+    def client(self, **kw: Any) -> redis.Redis:
+        return redis.Redis.from_url(self.url, **kw)
+
+
+# ---- the private server ------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PrivateServer:
+    """A ``redis-server`` on a free loopback port in its own temp dir (no persistence)."""
+
+    port: int
+    dir: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def start(cls) -> PrivateServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server not on PATH (install it, or pass --url)")
+        port = free_port()
+        tmp = tempfile.mkdtemp(prefix="agentstate-bench-")
+        args = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            tmp,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            os.path.join(tmp, "redis.log"),
+        ]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = cls(port=port, dir=tmp, proc=proc)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {proc.returncode}; see {tmp}/redis.log")
+            try:
+                with redis.Redis(port=port, socket_timeout=0.5) as c:
+                    if c.ping():
+                        return server
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        server.stop()
+        raise TimeoutError(f"redis-server on port {port} did not answer PING")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def host_port(url: str) -> tuple[str, int]:
+    u = urlparse(url)
+    return u.hostname or "127.0.0.1", u.port or 6379
+
+
+# ---- statistics -------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of ``values``."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    if len(s) == 1:
+        return float(s[0])
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def summary(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
+    """Median with p10/p90 spread, rounded for a small JSON."""
+    return {
+        "median": round(percentile(values, 50), digits),
+        "p10": round(percentile(values, 10), digits),
+        "p90": round(percentile(values, 90), digits),
+        "n": len(values),
+    }
+
+
+def latency_summary(values_us: Sequence[float]) -> dict[str, Any]:
+    return {
+        "p50": round(percentile(values_us, 50), 1),
+        "p90": round(percentile(values_us, 90), 1),
+        "p99": round(percentile(values_us, 99), 1),
+        "n": len(values_us),
+    }
+
+
+def time_batch(fn: Callable[[], Any], n: int) -> tuple[float, list[float]]:
+    """Run ``fn`` ``n`` times; (mean us per call, per-call us)."""
+    per: list[float] = []
+    clock = time.perf_counter_ns
+    t0 = clock()
+    for _ in range(n):
+        a = clock()
+        fn()
+        per.append((clock() - a) / 1000.0)
+    return (clock() - t0) / 1000.0 / n, per
+
+
+def micro(fn: Callable[[], Any], n: int, repeat: int = 5) -> float:
+    """Median over ``repeat`` batches of the mean us per call of ``fn`` (pure-CPU costs)."""
+    results = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        results.append((time.perf_counter_ns() - t0) / 1000.0 / n)
+    return round(percentile(results, 50), 3)
+
+
+# ---- CPU sampling ------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu_seconds(pid: int | None) -> float | None:
+    """utime + stime of process ``pid`` from /proc (None where unavailable)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have spent busy (/proc/stat), None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()
+    except OSError:
+        return None
+    ticks = [int(x) for x in parts[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    # guest time is already counted in user/nice
+    return (sum(ticks[:8]) - idle) / _TICKS
+
+
+class CpuWindow:
+    """Cores used by this process, by the server and by the whole machine between ``start`` and ``stop``."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+
+    def start(self) -> None:
+        self._wall = time.perf_counter()
+        self._self = time.process_time()
+        self._server = proc_cpu_seconds(self.server_pid)
+        self._machine = machine_busy_seconds()
+
+    def stop(self, client_cpu_s: float | None = None) -> dict[str, float | None]:
+        """``client_cpu_s`` overrides this process's CPU time (for worker processes)."""
+        wall = time.perf_counter() - self._wall
+        mine = (time.process_time() - self._self) if client_cpu_s is None else client_cpu_s
+        end = proc_cpu_seconds(self.server_pid)
+        server = None if end is None or self._server is None else (end - self._server) / wall
+        m_end = machine_busy_seconds()
+        machine = None if m_end is None or self._machine is None else (m_end - self._machine) / wall
+        return {
+            "wall_s": round(wall, 3),
+            "client_cores": round(mine / wall, 3),
+            "server_cores": _r3(server),
+            "machine_cores": _r3(machine),
+        }
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def server_pid_of(client: redis.Redis) -> int | None:
+    """The server's pid if it runs on this machine (INFO server process_id), else None."""
+    try:
+        pid = int(client.info("server")["process_id"])
+    except Exception:
+        return None
+    return pid if os.path.exists(f"/proc/{pid}/stat") else None
+
+
+# ---- payloads ----------------------------------------------------------------
+
+
+def make_state(target_bytes: int, seed: int = 0) -> dict[str, Any]:
+    """A shared_state of about ``target_bytes`` msgpack bytes shaped like agent state.
+
+    Many small fields (notes with ids, text, scores, tags), not one big string,
+    so codec costs are realistic.
+    """
+    import msgpack
+
+    notes: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"step": seed, "plan": "summarise the findings", "notes": notes}
+    i = 0
+    words = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+    while len(msgpack.packb(state)) < target_bytes - 80:
+        notes.append(
+            {"id": i, "text": " ".join(words[(i + k) % 8] for k in range(6)), "score": i * 0.5, "tags": ["t", "u"]}
+        )
+        i += 1
+    pad = target_bytes - len(msgpack.packb(state)) - 8
+    state["pad"] = "p" * max(pad, 0)
+    return state
+
+
+def make_message(i: int, size: int = 200) -> dict[str, Any]:
+    """A chat-message-like history entry of roughly ``size`` bytes."""
+    return {"role": "user" if i % 2 else "assistant", "n": i, "content": ("m" * size)[: max(size - 30, 1)]}
+
+
+# ---- environment -------------------------------------------------------------
+
+
+def git_state(repo: str) -> dict[str, Any]:
+    """The commit measured, and whether the library had uncommitted changes (shared work trees move)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    dirty = git("status", "--porcelain", "--", "redis_agentstate")
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "library_uncommitted_changes": bool(dirty) if dirty is not None else None,
+    }
+
+
+def version_of(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+    }
+
+
+def versions(client: redis.Redis) -> dict[str, Any]:
+    info = client.info("server")
+    out: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "redis-server": info.get("redis_version"),
+        "redis-py": version_of("redis"),
+        "hiredis": version_of("hiredis"),
+        "msgpack": version_of("msgpack"),
+        "tenacity": version_of("tenacity"),
+        "redis-agentstate": version_of("redis-agentstate"),
+    }
+    for dist in ("python-redis-lock", "pottery", "langgraph-checkpoint-redis", "matplotlib"):
+        out[dist] = version_of(dist)
+    try:
+        rb = subprocess.run(["redis-benchmark", "--version"], capture_output=True, text=True, timeout=5)
+        out["redis-benchmark"] = rb.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        out["redis-benchmark"] = None
+    return out
+
+
+def server_modules(client: redis.Redis) -> list[str]:
+    try:
+        mods = client.execute_command("MODULE", "LIST")
+    except redis.ResponseError:
+        return []
+    names = []
+    for m in mods or []:
+        if isinstance(m, dict):
+            name = m.get(b"name", m.get("name"))
+        else:
+            pairs = dict(zip(m[::2], m[1::2], strict=False))
+            name = pairs.get(b"name", pairs.get("name"))
+        if isinstance(name, bytes):
+            name = name.decode()
+        if name:
+            names.append(str(name))
+    return names

@@ -1,0 +1,104 @@
+"""The benchmark harness runs end to end (one short round) and writes the JSON the README is built from.
+
+The smoke test is a normal, quick test so the harness cannot rot; the longer
+run is marked ``benchmark`` and only runs with ``pytest --benchmarks``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = {"single", "history", "concurrency", "pools", "payload", "profile", "floor"}
+
+
+def _need_redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but redis-server is not on PATH")
+        pytest.skip("redis-server not on PATH")
+
+
+def _run(out: Path, *args: str, timeout: float) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--out", str(out), "--readme", "no", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"harness failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    data: dict[str, Any] = json.loads((out / "latest.json").read_text())
+    return data
+
+
+def _check(data: dict[str, Any]) -> None:
+    assert data["schema"] == 1
+    assert data["errors"] == {}
+    figs = data["figures"]
+    assert set(figs) == FIGURES
+
+    meta = data["meta"]
+    assert meta["versions"]["redis-server"]
+    assert meta["machine"]["cores"] >= 1
+    assert meta["command"].startswith("python -m benchmarks")
+
+    single = {r["name"]: r for r in figs["single"]["rows"]}
+    for name in ("floor_evalsha", "floor_raw_socket", "floor_shaped", "agentstate", "agentstate_lean", "redis_py_lock"):
+        assert single[name]["us_per_cycle"]["median"] > 0, name
+    # Every competitor has a row, measured or saying why not.
+    for name in ("python_redis_lock", "pottery_redlock", "langgraph_redis"):
+        row = single[name]
+        assert "us_per_cycle" in row or row["status"] != "ok", row
+    assert figs["single"]["ratios"]["agentstate_vs_floor"]["median"] > 0
+
+    hist = figs["history"]["rows"]
+    assert len(hist) >= 2 and all(r["commit_us"]["median"] > 0 and r["task_keys_bytes"] > 0 for r in hist)
+
+    conc = figs["concurrency"]["rows"]
+    assert {r["mode"] for r in conc} == {"async", "procs"}
+    assert all(r["cycles_per_s"]["median"] > 0 and r["latency_us"]["p99"] > 0 and r["bottleneck"] for r in conc)
+
+    pools = figs["pools"]
+    assert pools["rows"] and all(r["status"] for r in pools["rows"])
+    floor_rows = [r for r in pools["rows"] if r["name"].startswith("floor")]
+    assert all(r.get("ops_per_s") or r.get("latency_us") for r in floor_rows)
+    if pools["available"]:
+        assert pools["rows"][0]["ops_per_s"]["median"] > 0
+    else:
+        assert pools["status"].startswith("pools not available") or pools["status"].startswith("pools failed")
+
+    payload = figs["payload"]["rows"]
+    assert len(payload) >= 2 and all(r["msgpack_codec_us"] > 0 and r["json_codec_us"] > 0 for r in payload)
+
+    prof = figs["profile"]
+    assert prof["cprofile"]["areas"] and prof["micro_us"]
+
+    assert {t["id"] for t in data["targets"]} == {"single_vs_floor", "single_vs_lock", "history_growth"}
+    for t in data["targets"]:
+        assert t["measured"]["median"] > 0 and isinstance(t["met"], bool)
+
+
+def test_harness_quick_round(tmp_path: Path) -> None:
+    _need_redis_server()
+    data = _run(tmp_path, "--quick", timeout=180)
+    assert data["meta"]["quick"] is True
+    _check(data)
+
+
+@pytest.mark.benchmark
+@pytest.mark.slow
+def test_harness_full_figures(tmp_path: Path) -> None:
+    _need_redis_server()
+    data = _run(tmp_path, "--rounds", "3", timeout=1800)
+    _check(data)
+    assert {r["history"] for r in data["figures"]["history"]["rows"]} >= {10, 10_000, 100_000}
+    assert {r["size"] for r in data["figures"]["payload"]["rows"]} == {"1 KiB", "64 KiB", "1 MiB"}
