@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from .errors import AgentStateError
+from .errors import AgentStateError, BackendUnavailable
 from .keys import Keys
 
 __all__ = ["main"]
@@ -291,7 +291,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentstate", description="Durable, fenced state for fleets of AI-agent workers on Redis.",
         parents=[common],
     )  # fmt: skip
-    parser.set_defaults(url=None, namespace=None, json=False, cluster=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -345,13 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Common options may come before or after the command; unset ones default here (the parsers
+    # share their actions, so per-parser defaults would overwrite each other).
+    for name, default in (("url", None), ("namespace", None), ("json", False), ("cluster", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     try:
         return int(args.func(args))
+    except (redis.ConnectionError, BackendUnavailable) as exc:
+        print(f"agentstate: cannot reach Redis: {exc}", file=sys.stderr)
+        return 1
     except AgentStateError as exc:
         print(f"agentstate: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except redis.ConnectionError as exc:
-        print(f"agentstate: cannot reach Redis: {exc}", file=sys.stderr)
         return 1
 
 

