@@ -165,6 +165,29 @@ def test_commit_lost_reply_is_true_and_applied_once(h: Harness) -> None:
     assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is False
 
 
+def test_commit_lost_reply_then_next_claim_is_still_true(h: Harness) -> None:
+    """The re-send arrives after another worker claimed the next cycle (the revision moved on).
+
+    Found by the chaos suite: the nonce was only honoured while the revision was
+    still ``expected + 1``, so this re-send was told False for a write that had
+    applied, and the worker believed a committed cycle was lost.
+    """
+    h.admin.create(Checkpoint("t", messages=["m0"]))
+    cp = claimed(h, "t")
+    cp.cycle_index = 1
+    cp.messages.append("m1")
+    taken: list[Checkpoint | None] = []
+    h.proxy.watch(sha("commit"))
+    h.proxy.lose_next_reply(
+        sha("commit"), then=lambda: taken.append(h.admin.claim("t", 2, token="next", lease_ms=LEASE))
+    )
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is True
+    h.assert_resent_once(sha("commit"))
+    assert taken and taken[0] is not None and taken[0].revision == cp.revision + 2
+    after = h.admin.load("t")
+    assert after.messages == ["m0", "m1"] and after.claim_token == "next"
+
+
 def test_finalize_lost_reply_is_true_and_applied_once(h: Harness) -> None:
     h.admin.create(Checkpoint("t", messages=["m0"]))
     cp = h.admin.load("t")

@@ -16,7 +16,9 @@ local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
 if not h[1] then return {0} end
 local rev = tonumber(h[1])
-if rev == expected + 1 and h[4] == nonce then return {2, h[5]} end
+-- 'applied' names the last write that applied, whatever happened since (a
+-- claim of the next cycle moves the revision on but leaves 'applied' alone).
+if h[4] == nonce then return {2, h[5]} end
 if rev ~= expected or h[2] ~= '' or h[3] == '1' then return {0} end
 
 local now = server_now_ms()

@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 __all__ = ["MODES", "FaultProxy"]
 
@@ -61,6 +61,7 @@ class _Conn:
         self.client = client
         self.server = server
         self.lose_reply = False
+        self.then: Callable[[], object] | None = None
         self.blackholed = False
         self.closed = False
         self.lock = threading.Lock()
@@ -88,7 +89,7 @@ class FaultProxy:
         self.delay_s = 0.0
         self.stats: Counter[str] = Counter()
         self._watch: dict[bytes, int] = {}
-        self._lose: list[bytes | None] = []
+        self._lose: list[tuple[bytes | None, Callable[[], object] | None]] = []
         self._conns: set[_Conn] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -123,10 +124,15 @@ class FaultProxy:
         finally:
             self.set_mode("pass")
 
-    def lose_next_reply(self, match: bytes | None = None) -> None:
-        """Arm: the next request containing ``match`` (any, if None) is applied and its reply lost."""
+    def lose_next_reply(self, match: bytes | None = None, *, then: Callable[[], object] | None = None) -> None:
+        """Arm: the next request containing ``match`` (any, if None) is applied and its reply lost.
+
+        ``then`` runs after the reply was thrown away and *before* the client's
+        connection is reset: whatever it does happens between the write and the
+        client's re-send (e.g. another worker claiming the task).
+        """
         with self._lock:
-            self._lose.append(match)
+            self._lose.append((match, then))
 
     @property
     def armed(self) -> int:
@@ -226,10 +232,10 @@ class FaultProxy:
                     for pattern in self._watch:
                         if pattern in data:
                             self._watch[pattern] += 1
-                    for i, match in enumerate(self._lose):
+                    for i, (match, then) in enumerate(self._lose):
                         if match is None or match in data:
                             del self._lose[i]
-                            conn.lose_reply = True
+                            conn.lose_reply, conn.then = True, then
                             break
                 if not self._gate(conn):
                     continue
@@ -248,6 +254,11 @@ class FaultProxy:
                     break
                 if conn.lose_reply:
                     conn.lose_reply = False
+                    if conn.then is not None:
+                        try:
+                            conn.then()
+                        except Exception:
+                            self.stats["then_failed"] += 1
                     self._kill(conn, "replies_lost")
                     return
                 if not self._gate(conn):
