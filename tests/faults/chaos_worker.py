@@ -1,0 +1,180 @@
+"""One chaos worker process: a ``Runner`` whose every store call it records to a history file.
+
+Run by ``tests/test_chaos.py`` (never by hand)::
+
+    python chaos_worker.py --port P --namespace NS --history FILE --worker W [--skew-s S]
+
+The handler appends ``{"cycle": n, "token": t}`` to the task's messages, and
+records one pool message with idempotency key ``"<task>#<cycle>"``; after
+``--done-at`` cycles it finalizes the task. The store is wrapped so that the
+history has the outcome of every claim, commit and pool write, as seen by
+this process:
+
+* ``invoke`` written *before* the request is sent;
+* ``ok`` / ``fail`` when Redis answered (``fail`` = definitely not applied:
+  fenced out, or refused before sending);
+* ``unknown`` when the call raised a connection error or timed out (it may
+  or may not have applied). An ``invoke`` with no outcome (the process was
+  SIGKILLed) is unknown too.
+
+Each line is one JSON object with ``t`` = ``time.monotonic()`` (one clock for
+every process on the machine). The file is line-buffered, so a SIGKILL loses
+nothing already written. ``--skew-s`` shifts this process' wall clock
+(``time.time`` / ``time.time_ns``) by that many seconds: leases are computed
+from the server's TIME, so it must change nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from redis_agentstate import AgentStateError, AgentStatus, BackendError, Checkpoint, CheckpointStore, RetryPolicy
+from redis_agentstate.pool_models import MessageReceipt, RunMessage
+from redis_agentstate.pools import PoolStore
+from redis_agentstate.runner import Runner, StepResult, current_lease
+
+POOL_ID = "chaos-pool"
+
+
+class History:
+    def __init__(self, path: str, worker: str) -> None:
+        self._f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        self._lock = threading.Lock()
+        self.worker = worker
+
+    def write(self, **entry: Any) -> None:
+        entry["t"] = time.monotonic()
+        entry["w"] = self.worker
+        entry["pid"] = os.getpid()
+        line = json.dumps(entry, separators=(",", ":"))
+        with self._lock:
+            self._f.write(line + "\n")
+
+
+class RecordingStore(CheckpointStore):
+    """A ``CheckpointStore`` that records claim_next and commit outcomes in the history."""
+
+    history: History
+
+    def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
+        t0 = time.monotonic()
+        cp = super().claim_next(token=token, lease_ms=lease_ms)
+        if cp is not None:
+            self.history.write(
+                op="claim", type="ok", task=cp.task_id, cycle=cp.claimed_cycle, rev=cp.revision, token=token, t0=t0
+            )
+        return cp
+
+    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
+        op_id = uuid.uuid4().hex[:12]
+        kind = "finalize" if cp.terminal_result is not None else "commit"
+        last = cp.messages[-1] if cp.messages else None
+        attempt = last.get("attempt") if isinstance(last, dict) else None
+        base = {"op": "commit", "id": op_id, "task": cp.task_id, "cycle": cp.cycle_index, "token": token,
+                "attempt": attempt}  # fmt: skip
+        self.history.write(type="invoke", rev=expected_revision, final=kind == "finalize", **base)
+        try:
+            ok = super().commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
+        except BackendError as exc:
+            self.history.write(type="unknown", error=type(exc).__name__, **base)
+            raise
+        except AgentStateError as exc:
+            self.history.write(type="fail", error=type(exc).__name__, **base)
+            raise
+        self.history.write(type="ok" if ok else "fail", **base)
+        return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--history", required=True)
+    p.add_argument("--worker", required=True)
+    p.add_argument("--lease-ms", type=int, default=1000)
+    p.add_argument("--done-at", type=int, default=1_000_000)
+    p.add_argument("--done-at-small", type=int, default=4)
+    p.add_argument("--skew-s", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zombie", action="store_true", help="also commit straight to the store, ignoring the lease")
+    args = p.parse_args(argv)
+
+    if args.skew_s:
+        real_time, real_time_ns = time.time, time.time_ns
+        time.time = lambda: real_time() + args.skew_s  # type: ignore[assignment]
+        time.time_ns = lambda: real_time_ns() + int(args.skew_s * 1e9)  # type: ignore[assignment]
+
+    rng = random.Random(args.seed)
+    history = History(args.history, args.worker)
+    client = redis.Redis(
+        port=args.port,
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2),
+    )
+    policy = RetryPolicy(attempts=3, max_wait_s=0.2, max_delay_s=2.0)
+    store = RecordingStore(client, namespace=args.namespace, retry=policy)
+    store.history = history
+    pools = PoolStore(client, namespace=args.namespace, retry=policy)
+    history.write(op="start", type="ok", skew_s=args.skew_s, wall=time.time())
+
+    def handler(cp: Checkpoint) -> StepResult:
+        cycle = cp.claimed_cycle or 0
+        lease = current_lease()
+        assert lease is not None
+        time.sleep(rng.uniform(0.01, 0.12))  # "work"
+        lease.check()
+        key = f"{cp.task_id}#{cycle}"
+        msg = RunMessage(message_id=key, idempotency_key=key, payload={"task": cp.task_id, "cycle": cycle})
+        history.write(op="pool", type="invoke", key=key)
+        try:
+            pools.record_message(POOL_ID, msg, MessageReceipt(message_id=key, recipients=[args.worker]))
+        except BackendError as exc:
+            history.write(op="pool", type="unknown", key=key, error=type(exc).__name__)
+            raise
+        history.write(op="pool", type="ok", key=key)
+        if not args.zombie:
+            lease.check()
+        cp.messages.append({"cycle": cycle, "token": lease.token, "attempt": uuid.uuid4().hex[:12]})
+        cp.cycles.append({"cycle": cycle, "w": args.worker})
+        limit = args.done_at_small if cp.task_id.startswith("short-") else args.done_at
+        done = cycle >= limit
+        if done:
+            cp.status = AgentStatus.COMPLETED
+            cp.terminal_result = {"cycles": cycle}
+        if args.zombie:
+            # A worker that ignores its lease: it writes straight away, whether or not
+            # the lease is still alive (after a SIGSTOP it is not). Only the revision
+            # fence in Redis stands between it and a newer claim. Then the Runner
+            # writes the same cycle again (another attempt id): always fenced out.
+            zombie = copy.deepcopy(cp)
+            zombie.cycle_index = cycle
+            store.commit(zombie, token=lease.token, expected_revision=lease.revision)
+            cp.messages[-1] = dict(cp.messages[-1], attempt=uuid.uuid4().hex[:12])
+        return StepResult(cp, done=done)
+
+    runner = Runner(
+        store, handler, lease_ms=args.lease_ms, idle_min_ms=20, idle_max_ms=200, failure_delay_ms=50,
+        worker_id=args.worker, handle_signals=True,
+    )  # fmt: skip
+    stats = runner.run()
+    history.write(op="stop", type="ok", **vars(stats))
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

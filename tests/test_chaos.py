@@ -1,0 +1,275 @@
+"""The fault-injection suite: 8 Runner processes, a seeded nemesis, a history checker.
+
+``test_chaos_fleet`` (marker ``chaos``; ``CHAOS_SECONDS``, default 60, bounds
+it; ``CHAOS_SEED`` picks the schedule, default 5):
+
+* a private ``redis-server --appendonly yes --appendfsync always``;
+* a ``FaultProxy`` in front of it; 8 worker processes (``faults/chaos_worker``)
+  run the ``Runner`` through the proxy, one of them with its wall clock
+  skewed by +3 hours;
+* 64 long tasks and 16 short ones (these finalize after 4 cycles);
+* every 0.6-1.5 s the nemesis does one of: SIGKILL a worker and respawn it;
+  SIGSTOP a worker for 1.5-3x its lease, then SIGCONT; reset every proxied
+  connection; blackhole the proxy; delay it; lose the reply of the next
+  commit after Redis applied it; SIGKILL redis-server and restart it on the
+  same data dir. The first rounds go through every kind once (shuffled), so
+  each happens at least once, and the run asserts that each one bit;
+* at the end the workers get SIGTERM, and ``faults.checker`` holds the
+  histories against the final state. The figures are printed (run with
+  ``-s`` to see them) and written to ``$CHAOS_REPORT`` if set.
+
+``test_client_clock_skew_changes_nothing`` is the fast, deterministic half of
+the clock claim: with ``time.time`` hours off, leases still come from the
+server's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import RealServer, RedisServerProcess, require_real
+from faults import FaultProxy
+from faults.checker import FinalTask, check, read_histories
+
+from redis_agentstate import AlreadyClaimed, Checkpoint, CheckpointStore
+from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
+from redis_agentstate.pools import PoolStore
+from redis_agentstate.scripts import script_text
+
+WORKER = Path(__file__).parent / "faults" / "chaos_worker.py"
+LEASE_MS = 1000
+WORKERS = 8
+SKEWED_WORKER = 7
+SKEW_S = 3 * 3600.0
+ZOMBIE_WORKER = 6
+FAULTS = ("kill_worker", "pause_worker", "proxy_reset", "proxy_blackhole", "proxy_delay", "lose_reply", "redis_restart")
+
+
+# ---- clock skew, fast ---------------------------------------------------------
+
+
+@pytest.mark.real
+def test_client_clock_skew_changes_nothing(real_server: RealServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = redis.Redis.from_url(require_real(real_server))
+    store = CheckpointStore(client, namespace=f"skew-{uuid.uuid4().hex[:8]}")
+    for skew in (-SKEW_S, SKEW_S):
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda s=skew, r=real: r() + s)
+        monkeypatch.setattr(time, "time_ns", lambda s=skew, r=real: int((r() + s) * 1e9))
+        tid = f"t{skew}"
+        store.create(Checkpoint(tid))
+        sec, usec = client.time()
+        server_ms = int(sec) * 1000 + int(usec) // 1000
+        cp = store.claim(tid, 1, token="a", lease_ms=5_000)
+        assert cp is not None
+        assert abs(cp.lease_expires_at_ms - (server_ms + 5_000)) < 1_000  # server clock, not ours
+        # Someone else cannot take it however far our clock runs ahead; we can renew and commit.
+        with pytest.raises(AlreadyClaimed):
+            store.claim(tid, 1, token="b", lease_ms=5_000)
+        assert store.renew(tid, token="a", expected_revision=cp.revision, lease_ms=5_000)
+        cp.cycle_index = 1
+        assert store.commit(cp, token="a", expected_revision=cp.revision)
+        with store.lease(tid, 2, lease_ms=600) as lease:  # the keeper runs on the monotonic clock
+            time_left = lease.remaining_s()
+            assert 0 < time_left <= 0.6
+            time.sleep(0.5)  # several renewals
+            lease.check()
+            lc = lease.checkpoint
+            lc.cycle_index = lease.cycle_index
+            lease.commit(lc)
+        assert store.load(tid).cycle_index == 2
+        monkeypatch.undo()
+    client.close()
+
+
+# ---- the fleet ---------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    ns: str
+    dir: Path
+    redis_port: int
+    proxy: FaultProxy
+    server: RedisServerProcess
+    server_args: tuple[str, ...]
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    spawns: dict[int, int] = field(default_factory=dict)
+    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def spawn(self, i: int) -> None:
+        self.spawns[i] = self.spawns.get(i, 0) + 1
+        args = [
+            sys.executable, str(WORKER), "--port", str(self.proxy.port), "--namespace", self.ns,
+            "--history", str(self.dir / f"history-{i}.jsonl"), "--worker", f"w{i}.{self.spawns[i]}",
+            "--lease-ms", str(LEASE_MS), "--seed", str(i * 1000 + self.spawns[i]),
+        ]  # fmt: skip
+        if i == SKEWED_WORKER:
+            args += ["--skew-s", str(SKEW_S)]
+        if i == ZOMBIE_WORKER:
+            args += ["--zombie"]
+        log = open(self.dir / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.procs[i] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def log(self, kind: str, **detail: Any) -> None:
+        """The nemesis' own timeline, beside the workers' histories (same monotonic clock)."""
+        with open(self.dir / "nemesis.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"t": time.monotonic(), "fault": kind, **detail}) + "\n")
+
+    def restart_redis(self) -> None:
+        old_pid = self.server.proc.pid
+        self.server.proc.send_signal(signal.SIGKILL)
+        self.server.proc.wait()
+        self.server = RedisServerProcess.start(*self.server_args, port=self.redis_port, dir=str(self.dir / "redis"))
+        self.evidence.setdefault("redis_pids", []).append((old_pid, self.server.proc.pid))
+
+
+def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
+    commit_sha = hashlib.sha1(script_text("commit").encode()).hexdigest().encode()
+    plan = list(FAULTS)
+    rng.shuffle(plan)
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.6, 1.5))
+        kind = plan.pop(0) if plan else rng.choice(FAULTS)
+        fleet.faults[kind] += 1
+        fleet.log(kind)
+        if kind == "kill_worker":
+            i = rng.randrange(WORKERS)
+            fleet.procs[i].send_signal(signal.SIGKILL)
+            fleet.procs[i].wait()
+            fleet.evidence.setdefault("killed_rc", []).append(fleet.procs[i].returncode)
+            fleet.spawn(i)
+        elif kind == "pause_worker":
+            # Half the pauses hit the zombie, whose late writes then meet the fence.
+            i = ZOMBIE_WORKER if rng.random() < 0.5 else rng.randrange(WORKERS)
+            pause = rng.uniform(1.5, 3.0) * LEASE_MS / 1000
+            fleet.procs[i].send_signal(signal.SIGSTOP)
+            time.sleep(pause)
+            fleet.procs[i].send_signal(signal.SIGCONT)
+            fleet.evidence.setdefault("paused_s", []).append(round(pause, 2))
+        elif kind == "proxy_reset":
+            fleet.evidence.setdefault("connections_reset", []).append(fleet.proxy.reset_all())
+        elif kind == "proxy_blackhole":
+            with fleet.proxy.fault("blackhole"):  # up to past the retry budget: unknown outcomes
+                time.sleep(rng.uniform(0.5, 3.0))
+        elif kind == "proxy_delay":
+            with fleet.proxy.fault("delay", delay_s=rng.uniform(0.05, 0.3)):
+                time.sleep(rng.uniform(0.5, 1.5))
+        elif kind == "lose_reply":
+            fleet.proxy.lose_next_reply(commit_sha)
+        elif kind == "redis_restart":
+            fleet.restart_redis()
+
+
+def _final_state(client: redis.Redis, ns: str, tids: list[str]) -> tuple[dict[str, FinalTask], list[str]]:
+    store = CheckpointStore(client, namespace=ns)
+    final = {}
+    for tid in tids:
+        cp = store.load(tid)
+        assert cp is not None, f"task {tid} vanished"
+        final[tid] = FinalTask(tid, cp.cycle_index, cp.revision, cp.messages, cp.terminal_result is not None)
+    records = PoolStore(client, namespace=ns).watch("chaos-pool", Cursor(0))
+    keys = [r.payload.message.idempotency_key for r in records if isinstance(r.payload, StoredMessage)]
+    return final, keys
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.real
+def test_chaos_fleet() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.fail("the chaos suite needs redis-server on PATH")
+    seconds = float(os.environ.get("CHAOS_SECONDS", "60"))
+    seed = int(os.environ.get("CHAOS_SEED", "5"))
+    rng = random.Random(seed)
+    base = Path(tempfile.mkdtemp(prefix="agentstate-chaos-"))
+    (base / "redis").mkdir()
+    server_args = ("--appendonly", "yes", "--appendfsync", "always")
+    server = RedisServerProcess.start(*server_args, dir=str(base / "redis"))
+    proxy = FaultProxy(server.port)
+    fleet = Fleet(f"chaos-{seed}", base, server.port, proxy, server, server_args)
+    admin = redis.Redis(port=server.port, socket_timeout=10)
+    ok = False
+    try:
+        store = CheckpointStore(admin, namespace=fleet.ns)
+        tids = [f"long-{i:02d}" for i in range(64)] + [f"short-{i:02d}" for i in range(16)]
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
+        run_id_before = admin.info("server")["run_id"]
+        for i in range(WORKERS):
+            fleet.spawn(i)
+        t0 = time.monotonic()
+        _nemesis(fleet, rng, t0 + seconds)
+        proxy.set_mode("pass")
+        time.sleep(2 * LEASE_MS / 1000)  # a quiet stretch: the fleet must make progress after the faults
+        for p in fleet.procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in fleet.procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        elapsed = time.monotonic() - t0
+
+        admin.close()
+        admin = redis.Redis(port=fleet.server.port, socket_timeout=10)
+        final, pool_keys = _final_state(admin, fleet.ns, tids)
+        history = read_histories(sorted(base.glob("history-*.jsonl")))
+        report = check(history, final, pool_keys)
+        figures = report.figures()
+        figures.update(
+            seed=seed, seconds=round(elapsed, 1), workers=WORKERS, faults=dict(fleet.faults),
+            proxy=dict(proxy.stats), tasks_finalized=sum(t.terminal for t in final.values()),
+            worker_spawns=sum(fleet.spawns.values()),
+        )  # fmt: skip
+        print("\nCHAOS REPORT " + json.dumps(figures, indent=1, sort_keys=True))
+        if os.environ.get("CHAOS_REPORT"):
+            Path(os.environ["CHAOS_REPORT"]).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
+
+        assert report.violations == [], "\n".join(report.violations[:50])
+        # Each fault was injected, and bit.
+        assert all(n > 0 for n in fleet.faults.values()), fleet.faults
+        assert all(rc == -signal.SIGKILL for rc in fleet.evidence["killed_rc"])
+        assert proxy.stats["reset"] > 0 and proxy.stats["chunks_blackholed"] > 0
+        assert proxy.stats["chunks_delayed"] > 0 and proxy.stats["replies_lost"] > 0
+        assert admin.info("server")["run_id"] != run_id_before and len(fleet.evidence["redis_pids"]) > 0
+        # The skewed worker did real work.
+        skewed = [e for e in history if e["w"].startswith(f"w{SKEWED_WORKER}.") and e.get("op") == "commit"]
+        assert any(e["type"] == "ok" for e in skewed)
+        # Progress: many commits, finalized tasks, and commits after the last fault.
+        assert figures["acknowledged_commits"] > 200
+        assert figures["tasks_finalized"] >= 8
+        last = max(e["t"] for e in history if e.get("op") == "commit" and e["type"] == "ok")
+        assert last > t0 + seconds - 1
+        ok = True
+    finally:
+        for p in fleet.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        proxy.stop()
+        admin.close()
+        fleet.server.stop(remove=False)
+        if ok:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"chaos run kept for inspection in {base}")
