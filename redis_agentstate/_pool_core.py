@@ -56,11 +56,14 @@ POOL_RECORD_MESSAGE = "pool_record_message"
 POOL_RECORD_WAKE = "pool_record_wake"
 POOL_NEXT_EVENT_SEQUENCE = "pool_next_event_sequence"
 POOL_WATCH = "pool_watch"
+POOL_GET = "pool_get"
 
 POOL_SCRIPTS = (
     POOL_OPEN, POOL_SNAPSHOT, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE,
-    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH,
+    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
 )  # fmt: skip
+#: ARGV[1] of pool_get.lua: which of the pool's hashes to read (its KEYS index).
+_MESSAGE_DEDUPE, _WAKES, _WAKE_DEDUPE = 4, 5, 6
 scripts.add_prelude(POOL_SCRIPTS, "_pool")
 
 #: The largest record one write may send (its encoded state and payload).
@@ -468,29 +471,30 @@ class PoolCore:
     def message_receipt(self, pool_id: str, idempotency_key: str) -> Op[MessageReceipt | None]:
         pid, keys = self._pool(pool_id)
         key = check_id(idempotency_key, "idempotency_key")
-        found = yield from self._dedupe_lookup(pid, keys, keys.message_dedupe, key)
-        return None if found is None else _read(found, keys.message_dedupe, "receipt", _receipt_of)
+        found = yield from self._get(pid, keys, _MESSAGE_DEDUPE, key)
+        if found is None:
+            return None
+        return _read(_split_seq(found, keys.message_dedupe)[1], keys.message_dedupe, "receipt", _receipt_of)
 
     def wake_registration(self, pool_id: str, idempotency_key: str) -> Op[WakeRegistration | None]:
         pid, keys = self._pool(pool_id)
         key = check_id(idempotency_key, "idempotency_key")
-        found = yield from self._dedupe_lookup(pid, keys, keys.wake_dedupe, key)
-        return None if found is None else _read(found, keys.wake_dedupe, "registration", _registration_of)
-
-    def _dedupe_lookup(self, pid: str, keys: PoolKeys, hash_key: str, field: str) -> Op[bytes | None]:
-        # Two reads in one round trip; a pool is never closed, so they cannot disagree on "open".
-        is_open, raw = yield Pipe([("EXISTS", keys.state), ("HGET", hash_key, field)])
-        if not is_open:
-            raise self._not_open(pid)
-        return None if raw is None else _split_seq(raw, hash_key)[1]
+        found = yield from self._get(pid, keys, _WAKE_DEDUPE, key)
+        if found is None:
+            return None
+        return _read(_split_seq(found, keys.wake_dedupe)[1], keys.wake_dedupe, "registration", _registration_of)
 
     def wake(self, pool_id: str, condition_id: str) -> Op[StoredWake | None]:
         pid, keys = self._pool(pool_id)
         cid = check_id(condition_id, "condition_id")
-        is_open, raw = yield Pipe([("EXISTS", keys.state), ("HGET", keys.wakes, cid)])
-        if not is_open:
+        found = yield from self._get(pid, keys, _WAKES, cid)
+        return None if found is None else _read(found, keys.wakes, "stored wake", _stored_wake_of)
+
+    def _get(self, pid: str, keys: PoolKeys, which: int, field: str) -> Op[bytes | None]:
+        reply = yield Call(POOL_GET, keys.as_list(), [which, field])
+        if reply[0] == -1:
             raise self._not_open(pid)
-        return None if raw is None else _read(raw, keys.wakes, "stored wake", _stored_wake_of)
+        return reply[1] if reply[0] == 1 else None
 
     def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Op[Cursor]:
         pid, keys = self._pool(pool_id)
