@@ -140,7 +140,9 @@ class KvCore:
         yield Call(KV_SET, self._index(k), [self._ttl(ttl_ms), v])
         return None
 
-    def set_many(self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None) -> Op[None]:
+    def set_many(
+        self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None
+    ) -> Op[None]:
         pairs = self._items(items)
         ttl = self._ttl(ttl_ms)
         by_shard: dict[int, list[tuple[str, bytes]]] = {}
@@ -178,11 +180,9 @@ class KvCore:
         pending: dict[int, bytes] = {shard: b"-" for shard in range(SHARDS)}
         while pending:
             shards = list(pending)
-            replies = yield Pipe(
-                [("EVAL", text, 2, *self.keys.kv_index(s), pending[s], _KEYS_PAGE) for s in shards]
-            )
+            replies = yield Pipe([("EVAL", text, 2, *self.keys.kv_index(s), pending[s], _KEYS_PAGE) for s in shards])
             pending = {}
-            for shard, page in zip(shards, replies):
+            for shard, page in zip(shards, replies, strict=True):
                 found.extend(_s(k) for k in page[1:])
                 if page[0]:
                     pending[shard] = b"(" + page[0]

@@ -92,9 +92,7 @@ def _canonical(value: Any) -> Any:
     """``value`` with every map's items in one order, so equal configs encode to equal bytes."""
     if isinstance(value, dict):
         try:
-            items = sorted(
-                ((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0]
-            )
+            items = sorted(((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0])
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
         return {k: _canonical(v) for _, k, v in items}
@@ -174,9 +172,7 @@ def check_wake(condition: object, registration: object) -> tuple[WakeCondition, 
     r = _check_type(registration, WakeRegistration, "registration")
     check_id(r.condition_id, "registration.condition_id")
     if r.condition_id != c.condition_id:
-        raise InvalidArgument(
-            f"registration.condition_id {r.condition_id!r} is not the condition's {c.condition_id!r}"
-        )
+        raise InvalidArgument(f"registration.condition_id {r.condition_id!r} is not the condition's {c.condition_id!r}")
     _check_dict(r.metadata, "registration.metadata")
     return c, r
 
@@ -207,7 +203,12 @@ def _receipt_map(r: MessageReceipt) -> dict[str, Any]:
 
 
 def _condition_map(c: WakeCondition) -> dict[str, Any]:
-    return {"condition_id": c.condition_id, "idempotency_key": c.idempotency_key, "run_id": c.run_id, "filter": c.filter}
+    return {
+        "condition_id": c.condition_id,
+        "idempotency_key": c.idempotency_key,
+        "run_id": c.run_id,
+        "filter": c.filter,
+    }
 
 
 def _registration_map(r: WakeRegistration) -> dict[str, Any]:
@@ -259,7 +260,10 @@ def _stored_message_of(m: Any) -> StoredMessage:
 
 def _condition_of(m: Any) -> WakeCondition:
     return WakeCondition(
-        _field(m, "condition_id", str), _field(m, "idempotency_key", str), _field(m, "run_id", str), _field(m, "filter", dict)
+        _field(m, "condition_id", str),
+        _field(m, "idempotency_key", str),
+        _field(m, "run_id", str),
+        _field(m, "filter", dict),
     )
 
 
@@ -271,7 +275,9 @@ def _stored_wake_of(m: Any) -> StoredWake:
     if not isinstance(m, dict) or "compiled_filter" not in m:
         raise _Shape("missing field 'compiled_filter'")
     return StoredWake(
-        _condition_of(_field(m, "condition", dict)), m["compiled_filter"], _registration_of(_field(m, "registration", dict))
+        _condition_of(_field(m, "condition", dict)),
+        m["compiled_filter"],
+        _registration_of(_field(m, "registration", dict)),
     )
 
 
@@ -306,7 +312,7 @@ def _xread_entries(reply: Any) -> list[tuple[bytes, bytes, bytes]]:
         if entries and isinstance(entries[0], list) and entries[0] and isinstance(entries[0][0], (list, tuple)):
             entries = [e for sub in entries for e in sub]
         for entry_id, fields in entries:
-            f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
+            f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=False))
             out.append((entry_id.split(b"-", 1)[0], f.get(b"k", b""), f.get(b"p", b"")))
     return out
 
@@ -355,9 +361,7 @@ class PoolCore:
         except (ValueError, TypeError) as exc:
             raise CorruptState(f"snapshot of pool {pid!r} at {keys.state!r} is malformed", key=keys.state) from exc
         config = _read(cfg_blob, keys.state, "config", _config_of)
-        members = sorted(
-            (_read(b, keys.members, "member", _member_of) for b in groups[0]), key=lambda m: m.run_id
-        )
+        members = sorted((_read(b, keys.members, "member", _member_of) for b in groups[0]), key=lambda m: m.run_id)
         messages = sorted(
             (_read(b, keys.messages, "stored message", _stored_message_of) for b in groups[1]),
             key=lambda m: m.message.message_id,
@@ -391,13 +395,15 @@ class PoolCore:
                 )
             return []
         expect = after + 1
-        out = []
+        out: list[PoolRecord] = []
         for seq_raw, kind_raw, blob in entries:
             try:
                 seq = int(seq_raw)
                 kind = _KINDS[_s(kind_raw)]
             except (ValueError, KeyError, UnicodeDecodeError) as exc:
-                raise CorruptState(f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log) from exc
+                raise CorruptState(
+                    f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log
+                ) from exc
             if seq != expect:
                 if not out and seq > expect:
                     raise CursorExpired(
@@ -405,7 +411,9 @@ class PoolCore:
                         f"(oldest kept: {seq}); cursor {after} has expired",
                         key=keys.log,
                     )
-                raise CorruptState(f"record log of pool {pid!r} at {keys.log!r} skips from {expect} to {seq}", key=keys.log)
+                raise CorruptState(
+                    f"record log of pool {pid!r} at {keys.log!r} skips from {expect} to {seq}", key=keys.log
+                )
             out.append(PoolRecord(pid, Cursor(seq), kind, self._payload(kind, blob, keys.log)))
             expect += 1
         return out
@@ -576,7 +584,7 @@ class PoolCore:
                 [("ZRANGEBYLEX", self.keys.shard_pools(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
             )
             pending = {}
-            for shard, page in zip(shards, replies):
+            for shard, page in zip(shards, replies, strict=True):
                 found.extend(_s(m) for m in page)
                 if len(page) == _LIST_PAGE:
                     pending[shard] = b"(" + page[-1]

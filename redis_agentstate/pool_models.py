@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "Cursor",
@@ -127,7 +127,7 @@ class PoolRecordKind(str, enum.Enum):
 
 #: ``pool_opened`` -> PoolConfig, ``pool_created`` -> None, ``member_joined`` and
 #: ``member_left`` -> PoolMember, ``run_message`` -> StoredMessage, ``wake`` -> StoredWake.
-RecordPayload = Union[PoolConfig, PoolMember, StoredMessage, StoredWake, None]
+RecordPayload = PoolConfig | PoolMember | StoredMessage | StoredWake | None
 
 
 @dataclass

@@ -38,6 +38,7 @@ WATCH_BLOCK_MS = 2_000
 #: The watchers' clients time out reads after 1 s, shorter than their 2 s blocks.
 WATCHER_SOCKET_TIMEOUT = 1.0
 
+
 def message(k: int, sender: int) -> tuple[RunMessage, MessageReceipt]:
     m = RunMessage(f"m{k}", f"idem-{k}", payload={"k": k, "by": sender}, topic="t", sender=f"w{sender}")
     return m, MessageReceipt(f"m{k}", recipients=[f"r{k % 7}"], metadata={"by": sender})
@@ -189,7 +190,7 @@ def test_eight_processes_each_message_twice(shared_url: str, namespace: str) -> 
 
     # ---- every receipt readable, and it is the first one recorded ----
     stored = {r.payload.message.message_id: r.payload.receipt for r in log[1:]}
-    senders = Counter()
+    senders: Counter[bool] = Counter()
     for k in range(N_PROC * PER_PROC):
         receipt = store.message_receipt(POOL, f"idem-{k}")
         assert receipt is not None and receipt == stored[f"m{k}"]

@@ -419,7 +419,7 @@ class TestSnapshot:
         t = threading.Thread(target=churn)
         t.start()
         try:
-            seen = set()
+            seen: set[int] = set()
             deadline = time.monotonic() + 1.5
             while time.monotonic() < deadline or len(seen) < 3:
                 snap = opened.snapshot("pool")
