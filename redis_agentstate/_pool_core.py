@@ -512,6 +512,10 @@ class PoolCore:
         stored = self._encode({"message": _message_map(m), "receipt": receipt_map}, f"message {m.message_id!r}")
         args = [self._maxlen, m.message_id, m.idempotency_key, receipt_blob, stored]
         reply = yield Call(POOL_RECORD_MESSAGE, keys.as_list(), args)
+        if reply[0] == -3:
+            raise CorruptState(
+                f"dedupe entry {m.idempotency_key!r} at {keys.message_dedupe!r} is malformed", key=keys.message_dedupe
+            )
         return self._cursor(reply, pid)
 
     def record_wake(
@@ -527,6 +531,10 @@ class PoolCore:
         )
         args = [self._maxlen, c.condition_id, c.idempotency_key, reg_blob, stored]
         reply = yield Call(POOL_RECORD_WAKE, keys.as_list(), args)
+        if reply[0] == -3:
+            raise CorruptState(
+                f"dedupe entry {c.idempotency_key!r} at {keys.wake_dedupe!r} is malformed", key=keys.wake_dedupe
+            )
         return self._cursor(reply, pid)
 
     def next_event_sequence(self, pool_id: str) -> Op[int]:

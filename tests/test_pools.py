@@ -541,6 +541,18 @@ class TestCorruptState:
             opened.message_receipt("pool", "idem-1")
         assert info.value.key == keys.message_dedupe
 
+    def test_malformed_dedupe_entries_on_write_name_the_key(self, opened: Any, raw: Any) -> None:
+        keys = Keys(opened.namespace).pool("pool")
+        raw.hset(keys.message_dedupe, "idem-1", b"no seq here")
+        with pytest.raises(CorruptState) as info:
+            opened.record_message("pool", *msg(1))
+        assert info.value.key == keys.message_dedupe
+        raw.hset(keys.wake_dedupe, "wk-1", b"no seq here")
+        with pytest.raises(CorruptState) as info:
+            opened.record_wake("pool", *wake_of(1))
+        assert info.value.key == keys.wake_dedupe
+        assert opened.snapshot("pool").cursor == Cursor(1)  # nothing appended
+
     def test_undecodable_record_names_the_log(self, opened: Any, raw: Any) -> None:
         keys = Keys(opened.namespace).pool("pool")
         seq = raw.hincrby(keys.state, "seq", 1)

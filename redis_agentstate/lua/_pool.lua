@@ -53,9 +53,10 @@ local function remember(reply, ms)
   redis.call('SET', KEYS[9], reply, 'PX', ms)
 end
 
--- '<seq>:<blob>' -> seq string, blob
+-- '<seq>:<blob>' -> seq string, blob; nil if the value is not of that form.
 local function split_seq(value)
   local i = string.find(value, ':', 1, true)
+  if not i then return nil end
   return string.sub(value, 1, i - 1), string.sub(value, i + 1)
 end
 

@@ -8,7 +8,8 @@
 --   ARGV[4]    - registration blob
 --   ARGV[5]    - stored wake blob (condition + filter + registration; the record's payload)
 -- Returns {-1} never opened; {1, seq} recorded; {2, seq} the key was recorded
--- before: nothing written, seq is the first record's.
+-- before: nothing written, seq is the first record's; {-3} the stored
+-- dedupe entry is not '<seq>:<blob>' (corrupt).
 local maxlen, condition_id, key = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local registration, stored = ARGV[4], ARGV[5]
 
@@ -16,6 +17,7 @@ if not is_open() then return { -1 } end
 local first = redis.call('HGET', KEYS[6], key)
 if first then
   local seq = split_seq(first)
+  if not seq then return { -3 } end
   return { 2, seq }
 end
 local seq = append('wake', stored, maxlen)
