@@ -37,16 +37,28 @@ _STATUSES = {s.value: s for s in AgentStatus}
 
 
 class _History(NamedTuple):
+    """What this client knows is stored: the first ``n_m``/``n_c`` entries of the lists, at ``epoch``."""
+
     epoch: bytes
     messages: list[Any]
     cycles: list[Any]
+    n_m: int
+    n_c: int
+
+    def usable(self) -> bool:
+        # Someone shortened a list we handed out: we can no longer vouch for it.
+        return len(self.messages) >= self.n_m and len(self.cycles) >= self.n_c
 
 
 class HistoryCache:
     """Decoded message and cycle histories by task, so reads fetch only new entries.
 
-    Entries are replaced, never mutated, so a reader holding one is safe while
-    another thread stores a newer one.
+    The lists are shared, without copying, with the checkpoints a read returns
+    and taken, without copying, from the checkpoints a commit stores: a cycle
+    then costs what it appends, not what came before. Only the first
+    ``n_m``/``n_c`` entries are ever trusted, so entries a caller appends but
+    never commits are ignored; the library itself never mutates a cached list.
+    The one rule for callers is the append-only contract of ``Checkpoint``.
     """
 
     def __init__(self, max_tasks: int) -> None:
@@ -67,7 +79,7 @@ class HistoryCache:
         if not self.max_tasks:
             return
         with self._lock:
-            self._entries[task_id] = _History(epoch, messages, cycles)
+            self._entries[task_id] = _History(epoch, messages, cycles, len(messages), len(cycles))
             self._entries.move_to_end(task_id)
             while len(self._entries) > self.max_tasks:
                 self._entries.popitem(last=False)
@@ -75,6 +87,13 @@ class HistoryCache:
     def drop(self, task_id: str) -> None:
         with self._lock:
             self._entries.pop(task_id, None)
+
+
+def _extended(cached: list[Any], stored: int, new: list[Any]) -> list[Any]:
+    """The cached list itself when it is exactly what is stored (no copy), else a new one."""
+    if not new and len(cached) == stored:
+        return cached
+    return cached[:stored] + new
 
 
 def _s(value: Any) -> str:
@@ -167,20 +186,20 @@ class CheckpointCore:
     ) -> list[Any]:
         """ARGV for create/save/commit/finalize (layout in ``_common.lua``).
 
-        Sends only the history entries added since ``history`` (the cached view)
-        unless ``history`` is None, in which case the full lists go and the script
-        skips what it already holds.
+        Sends only the history entries added since ``history`` (what this client
+        knows is stored) unless ``history`` is None, in which case the full lists
+        go and the script skips what it already holds.
         """
         tid = cp.task_id
         body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {tid!r} body")
         # A checkpoint shorter than our cached view goes whole: the script decides
         # (after fencing) whether that is a forbidden shrink.
-        if history is None or replace or len(cp.messages) < len(history.messages) or len(cp.cycles) < len(history.cycles):
+        if history is None or replace or len(cp.messages) < history.n_m or len(cp.cycles) < history.n_c:
             base_m = base_c = -1
             epoch = b""
             new_m, new_c = cp.messages, cp.cycles
         else:
-            base_m, base_c = len(history.messages), len(history.cycles)
+            base_m, base_c = history.n_m, history.n_c
             epoch = history.epoch
             new_m, new_c = cp.messages[base_m:], cp.cycles[base_c:]
         blobs = [encode(m, what=f"message of task {tid!r}") for m in new_m]
@@ -199,9 +218,9 @@ class CheckpointCore:
 
     def _cached(self, task_id: str) -> tuple[_History | None, list[Any]]:
         h = self.history.get(task_id)
-        if h is None:
+        if h is None or not h.usable():
             return None, [b"", 0, 0]
-        return h, [h.epoch, len(h.messages), len(h.cycles)]
+        return h, [h.epoch, h.n_m, h.n_c]
 
     # ---- reply parsing --------------------------------------------------
 
@@ -245,15 +264,10 @@ class CheckpointCore:
         else:
             # The script only skips entries when our cached epoch matched.
             assert cached is not None and cached.epoch == epoch
-            if new_m or new_c or from_m != len(cached.messages) or from_c != len(cached.cycles):
-                messages, cycles = cached.messages[:from_m] + new_m, cached.cycles[:from_c] + new_c
-            else:
-                messages, cycles = cached.messages, cached.cycles
-        if messages is not getattr(cached, "messages", None):
-            self.history.put(task_id, epoch, messages, cycles)
-        # One copy for the caller: the cached lists must never change under us.
-        cp.messages = list(messages)
-        cp.cycles = list(cycles)
+            messages = _extended(cached.messages, from_m, new_m)
+            cycles = _extended(cached.cycles, from_c, new_c)
+        self.history.put(task_id, epoch, messages, cycles)
+        cp.messages, cp.cycles = messages, cycles
         return cp
 
     # ---- operations -----------------------------------------------------
@@ -397,7 +411,7 @@ class CheckpointCore:
                 revision=expected,
             )
         if reply[0] in (1, 2):
-            self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
+            self.history.put(cp.task_id, reply[1], cp.messages, cp.cycles)
             return True
         return False
 

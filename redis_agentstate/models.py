@@ -35,8 +35,12 @@ class Checkpoint:
     ``messages`` and ``cycles`` are append-only histories: a commit sends only
     the entries added since the checkpoint was loaded or claimed. To rewrite
     history (e.g. compaction) pass ``replace_history=True`` to ``commit``.
-    Loaded history entries may be shared with the store's history cache:
-    append new entries, do not mutate old ones in place.
+
+    To keep a cycle's cost independent of the history's length, the store
+    shares these lists with its cache, without copying: the lists a read
+    returns, and the lists a commit stored (the next read of the task may hand
+    back the very same list). Append to them; never edit, reorder or remove
+    entries in place, and do not pass a commit lists you also use elsewhere.
     """
 
     task_id: str

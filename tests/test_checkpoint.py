@@ -408,6 +408,51 @@ class TestHistory:
         got = nocache.load("h")
         assert (got.messages, got.cycles) == (["a", "b", "c"], [1, 2])
 
+    def test_uncommitted_appends_never_leak_into_a_later_read(self, store: Any) -> None:
+        store.create(Checkpoint("h", messages=["a"]))
+        cp = store.claim("h", 1, token="w", lease_ms=LEASE)
+        cp.cycle_index = 1
+        cp.messages.append("b")
+        assert store.commit(cp, token="w", expected_revision=cp.revision)
+        cp.messages.append("never committed")  # the caller keeps using the old object
+        nxt = store.claim("h", 2, token="w", lease_ms=LEASE)
+        assert nxt.messages == ["a", "b"]
+        nxt.cycle_index = 2
+        nxt.messages.append("fenced")
+        assert not store.commit(nxt, token="someone else", expected_revision=nxt.revision)
+        again = store.load("h")
+        assert again.messages == ["a", "b"]
+        assert cp.messages == ["a", "b", "never committed"]  # the library never edits a caller's list
+
+    def test_two_clients_alternating_see_each_others_appends(self, store: Any, make: Any) -> None:
+        from redis_agentstate import AsyncCheckpointStore, CheckpointStore
+
+        other = make(CheckpointStore, AsyncCheckpointStore)
+        store.create(Checkpoint("h"))
+        for n in range(1, 9):
+            s = store if n % 2 else other
+            cp = s.claim("h", n, token=f"w{n}", lease_ms=LEASE)
+            assert cp.messages == [f"m{i}" for i in range(1, n)]
+            cp.cycle_index = n
+            cp.messages.append(f"m{n}")
+            assert s.commit(cp, token=f"w{n}", expected_revision=cp.revision)
+        assert store.load("h").messages == other.load("h").messages == [f"m{i}" for i in range(1, 9)]
+
+    def test_a_template_shared_by_many_creates_is_never_touched(self, store: Any) -> None:
+        import dataclasses
+
+        template = Checkpoint("template", messages=["system prompt"])
+        for t in ("x", "y"):
+            store.create(dataclasses.replace(template, task_id=t))
+        for t in ("x", "y"):
+            cp = store.claim(t, 1, token="w", lease_ms=LEASE)
+            cp.cycle_index = 1
+            cp.messages.append(f"reply {t}")
+            assert store.commit(cp, token="w", expected_revision=cp.revision)
+        assert template.messages == ["system prompt"]
+        assert store.load("x").messages == ["system prompt", "reply x"]
+        assert store.load("y").messages == ["system prompt", "reply y"]
+
     def test_shrinking_history_needs_replace(self, store: Any, raw: Any) -> None:
         store.create(Checkpoint("h", messages=["a", "b", "c"]))
         cp = store.claim("h", 1, token="w", lease_ms=LEASE)
