@@ -67,9 +67,10 @@ end
 --   status cycle rev token claimed lease term body epoch
 --   n_msgs n_cycles from_msgs from_cycles k <k messages> <cycle records>
 -- History is sent from the caller's cached position when its epoch matches.
-local function read_checkpoint(keys, epoch, have_m, have_c)
-  local h = redis.call('HMGET', keys[1],
-    'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term', 'body', 'epoch')
+-- ``h`` may be passed when the caller already read (and updated) those fields.
+local HASH_FIELDS = { 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term', 'body', 'epoch' }
+local function read_checkpoint(keys, epoch, have_m, have_c, h)
+  h = h or redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   local nm = redis.call('LLEN', keys[2])
   local nc = redis.call('LLEN', keys[3])
   local from_m, from_c = 0, 0

@@ -12,7 +12,7 @@ local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local cycle = tonumber(cycle_arg)
 
-local h = redis.call('HMGET', KEYS[1], 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term')
+local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
 if not h[1] then return {0} end
 local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
 local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
@@ -31,7 +31,8 @@ else
   redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
     'claimed', cycle_arg, 'lease', fmt(expires))
   redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+  h[3], h[4], h[5], h[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
 end
-local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
 table.insert(out, 1, code)
 return out
