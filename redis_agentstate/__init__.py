@@ -22,7 +22,24 @@ from .errors import (
     NotRunnable,
     PoolNotOpen,
 )
+from .kv import AsyncKeyValueStore, KeyValueStore
 from .models import TERMINAL_STATUSES, AgentStatus, Checkpoint
+from .pool_models import (
+    Cursor,
+    MessageReceipt,
+    PoolConfig,
+    PoolMember,
+    PoolRecord,
+    PoolRecordKind,
+    PoolSnapshot,
+    RunMessage,
+    StoredMessage,
+    StoredWake,
+    WakeCondition,
+    WakeRegistration,
+)
+from .pools import AsyncPoolStore, PoolStore
+from .spec import StoreSpec
 
 __version__ = "0.1.0"
 
@@ -33,6 +50,8 @@ __all__ = [
     "AgentStatus",
     "AlreadyClaimed",
     "AsyncCheckpointStore",
+    "AsyncKeyValueStore",
+    "AsyncPoolStore",
     "BackendError",
     "BackendUnavailable",
     "Checkpoint",
@@ -41,13 +60,28 @@ __all__ = [
     "ClaimRejected",
     "ConfigConflict",
     "CorruptState",
+    "Cursor",
     "CursorExpired",
     "CycleConflict",
     "InvalidArgument",
+    "KeyValueStore",
     "LeaseLost",
+    "MessageReceipt",
     "NotAMember",
     "NotRunnable",
+    "PoolConfig",
+    "PoolMember",
     "PoolNotOpen",
+    "PoolRecord",
+    "PoolRecordKind",
+    "PoolSnapshot",
+    "PoolStore",
     "RetryPolicy",
+    "RunMessage",
+    "StoreSpec",
+    "StoredMessage",
+    "StoredWake",
+    "WakeCondition",
+    "WakeRegistration",
     "__version__",
 ]
