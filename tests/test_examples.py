@@ -1,0 +1,25 @@
+"""README's examples run as written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_takeover_example_runs_on_an_embedded_server() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "takeover.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout
+    assert "B cannot claim cycle 2 while A's lease is live" in out
+    assert "A's stale commit accepted? False" in out
+    assert "day 2: Belém (by B)" in out and "Sintra" not in out.split("final:")[1]
