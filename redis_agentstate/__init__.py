@@ -23,6 +23,7 @@ from .errors import (
     PoolNotOpen,
 )
 from .kv import AsyncKeyValueStore, KeyValueStore
+from .lease import AsyncLease, Lease, LeaseTiming
 from .models import TERMINAL_STATUSES, AgentStatus, Checkpoint
 from .pool_models import (
     Cursor,
@@ -39,6 +40,7 @@ from .pool_models import (
     WakeRegistration,
 )
 from .pools import AsyncPoolStore, PoolStore
+from .runner import AsyncRunner, Runner, RunnerStats, StepResult, current_lease
 from .spec import StoreSpec
 
 __version__ = "0.1.0"
@@ -51,7 +53,9 @@ __all__ = [
     "AlreadyClaimed",
     "AsyncCheckpointStore",
     "AsyncKeyValueStore",
+    "AsyncLease",
     "AsyncPoolStore",
+    "AsyncRunner",
     "BackendError",
     "BackendUnavailable",
     "Checkpoint",
@@ -65,7 +69,9 @@ __all__ = [
     "CycleConflict",
     "InvalidArgument",
     "KeyValueStore",
+    "Lease",
     "LeaseLost",
+    "LeaseTiming",
     "MessageReceipt",
     "NotAMember",
     "NotRunnable",
@@ -78,10 +84,14 @@ __all__ = [
     "PoolStore",
     "RetryPolicy",
     "RunMessage",
+    "Runner",
+    "RunnerStats",
+    "StepResult",
     "StoreSpec",
     "StoredMessage",
     "StoredWake",
     "WakeCondition",
     "WakeRegistration",
     "__version__",
+    "current_lease",
 ]
