@@ -7,6 +7,7 @@ stores drive with their own client. Nothing here blocks or awaits.
 from __future__ import annotations
 
 import random
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -126,6 +127,8 @@ class CheckpointCore:
 
     def __init__(self, namespace: str, *, max_payload_bytes: int, history_cache: int) -> None:
         self.keys = Keys(namespace)
+        # Key strings are rebuilt for every call otherwise; hot tasks are few.
+        self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
 
@@ -133,7 +136,7 @@ class CheckpointCore:
 
     def _task(self, task_id: object) -> tuple[str, TaskKeys]:
         tid = check_id(task_id, "task_id")
-        return tid, self.keys.task(tid)
+        return tid, self._task_keys(tid)
 
     @staticmethod
     def _token(token: object) -> str:
@@ -281,7 +284,7 @@ class CheckpointCore:
 
     def _store(self, script: str, cp: Checkpoint) -> Op[bool]:
         self.validate(cp)
-        keys = self.keys.task(cp.task_id)
+        keys = self._task_keys(cp.task_id)
         args = self._write_args(
             cp,
             nonce=new_nonce(),
@@ -363,7 +366,7 @@ class CheckpointCore:
         random.shuffle(due)
         for tid, _score in due:
             for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
-                keys = self.keys.task(tid)
+                keys = self._task_keys(tid)
                 cached, have = self._cached(tid)
                 reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
                 code = reply[0]
@@ -390,7 +393,7 @@ class CheckpointCore:
         return self._fenced_write(S.FINALIZE, cp, "", expected, replace_history)
 
     def _fenced_write(self, script: str, cp: Checkpoint, token: str, expected: int, replace: bool) -> Op[bool]:
-        keys = self.keys.task(cp.task_id).as_list()
+        keys = self._task_keys(cp.task_id).as_list()
         nonce = new_nonce()
         history = self.history.get(cp.task_id)
 

@@ -11,6 +11,7 @@ and no rule can drift between them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import time
@@ -211,6 +212,24 @@ def check_client(client: Any) -> None:
         )
 
 
-def new_nonce() -> str:
-    """A per-call identity that makes a re-sent write recognisable (not a secret)."""
-    return os.urandom(10).hex()
+class _NonceSource:
+    """Unique per-call identities: a random per-process prefix and a counter.
+
+    Cheaper than ``os.urandom`` per call; the prefix is drawn again in a forked
+    child so two processes never share one.
+    """
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):x}"
+
+
+#: A per-call identity that makes a re-sent write recognisable (not a secret).
+new_nonce = _NonceSource()
+os.register_at_fork(after_in_child=new_nonce.reseed)
