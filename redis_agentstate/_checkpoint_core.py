@@ -97,6 +97,18 @@ def _extended(cached: list[Any], stored: int, new: list[Any]) -> list[Any]:
     return cached[:stored] + new
 
 
+def _committed(known: list[Any], stored: int, written: list[Any]) -> list[Any]:
+    """What Redis holds after appending ``written[stored:]`` to the ``stored`` entries we knew.
+
+    The caller's list itself when it is the list we handed out (then its
+    first entries are ours, by the append-only contract), else a new list, so
+    a caller who rebuilt old entries never sees them as stored.
+    """
+    if written is known:
+        return written
+    return known[:stored] + written[stored:]
+
+
 def _s(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -395,16 +407,19 @@ class CheckpointCore:
     def _fenced_write(self, script: str, cp: Checkpoint, token: str, expected: int, replace: bool) -> Op[bool]:
         keys = self._task_keys(cp.task_id).as_list()
         nonce = new_nonce()
-        history = self.history.get(cp.task_id)
+        known = self.history.get(cp.task_id)
+        if replace or known is None or not known.usable():
+            known = None
 
         def args(h: _History | None) -> list[Any]:
             return self._write_args(
                 cp, nonce=nonce, token=token, revision=expected, claimed="", lease="", history=h, replace=replace
             )
 
-        reply = yield Call(script, keys, args(history))
+        reply = yield Call(script, keys, args(known))
         if reply[0] == -5:
             # Our cached view of the history was stale: send it whole; the script skips what it holds.
+            known = None
             reply = yield Call(script, keys, args(None))
         if reply[0] == -6:
             raise InvalidArgument(
@@ -413,10 +428,19 @@ class CheckpointCore:
                 task_id=cp.task_id,
                 revision=expected,
             )
-        if reply[0] in (1, 2):
-            self.history.put(cp.task_id, reply[1], cp.messages, cp.cycles)
-            return True
-        return False
+        if reply[0] not in (1, 2):
+            return False
+        if replace:
+            self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
+        elif known is not None and len(cp.messages) >= known.n_m and len(cp.cycles) >= known.n_c:
+            # Redis kept its own first n entries and appended ours after them.
+            messages = _committed(known.messages, known.n_m, cp.messages)
+            cycles = _committed(known.cycles, known.n_c, cp.cycles)
+            self.history.put(cp.task_id, reply[1], messages, cycles)
+        else:
+            # Full lists went: the script kept what it held, which we have not seen.
+            self.history.drop(cp.task_id)
+        return True
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""

@@ -404,15 +404,15 @@ def test_fuzz_real_redis(fuzz_server: RedisServerProcess | None) -> None:
     run_state_machine_as_test(StoreMachine, settings=FUZZ)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, reported: the history cache keeps the caller's rewritten entries")
 def test_rewritten_old_entry_is_not_what_this_client_reads_back() -> None:
     """History is append-only: a commit whose *old* entries differ from Redis' keeps Redis' entries.
 
     Redis does (the script appends only the new entries), but the writing
     store caches the caller's list, so its own later ``load`` returns the
-    rewritten entry while every other client reads the stored one. Fix (in
-    ``_checkpoint_core._fenced_write``): cache ``cached[:base] + new`` (or
-    drop the entry when the full lists were sent), never ``cp.messages``.
+    rewritten entry while every other client reads the stored one. Fixed in
+    ``_checkpoint_core._fenced_write``: it caches ``known[:base] + new`` unless
+    the caller's list is the one the store handed out (and drops the entry when
+    the full lists were sent).
     """
     client = fakeredis.FakeRedis()
     store = CheckpointStore(client, namespace="rw")
