@@ -6,8 +6,8 @@ stores drive with their own client. Nothing here blocks or awaits.
 
 from __future__ import annotations
 
-import random
 import functools
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -472,7 +472,7 @@ class CheckpointCore:
                 [("ZRANGEBYLEX", self.keys.shard_tasks(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
             )
             pending = {}
-            for shard, page in zip(shards, replies):
+            for shard, page in zip(shards, replies, strict=True):
                 found.extend(_s(m) for m in page)
                 if len(page) == _LIST_PAGE:
                     pending[shard] = b"(" + page[-1]

@@ -92,11 +92,17 @@ class CheckpointStore(_Base):
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""
-        return bool(self._run(self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)))
+        return bool(
+            self._run(
+                self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
+            )
+        )
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
-        return self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms) is not None
+        return (
+            self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms) is not None
+        )
 
     def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
         """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
@@ -104,7 +110,9 @@ class CheckpointStore(_Base):
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
-        return bool(self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)))
+        return bool(
+            self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
+        )
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
         """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
@@ -159,21 +167,36 @@ class AsyncCheckpointStore(_Base):
 
         return AsyncLease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
 
-    async def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
+    async def commit(
+        self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False
+    ) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""
-        return bool(await self._run(self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)))
+        return bool(
+            await self._run(
+                self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
+            )
+        )
 
     async def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
-        return await self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms) is not None
+        return (
+            await self.renew_until(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms)
+            is not None
+        )
 
     async def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
         """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
-        return await self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return await self._run(
+            self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms)
+        )  # type: ignore[no-any-return]
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
-        return bool(await self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)))
+        return bool(
+            await self._run(
+                self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
+            )
+        )
 
     async def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
         """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
