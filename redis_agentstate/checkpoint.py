@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._ops import RetryPolicy, check_client, run_async, run_sync
+from ._ops import Op, RetryPolicy, check_client, run_async, run_sync
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 DEFAULT_LEASE_MS = 30_000
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+T = TypeVar("T")
 
 
 class _Base:
@@ -53,12 +55,12 @@ class CheckpointStore(_Base):
     safe to re-send).
     """
 
-    def _run(self, op: Any) -> Any:
+    def _run(self, op: Op[T]) -> T:
         return run_sync(self._client, self._scripts, self._retry, op)
 
     def create(self, cp: Checkpoint) -> bool:
         """Store ``cp`` as a new task; False if the task already exists."""
-        return bool(self._run(self._core.create(cp)))
+        return self._run(self._core.create(cp))
 
     def save(self, cp: Checkpoint) -> None:
         """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
@@ -66,15 +68,15 @@ class CheckpointStore(_Base):
 
     def load(self, task_id: str) -> Checkpoint | None:
         """The task's checkpoint, or None if it does not exist."""
-        return self._run(self._core.load(task_id))  # type: ignore[no-any-return]
+        return self._run(self._core.load(task_id))
 
     def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Checkpoint | None:
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
-        return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
     def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
         """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
-        return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
 
     def lease(
         self,
@@ -92,10 +94,8 @@ class CheckpointStore(_Base):
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""
-        return bool(
-            self._run(
-                self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
-            )
+        return self._run(
+            self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
@@ -106,17 +106,15 @@ class CheckpointStore(_Base):
 
     def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
         """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
-        return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
-        return bool(
-            self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
-        )
+        return self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
         """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
-        return bool(self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision)))
+        return self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision))
 
     def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
@@ -124,18 +122,18 @@ class CheckpointStore(_Base):
 
     def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
-        return self._run(self._core.list())  # type: ignore[no-any-return]
+        return self._run(self._core.list())
 
 
 class AsyncCheckpointStore(_Base):
     """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
 
-    async def _run(self, op: Any) -> Any:
+    async def _run(self, op: Op[T]) -> T:
         return await run_async(self._client, self._scripts, self._retry, op)
 
     async def create(self, cp: Checkpoint) -> bool:
         """Store ``cp`` as a new task; False if the task already exists."""
-        return bool(await self._run(self._core.create(cp)))
+        return await self._run(self._core.create(cp))
 
     async def save(self, cp: Checkpoint) -> None:
         """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
@@ -143,15 +141,15 @@ class AsyncCheckpointStore(_Base):
 
     async def load(self, task_id: str) -> Checkpoint | None:
         """The task's checkpoint, or None if it does not exist."""
-        return await self._run(self._core.load(task_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.load(task_id))
 
     async def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Checkpoint | None:
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
-        return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
     async def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
         """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
-        return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))  # type: ignore[no-any-return]
+        return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
 
     def lease(
         self,
@@ -171,10 +169,8 @@ class AsyncCheckpointStore(_Base):
         self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False
     ) -> bool:
         """Write the claimed cycle's checkpoint; False if fenced out."""
-        return bool(
-            await self._run(
-                self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
-            )
+        return await self._run(
+            self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
 
     async def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
@@ -188,19 +184,17 @@ class AsyncCheckpointStore(_Base):
         """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
         return await self._run(
             self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms)
-        )  # type: ignore[no-any-return]
+        )
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
-        return bool(
-            await self._run(
-                self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
-            )
+        return await self._run(
+            self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
         )
 
     async def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
         """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
-        return bool(await self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision)))
+        return await self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision))
 
     async def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
@@ -208,4 +202,4 @@ class AsyncCheckpointStore(_Base):
 
     async def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
-        return await self._run(self._core.list())  # type: ignore[no-any-return]
+        return await self._run(self._core.list())
