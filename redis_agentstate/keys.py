@@ -167,5 +167,9 @@ class Keys:
         return p + "kvkeys", p + "kvttl"
 
     def pattern(self) -> str:
-        """A glob matching every key of this namespace (for ACL rules and tooling)."""
-        return f"{self.namespace}:*"
+        """A glob matching every key of this namespace and no other (for ACL rules and tooling).
+
+        Not ``ns:*``: namespaces may contain ``:``, and ``acme:*`` would also
+        match every key of a tenant called ``acme:evil``.
+        """
+        return f"{self.namespace}:{{{self.namespace}#*"

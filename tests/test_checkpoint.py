@@ -271,23 +271,34 @@ class TestFinalize:
 class TestRetrySafety:
     """DESIGN.md 3: a reply lost on the wire must not turn success into failure."""
 
-    def lose_first_reply(self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-        """Make script ``name`` apply on the server, then fail as if the reply was lost."""
+    def lose_first_reply(
+        self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None
+    ) -> list[int]:
+        """Make script ``name`` apply on the server, then fail as if the reply was lost.
+
+        ``between`` runs after the write applied and before the re-send (other workers' moves).
+        """
         script = scripts_of(store)[name]
         original = type(script).__call__
         calls: list[int] = []
 
         def apply_then_drop(self_: Any, *a: Any, **k: Any) -> Any:
             result = original(self_, *a, **k)
+            if self_ is not script:  # another store's script object: leave it alone
+                return result
             calls.append(1)
             if len(calls) == 1:
                 if hasattr(result, "__await__"):
 
                     async def drop() -> Any:
                         await result
+                        if between:
+                            between()
                         raise rex.ConnectionError("reply lost (injected)")
 
                     return drop()
+                if between:
+                    between()
                 raise rex.ConnectionError("reply lost (injected)")
             return result
 
@@ -305,6 +316,47 @@ class TestRetrySafety:
         assert len(calls) == 2
         got = store.load("task-1")
         assert got.revision == cp.revision + 1 and got.messages.count("applied once") == 1
+
+    def test_commit_resent_after_others_claimed_and_committed_is_still_true(
+        self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        other = CheckpointStore(backend.sync_client(), namespace=namespace)
+
+        def others_move_on() -> None:
+            for n in (2, 3):
+                nxt = other.claim("task-1", n, token=f"o{n}", lease_ms=LEASE)
+                nxt.cycle_index = n
+                nxt.messages.append(f"other {n}")
+                assert other.commit(nxt, token=f"o{n}", expected_revision=nxt.revision)
+
+        cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
+        cp.cycle_index = 1
+        cp.messages.append("mine")
+        calls = self.lose_first_reply(store, "commit", monkeypatch, between=others_move_on)
+        assert store.commit(cp, token="w", expected_revision=cp.revision) is True
+        assert len(calls) == 2
+        final = other.load("task-1")
+        assert final.messages[1:] == ["mine", "other 2", "other 3"] and final.cycle_index == 3
+
+    def test_resent_save_does_not_clobber_later_writes(
+        self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        other = CheckpointStore(backend.sync_client(), namespace=namespace)
+
+        def others_move_on() -> None:
+            nxt = other.claim("task-1", 1, token="o", lease_ms=LEASE)
+            nxt.cycle_index = 1
+            assert other.commit(nxt, token="o", expected_revision=nxt.revision)
+
+        calls = self.lose_first_reply(store, "save", monkeypatch, between=others_move_on)
+        store.save(Checkpoint("task-1", messages=["imported"]))
+        assert len(calls) == 2
+        got = other.load("task-1")
+        assert (got.cycle_index, got.revision, got.messages) == (1, 2, ["imported"])
 
     def test_finalize_resent_after_lost_reply_returns_true(
         self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch

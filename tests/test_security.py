@@ -64,7 +64,9 @@ def key_pattern(namespace: str) -> str:
     Not ``ns:*``: namespaces may contain ':', so ``~acme:*`` would also match
     every key of a tenant named ``acme:evil`` (``acme:evil:{acme:evil#..}``).
     """
-    return f"{namespace}:{{{namespace}#*"
+    pattern = Keys(namespace).pattern()
+    assert pattern == f"{namespace}:{{{namespace}#*"
+    return pattern
 
 
 def acl_rules(namespace: str, password: str) -> list[str]:

@@ -15,8 +15,10 @@
 -- '1' when a terminal_result is stored. 'epoch' names the current history
 -- (it changes whenever history is rewritten, never when it is appended to),
 -- so a client cache of history entries is valid while the epoch matches.
--- 'applied' is the nonce of the last write that applied, which makes a
--- re-sent create/commit/finalize recognisable after a lost reply.
+-- 'applied' holds the nonces of the task's last writes, newest first, as
+-- ' n1 n2 ... ' (at most APPLIED_MAX bytes, about 25 writes): a create, save,
+-- commit or finalize re-sent after a lost reply is recognised even when other
+-- workers have claimed and written since.
 --
 -- Numbers: revisions stay below 2^53 and are exact in Lua 5.1 doubles;
 -- string.format('%d') avoids tostring()'s exponent notation.
@@ -29,6 +31,20 @@ local CHUNK = 1000
 local function task_id_of(checkpoint_key)
   local i = string.find(checkpoint_key, '}:cp:', 1, true)
   return string.sub(checkpoint_key, i + 5)
+end
+
+local APPLIED_MAX = 640
+
+local function was_applied(applied, nonce)
+  return applied and string.find(applied, ' ' .. nonce .. ' ', 1, true) ~= nil
+end
+
+local function remember(applied, nonce)
+  local ring = ' ' .. nonce .. (applied or ' ')
+  if #ring > APPLIED_MAX then
+    ring = string.match(string.sub(ring, 1, APPLIED_MAX), '^(.* )')
+  end
+  return ring
 end
 
 local function fmt(n)

@@ -18,13 +18,13 @@ local claimed, lease = ARGV[12], ARGV[13]
 
 local h = redis.call('HMGET', KEYS[1], 'applied', 'epoch')
 if h[2] then
-  if h[1] == nonce then return {2, h[2]} end
+  if was_applied(h[1], nonce) then return {2, h[2]} end
   return {0}
 end
 local now = server_now_ms()
 local epoch = write_history(KEYS, '', now)
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-  'epoch', epoch, 'applied', nonce)
+  'epoch', epoch, 'applied', remember(nil, nonce))
 reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, now)
 return {1, epoch}

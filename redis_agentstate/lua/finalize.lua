@@ -16,9 +16,9 @@ local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
 if not h[1] then return {0} end
 local rev = tonumber(h[1])
--- 'applied' names the last write that applied, whatever happened since (a
--- claim of the next cycle moves the revision on but leaves 'applied' alone).
-if h[4] == nonce then return {2, h[5]} end
+-- A re-send is recognised whatever happened since (another worker may have
+-- claimed, even committed, the next cycle).
+if was_applied(h[4], nonce) then return {2, h[5]} end
 if rev ~= expected or h[2] ~= '' or h[3] == '1' then return {0} end
 
 local now = server_now_ms()
@@ -29,6 +29,6 @@ if not epoch then
 end
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
   'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
-  'epoch', epoch, 'applied', nonce)
+  'epoch', epoch, 'applied', remember(h[4], nonce))
 reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', now)
 return {1, epoch}
