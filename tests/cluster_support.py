@@ -316,9 +316,13 @@ class ClusterBackend:
         return client
 
     def async_client(self, **kw: Any) -> aiocluster.RedisCluster:
-        client = self.cluster.async_client(**kw)
+        client = self.new_async_client(**kw)
         self._async.append(client)
         return client
+
+    def new_async_client(self, **kw: Any) -> aiocluster.RedisCluster:
+        """An asyncio cluster client the caller closes."""
+        return self.cluster.async_client(**kw)
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         for c in self._sync:

@@ -1,13 +1,14 @@
 """Shared test fixtures: one backend fixture over fakeredis and a real redis-server.
 
-The real server is, in order: ``REDIS_URL`` if set (tests then use unique
+The backends are fakeredis, a real redis-server and a real local Redis Cluster
+(3 primaries, ``cluster_support.py``). The real server is, in order: ``REDIS_URL`` if set (tests then use unique
 namespaces and never flush it); else a private ``redis-server`` started on a
 free port in a temp dir for the session; else a ``testcontainers`` Redis where
 a Docker engine answers; else the real-backend tests skip with the reason,
 except under ``CI=true`` where a missing real server fails them.
 
-Every store test takes a store built by ``make`` and runs four times:
-{fake, real} x {sync, async}. The async store is driven through ``Twin``,
+Every store test takes a store built by ``make`` and runs six times:
+{fake, real, cluster} x {sync, async}. The async store is driven through ``Twin``,
 which runs each coroutine to completion on a private event loop, so one test
 body checks both stores.
 """
@@ -32,6 +33,7 @@ import fakeredis
 import pytest
 import redis
 import redis.asyncio as aioredis
+from cluster_support import cluster_backend, redis_cluster  # noqa: F401 - redis_cluster is a fixture
 
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 
@@ -168,12 +170,15 @@ class Backend:
         return client
 
     def async_client(self, **kw: Any) -> Any:
-        if self.kind == "fake":
-            client = fakeredis.FakeAsyncRedis(server=self.server, **kw)
-        else:
-            client = aioredis.Redis.from_url(self.url, **kw)
+        client = self.new_async_client(**kw)
         self._async.append(client)
         return client
+
+    def new_async_client(self, **kw: Any) -> Any:
+        """An asyncio client the caller closes (for tests running on their own event loop)."""
+        if self.kind == "fake":
+            return fakeredis.FakeAsyncRedis(server=self.server, **kw)
+        return aioredis.Redis.from_url(self.url, **kw)
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         for c in self._sync:
@@ -182,12 +187,15 @@ class Backend:
             loop.run_until_complete(c.aclose())
 
 
-@pytest.fixture(params=["fake", "real"])
+@pytest.fixture(params=["fake", "real", pytest.param("cluster", marks=pytest.mark.cluster)])
 def backend(
     request: pytest.FixtureRequest, real_server: RealServer, twin_loop: asyncio.AbstractEventLoop
-) -> Iterator[Backend]:
+) -> Iterator[Any]:
+    b: Any
     if request.param == "fake":
         b = Backend("fake", server=fakeredis.FakeServer())
+    elif request.param == "cluster":
+        b = cluster_backend(request.getfixturevalue("redis_cluster"))
     else:
         b = Backend("real", url=require_real(real_server))
     yield b
@@ -249,6 +257,19 @@ def make(backend: Backend, flavor: str, namespace: str, twin_loop: asyncio.Abstr
 @pytest.fixture
 def store(make: Callable[..., Any]) -> Any:
     return make(CheckpointStore, AsyncCheckpointStore)
+
+
+@pytest.fixture
+def sync_store(backend: Any, namespace: str) -> CheckpointStore:
+    return CheckpointStore(backend.sync_client(), namespace=namespace)
+
+
+@pytest.fixture
+async def async_store(backend: Any, namespace: str) -> Any:
+    """An ``AsyncCheckpointStore`` on the async test's own event loop (closed on it, too)."""
+    client = backend.new_async_client()
+    yield AsyncCheckpointStore(client, namespace=namespace)
+    await client.aclose()
 
 
 @pytest.fixture

@@ -83,19 +83,21 @@ class TestListScale:
     def test_list_with_100k_tasks(self, backend: Any, namespace: str) -> None:
         """Bulk-load through the store's own save script, pipelined, then list()."""
         store = CheckpointStore(backend.sync_client(), namespace=namespace)
-        # fakeredis runs Lua ~50x slower than redis-server; the paging test covers its logic.
+        # fakeredis runs Lua ~50x slower than redis-server, and redis-py's cluster
+        # pipeline refuses EVALSHA; the paging test covers the logic there.
         n = 100_000 if backend.kind == "real" else 5_000
-        script = store._scripts[SAVE]
-        core = store._core
-        pipe = store.client.pipeline(transaction=False)
-        for i in range(n):
-            cp = Checkpoint(f"t{i}")
-            op = core.save(cp)
-            call = next(op)
-            script(keys=call.keys, args=call.args, client=pipe)
-            if i % 5000 == 4999:
-                pipe.execute()
-        pipe.execute()
+        if backend.kind == "cluster":
+            for i in range(n):
+                store.save(Checkpoint(f"t{i}"))
+        else:
+            script = store._scripts[SAVE]
+            pipe = store.client.pipeline(transaction=False)
+            for i in range(n):
+                call = next(store._core.save(Checkpoint(f"t{i}")))
+                script(keys=call.keys, args=call.args, client=pipe)
+                if i % 5000 == 4999:
+                    pipe.execute()
+            pipe.execute()
         listed = store.list()
         assert len(listed) == n and listed == sorted(f"t{i}" for i in range(n))
         store.delete("t5")
@@ -103,7 +105,10 @@ class TestListScale:
         # Leave the shared session server small for the tests after this one.
         raw = store.client
         for chunk in _chunks(raw.scan_iter(match=f"{namespace}:*", count=10_000), 10_000):
-            raw.unlink(*chunk)
+            pipe = raw.pipeline(transaction=False)
+            for key in chunk:  # one key per UNLINK: a cluster refuses them across slots
+                pipe.unlink(key)
+            pipe.execute()
 
 
 def _chunks(it: Any, size: int) -> Any:

@@ -122,24 +122,6 @@ class TestLeaseState:
 # ---- the thread and task shells on a store ------------------------------------------------------
 
 
-@pytest.fixture
-def sync_store(backend: Any, namespace: str) -> CheckpointStore:
-    return CheckpointStore(backend.sync_client(), namespace=namespace)
-
-
-@pytest.fixture
-async def async_store(backend: Any, namespace: str) -> Any:
-    # A client of this test's own event loop (the shared fixture closes its clients on another loop).
-    if backend.kind == "fake":
-        import fakeredis
-
-        client = fakeredis.FakeAsyncRedis(server=backend.server)
-    else:
-        client = aioredis.Redis.from_url(backend.url)
-    yield AsyncCheckpointStore(client, namespace=namespace)
-    await client.aclose()
-
-
 def next_cycle(cp: Checkpoint, note: str) -> Checkpoint:
     cp.cycle_index = cp.claimed_cycle
     cp.messages.append({"note": note, "cycle": cp.cycle_index})

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 from conftest import RedisServerProcess
 
 from redis_agentstate import (
@@ -39,23 +38,6 @@ def step(cp: Checkpoint, who: str = "w") -> StepResult:
         cp.status, cp.terminal_result = AgentStatus.COMPLETED, {"cycles": cycle}
         return StepResult(cp, done=True)
     return StepResult(cp)
-
-
-@pytest.fixture
-def sync_store(backend: Any, namespace: str) -> CheckpointStore:
-    return CheckpointStore(backend.sync_client(), namespace=namespace)
-
-
-@pytest.fixture
-async def async_store(backend: Any, namespace: str) -> Any:
-    if backend.kind == "fake":
-        import fakeredis
-
-        client = fakeredis.FakeAsyncRedis(server=backend.server)
-    else:
-        client = aioredis.Redis.from_url(backend.url)
-    yield AsyncCheckpointStore(client, namespace=namespace)
-    await client.aclose()
 
 
 def assert_all_done(cps: list[Checkpoint]) -> None:
