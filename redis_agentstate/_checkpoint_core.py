@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import scripts as S
-from ._ops import Call, Op, Pipe, new_nonce
+from ._ops import Call, Op, Pipe, list_indexes, new_nonce
 from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import (
@@ -33,7 +33,6 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 #: How long acknowledge_terminal remembers its nonce, so a re-send still reports success.
 ACK_REMEMBER_MS = 3_600_000
-_LIST_PAGE = 5000
 _STATUSES = {s.value: s for s in AgentStatus}
 
 
@@ -464,17 +463,4 @@ class CheckpointCore:
 
     def list(self) -> Op[list[str]]:
         """Every task id, from the per-shard indexes, paged (never KEYS or SCAN)."""
-        found: list[str] = []
-        pending = {shard: b"-" for shard in range(SHARDS)}
-        while pending:
-            shards = list(pending)
-            replies = yield Pipe(
-                [("ZRANGEBYLEX", self.keys.shard_tasks(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
-            )
-            pending = {}
-            for shard, page in zip(shards, replies, strict=True):
-                found.extend(_s(m) for m in page)
-                if len(page) == _LIST_PAGE:
-                    pending[shard] = b"(" + page[-1]
-        found.sort()
-        return found
+        return (yield from list_indexes([self.keys.shard_tasks(s) for s in range(SHARDS)]))

@@ -199,6 +199,26 @@ async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op
         op.close()
 
 
+#: Members fetched per index and round trip by ``list_indexes``.
+LIST_PAGE = 5000
+
+
+def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
+    """Every member of the lex-ordered zsets ``index_keys``, sorted, paged (one pipeline per page)."""
+    found: list[str] = []
+    pending = {key: b"-" for key in index_keys}
+    while pending:
+        keys = list(pending)
+        replies = yield Pipe([("ZRANGEBYLEX", key, pending[key], b"+", "LIMIT", 0, LIST_PAGE) for key in keys])
+        pending = {}
+        for key, page in zip(keys, replies, strict=True):
+            found.extend(m.decode("utf-8") if isinstance(m, bytes) else str(m) for m in page)
+            if len(page) == LIST_PAGE:
+                pending[key] = b"(" + page[-1]
+    found.sort()
+    return found
+
+
 def check_client(client: Any) -> None:
     """Refuse a client that would decode our binary blobs as text."""
     try:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from . import scripts
-from ._ops import Call, Command, Op, Pipe, new_nonce
+from ._ops import Call, Command, Op, list_indexes, new_nonce
 from ._validate import MAX_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
@@ -74,7 +74,6 @@ REMEMBER_MS = 120_000
 #: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
 MAX_BLOCK_MS = 24 * 3600 * 1000
 MAX_WATCH_COUNT = 1_000_000
-_LIST_PAGE = 5000
 _KINDS = {k.value: k for k in PoolRecordKind}
 _NONE_BLOB = encode(None, what="pool_created payload")
 
@@ -584,17 +583,4 @@ class PoolCore:
 
     def list(self) -> Op[list[str]]:
         """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""
-        found: list[str] = []
-        pending = {shard: b"-" for shard in range(SHARDS)}
-        while pending:
-            shards = list(pending)
-            replies = yield Pipe(
-                [("ZRANGEBYLEX", self.keys.shard_pools(s), pending[s], b"+", "LIMIT", 0, _LIST_PAGE) for s in shards]
-            )
-            pending = {}
-            for shard, page in zip(shards, replies, strict=True):
-                found.extend(_s(m) for m in page)
-                if len(page) == _LIST_PAGE:
-                    pending[shard] = b"(" + page[-1]
-        found.sort()
-        return found
+        return (yield from list_indexes([self.keys.shard_pools(s) for s in range(SHARDS)]))

@@ -20,6 +20,7 @@ import inspect
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -257,6 +258,21 @@ def make(backend: Backend, flavor: str, namespace: str, twin_loop: asyncio.Abstr
 @pytest.fixture
 def store(make: Callable[..., Any]) -> Any:
     return make(CheckpointStore, AsyncCheckpointStore)
+
+
+@pytest.fixture
+def private_server() -> Iterator[RedisServerProcess]:
+    """A redis-server of this test's own (for tests that freeze, kill or share it across processes)."""
+    try:
+        server = RedisServerProcess.start()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no redis-server: {exc}")
+        pytest.skip(f"no redis-server: {exc}")
+    yield server
+    if server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)  # a test may leave it SIGSTOPped
+    server.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore, _checkpoint_core
+from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore, _ops
 from redis_agentstate.scripts import SAVE
 
 LEASE = 60_000
@@ -74,7 +74,7 @@ class TestClaimRace:
 
 class TestListScale:
     def test_list_pages_through_every_shard(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_checkpoint_core, "_LIST_PAGE", 3)
+        monkeypatch.setattr(_ops, "LIST_PAGE", 3)
         ids = [f"task-{i:04d}" for i in range(700)]
         for t in ids:
             store.create(Checkpoint(t))

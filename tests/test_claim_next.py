@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServerProcess
 
 from redis_agentstate import (
     AgentStatus,
@@ -373,18 +372,6 @@ WORKER = textwrap.dedent(
         n += 1
     """
 )
-
-
-@pytest.fixture
-def private_server() -> Any:
-    try:
-        server = RedisServerProcess.start()
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but no redis-server: {exc}")
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    server.stop()
 
 
 @pytest.mark.real

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServerProcess
 
 from redis_agentstate import AgentStatus, Checkpoint, CheckpointStore
 from redis_agentstate import cli as cli_mod
@@ -30,18 +29,6 @@ def agentstate(*args: str, env: dict[str, str] | None = None, timeout: float = 9
     return subprocess.run(
         [sys.executable, "-m", "redis_agentstate", *args], capture_output=True, text=True, timeout=timeout, env=full_env
     )
-
-
-@pytest.fixture
-def private_server() -> Any:
-    try:
-        server = RedisServerProcess.start()
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but no redis-server: {exc}")
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    server.stop()
 
 
 # ---- the demo, end to end --------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import RedisServerProcess
 
 from redis_agentstate import (
     AgentStatus,
@@ -315,20 +314,6 @@ async def test_a_crashing_keeper_task_is_a_lost_lease(async_store: AsyncCheckpoi
 
 
 # ---- real processes: a frozen worker, a frozen Redis --------------------------------------------
-
-
-@pytest.fixture
-def private_server() -> Any:
-    try:
-        server = RedisServerProcess.start()
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but no redis-server: {exc}")
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    if server.proc.poll() is None:
-        os.kill(server.proc.pid, signal.SIGCONT)
-    server.stop()
 
 
 FROZEN_WORKER = textwrap.dedent(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServerProcess
 
 from redis_agentstate import (
     AgentStatus,
@@ -212,18 +210,6 @@ SLOW_WORKER = textwrap.dedent(
     print("EXIT", stats.committed, flush=True)
     """
 )
-
-
-@pytest.fixture
-def private_server() -> Any:
-    try:
-        server = RedisServerProcess.start()
-    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but no redis-server: {exc}")
-        pytest.skip(f"no redis-server: {exc}")
-    yield server
-    server.stop()
 
 
 @pytest.mark.real
