@@ -136,7 +136,9 @@ def _micro(store: CheckpointStore, client: redis.Redis, quick: bool) -> dict[str
     out["direct stub.evalsha(sha, n, *keys, *args) (per request)"] = micro(
         lambda: stub.evalsha(script.sha, len(keys), *keys, *args), n
     )
-    out["Keys.task(task_id).as_list() uncached (the core now caches it)"] = micro(lambda: core.keys.task(tid).as_list(), n)
+    out["Keys.task(task_id).as_list() uncached (the core now caches it)"] = micro(
+        lambda: core.keys.task(tid).as_list(), n
+    )
     out["new_nonce() (per commit)"] = micro(new_nonce, n)
     out["validate(cp) (per commit)"] = micro(lambda: core.validate(cp), n)
     body = [cp.shared_state, cp.terminal_result, cp.budget_usage]
