@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from . import scripts as S
 from ._ops import Call, Op, Pipe, list_indexes, new_nonce
-from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, check_id, check_int
+from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, MAX_STORED_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import (
     AlreadyClaimed,
@@ -75,11 +75,22 @@ class HistoryCache:
                 self._entries.move_to_end(task_id)
             return entry
 
-    def put(self, task_id: str, epoch: bytes, messages: list[Any], cycles: list[Any]) -> None:
+    def put(
+        self,
+        task_id: str,
+        epoch: bytes,
+        messages: list[Any],
+        cycles: list[Any],
+        n_m: int | None = None,
+        n_c: int | None = None,
+    ) -> None:
+        """``n_m``/``n_c``: how many leading entries Redis holds (default: all, measured now)."""
         if not self.max_tasks:
             return
+        n_m = len(messages) if n_m is None else n_m
+        n_c = len(cycles) if n_c is None else n_c
         with self._lock:
-            self._entries[task_id] = _History(epoch, messages, cycles, len(messages), len(cycles))
+            self._entries[task_id] = _History(epoch, messages, cycles, n_m, n_c)
             self._entries.move_to_end(task_id)
             while len(self._entries) > self.max_tasks:
                 self._entries.popitem(last=False)
@@ -175,7 +186,7 @@ class CheckpointCore:
             raise InvalidArgument("cycles must be a list")
         if not isinstance(cp.shared_state, dict):
             raise InvalidArgument("shared_state must be a dict")
-        self._revision(cp.revision, "revision")
+        check_int(cp.revision, "revision", 0, MAX_STORED_REVISION)
         if cp.claim_token is not None:
             self._token(cp.claim_token)
         if cp.claimed_cycle is not None:
@@ -197,6 +208,7 @@ class CheckpointCore:
         lease: str,
         history: _History | None,
         replace: bool,
+        upto: tuple[int, int] | None = None,
     ) -> list[Any]:
         """ARGV for create/save/commit/finalize (layout in ``_common.lua``).
 
@@ -208,14 +220,15 @@ class CheckpointCore:
         body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {tid!r} body")
         # A checkpoint shorter than our cached view goes whole: the script decides
         # (after fencing) whether that is a forbidden shrink.
-        if history is None or replace or len(cp.messages) < history.n_m or len(cp.cycles) < history.n_c:
+        lim_m, lim_c = upto if upto is not None else (len(cp.messages), len(cp.cycles))
+        if history is None or replace or lim_m < history.n_m or lim_c < history.n_c:
             base_m = base_c = -1
             epoch = b""
-            new_m, new_c = cp.messages, cp.cycles
+            new_m, new_c = cp.messages[:lim_m], cp.cycles[:lim_c]
         else:
             base_m, base_c = history.n_m, history.n_c
             epoch = history.epoch
-            new_m, new_c = cp.messages[base_m:], cp.cycles[base_c:]
+            new_m, new_c = cp.messages[base_m:lim_m], cp.cycles[base_c:lim_c]
         blobs = [encode(m, what=f"message of task {tid!r}") for m in new_m]
         blobs += [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
         size = len(body) + sum(map(len, blobs))
@@ -226,7 +239,7 @@ class CheckpointCore:
         status = AgentStatus(cp.status).value
         term = "0" if cp.terminal_result is None else "1"
         return [
-            nonce, token, revision, cp.cycle_index, status, term, body,
+            nonce, token, int(revision), int(cp.cycle_index), status, term, body,
             epoch, base_m, base_c, "1" if replace else "0", claimed, lease, len(new_m), *blobs,
         ]  # fmt: skip
 
@@ -277,10 +290,11 @@ class CheckpointCore:
             messages, cycles = new_m, new_c
         else:
             # The script only skips entries when our cached epoch matched.
-            assert cached is not None and cached.epoch == epoch
+            if cached is None or cached.epoch != epoch:
+                raise CorruptState(f"history reply of task {task_id!r} skips entries we never had", task_id=task_id)
             messages = _extended(cached.messages, from_m, new_m)
             cycles = _extended(cached.cycles, from_c, new_c)
-        self.history.put(task_id, epoch, messages, cycles)
+        self.history.put(task_id, epoch, messages, cycles, n_m, n_c)
         cp.messages, cp.cycles = messages, cycles
         return cp
 
@@ -296,20 +310,25 @@ class CheckpointCore:
     def _store(self, script: str, cp: Checkpoint) -> Op[bool]:
         self.validate(cp)
         keys = self._task_keys(cp.task_id)
+        messages, cycles = list(cp.messages), list(cp.cycles)  # exactly what this write sends
         args = self._write_args(
             cp,
             nonce=new_nonce(),
             token=cp.claim_token or "",
             revision=cp.revision,
-            claimed="" if cp.claimed_cycle is None else str(cp.claimed_cycle),
-            lease="" if cp.lease_expires_at_ms is None else str(cp.lease_expires_at_ms),
+            claimed="" if cp.claimed_cycle is None else str(int(cp.claimed_cycle)),
+            lease="" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms)),
             history=None,
             replace=True,
         )
         reply = yield Call(script, keys.as_list(), args)
         if reply[0] == 0:
             return False
-        self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
+        if reply[0] == 2:
+            # A re-send: reply[1] is the epoch now, which may name a history written since.
+            self.history.drop(cp.task_id)
+            return True
+        self.history.put(cp.task_id, reply[1], messages, cycles)
         return True
 
     def load(self, task_id: str) -> Op[Checkpoint | None]:
@@ -323,7 +342,7 @@ class CheckpointCore:
 
     def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         tid, keys = self._task(task_id)
-        check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
+        cycle_index = check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
@@ -334,6 +353,8 @@ class CheckpointCore:
         if code == 0:
             return None
         detail = _s(reply[1])
+        if code in (-3, -4) and not detail.isdigit():
+            raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
         if code == -1:
             raise CheckpointTerminal(f"checkpoint for task {tid!r} is terminal (status {detail})", task_id=tid)
         if code == -2:
@@ -406,13 +427,22 @@ class CheckpointCore:
     def _fenced_write(self, script: str, cp: Checkpoint, token: str, expected: int, replace: bool) -> Op[bool]:
         keys = self._task_keys(cp.task_id).as_list()
         nonce = new_nonce()
+        n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         known = self.history.get(cp.task_id)
         if replace or known is None or not known.usable():
             known = None
 
         def args(h: _History | None) -> list[Any]:
             return self._write_args(
-                cp, nonce=nonce, token=token, revision=expected, claimed="", lease="", history=h, replace=replace
+                cp,
+                nonce=nonce,
+                token=token,
+                revision=expected,
+                claimed="",
+                lease="",
+                history=h,
+                replace=replace,
+                upto=(n_m, n_c),
             )
 
         reply = yield Call(script, keys, args(known))
@@ -429,13 +459,16 @@ class CheckpointCore:
             )
         if reply[0] not in (1, 2):
             return False
-        if replace:
-            self.history.put(cp.task_id, reply[1], list(cp.messages), list(cp.cycles))
-        elif known is not None and len(cp.messages) >= known.n_m and len(cp.cycles) >= known.n_c:
+        if reply[0] == 2:
+            # A re-send: reply[1] is the epoch now, which may name a history rewritten since.
+            self.history.drop(cp.task_id)
+        elif replace:
+            self.history.put(cp.task_id, reply[1], cp.messages[:n_m], cp.cycles[:n_c])
+        elif known is not None and n_m >= known.n_m and n_c >= known.n_c:
             # Redis kept its own first n entries and appended ours after them.
             messages = _committed(known.messages, known.n_m, cp.messages)
             cycles = _committed(known.cycles, known.n_c, cp.cycles)
-            self.history.put(cp.task_id, reply[1], messages, cycles)
+            self.history.put(cp.task_id, reply[1], messages, cycles, n_m, n_c)
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)

@@ -5,11 +5,22 @@ from __future__ import annotations
 from .errors import InvalidArgument
 from .keys import MAX_ID_BYTES
 
-__all__ = ["MAX_CYCLE", "MAX_LEASE_MS", "MAX_REVISION", "check_id", "check_int", "check_optional_id"]
+__all__ = [
+    "MAX_CYCLE",
+    "MAX_LEASE_MS",
+    "MAX_REVISION",
+    "MAX_STORED_REVISION",
+    "check_id",
+    "check_int",
+    "check_optional_id",
+]
 
 MAX_CYCLE = 2**32 - 1
 #: Revisions and times are compared in Lua, whose numbers are doubles: exact below 2**53.
 MAX_REVISION = 2**53 - 1
+#: The highest revision a stored checkpoint may start from: every claim and
+#: write bumps it, and it must never run past MAX_REVISION.
+MAX_STORED_REVISION = 2**52
 #: A lease longer than a year is a bug, not a lease.
 MAX_LEASE_MS = 366 * 24 * 3600 * 1000
 
@@ -39,4 +50,5 @@ def check_int(value: object, what: str, lo: int, hi: int) -> int:
         raise InvalidArgument(f"{what} must be an int, got {type(value).__name__}")
     if not lo <= value <= hi:
         raise InvalidArgument(f"{what} must be between {lo} and {hi}, got {value}")
-    return value
+    # A plain int: redis-py encodes ints with repr(), which for an IntEnum is '<E.X: 3>'.
+    return int(value)

@@ -28,6 +28,14 @@ def encode(value: Any, *, what: str) -> bytes:
         raise InvalidArgument(f"{what} is not msgpack-serialisable: {exc}") from exc
 
 
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def _frozen_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_freeze(k): v for k, v in pairs}
+
+
 def decode(blob: bytes, *, key: str, task_id: str | None = None) -> Any:
     """Inverse of :func:`encode`; ``CorruptState`` naming ``key`` on any bad byte."""
     if not blob or blob[0] != FORMAT_VERSION:
@@ -38,6 +46,12 @@ def decode(blob: bytes, *, key: str, task_id: str | None = None) -> Any:
             task_id=task_id,
         )
     try:
-        return msgpack.unpackb(blob[1:], raw=False, strict_map_key=False, use_list=True)
+        try:
+            return msgpack.unpackb(blob[1:], raw=False, strict_map_key=False, use_list=True)
+        except TypeError:
+            # A map key written as a tuple comes back as an (unhashable) list: read it as a tuple.
+            return msgpack.unpackb(
+                blob[1:], raw=False, strict_map_key=False, use_list=True, object_pairs_hook=_frozen_keys
+            )
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise CorruptState(f"value at {key!r} does not decode: {exc}", key=key, task_id=task_id) from exc

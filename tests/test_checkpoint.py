@@ -272,11 +272,12 @@ class TestRetrySafety:
     """DESIGN.md 3: a reply lost on the wire must not turn success into failure."""
 
     def lose_first_reply(
-        self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None
+        self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None, lose: bool = True
     ) -> list[int]:
         """Make script ``name`` apply on the server, then fail as if the reply was lost.
 
-        ``between`` runs after the write applied and before the re-send (other workers' moves).
+        ``between`` runs after the write applied and before the re-send (other workers' moves);
+        with ``lose=False`` the reply arrives after ``between`` ran (moves made while in flight).
         """
         script = scripts_of(store)[name]
         original = type(script).__call__
@@ -291,15 +292,18 @@ class TestRetrySafety:
                 if hasattr(result, "__await__"):
 
                     async def drop() -> Any:
-                        await result
+                        reply = await result
                         if between:
                             between()
-                        raise rex.ConnectionError("reply lost (injected)")
+                        if lose:
+                            raise rex.ConnectionError("reply lost (injected)")
+                        return reply
 
                     return drop()
                 if between:
                     between()
-                raise rex.ConnectionError("reply lost (injected)")
+                if lose:
+                    raise rex.ConnectionError("reply lost (injected)")
             return result
 
         monkeypatch.setattr(type(script), "__call__", apply_then_drop)
@@ -339,6 +343,86 @@ class TestRetrySafety:
         assert len(calls) == 2
         final = other.load("task-1")
         assert final.messages[1:] == ["mine", "other 2", "other 3"] and final.cycle_index == 3
+
+    def test_resent_commit_after_another_worker_compacted_history(
+        self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        other = CheckpointStore(backend.sync_client(), namespace=namespace)
+
+        def other_compacts() -> None:
+            nxt = other.claim("task-1", 2, token="o", lease_ms=LEASE)
+            nxt.cycle_index = 2
+            nxt.messages = ["summary"]
+            assert other.commit(nxt, token="o", expected_revision=nxt.revision, replace_history=True)
+
+        cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
+        cp.cycle_index = 1
+        cp.messages.append("mine")
+        self.lose_first_reply(store, "commit", monkeypatch, between=other_compacts)
+        assert store.commit(cp, token="w", expected_revision=cp.revision) is True
+        nxt = other.claim("task-1", 3, token="o3", lease_ms=LEASE)
+        nxt.cycle_index = 3
+        nxt.messages.append("after")
+        assert other.commit(nxt, token="o3", expected_revision=nxt.revision)
+        assert store.load("task-1").messages == other.load("task-1").messages == ["summary", "after"]
+
+    def test_entries_appended_while_a_commit_is_in_flight_are_not_taken_as_stored(
+        self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        other = CheckpointStore(backend.sync_client(), namespace=namespace)
+        cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
+        cp.cycle_index = 1
+        cp.messages.append("sent")
+        self.lose_first_reply(
+            store, "commit", monkeypatch, between=lambda: cp.messages.append("draft, never sent"), lose=False
+        )
+        assert store.commit(cp, token="w", expected_revision=cp.revision) is True
+        nxt = other.claim("task-1", 2, token="o", lease_ms=LEASE)
+        nxt.cycle_index = 2
+        nxt.messages.append("other")
+        assert other.commit(nxt, token="o", expected_revision=nxt.revision)
+        assert store.load("task-1").messages == [*running.messages, "sent", "other"]
+
+    @pytest.mark.parametrize("write", ["commit", "finalize"])
+    def test_terminal_write_resent_after_acknowledge_is_still_true(
+        self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, write: str
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        consumer = CheckpointStore(backend.sync_client(), namespace=namespace)
+
+        def consumer_acknowledges() -> None:
+            done = consumer.load("task-1")
+            assert consumer.acknowledge_terminal("task-1", expected_revision=done.revision)
+
+        final = Checkpoint(
+            "task-1", messages=list(running.messages), status=AgentStatus.COMPLETED, terminal_result={"answer": 1}
+        )
+        self.lose_first_reply(store, write, monkeypatch, between=consumer_acknowledges)
+        if write == "commit":
+            cp = store.claim("task-1", 1, token="w", lease_ms=LEASE)
+            final.cycle_index = 1
+            assert store.commit(final, token="w", expected_revision=cp.revision) is True
+        else:
+            assert store.finalize(final, expected_revision=0) is True
+        assert store.load("task-1") is None
+
+    def test_acknowledge_resent_after_the_task_was_created_again(
+        self, store: Any, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        other = CheckpointStore(backend.sync_client(), namespace=namespace)
+        store.create(Checkpoint("t", status=AgentStatus.FAILED, terminal_result="x"))
+        self.lose_first_reply(
+            store, "acknowledge_terminal", monkeypatch, between=lambda: other.create(Checkpoint("t", cycle_index=9))
+        )
+        assert store.acknowledge_terminal("t", expected_revision=0) is True
+        assert other.load("t").cycle_index == 9
 
     def test_resent_save_does_not_clobber_later_writes(
         self, store: Any, running: Checkpoint, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
@@ -604,6 +688,7 @@ class TestBadInput:
             lambda s: s.save(Checkpoint("task-1", shared_state=[1])),
             lambda s: s.save(Checkpoint("task-1", cycle_index=-1)),
             lambda s: s.save(Checkpoint("task-1", revision=2**53)),
+            lambda s: s.create(Checkpoint("new", revision=2**52 + 1)),  # no room left to bump
             lambda s: s.save(Checkpoint("task-1", claimed_cycle=0)),
             lambda s: s.save(Checkpoint("\ud800")),
             lambda s: s.create(Checkpoint("new", cycles=[b"x" * 1024] * 80)),
@@ -623,6 +708,23 @@ class TestBadInput:
         assert isinstance(info.value, ValueError)
         assert namespace_dump(raw, s.namespace) == before
         assert s.load("task-1").messages == ["keep me"]
+
+    def test_int_subclasses_are_stored_as_plain_ints(self, store: Any, raw: Any) -> None:
+        import enum
+
+        class Step(enum.IntEnum):
+            START = 3
+
+        store.create(Checkpoint("e", cycle_index=Step.START, revision=Step.START))
+        got = store.claim("e", Step.START + 1, token="w", lease_ms=LEASE)
+        assert (got.cycle_index, got.revision) == (3, 4)
+        assert type(got.cycle_index) is int
+
+    def test_tuple_map_keys_round_trip(self, store: Any) -> None:
+        state = {("row", 3): "seen", "plain": {(1, (2, 3)): [1]}}
+        store.create(Checkpoint("k", shared_state=state, messages=[{(1, 2): "m"}]))
+        got = store.claim("k", 1, token="w", lease_ms=LEASE)
+        assert got.shared_state == state and got.messages == [{(1, 2): "m"}]
 
     def test_longest_id_is_accepted(self, store: Any) -> None:
         tid = "é" * 512  # 1024 UTF-8 bytes

@@ -7,15 +7,15 @@
 -- Returns 1 deleted (or deleted by this nonce already); 0 otherwise.
 local nonce, expected, remember_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
-local h = redis.call('HMGET', KEYS[1], 'rev', 'term')
-if not h[1] then
-  if redis.call('GET', KEYS[7]) == nonce then return 1 end
-  return 0
-end
+local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
+-- Checked first: the task may have been created again since our first send.
+if was_applied(redis.call('GET', KEYS[7]), nonce) then return 1 end
+if not h[1] then return 0 end
 if tonumber(h[1]) ~= expected or h[2] ~= '1' then return 0 end
 local task_id = task_id_of(KEYS[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[4], task_id)
 redis.call('ZREM', KEYS[5], task_id)
-redis.call('SET', KEYS[7], nonce, 'PX', remember_ms)
+-- The tombstone keeps the task's write ring, so a re-sent commit/finalize is still recognised.
+redis.call('SET', KEYS[7], remember(h[3], nonce), 'PX', remember_ms)
 return 1

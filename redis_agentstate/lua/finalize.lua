@@ -14,7 +14,11 @@ local nonce, expected, cycle = ARGV[1], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
-if not h[1] then return {0} end
+if not h[1] then
+  -- Acknowledged (deleted) since our first send? The tombstone keeps the ring.
+  if was_applied(redis.call('GET', KEYS[7]), nonce) then return {2, ''} end
+  return {0}
+end
 local rev = tonumber(h[1])
 -- A re-send is recognised whatever happened since (another worker may have
 -- claimed, even committed, the next cycle).
