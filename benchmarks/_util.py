@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,72 +40,6 @@ class Settings:
 
 
 # ---- the private server ------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class PrivateServer:
-    """A ``redis-server`` on a free loopback port in its own temp dir (no persistence)."""
-
-    port: int
-    dir: str
-    proc: subprocess.Popen[bytes]
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @classmethod
-    def start(cls) -> PrivateServer:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise FileNotFoundError("redis-server not on PATH (install it, or pass --url)")
-        port = free_port()
-        tmp = tempfile.mkdtemp(prefix="agentstate-bench-")
-        args = [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            tmp,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--logfile",
-            os.path.join(tmp, "redis.log"),
-        ]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        server = cls(port=port, dir=tmp, proc=proc)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}; see {tmp}/redis.log")
-            try:
-                with redis.Redis(port=port, socket_timeout=0.5) as c:
-                    if c.ping():
-                        return server
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        server.stop()
-        raise TimeoutError(f"redis-server on port {port} did not answer PING")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def host_port(url: str) -> tuple[str, int]:

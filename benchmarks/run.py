@@ -21,8 +21,10 @@ from typing import Any
 
 import redis
 
+from redis_agentstate.embedded import EmbeddedServer, start_embedded
+
 from . import concurrency, floor, history, payload, plots, pools, profile_hot, report, single
-from ._util import PrivateServer, Settings, git_state, machine_info, server_modules, server_pid_of, versions
+from ._util import Settings, git_state, machine_info, server_modules, server_pid_of, versions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results")
@@ -74,15 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 9)
     os.makedirs(args.out, exist_ok=True)
     started = time.perf_counter()
-    server: PrivateServer | None = None
+    server: EmbeddedServer | None = None
     if args.url:
         url, kind = args.url, "given (--url)"
     else:
-        server = PrivateServer.start()
+        server = start_embedded(prefer="redis-server")
         url, kind = server.url, "private"
     try:
         with redis.Redis.from_url(url) as client:
-            pid = server.proc.pid if server else server_pid_of(client)
+            pid = server_pid_of(client)
             meta: dict[str, Any] = {
                 "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "command": ("python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])).strip(),
