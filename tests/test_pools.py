@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 import redis.exceptions as rex
-from conftest import Twin
+from conftest import Twin, require_real
 from redis.crc import key_slot
 
 from redis_agentstate import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
@@ -364,17 +365,20 @@ class TestWatch:
             got = s.watch("pool", Cursor(1), block_ms=5_000)
         assert [r.kind for r in got] == ["pool_created"]
 
-    def test_the_socket_timeout_would_fire_on_one_long_block(self, backend: Any) -> None:
-        """The control for the test above: one XREAD BLOCK past socket_timeout does fail on a real server."""
-        if backend.kind != "real":
-            pytest.skip("fakeredis answers in-process and has no socket to time out")
-        client = backend.sync_client(socket_timeout=0.2)
-        with pytest.raises(rex.TimeoutError):
+    def test_the_socket_timeout_would_fire_on_one_long_block(self, real_server: Any) -> None:
+        """The control for the test above: one XREAD BLOCK past socket_timeout does fail on a real
+        server (fakeredis answers in-process and has no socket to time out, so: real only)."""
+        with (
+            redis.Redis.from_url(require_real(real_server), socket_timeout=0.2) as client,
+            pytest.raises(rex.TimeoutError),
+        ):
             client.execute_command("XREAD", "BLOCK", 900, "STREAMS", "no-such-stream", "$")
 
-    def test_blocking_xread_is_one_command_not_polling(self, opened: Any, backend: Any, raw: Any) -> None:
-        if backend.kind != "real":
-            pytest.skip("INFO commandstats is a real-server counter")
+    def test_blocking_xread_is_one_command_not_polling(self, real_server: Any, namespace: str) -> None:
+        """Counted by the real server (INFO commandstats), so this runs on the real backend only."""
+        raw = redis.Redis.from_url(require_real(real_server))
+        opened = PoolStore(raw, namespace=namespace)
+        opened.open("pool", CONFIG)
 
         def calls(name: str) -> int:
             return int(raw.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
@@ -385,6 +389,7 @@ class TestWatch:
         assert time.monotonic() - t0 >= 0.95
         assert calls("xread") - before_xread == 1
         assert calls("evalsha") - before_eval <= 2  # the non-blocking read first (+ a NOSCRIPT reload)
+        raw.close()
 
     def test_async_block_leaves_the_event_loop_free(self, backend: Any, namespace: str, twin_loop: Any) -> None:
         async def scenario() -> tuple[list[Any], float]:
