@@ -228,6 +228,39 @@ def test_least_privilege_user_is_refused_outside_its_namespace(
     assert sum(int(e[b"count"]) for e in acl_log(admin)) >= 13  # every refusal was logged
 
 
+#: What a RedisCluster client needs on top: its slot map (CLUSTER SLOTS) and the
+#: command table it uses to find keys (COMMAND).
+CLUSTER_CLIENT_COMMANDS = ("cluster|slots", "command")
+
+
+@pytest.mark.cluster
+def test_least_privilege_user_on_redis_cluster(redis_cluster: Any) -> None:
+    """The same user on every primary, plus the cluster client's two commands, runs every flow."""
+    from redis.cluster import RedisCluster
+
+    ns = f"aclc-{uuid.uuid4().hex[:6]}"
+    user, password = f"u-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admins = [node.client() for node in redis_cluster.nodes]
+    for a in admins:
+        a.execute_command("ACL", "SETUSER", user, *acl_rules(ns, password), *(f"+{c}" for c in CLUSTER_CLIENT_COMMANDS))
+        a.execute_command("ACL", "LOG", "RESET")
+    host, port = redis_cluster.startup
+    client = RedisCluster(host=host, port=port, username=user, password=password)
+    try:
+        checkpoint_flow(CheckpointStore(client, namespace=ns), ["t1", *HOSTILE_IDS])
+        claim_next_flow(CheckpointStore(client, namespace=ns), [f"n{i}" for i in range(20)])
+        pool_flow(PoolStore(client, namespace=ns), "p1")
+        kv_flow(KeyValueStore(client, namespace=ns))
+        assert all(acl_log(a) == [] for a in admins), "the library sent something the user may not"
+        with pytest.raises(rex.ResponseError, match=r"(?i)noperm|permission|can't access"):
+            client.get("outside-the-namespace")
+    finally:
+        client.close()
+        for a in admins:
+            a.execute_command("ACL", "DELUSER", user)
+            a.close()
+
+
 def test_namespace_prefix_of_another_is_isolated_only_by_the_tight_pattern(
     admin: redis.Redis, private_server: RedisServerProcess, twin_loop: Any
 ) -> None:
