@@ -70,7 +70,7 @@ scripts.add_prelude(POOL_SCRIPTS, "_pool")
 DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
 #: How long a join/leave/record_created remembers its reply, so that a re-send
 #: after a lost reply gets the same answer (longer than any retry window).
-REMEMBER_MS = 120_000
+REMEMBER_MS = 3_600_000
 #: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
 MAX_BLOCK_MS = 24 * 3600 * 1000
 MAX_WATCH_COUNT = 1_000_000
@@ -177,6 +177,17 @@ def check_wake(condition: object, registration: object) -> tuple[WakeCondition, 
 
 
 # ---- to and from stored maps --------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality as JSON sees it: ``True`` is not ``1`` (Python says it is), ``1`` is ``1.0``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def _config_map(c: PoolConfig) -> dict[str, Any]:
@@ -344,7 +355,10 @@ class PoolCore:
     def _cursor(self, reply: Sequence[Any], pid: str) -> Cursor:
         if reply[0] == -1:
             raise self._not_open(pid)
-        return Cursor(int(reply[1]))
+        try:
+            return Cursor(int(reply[1]))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise CorruptState(f"agent pool {pid!r}: malformed cursor in reply {list(reply)!r}") from exc
 
     def _snapshot(self, pid: str, keys: PoolKeys, reply: Sequence[Any], at: int) -> PoolSnapshot:
         """Parse the snapshot array (layout in ``_pool.lua``) starting at ``reply[at]``."""
@@ -439,7 +453,7 @@ class PoolCore:
         if reply[0] != -1:
             return self._snapshot(pid, keys, reply, 1)
         stored = _read(reply[1], keys.state, "config", _config_of)
-        if _config_map(stored) != _config_map(c):
+        if not _same(_config_map(stored), _config_map(c)):
             raise ConfigConflict(f"agent pool {pid!r} is open with a different config", key=keys.state)
         # Equal values, other bytes (e.g. 1 and 1.0): the stored config rules.
         return (yield from self.snapshot(pid))
@@ -566,6 +580,15 @@ class PoolCore:
         if reply[0] == -1:
             raise self._not_open(pid)
         head = int(reply[1])
+        if seq > head:
+            # A cursor from the future: the log lost records (a restart without
+            # persistence, a failover to a lagging replica) or the cursor is another
+            # pool's. Waiting for record seq + 1 would silently skip the ones between.
+            raise CursorExpired(
+                f"cursor {seq} of agent pool {pid!r} is ahead of its log (last record {head}): "
+                "records were lost or the cursor belongs elsewhere; resync from snapshot()",
+                key=keys.log,
+            )
         entries = [(reply[i], reply[i + 1], reply[i + 2]) for i in range(2, len(reply), 3)]
         if entries or head > seq or not wait:
             return self._records(pid, keys, seq, head, entries)

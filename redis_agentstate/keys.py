@@ -62,8 +62,9 @@ def validate_namespace(namespace: object) -> str:
         raise InvalidArgument(f"namespace must be a non-empty string, got {namespace!r}")
     if len(namespace) > MAX_NAMESPACE_CHARS:
         raise InvalidArgument(f"namespace longer than {MAX_NAMESPACE_CHARS} characters")
-    if any(c in namespace for c in "{}*?[]") or not namespace.isprintable():
-        raise InvalidArgument(f"namespace {namespace!r} must be printable and contain none of {{ }} * ? [ ]")
+    # No glob metacharacters (a backslash included): pattern() goes into ACL rules verbatim.
+    if any(c in namespace for c in "{}*?[]\\") or not namespace.isprintable():
+        raise InvalidArgument(f"namespace {namespace!r} must be printable and contain none of {{ }} * ? [ ] \\")
     return namespace
 
 
@@ -102,7 +103,7 @@ class PoolKeys:
                 self.wakes, self.wake_dedupe, self.log, self.pools]  # fmt: skip
 
     def nonce(self, nonce: str) -> str:
-        """Where a write remembers its reply (``nonce`` is fixed-length hex, the pool id last)."""
+        """Where a write remembers its reply (``nonce`` is hex, so it holds no ``:``; the pool id last)."""
         return f"{self.prefix}pool-nonce:{nonce}:{self.state[len(self.prefix) + 5 :]}"
 
 

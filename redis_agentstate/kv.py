@@ -67,7 +67,8 @@ class KeyValueStore(_Base):
         return self._run(self._core.get_many(keys))  # type: ignore[no-any-return]
 
     def set_many(self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None) -> None:
-        """Store every ``(key, value)`` in one pipeline (atomically per shard, not across shards)."""
+        """Store every ``(key, value)`` in one pipeline: one script per shard and chunk (500 keys or 32 MiB), so
+        atomic within a chunk, not across chunks or shards."""
         self._run(self._core.set_many(items, ttl_ms=ttl_ms))
 
     def exists(self, key: str) -> bool:
@@ -108,7 +109,8 @@ class AsyncKeyValueStore(_Base):
     async def set_many(
         self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None
     ) -> None:
-        """Store every ``(key, value)`` in one pipeline (atomically per shard, not across shards)."""
+        """Store every ``(key, value)`` in one pipeline: one script per shard and chunk (500 keys or 32 MiB), so
+        atomic within a chunk, not across chunks or shards."""
         await self._run(self._core.set_many(items, ttl_ms=ttl_ms))
 
     async def exists(self, key: str) -> bool:

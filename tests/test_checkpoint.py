@@ -737,7 +737,7 @@ class TestBadInput:
         with pytest.raises(InvalidArgument, match="decode_responses"):
             CheckpointStore(backend.sync_client(decode_responses=True))
 
-    @pytest.mark.parametrize("ns", ["", "a{b}", "has*star", 5, "x" * 200, "new\nline"])
+    @pytest.mark.parametrize("ns", ["", "a{b}", "has*star", "back\\slash", 5, "x" * 200, "new\nline"])
     def test_bad_namespace(self, backend: Any, ns: Any) -> None:
         from redis_agentstate import CheckpointStore
 

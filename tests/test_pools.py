@@ -132,6 +132,15 @@ class TestOpen:
         assert snap.cursor == Cursor(2) and [m.run_id for m in snap.members] == ["r1"]
         assert [r.kind for r in opened.watch("pool")] == ["pool_opened", "member_joined"]
 
+    def test_true_is_not_1(self, pools: Any) -> None:
+        """Configs compare as JSON values (as the seed's serde_json does): ``true`` is not ``1``."""
+        pools.open("flags", PoolConfig({"broadcast": True, "n": 1}))
+        assert pools.open("flags", PoolConfig({"broadcast": True, "n": 1.0})).cursor == Cursor(1)
+        with pytest.raises(ConfigConflict):
+            pools.open("flags", PoolConfig({"broadcast": 1, "n": 1}))
+        with pytest.raises(ConfigConflict):
+            pools.open("flags", PoolConfig({"broadcast": True, "n": True}))
+
     @pytest.mark.parametrize(
         "other",
         [
@@ -296,7 +305,13 @@ class TestWatch:
             assert opened.watch("pool", Cursor(k)) == everything[k:]
         assert opened.watch("pool", Cursor(3), count=2) == everything[3:5]
         assert opened.watch("pool", Cursor(10)) == []
-        assert opened.watch("pool", Cursor(99)) == []
+
+    def test_a_cursor_ahead_of_the_log_is_refused_not_waited_on(self, opened: Any) -> None:
+        """After a restart without persistence the log restarts at 1: never skip its new records."""
+        opened.record_created("pool")
+        for kwargs in ({}, {"block_ms": 200}):
+            with pytest.raises(CursorExpired, match="ahead of its log"):
+                opened.watch("pool", Cursor(99), **kwargs)
 
     def test_resumable_from_a_saved_cursor_after_a_restart(self, opened: Any, make: Callable[..., Any]) -> None:
         for i in range(5):
