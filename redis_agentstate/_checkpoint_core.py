@@ -392,10 +392,28 @@ class CheckpointCore:
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         heads = [("ZRANGE", self.keys.shard_ready(s), 0, 0, "WITHSCORES") for s in range(SHARDS)]
-        replies = yield Pipe([("TIME",), *heads])
-        now = _time_ms(replies[0])
-        due = [head for head in map(_zset_head, replies[1:]) if head is not None and head[1] <= now]
-        random.shuffle(due)
+        for _round in range(self.CLAIM_NEXT_ROUNDS):
+            replies = yield Pipe([("TIME",), *heads])
+            now = _time_ms(replies[0])
+            due = [head for head in map(_zset_head, replies[1:]) if head is not None and head[1] <= now]
+            if not due:
+                return None
+            # Oldest first fleet-wide (FIFO across shards too); shuffle only the few oldest to spread a fleet.
+            due.sort(key=lambda head: head[1])
+            spread = due[: self.CLAIM_NEXT_SPREAD]
+            random.shuffle(spread)
+            due[: self.CLAIM_NEXT_SPREAD] = spread
+            cp = yield from self._claim_due(due, token, lease_ms)
+            if cp is not None:
+                return cp
+        return None
+
+    #: Fresh peeks claim_next makes before answering None while others keep winning the races.
+    CLAIM_NEXT_ROUNDS = 8
+    #: How many of the oldest due shard heads are tried in random order.
+    CLAIM_NEXT_SPREAD = 1
+
+    def _claim_due(self, due: list[tuple[str, float]], token: str, lease_ms: int) -> Op[Checkpoint | None]:
         for tid, _score in due:
             for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
                 keys = self._task_keys(tid)

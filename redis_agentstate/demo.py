@@ -28,10 +28,12 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -290,6 +292,27 @@ def run_demo(
     out: IO[str] | None = None,
 ) -> DemoReport:
     """Run the whole demo and return its report (see the module docstring)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run_demo(config, url=url, namespace=namespace, embedded=embedded, out=out)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwind through the finally blocks: stop workers and server
+
+    previous_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return _run_demo(config, url=url, namespace=namespace, embedded=embedded, out=out)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def _run_demo(
+    config: DemoConfig,
+    *,
+    url: str | None,
+    namespace: str | None,
+    embedded: str | None,
+    out: IO[str] | None,
+) -> DemoReport:
     out = out or sys.stderr
     server: EmbeddedServer | None = None
     if url is None:
@@ -306,6 +329,7 @@ def run_demo(
     keys = _keys(ns)
     tids = [f"task-{i:03d}" for i in range(config.tasks)]
     frozen_pid: int | None = None
+    report_problems = True  # keep the logs unless a report comes back clean
     try:
         if any(store.load(tid) is not None for tid in tids[:1]) or client.exists(*keys.values()):
             raise RuntimeError(f"namespace {ns!r} already holds demo data; pick another --namespace")
@@ -381,6 +405,7 @@ def run_demo(
         report.killed, report.frozen = report_killed, report_frozen
         report.worker_failures = failures
         report.problems += [f"worker {f}" for f in failures]
+        report_problems = bool(report.problems)
         if report.problems:
             out.write(f"worker logs kept in {logdir}\n")
         if not config.keep:
@@ -398,6 +423,8 @@ def run_demo(
         client.close()
         if server is not None:
             server.stop()
+        if not report_problems:
+            shutil.rmtree(logdir, ignore_errors=True)
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], frozen_pid: int | None, killed: int | None) -> list[str]:

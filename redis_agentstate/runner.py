@@ -335,6 +335,8 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 return
             except AgentStateError as exc:
                 self._handler_failed(clog, exc)
+                with contextlib.suppress(AgentStateError):
+                    lease.release(after_ms=self.failure_delay_ms)
                 return
             self._written(clog, lease, cp, done)
 
@@ -445,6 +447,8 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                     raise
                 except AgentStateError as exc:
                     self._handler_failed(clog, exc)
+                    with contextlib.suppress(AgentStateError):
+                        await lease.release(after_ms=self.failure_delay_ms)
                     return
                 self._written(clog, lease, cp, done)
         except LeaseLost as exc:

@@ -416,3 +416,69 @@ async def test_async_renewal_stuck_on_a_frozen_redis_cancels_on_time(private_ser
     finally:
         os.kill(private_server.proc.pid, signal.SIGCONT)
         await client.aclose()
+
+
+# ---- races found in review ------------------------------------------------------------------------
+
+
+def _slow_commit_reply(store: Any, monkeypatch: Any, seconds: float) -> None:
+    """The commit applies on the server at once; its reply reaches us ``seconds`` later."""
+    script = store._scripts["commit"]
+    original = type(script).__call__
+
+    def delayed(self_: Any, *a: Any, **k: Any) -> Any:
+        result = original(self_, *a, **k)
+        if self_ is not script:
+            return result
+        if hasattr(result, "__await__"):
+
+            async def later() -> Any:
+                reply = await result
+                await asyncio.sleep(seconds)
+                return reply
+
+            return later()
+        time.sleep(seconds)
+        return result
+
+    monkeypatch.setattr(type(script), "__call__", delayed)
+
+
+def test_a_renewal_refused_because_our_own_commit_applied_is_not_a_loss(
+    sync_store: CheckpointStore, monkeypatch: Any
+) -> None:
+    sync_store.create(Checkpoint("t"))
+    seen: list[Lease] = []
+    _slow_commit_reply(sync_store, monkeypatch, 0.3)  # renewals every ~100 ms meanwhile
+    with sync_store.lease("t", 1, lease_ms=400, on_lost=seen.append) as lease:
+        lease.commit(next_cycle(lease.checkpoint, "applied"))
+        assert not lease.lost and lease.ended == "committed"
+    assert seen == [] and sync_store.load("t").cycle_index == 1
+
+
+async def test_async_renewal_refused_because_our_own_commit_applied_is_not_a_loss(
+    async_store: AsyncCheckpointStore, monkeypatch: Any
+) -> None:
+    await async_store.create(Checkpoint("t"))
+    _slow_commit_reply(async_store, monkeypatch, 0.3)
+    async with async_store.lease("t", 1, lease_ms=400) as lease:
+        await lease.commit(next_cycle(lease.checkpoint, "applied"))
+        assert not lease.lost and lease.ended == "committed"
+    assert (await async_store.load("t")).cycle_index == 1
+
+
+async def test_cancelling_the_task_during_lease_exit_is_not_swallowed(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t"))
+    reached_exit = asyncio.Event()
+
+    async def work() -> None:
+        async with async_store.lease("t", 1, lease_ms=30_000) as lease:
+            await lease.commit(next_cycle(lease.checkpoint, "done"))
+            reached_exit.set()
+        await asyncio.sleep(10)  # must never get here once cancelled
+
+    task = asyncio.create_task(work())
+    await reached_exit.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=5)

@@ -124,6 +124,25 @@ def test_a_bad_handler_result_fails_the_cycle(sync_store: CheckpointStore) -> No
     assert sync_store.load("t").cycle_index == 0
 
 
+def test_a_commit_the_store_refuses_is_retried_after_the_failure_delay_not_at_once(
+    sync_store: CheckpointStore,
+) -> None:
+    sync_store.create(Checkpoint("t"))
+    calls: list[int] = []
+
+    def unstorable(cp: Checkpoint) -> StepResult:
+        calls.append(cp.claimed_cycle)
+        cp.shared_state["oops"] = {1, 2}  # msgpack cannot encode a set: commit raises InvalidArgument
+        return step(cp)
+
+    runner = Runner(sync_store, unstorable, handle_signals=False, failure_delay_ms=1_000, idle_min_ms=5, idle_max_ms=10)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.6:
+        runner.run(stop_when_idle=True)
+    assert calls == [1]  # released for 1 s, not reclaimed in a hot loop
+    assert runner.stats.failed == 1 and sync_store.load("t").revision == 1
+
+
 def test_a_lost_lease_is_reported_and_not_committed(sync_store: CheckpointStore) -> None:
     sync_store.create(Checkpoint("t"))
     lost: list[tuple[Any, Any]] = []
