@@ -131,6 +131,12 @@ def verify(
     report.cycles_committed = len(applied)
     report.double_applied = sum(n - 1 for n in applied.values() if n > 1)
     report.acked_commits = len(acks)
+    # Two acknowledged commits of one cycle mean it was applied twice, whatever the history shows.
+    acked = Counter((str(a["task"]), int(a["cycle"])) for a in acks)
+    twice = sum(n - 1 for n in acked.values() if n > 1)
+    if twice:
+        report.double_applied += twice
+        report.problems.append(f"{twice} cycle(s) acknowledged to more than one commit")
     for ack in acks:
         key = (str(ack["task"]), int(ack["cycle"]))
         if applied[key] == 0:

@@ -113,6 +113,12 @@ def test_verify_finds_a_double_apply() -> None:
     assert r.double_applied == 1 and not r.ok
 
 
+def test_verify_finds_a_cycle_acknowledged_twice_even_if_the_history_shows_it_once() -> None:
+    acks = [{"task": "a", "cycle": 1, "worker": "w0"}, {"task": "a", "cycle": 1, "worker": "w0"}]
+    r = verify({"a": _cp("a", [1], done=True)}, acks, cycles=1)
+    assert r.double_applied == 1 and not r.ok
+
+
 def test_verify_finds_a_lost_acknowledged_commit_and_a_missing_cycle() -> None:
     cps = {"a": _cp("a", [1], done=False), "b": _cp("b", [1, 3], done=True)}
     cps["b"].cycle_index = 3
