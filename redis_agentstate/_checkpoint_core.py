@@ -382,12 +382,14 @@ class CheckpointCore:
         """Claim the next cycle of any claimable task, or return None when none is due.
 
         One pipelined peek reads the server clock and the head (oldest score) of
-        every shard's ready index; the due shards are visited in random order so
-        a fleet spreads over them, and within a shard the oldest entry goes
-        first (a task that just committed re-enters at the back: FIFO). The
-        claim itself is one script on the candidate's keys, which re-checks the
-        checkpoint and, when another worker won the race, answers with the
-        shard's new head so the next try costs one more script, not a new peek.
+        every shard's ready index; the due heads are tried oldest first, so the
+        task that has waited longest fleet-wide goes first (a task that just
+        committed re-enters at the back: FIFO, fair per task, not per shard).
+        The claim itself is one script on the candidate's keys, which re-checks
+        the checkpoint and, when another worker won the race, answers with the
+        shard's new head so the next try costs one more script, not a new peek;
+        after a round of lost races a fresh peek follows, and None means a peek
+        found nothing due.
         """
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
