@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis.exceptions as rex
 from tenacity import (
@@ -29,7 +29,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from . import scripts
 from .errors import BackendError, BackendUnavailable, InvalidArgument
+from .keys import Keys
 
 __all__ = ["Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
 
@@ -253,3 +255,44 @@ class _NonceSource:
 #: A per-call identity that makes a re-sent write recognisable (not a secret).
 new_nonce = _NonceSource()
 os.register_at_fork(after_in_child=new_nonce.reseed)
+
+
+class _Core(Protocol):
+    @property
+    def keys(self) -> Keys: ...
+
+
+C = TypeVar("C", bound=_Core)
+
+
+class StoreShell(Generic[C]):
+    """What every store holds: its core, the client, the client's registered scripts, the retry policy.
+
+    A store class is ``(<its own __init__ building the core>, SyncShell)`` or
+    ``(..., AsyncShell)``; the only difference between the twins is ``_run``.
+    """
+
+    def __init__(self, client: Any, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
+        check_client(client)
+        self._core: C = core
+        self._client = client
+        self._scripts: dict[str, Any] = scripts.register(client, script_names)
+        self._retry = retry or RetryPolicy()
+
+    @property
+    def namespace(self) -> str:
+        return self._core.keys.namespace
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+
+class SyncShell(StoreShell[C]):
+    def _run(self, op: Op[T]) -> T:
+        return run_sync(self._client, self._scripts, self._retry, op)
+
+
+class AsyncShell(StoreShell[C]):
+    async def _run(self, op: Op[T]) -> T:
+        return await run_async(self._client, self._scripts, self._retry, op)

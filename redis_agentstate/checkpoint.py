@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._ops import Op, RetryPolicy, check_client, run_async, run_sync
+from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -17,10 +17,8 @@ DEFAULT_LEASE_MS = 30_000
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
 
-T = TypeVar("T")
 
-
-class _Base:
+class _Checkpoints(StoreShell[CheckpointCore]):
     def __init__(
         self,
         client: Any,
@@ -30,22 +28,11 @@ class _Base:
         history_cache: int = 1024,
         retry: RetryPolicy | None = None,
     ) -> None:
-        check_client(client)
-        self._core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
-        self._client = client
-        self._scripts = scripts.register(client, scripts.CHECKPOINT_SCRIPTS)
-        self._retry = retry or RetryPolicy()
-
-    @property
-    def namespace(self) -> str:
-        return self._core.keys.namespace
-
-    @property
-    def client(self) -> Any:
-        return self._client
+        core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
+        super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry)
 
 
-class CheckpointStore(_Base):
+class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     """Fenced checkpoints of agent tasks on a ``redis.Redis`` / ``RedisCluster`` client.
 
     Every method is one script round trip (``list`` is one pipelined read per
@@ -54,9 +41,6 @@ class CheckpointStore(_Base):
     entries; ``retry`` bounds retries of connection errors (every operation is
     safe to re-send).
     """
-
-    def _run(self, op: Op[T]) -> T:
-        return run_sync(self._client, self._scripts, self._retry, op)
 
     def create(self, cp: Checkpoint) -> bool:
         """Store ``cp`` as a new task; False if the task already exists."""
@@ -125,11 +109,8 @@ class CheckpointStore(_Base):
         return self._run(self._core.list())
 
 
-class AsyncCheckpointStore(_Base):
+class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
-
-    async def _run(self, op: Op[T]) -> T:
-        return await run_async(self._client, self._scripts, self._retry, op)
 
     async def create(self, cp: Checkpoint) -> bool:
         """Store ``cp`` as a new task; False if the task already exists."""

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from . import scripts
 from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
-from ._ops import RetryPolicy, check_client, run_async, run_sync
+from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
 
 __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
 
 
-class _Base:
+class _KeyValues(StoreShell[KvCore]):
     def __init__(
         self,
         client: Any,
@@ -22,22 +21,11 @@ class _Base:
         *,
         retry: RetryPolicy | None = None,
     ) -> None:
-        check_client(client)
-        self._core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        self._client = client
-        self._scripts = scripts.register(client, KV_SCRIPTS)
-        self._retry = retry or RetryPolicy()
-
-    @property
-    def namespace(self) -> str:
-        return self._core.keys.namespace
-
-    @property
-    def client(self) -> Any:
-        return self._client
+        core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
+        super().__init__(client, core, KV_SCRIPTS, retry)
 
 
-class KeyValueStore(_Base):
+class KeyValueStore(_KeyValues, SyncShell[KvCore]):
     """The seeds' key/value state seam on a ``redis.Redis`` / ``RedisCluster`` client.
 
     Keys are non-empty strings of at most ``max_key_bytes`` UTF-8 bytes,
@@ -47,12 +35,9 @@ class KeyValueStore(_Base):
     ``SCAN``) and never report an expired key.
     """
 
-    def _run(self, op: Any) -> Any:
-        return run_sync(self._client, self._scripts, self._retry, op)
-
     def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None."""
-        return self._run(self._core.get(key))  # type: ignore[no-any-return]
+        return self._run(self._core.get(key))
 
     def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> None:
         """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
@@ -64,7 +49,7 @@ class KeyValueStore(_Base):
 
     def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
         """The values of ``keys``, in order (None where missing), in one pipeline."""
-        return self._run(self._core.get_many(keys))  # type: ignore[no-any-return]
+        return self._run(self._core.get_many(keys))
 
     def set_many(self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None) -> None:
         """Store every ``(key, value)`` in one pipeline: one script per shard and chunk (500 keys or 32 MiB), so
@@ -73,7 +58,7 @@ class KeyValueStore(_Base):
 
     def exists(self, key: str) -> bool:
         """True if ``key`` holds a value."""
-        return self._run(self._core.exists(key))  # type: ignore[no-any-return]
+        return self._run(self._core.exists(key))
 
     def keys(self) -> Iterator[str]:
         """Every live key of the namespace, sorted."""
@@ -81,18 +66,15 @@ class KeyValueStore(_Base):
 
     def count(self) -> int:
         """The number of live keys of the namespace."""
-        return self._run(self._core.count())  # type: ignore[no-any-return]
+        return self._run(self._core.count())
 
 
-class AsyncKeyValueStore(_Base):
+class AsyncKeyValueStore(_KeyValues, AsyncShell[KvCore]):
     """The asyncio twin of :class:`KeyValueStore` (``redis.asyncio`` clients)."""
-
-    async def _run(self, op: Any) -> Any:
-        return await run_async(self._client, self._scripts, self._retry, op)
 
     async def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None."""
-        return await self._run(self._core.get(key))  # type: ignore[no-any-return]
+        return await self._run(self._core.get(key))
 
     async def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> None:
         """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
@@ -104,7 +86,7 @@ class AsyncKeyValueStore(_Base):
 
     async def get_many(self, keys: Iterable[str]) -> list[bytes | None]:
         """The values of ``keys``, in order (None where missing), in one pipeline."""
-        return await self._run(self._core.get_many(keys))  # type: ignore[no-any-return]
+        return await self._run(self._core.get_many(keys))
 
     async def set_many(
         self, items: Mapping[str, bytes] | Iterable[tuple[str, bytes]], *, ttl_ms: int | None = None
@@ -115,7 +97,7 @@ class AsyncKeyValueStore(_Base):
 
     async def exists(self, key: str) -> bool:
         """True if ``key`` holds a value."""
-        return await self._run(self._core.exists(key))  # type: ignore[no-any-return]
+        return await self._run(self._core.exists(key))
 
     async def keys(self) -> Iterator[str]:
         """Every live key of the namespace, sorted."""
@@ -123,4 +105,4 @@ class AsyncKeyValueStore(_Base):
 
     async def count(self) -> int:
         """The number of live keys of the namespace."""
-        return await self._run(self._core.count())  # type: ignore[no-any-return]
+        return await self._run(self._core.count())

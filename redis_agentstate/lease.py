@@ -370,6 +370,10 @@ class _LeaseBase(Generic[S]):
         if not ok:
             self.check()  # raises LeaseLost
 
+    def _write_args(self, replace_history: bool) -> dict[str, Any]:
+        """A lease's commit and finalize are both the fenced commit of its claim."""
+        return {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history}
+
     def _write_failed(self) -> None:
         with self._lock:
             self._require().writing = False
@@ -545,16 +549,7 @@ class Lease(_LeaseBase["CheckpointStore"]):
         Raises :class:`LeaseLost` if the lease is lost, before sending
         anything, or if Redis fences the write out.
         """
-        self._check_write(cp, final=False)
-        try:
-            applied = self._store.commit(
-                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-            )
-        except BaseException:
-            self._write_failed()
-            raise
-        self._after_write(applied, "committed")
-        self._stop.set()
+        self._write(cp, final=False, replace_history=replace_history)
 
     def finalize(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle as the task's terminal checkpoint (``terminal_result`` required).
@@ -562,15 +557,16 @@ class Lease(_LeaseBase["CheckpointStore"]):
         One fenced write: the claim ends and the task becomes terminal
         atomically, so no other worker can claim a further cycle in between.
         """
-        self._check_write(cp, final=True)
+        self._write(cp, final=True, replace_history=replace_history)
+
+    def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
+        self._check_write(cp, final=final)
         try:
-            applied = self._store.commit(
-                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-            )
+            applied = self._store.commit(cp, **self._write_args(replace_history))
         except BaseException:
             self._write_failed()
             raise
-        self._after_write(applied, "finalized")
+        self._after_write(applied, "finalized" if final else "committed")
         self._stop.set()
 
     def release(self, *, after_ms: int = 1) -> bool:
@@ -751,29 +747,20 @@ class AsyncLease(_LeaseBase["AsyncCheckpointStore"]):
 
     async def commit(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle; ends the lease (see :meth:`Lease.commit`)."""
-        self._check_write(cp, final=False)
-        try:
-            applied = await self._store.commit(
-                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-            )
-        except BaseException:
-            self._write_failed()
-            raise
-        self._after_write(applied, "committed")
-        if self._stop is not None:
-            self._stop.set()
+        await self._write(cp, final=False, replace_history=replace_history)
 
     async def finalize(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle as the terminal checkpoint (see :meth:`Lease.finalize`)."""
-        self._check_write(cp, final=True)
+        await self._write(cp, final=True, replace_history=replace_history)
+
+    async def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
+        self._check_write(cp, final=final)
         try:
-            applied = await self._store.commit(
-                cp, token=self.token, expected_revision=self.revision, replace_history=replace_history
-            )
+            applied = await self._store.commit(cp, **self._write_args(replace_history))
         except BaseException:
             self._write_failed()
             raise
-        self._after_write(applied, "finalized")
+        self._after_write(applied, "finalized" if final else "committed")
         if self._stop is not None:
             self._stop.set()
 

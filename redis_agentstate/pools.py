@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import scripts
-from ._ops import RetryPolicy, check_client, run_async, run_sync
+from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._pool_core import DEFAULT_MAX_RECORD_BYTES, POOL_SCRIPTS, PoolCore
 from .pool_models import (
     Cursor,
@@ -39,7 +38,7 @@ def block_slice_ms(client: Any) -> int | None:
     return None if timeout is None else max(1, int(timeout * 1000) // 2)
 
 
-class _Base:
+class _Pools(StoreShell[PoolCore]):
     def __init__(
         self,
         client: Any,
@@ -49,27 +48,16 @@ class _Base:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         retry: RetryPolicy | None = None,
     ) -> None:
-        check_client(client)
-        self._core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes)
-        self._client = client
-        self._scripts = scripts.register(client, POOL_SCRIPTS)
-        self._retry = retry or RetryPolicy()
+        core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes)
+        super().__init__(client, core, POOL_SCRIPTS, retry)
         self._slice_ms = block_slice_ms(client)
-
-    @property
-    def namespace(self) -> str:
-        return self._core.keys.namespace
 
     @property
     def max_records(self) -> int | None:
         return self._core.max_records
 
-    @property
-    def client(self) -> Any:
-        return self._client
 
-
-class PoolStore(_Base):
+class PoolStore(_Pools, SyncShell[PoolCore]):
     """Agent pools (the seed's ``AgentPoolStore``) on a ``redis.Redis`` / ``RedisCluster`` client.
 
     State lives in hashes, the record log in a Redis Stream; every state
@@ -80,50 +68,47 @@ class PoolStore(_Base):
     to re-send).
     """
 
-    def _run(self, op: Any) -> Any:
-        return run_sync(self._client, self._scripts, self._retry, op)
-
     def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
         """Open the pool (appending ``pool_opened`` if new); ``ConfigConflict`` if open with another config."""
-        return self._run(self._core.open(pool_id, config))  # type: ignore[no-any-return]
+        return self._run(self._core.open(pool_id, config))
 
     def snapshot(self, pool_id: str) -> PoolSnapshot:
         """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
-        return self._run(self._core.snapshot(pool_id))  # type: ignore[no-any-return]
+        return self._run(self._core.snapshot(pool_id))
 
     def record_created(self, pool_id: str) -> Cursor:
         """Mark the pool created and append ``pool_created``."""
-        return self._run(self._core.record_created(pool_id))  # type: ignore[no-any-return]
+        return self._run(self._core.record_created(pool_id))
 
     def join(self, pool_id: str, member: PoolMember) -> Cursor:
         """Add (or replace) a member and append ``member_joined``."""
-        return self._run(self._core.join(pool_id, member))  # type: ignore[no-any-return]
+        return self._run(self._core.join(pool_id, member))
 
     def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
         """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
-        return self._run(self._core.leave(pool_id, run_id))  # type: ignore[no-any-return]
+        return self._run(self._core.leave(pool_id, run_id))
 
     def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
         """The receipt first recorded under ``idempotency_key``, or None."""
-        return self._run(self._core.message_receipt(pool_id, idempotency_key))  # type: ignore[no-any-return]
+        return self._run(self._core.message_receipt(pool_id, idempotency_key))
 
     def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Cursor:
         """Store the message and append ``run_message``; a recorded idempotency key returns the first cursor."""
-        return self._run(self._core.record_message(pool_id, message, receipt))  # type: ignore[no-any-return]
+        return self._run(self._core.record_message(pool_id, message, receipt))
 
     def wake_registration(self, pool_id: str, idempotency_key: str) -> WakeRegistration | None:
         """The registration first recorded under ``idempotency_key``, or None."""
-        return self._run(self._core.wake_registration(pool_id, idempotency_key))  # type: ignore[no-any-return]
+        return self._run(self._core.wake_registration(pool_id, idempotency_key))
 
     def wake(self, pool_id: str, condition_id: str) -> StoredWake | None:
         """The stored wake condition ``condition_id``, or None."""
-        return self._run(self._core.wake(pool_id, condition_id))  # type: ignore[no-any-return]
+        return self._run(self._core.wake(pool_id, condition_id))
 
     def record_wake(
         self, pool_id: str, condition: WakeCondition, compiled_filter: Any, registration: WakeRegistration
     ) -> Cursor:
         """Store the wake condition and append ``wake``; a recorded idempotency key returns the first cursor."""
-        return self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))  # type: ignore[no-any-return]
+        return self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))
 
     def watch(
         self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
@@ -135,64 +120,61 @@ class PoolStore(_Base):
         ``CursorExpired`` if retention trimmed records after ``after``.
         """
         op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
-        return self._run(op)  # type: ignore[no-any-return]
+        return self._run(op)
 
     def next_event_sequence(self, pool_id: str) -> int:
         """The pool's next event number: 1, 2, 3, ... (no record appended)."""
-        return self._run(self._core.next_event_sequence(pool_id))  # type: ignore[no-any-return]
+        return self._run(self._core.next_event_sequence(pool_id))
 
     def list(self) -> list[str]:
         """Every pool id of the namespace, sorted."""
-        return self._run(self._core.list())  # type: ignore[no-any-return]
+        return self._run(self._core.list())
 
 
-class AsyncPoolStore(_Base):
+class AsyncPoolStore(_Pools, AsyncShell[PoolCore]):
     """The asyncio twin of :class:`PoolStore` (``redis.asyncio`` clients)."""
-
-    async def _run(self, op: Any) -> Any:
-        return await run_async(self._client, self._scripts, self._retry, op)
 
     async def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
         """Open the pool (appending ``pool_opened`` if new); ``ConfigConflict`` if open with another config."""
-        return await self._run(self._core.open(pool_id, config))  # type: ignore[no-any-return]
+        return await self._run(self._core.open(pool_id, config))
 
     async def snapshot(self, pool_id: str) -> PoolSnapshot:
         """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
-        return await self._run(self._core.snapshot(pool_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.snapshot(pool_id))
 
     async def record_created(self, pool_id: str) -> Cursor:
         """Mark the pool created and append ``pool_created``."""
-        return await self._run(self._core.record_created(pool_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.record_created(pool_id))
 
     async def join(self, pool_id: str, member: PoolMember) -> Cursor:
         """Add (or replace) a member and append ``member_joined``."""
-        return await self._run(self._core.join(pool_id, member))  # type: ignore[no-any-return]
+        return await self._run(self._core.join(pool_id, member))
 
     async def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
         """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
-        return await self._run(self._core.leave(pool_id, run_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.leave(pool_id, run_id))
 
     async def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
         """The receipt first recorded under ``idempotency_key``, or None."""
-        return await self._run(self._core.message_receipt(pool_id, idempotency_key))  # type: ignore[no-any-return]
+        return await self._run(self._core.message_receipt(pool_id, idempotency_key))
 
     async def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Cursor:
         """Store the message and append ``run_message``; a recorded idempotency key returns the first cursor."""
-        return await self._run(self._core.record_message(pool_id, message, receipt))  # type: ignore[no-any-return]
+        return await self._run(self._core.record_message(pool_id, message, receipt))
 
     async def wake_registration(self, pool_id: str, idempotency_key: str) -> WakeRegistration | None:
         """The registration first recorded under ``idempotency_key``, or None."""
-        return await self._run(self._core.wake_registration(pool_id, idempotency_key))  # type: ignore[no-any-return]
+        return await self._run(self._core.wake_registration(pool_id, idempotency_key))
 
     async def wake(self, pool_id: str, condition_id: str) -> StoredWake | None:
         """The stored wake condition ``condition_id``, or None."""
-        return await self._run(self._core.wake(pool_id, condition_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.wake(pool_id, condition_id))
 
     async def record_wake(
         self, pool_id: str, condition: WakeCondition, compiled_filter: Any, registration: WakeRegistration
     ) -> Cursor:
         """Store the wake condition and append ``wake``; a recorded idempotency key returns the first cursor."""
-        return await self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))  # type: ignore[no-any-return]
+        return await self._run(self._core.record_wake(pool_id, condition, compiled_filter, registration))
 
     async def watch(
         self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
@@ -205,12 +187,12 @@ class AsyncPoolStore(_Base):
         retention trimmed records after ``after``.
         """
         op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
-        return await self._run(op)  # type: ignore[no-any-return]
+        return await self._run(op)
 
     async def next_event_sequence(self, pool_id: str) -> int:
         """The pool's next event number: 1, 2, 3, ... (no record appended)."""
-        return await self._run(self._core.next_event_sequence(pool_id))  # type: ignore[no-any-return]
+        return await self._run(self._core.next_event_sequence(pool_id))
 
     async def list(self) -> list[str]:
         """Every pool id of the namespace, sorted."""
-        return await self._run(self._core.list())  # type: ignore[no-any-return]
+        return await self._run(self._core.list())
