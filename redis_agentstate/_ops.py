@@ -11,13 +11,14 @@ and no rule can drift between them.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import random
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import redis.exceptions as rex
 from tenacity import (
@@ -221,12 +222,42 @@ def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
     return found
 
 
-def check_client(client: Any) -> None:
-    """Refuse a client that would decode our binary blobs as text."""
+def is_asyncio_client(client: Any) -> bool:
+    """True for a ``redis.asyncio`` client (plain or cluster, fakeredis' too), False for a sync one."""
+    import redis
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
+        return True
+    if isinstance(client, (redis.Redis, RedisCluster)):
+        return False
+    # A wrapper or look-alike: its commands are coroutines or they are not.
+    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+
+
+def check_client(client: Any, *, want_asyncio: bool | None = None) -> None:
+    """Refuse a client that would decode our binary blobs as text, or of the wrong flavor.
+
+    ``want_asyncio``: True for an async store (needs a ``redis.asyncio`` client), False for a
+    sync store; a mismatch would otherwise surface much later as a ``TypeError`` or a
+    misleading ``CorruptState`` (a coroutine object read as a reply).
+    """
     try:
         decode = client.get_encoder().decode_responses
     except AttributeError as exc:
         raise InvalidArgument(f"expected a redis-py client, got {type(client).__name__}") from exc
+    if want_asyncio is not None and is_asyncio_client(client) != want_asyncio:
+        if want_asyncio:
+            raise InvalidArgument(
+                f"an async store needs a redis.asyncio client (redis.asyncio.Redis or "
+                f"redis.asyncio.cluster.RedisCluster), got the sync {type(client).__module__}.{type(client).__name__}"
+            )
+        raise InvalidArgument(
+            f"a sync store needs a sync client (redis.Redis or redis.cluster.RedisCluster), got the asyncio "
+            f"{type(client).__module__}.{type(client).__name__}; use the Async... store with it"
+        )
     if decode:
         raise InvalidArgument(
             "the Redis client has decode_responses=True; redis_agentstate stores binary "
@@ -269,11 +300,15 @@ class StoreShell(Generic[C]):
     """What every store holds: its core, the client, the client's registered scripts, the retry policy.
 
     A store class is ``(<its own __init__ building the core>, SyncShell)`` or
-    ``(..., AsyncShell)``; the only difference between the twins is ``_run``.
+    ``(..., AsyncShell)``; the only difference between the twins is ``_run`` (and the
+    client flavor each accepts).
     """
 
+    #: True: needs a ``redis.asyncio`` client; False: a sync one (set by the twins).
+    _ASYNCIO: ClassVar[bool | None] = None
+
     def __init__(self, client: Any, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
-        check_client(client)
+        check_client(client, want_asyncio=self._ASYNCIO)
         self._core: C = core
         self._client = client
         self._scripts: dict[str, Any] = scripts.register(client, script_names)
@@ -289,10 +324,14 @@ class StoreShell(Generic[C]):
 
 
 class SyncShell(StoreShell[C]):
+    _ASYNCIO = False
+
     def _run(self, op: Op[T]) -> T:
         return run_sync(self._client, self._scripts, self._retry, op)
 
 
 class AsyncShell(StoreShell[C]):
+    _ASYNCIO = True
+
     async def _run(self, op: Op[T]) -> T:
         return await run_async(self._client, self._scripts, self._retry, op)
