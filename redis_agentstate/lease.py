@@ -438,7 +438,9 @@ class _LeaseBase(Generic[S]):
 
     def _should_release(self) -> bool:
         state = self._state
-        return self._release_on_exit and state is not None and state.ended is None and not state.is_lost(self._clock.now())
+        return (
+            self._release_on_exit and state is not None and state.ended is None and not state.is_lost(self._clock.now())
+        )
 
 
 class _Call:

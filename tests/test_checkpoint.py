@@ -757,7 +757,7 @@ class TestBadInput:
         ):
             with pytest.raises(InvalidArgument, match="sync store needs a sync client"):
                 sync_cls(async_client)
-            with pytest.raises(InvalidArgument, match="async store needs a redis.asyncio client"):
+            with pytest.raises(InvalidArgument, match=r"async store needs a redis\.asyncio client"):
                 async_cls(sync_client)
             sync_cls(sync_client)  # the right flavors still work
             async_cls(async_client)

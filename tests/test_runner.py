@@ -131,9 +131,7 @@ def test_a_handler_that_compacts_history_commits_with_replace_history(sync_store
     # Before: StepResult had no replace_history, so a compacting handler's commit was refused
     # (history shrank) and the cycle was released and retried forever.
     sync_store.create(Checkpoint("t", messages=[{"n": i} for i in range(5)], cycles=[{"c": 0}]))
-    stats = Runner(sync_store, compacting_step, handle_signals=False, failure_delay_ms=60_000).run(
-        stop_when_idle=True
-    )
+    stats = Runner(sync_store, compacting_step, handle_signals=False, failure_delay_ms=60_000).run(stop_when_idle=True)
     assert (stats.committed, stats.finalized, stats.failed) == (1, 1, 0)
     cp = sync_store.load("t")
     assert cp.is_terminal and cp.messages == [{"summary": "5 messages"}, {"cycle": 2}]
