@@ -17,7 +17,8 @@ Exit status: 0 on success, 1 on an error (one line on stderr, ``agentstate: ...`
 with ``--json`` that line is a JSON object ``{"error": {"type": ..., "message": ...}}``
 on stderr, so stdout only ever carries the data asked for), 2 on a usage error
 (argparse), 130 on Ctrl-C, and 141 (128 + SIGPIPE) when the reader of stdout went
-away (``agentstate list | head``), quietly, as other Unix tools do.
+away (``agentstate list | head``), quietly, as other Unix tools do. An unexpected
+exception is reported the same way; set ``AGENTSTATE_TRACEBACK=1`` to see its traceback.
 
 Human output escapes control characters in ids and values (``\\n``, ``\\x1b``,
 ``\\u202e``...), so a hostile task id cannot forge a table row or drive the
@@ -37,7 +38,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 
@@ -376,16 +377,32 @@ def _positive(value: str) -> int:
     return n
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors reported like every other error: one line (exit status 2)."""
+
+    #: Set by :func:`main` from the raw arguments (parsing failed, so no parsed --json).
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        text = f"{message} (see: {self.prog} --help)"
+        if self.json_errors:
+            line = json.dumps({"error": {"type": "Usage", "message": text}}, ensure_ascii=False)
+        else:
+            line = f"{self.prog}: {esc(text)}"
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # The demo's parent lacks --namespace (its default differs) and --cluster (it runs on one Redis).
-    demo_common = argparse.ArgumentParser(add_help=False)
+    demo_common = _Parser(add_help=False)
     demo_common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
     demo_common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    common = argparse.ArgumentParser(add_help=False, parents=[demo_common])
+    common = _Parser(add_help=False, parents=[demo_common])
     common.add_argument("--namespace", default=argparse.SUPPRESS, help=f"key namespace (default: {DEFAULT_NAMESPACE})")
     common.add_argument("--cluster", action="store_true", default=argparse.SUPPRESS, help="the URL is a Redis Cluster")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="agentstate", description="Durable, fenced state for fleets of AI-agent workers on Redis.",
         parents=[common],
     )  # fmt: skip
@@ -452,6 +469,8 @@ EXIT_BROKEN_PIPE = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
     # Common options may come before or after the command; unset ones default here (the parsers
     # share their actions, so per-parser defaults would overwrite each other).

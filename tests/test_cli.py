@@ -381,6 +381,15 @@ def _json_error(proc: subprocess.CompletedProcess[str], kind: str) -> dict[str, 
     return error
 
 
+def test_usage_errors_are_one_line_too() -> None:
+    for argv, needle in ((["lst"], "invalid choice: 'lst'"), (["list", "--limit", "0"], "must be >= 1, got 0")):
+        proc = agentstate(*argv)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("agentstate") and needle in proc.stderr and "--help)" in proc.stderr
+    proc = agentstate("--json", "list", "--bogus")
+    assert proc.returncode == 2 and json.loads(proc.stderr)["error"]["type"] == "Usage"
+
+
 def test_a_bad_url_is_a_one_line_error_without_the_password() -> None:
     _one_line_error(agentstate("list", "--url", "notaurl"), "bad Redis URL 'notaurl'")
     proc = agentstate("list", "--url", "redis://user:hunter2@host:notaport/0")
