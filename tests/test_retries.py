@@ -392,14 +392,30 @@ def test_pause_never_lets_an_attempt_start_after_the_deadline() -> None:
 
 
 class Blackhole:
-    """A TCP server that accepts connections and never answers (a frozen or partitioned Redis);
-    ``connections`` counts the attempts, since redis-py drops a connection that timed out."""
+    """Where a call can only time out.
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self.port = self.listener.getsockname()[1]
+    ``silent``: a TCP server that accepts connections and never answers (a frozen Redis, or a
+    partition after the handshake); ``connections`` counts the attempts, since redis-py drops a
+    connection that timed out. ``unreachable``: a listener whose accept queue is full, so the
+    kernel drops new SYNs and every connect times out (a blackholed address).
+    """
+
+    def __init__(self, kind: str = "silent") -> None:
+        self.kind = kind
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        if kind == "silent":
+            self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+            self.port = self.listener.getsockname()[1]
+            threading.Thread(target=self._accept, daemon=True).start()
+            return
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+        self.port = self.listener.getsockname()[1]
+        filler = socket.create_connection(("127.0.0.1", self.port), timeout=2)  # fills the queue
+        self.held.append(filler)
+        probe = socket.socket()
+        probe.settimeout(0.2)
+        with probe, pytest.raises(OSError):  # proves SYNs are now dropped
+            probe.connect(("127.0.0.1", self.port))
 
     def _accept(self) -> None:
         while True:
@@ -421,7 +437,14 @@ class Blackhole:
 
 @pytest.fixture
 def blackhole() -> Iterator[Blackhole]:
-    b = Blackhole()
+    b = Blackhole("silent")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def unreachable() -> Iterator[Blackhole]:
+    b = Blackhole("unreachable")
     yield b
     b.close()
 
@@ -480,6 +503,17 @@ def test_a_call_against_a_blackhole_ends_within_max_delay_plus_one_attempt(
     # Attempts of ~TIMEOUT each kept starting until the deadline, and none after it.
     assert 2 <= blackhole.connections <= int(policy.max_delay_s / TIMEOUT) + 1
     assert elapsed >= policy.max_delay_s - policy.max_wait_s  # gave up only when no attempt could start in time
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize("max_delay_s", [0.0, 1.0])
+def test_a_call_to_a_blackholed_address_ends_within_max_delay_plus_one_attempt(
+    flavor: str, max_delay_s: float, unreachable: Blackhole, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    # Every connect times out (socket_connect_timeout): attempts of ~TIMEOUT until the deadline.
+    policy = RetryPolicy(attempts=10_000, max_delay_s=max_delay_s, max_wait_s=0.05, multiplier_s=0.05)
+    elapsed = _timed_call(flavor, unreachable.port, policy, twin_loop)
+    assert TIMEOUT * 0.9 <= elapsed <= policy.max_delay_s + 2 * TIMEOUT + MARGIN
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
