@@ -11,13 +11,14 @@ and no rule can drift between them.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import random
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import redis.exceptions as rex
 from tenacity import (
@@ -25,7 +26,7 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
     wait_random_exponential,
 )
 
@@ -73,8 +74,15 @@ _TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.TryAgainError, rex.Clus
 class RetryPolicy:
     """Bounded, jittered retries of transient connection errors.
 
-    ``attempts`` counts the first try; ``max_delay_s`` caps the whole retrying;
-    waits are full-jitter exponential between 0 and ``max_wait_s``.
+    ``attempts`` counts the first try; waits are full-jitter exponential between 0
+    and ``max_wait_s``. ``max_delay_s`` is a deadline counted from the start of the
+    call: no wait ends, and no attempt starts, after it. So a call returns or raises
+    within ``max_delay_s`` plus the duration of one attempt, and one attempt is one
+    redis-py call, bounded by the client's own settings: its ``Retry`` (redis-py 8
+    retries 10 times by default, with backoff up to 1 s) and its
+    ``socket_connect_timeout``/``socket_timeout`` (5 s by default). Build the client
+    with ``retry=Retry(NoBackoff(), 0)`` and explicit timeouts to make the bound
+    ``max_delay_s + socket_connect_timeout + socket_timeout`` (see README, "Retries").
     """
 
     attempts: int = 3
@@ -91,14 +99,34 @@ class RetryPolicy:
                 raise InvalidArgument(f"RetryPolicy.{name} must be >= 0")
 
     def first_wait(self) -> float:
-        """Jittered pause before the first re-send (the later ones are tenacity's)."""
-        return random.uniform(0, min(self.max_wait_s, self.multiplier_s))
+        """Jittered pause before the first re-send."""
+        return self.wait(1)
 
+    def wait(self, failures: int) -> float:
+        """Full-jitter exponential pause after ``failures`` failed attempts (``failures >= 1``)."""
+        return random.uniform(0, min(self.max_wait_s, self.multiplier_s * 2 ** min(failures - 1, 60)))
+
+    def pause(self, failures: int, started: float, now: float) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up.
+
+        ``started``/``now`` are :func:`time.monotonic` readings: the call's start and the
+        moment its ``failures``-th attempt failed. None once the attempts are spent or when
+        the next attempt would start after the deadline ``started + max_delay_s``.
+        """
+        if failures >= self.attempts:
+            return None
+        pause = self.wait(failures)
+        if now + pause > started + self.max_delay_s:
+            return None
+        return pause
+
+    # The stores' own loop is ``pause`` (below ``run_sync``/``run_async``); these build the
+    # equivalent tenacity retrier for callers who want one.
     def _kwargs(self, retries: bool) -> dict[str, Any]:
         # ``retries``: the first attempt already failed outside tenacity.
         attempts = self.attempts - 1 if retries else self.attempts
         return {
-            "stop": stop_after_attempt(attempts) | stop_after_delay(self.max_delay_s),
+            "stop": stop_after_attempt(attempts) | stop_before_delay(self.max_delay_s),
             "wait": wait_random_exponential(multiplier=self.multiplier_s, max=self.max_wait_s),
             "retry": retry_if_exception_type(self.retry_on),
             "reraise": True,
@@ -143,17 +171,19 @@ async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any
 
 
 def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
-    # The first try runs outside tenacity: the happy path pays no retry bookkeeping.
-    try:
-        return _send_sync(client, scripts, req)
-    except retry.retry_on:
-        if retry.attempts == 1:
-            raise
-    time.sleep(retry.first_wait())
-    for attempt in retry.sync(retries=True):
-        with attempt:
+    # The deadline counts from here, so the first attempt's own time (redis-py's internal
+    # retries, connect timeouts) is inside max_delay_s, not on top of it.
+    started = time.monotonic()
+    failures = 0
+    while True:
+        try:
             return _send_sync(client, scripts, req)
-    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        except retry.retry_on:
+            failures += 1
+            pause = retry.pause(failures, started, time.monotonic())
+            if pause is None:
+                raise
+        time.sleep(pause)
 
 
 def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
@@ -173,16 +203,17 @@ def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]
 
 
 async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
-    try:
-        return await _send_async(client, scripts, req)
-    except retry.retry_on:
-        if retry.attempts == 1:
-            raise
-    await asyncio.sleep(retry.first_wait())
-    async for attempt in retry.asyncio(retries=True):
-        with attempt:
+    started = time.monotonic()
+    failures = 0
+    while True:
+        try:
             return await _send_async(client, scripts, req)
-    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        except retry.retry_on:
+            failures += 1
+            pause = retry.pause(failures, started, time.monotonic())
+            if pause is None:
+                raise
+        await asyncio.sleep(pause)
 
 
 async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
@@ -221,12 +252,42 @@ def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
     return found
 
 
-def check_client(client: Any) -> None:
-    """Refuse a client that would decode our binary blobs as text."""
+def is_asyncio_client(client: Any) -> bool:
+    """True for a ``redis.asyncio`` client (plain or cluster, fakeredis' too), False for a sync one."""
+    import redis
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
+        return True
+    if isinstance(client, (redis.Redis, RedisCluster)):
+        return False
+    # A wrapper or look-alike: its commands are coroutines or they are not.
+    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+
+
+def check_client(client: Any, *, want_asyncio: bool | None = None) -> None:
+    """Refuse a client that would decode our binary blobs as text, or of the wrong flavor.
+
+    ``want_asyncio``: True for an async store (needs a ``redis.asyncio`` client), False for a
+    sync store; a mismatch would otherwise surface much later as a ``TypeError`` or a
+    misleading ``CorruptState`` (a coroutine object read as a reply).
+    """
     try:
         decode = client.get_encoder().decode_responses
     except AttributeError as exc:
         raise InvalidArgument(f"expected a redis-py client, got {type(client).__name__}") from exc
+    if want_asyncio is not None and is_asyncio_client(client) != want_asyncio:
+        if want_asyncio:
+            raise InvalidArgument(
+                f"an async store needs a redis.asyncio client (redis.asyncio.Redis or "
+                f"redis.asyncio.cluster.RedisCluster), got the sync {type(client).__module__}.{type(client).__name__}"
+            )
+        raise InvalidArgument(
+            f"a sync store needs a sync client (redis.Redis or redis.cluster.RedisCluster), got the asyncio "
+            f"{type(client).__module__}.{type(client).__name__}; use the Async... store with it"
+        )
     if decode:
         raise InvalidArgument(
             "the Redis client has decode_responses=True; redis_agentstate stores binary "
@@ -269,11 +330,15 @@ class StoreShell(Generic[C]):
     """What every store holds: its core, the client, the client's registered scripts, the retry policy.
 
     A store class is ``(<its own __init__ building the core>, SyncShell)`` or
-    ``(..., AsyncShell)``; the only difference between the twins is ``_run``.
+    ``(..., AsyncShell)``; the only difference between the twins is ``_run`` (and the
+    client flavor each accepts).
     """
 
+    #: True: needs a ``redis.asyncio`` client; False: a sync one (set by the twins).
+    _ASYNCIO: ClassVar[bool | None] = None
+
     def __init__(self, client: Any, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
-        check_client(client)
+        check_client(client, want_asyncio=self._ASYNCIO)
         self._core: C = core
         self._client = client
         self._scripts: dict[str, Any] = scripts.register(client, script_names)
@@ -289,10 +354,14 @@ class StoreShell(Generic[C]):
 
 
 class SyncShell(StoreShell[C]):
+    _ASYNCIO = False
+
     def _run(self, op: Op[T]) -> T:
         return run_sync(self._client, self._scripts, self._retry, op)
 
 
 class AsyncShell(StoreShell[C]):
+    _ASYNCIO = True
+
     async def _run(self, op: Op[T]) -> T:
         return await run_async(self._client, self._scripts, self._retry, op)

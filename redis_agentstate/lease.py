@@ -62,6 +62,7 @@ __all__ = [
     "DEFAULT_LEASE_MS",
     "JITTER_FACTOR",
     "AsyncLease",
+    "Clock",
     "Lease",
     "LeaseState",
     "LeaseTiming",
@@ -82,6 +83,24 @@ def monotonic() -> float:
     if _CLOCK_ID is not None:
         return time.clock_gettime(_CLOCK_ID)
     return time.monotonic()
+
+
+class Clock:
+    """Where a lease keeper reads the time and waits: :func:`monotonic` and ``Event.wait``.
+
+    A test passes its own (``Lease(..., clock=...)``) to drive the keeper's
+    decisions deterministically, whatever the machine's load.
+    """
+
+    def now(self) -> float:
+        return monotonic()
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """Wait until ``event`` is set or ``timeout`` seconds passed on this clock; True if set."""
+        return event.wait(timeout)
+
+
+SYSTEM_CLOCK = Clock()
 
 
 def new_token() -> str:
@@ -248,8 +267,10 @@ class _LeaseBase(Generic[S]):
         renew_deadline_ms: int | None,
         on_lost: Callable[[Any], None] | None,
         release_on_exit: bool,
+        clock: Clock | None = None,
     ) -> None:
         self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
+        self._clock = clock or SYSTEM_CLOCK
         self.task_id = task_id
         self.cycle_index = check_int(cycle_index, "cycle_index", 1, 2**32 - 1)
         self.token = token if token is not None else new_token()
@@ -287,11 +308,11 @@ class _LeaseBase(Generic[S]):
     @property
     def lost(self) -> bool:
         """True once the lease is lost (also when the deadline passed and the keeper has not woken yet)."""
-        return self._state is not None and self._state.is_lost(monotonic())
+        return self._state is not None and self._state.is_lost(self._clock.now())
 
     @property
     def lost_reason(self) -> str | None:
-        return None if self._state is None else self._state.loss_reason(monotonic())
+        return None if self._state is None else self._state.loss_reason(self._clock.now())
 
     @property
     def ended(self) -> str | None:
@@ -300,12 +321,12 @@ class _LeaseBase(Generic[S]):
 
     def remaining_s(self) -> float:
         """Seconds left before the keeper's deadline, on the local monotonic clock."""
-        return 0.0 if self._state is None else self._state.time_left(monotonic())
+        return 0.0 if self._state is None else self._state.time_left(self._clock.now())
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost (or already over); else return."""
         state = self._require()
-        reason = state.loss_reason(monotonic())
+        reason = state.loss_reason(self._clock.now())
         if reason is not None:
             self._lose(reason)
             raise LeaseLost(self._describe(f"lease lost: {reason}"), task_id=self.task_id, revision=self.revision)
@@ -395,7 +416,7 @@ class _LeaseBase(Generic[S]):
         """Apply a renewal reply; False when the keeper must stop (lost)."""
         state = self._require()
         with self._lock:
-            reason = state.renewed(sent_at, monotonic(), expires_at_ms)
+            reason = state.renewed(sent_at, self._clock.now(), expires_at_ms)
         if reason is not None:
             self._lose(reason)
             return False
@@ -404,7 +425,7 @@ class _LeaseBase(Generic[S]):
     def _on_renew_error(self, exc: BaseException) -> bool:
         state = self._require()
         with self._lock:
-            reason = state.renew_failed(monotonic(), exc)
+            reason = state.renew_failed(self._clock.now(), exc)
         if reason is not None:
             self._lose(reason)
             return False
@@ -417,7 +438,9 @@ class _LeaseBase(Generic[S]):
 
     def _should_release(self) -> bool:
         state = self._state
-        return self._release_on_exit and state is not None and state.ended is None and not state.is_lost(monotonic())
+        return (
+            self._release_on_exit and state is not None and state.ended is None and not state.is_lost(self._clock.now())
+        )
 
 
 class _Call:
@@ -448,7 +471,8 @@ class Lease(_LeaseBase["CheckpointStore"]):
     set at the same moment for work that wants to wait on it. Leaving the
     ``with`` block without a commit or finalize releases the claim at once so
     another worker can take the cycle (``release_on_exit=False`` lets it
-    expire instead).
+    expire instead). ``clock`` replaces the keeper's time source and waits
+    (:class:`Clock`; for tests).
     """
 
     def __init__(
@@ -463,10 +487,11 @@ class Lease(_LeaseBase["CheckpointStore"]):
         renew_deadline_ms: int | None = None,
         on_lost: Callable[[Lease], None] | None = None,
         release_on_exit: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(
             store, task_id, cycle_index, token=token, lease_ms=lease_ms, renew_interval_ms=renew_interval_ms,
-            renew_deadline_ms=renew_deadline_ms, on_lost=on_lost, release_on_exit=release_on_exit,
+            renew_deadline_ms=renew_deadline_ms, on_lost=on_lost, release_on_exit=release_on_exit, clock=clock,
         )  # fmt: skip
         self.lost_event = threading.Event()
         self._stop = threading.Event()
@@ -483,6 +508,7 @@ class Lease(_LeaseBase["CheckpointStore"]):
         renew_deadline_ms: int | None = None,
         on_lost: Callable[[Lease], None] | None = None,
         release_on_exit: bool = True,
+        clock: Clock | None = None,
     ) -> Lease | None:
         """Claim the next runnable cycle of any task (``claim_next``); None when nothing is due.
 
@@ -490,21 +516,21 @@ class Lease(_LeaseBase["CheckpointStore"]):
         """
         timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
         token = token if token is not None else new_token()
-        sent = monotonic()
+        sent = (clock or SYSTEM_CLOCK).now()
         cp = store.claim_next(token=token, lease_ms=timing.lease_ms)
         if cp is None:
             return None
         lease = cls(
             store, cp.task_id, cp.claimed_cycle or 0, token=token, lease_ms=lease_ms,
             renew_interval_ms=renew_interval_ms, renew_deadline_ms=renew_deadline_ms, on_lost=on_lost,
-            release_on_exit=release_on_exit,
+            release_on_exit=release_on_exit, clock=clock,
         )  # fmt: skip
         lease._adopt(cp, sent)
         return lease
 
     def __enter__(self) -> Lease:
         if self._state is None:
-            sent = monotonic()
+            sent = self._clock.now()
             self._adopt(
                 self._store.claim(self.task_id, self.cycle_index, token=self.token, lease_ms=self.timing.lease_ms),
                 sent,
@@ -579,7 +605,7 @@ class Lease(_LeaseBase["CheckpointStore"]):
             state.end("released")  # the keeper sends no further renewal...
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=state.time_left(monotonic()))  # ...and one in flight lands first
+            self._thread.join(timeout=state.time_left(self._clock.now()))  # ...and one in flight lands first
         return self._store.renew_until(self.task_id, **args) is not None
 
     def _keep(self) -> None:
@@ -587,22 +613,22 @@ class Lease(_LeaseBase["CheckpointStore"]):
         try:
             while True:
                 with self._lock:
-                    step, delay = state.next_step(monotonic())
+                    step, delay = state.next_step(self._clock.now())
                 if step == STOP:
                     return
                 if step == LOST:
-                    self._lose(state.loss_reason(monotonic()) or "lease deadline passed")
+                    self._lose(state.loss_reason(self._clock.now()) or "lease deadline passed")
                     return
                 if step == WAIT:
-                    self._stop.wait(delay)
+                    self._clock.wait(self._stop, delay)
                     continue
-                sent = monotonic()
+                sent = self._clock.now()
                 call = _Call(
                     lambda: self._store.renew_until(
                         self.task_id, token=self.token, expected_revision=self.revision, lease_ms=self.timing.lease_ms
                     )
                 )
-                if not call.done.wait(state.time_left(sent)):
+                if not self._clock.wait(call.done, state.time_left(sent)):
                     self._lose("no renewal confirmed before the lease deadline (Redis did not answer in time)")
                     return
                 if call.error is not None:

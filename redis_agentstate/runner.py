@@ -11,7 +11,8 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
   ``shared_state``, set ``status``.
 * Return ``StepResult(cp)`` to commit the cycle, ``StepResult(cp, done=True)``
   to finish the task (``cp.terminal_result`` must be set; the commit and the
-  terminal state are one fenced write). Returning a bare ``Checkpoint`` means
+  terminal state are one fenced write). A handler that rewrote the history
+  (compaction) returns ``StepResult(cp, replace_history=True)``. Returning a bare ``Checkpoint`` means
   ``done = cp.terminal_result is not None``. The runner sets
   ``cycle_index`` to the claimed cycle before writing; claim fields are ignored.
 * Raising fails the cycle: it is logged with its traceback and released, to
@@ -59,10 +60,16 @@ log = logging.getLogger("redis_agentstate.runner")
 
 @dataclass
 class StepResult:
-    """What a handler returns: the checkpoint after this cycle, and whether the task is done."""
+    """What a handler returns: the checkpoint after this cycle, and whether the task is done.
+
+    ``replace_history=True`` stores ``checkpoint.messages``/``cycles`` as the whole history
+    (e.g. after compacting or summarising it) instead of appending what was added since the
+    claim; it is passed to the commit or finalize.
+    """
 
     checkpoint: Checkpoint
     done: bool = False
+    replace_history: bool = False
 
 
 @dataclass
@@ -169,9 +176,16 @@ class _RunnerBase(Generic[S, H]):
         with self._stats_lock:
             setattr(self.stats, what, getattr(self.stats, what) + 1)
 
-    def _outcome(self, result: object, lease: Lease | AsyncLease) -> tuple[Checkpoint, bool]:
+    def _outcome(self, result: object, lease: Lease | AsyncLease) -> tuple[Checkpoint, bool, bool]:
+        """``(checkpoint to write, done, replace_history)`` from what the handler returned."""
+        replace_history = False
         if isinstance(result, StepResult):
             cp, done = result.checkpoint, bool(result.done)
+            if not isinstance(result.replace_history, bool):
+                raise InvalidArgument(
+                    f"StepResult.replace_history must be a bool, got {type(result.replace_history).__name__}"
+                )
+            replace_history = result.replace_history
         elif isinstance(result, Checkpoint):
             cp, done = result, result.terminal_result is not None
         else:
@@ -181,7 +195,7 @@ class _RunnerBase(Generic[S, H]):
         if done and cp.terminal_result is None:
             raise InvalidArgument("a done StepResult needs checkpoint.terminal_result")
         cp = replace(cp, cycle_index=lease.cycle_index, claim_token=None, claimed_cycle=None, lease_expires_at_ms=None)
-        return cp, done
+        return cp, done, replace_history
 
     def _claim_failed(self, exc: Exception, idle_polls: int) -> float:
         self._count("claim_errors")
@@ -314,7 +328,7 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
             reset = _current.set(lease)
             try:
                 result = self.handler(lease.checkpoint)
-                cp, done = self._outcome(result, lease)
+                cp, done, replace_history = self._outcome(result, lease)
             except LeaseLost as exc:
                 self._lost(clog, lease, cp, exc)
                 return
@@ -327,9 +341,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 _current.reset(reset)
             try:
                 if done:
-                    lease.finalize(cp)
+                    lease.finalize(cp, replace_history=replace_history)
                 else:
-                    lease.commit(cp)
+                    lease.commit(cp, replace_history=replace_history)
             except LeaseLost as exc:
                 self._lost(clog, lease, cp, exc)
                 return
@@ -428,7 +442,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 reset = _current.set(lease)
                 try:
                     result = await self.handler(lease.checkpoint)
-                    cp, done = self._outcome(result, lease)
+                    cp, done, replace_history = self._outcome(result, lease)
                 except LeaseLost:
                     raise
                 except Exception as exc:
@@ -440,9 +454,9 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                     _current.reset(reset)
                 try:
                     if done:
-                        await lease.finalize(cp)
+                        await lease.finalize(cp, replace_history=replace_history)
                     else:
-                        await lease.commit(cp)
+                        await lease.commit(cp, replace_history=replace_history)
                 except LeaseLost:
                     raise
                 except AgentStateError as exc:

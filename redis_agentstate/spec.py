@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .checkpoint import AsyncCheckpointStore, CheckpointStore
 from .errors import InvalidArgument
@@ -24,6 +24,27 @@ SCHEMES = ("redis", "rediss", "unix")
 KINDS = ("redis",)
 
 
+def redact(location: str) -> str:
+    """``location`` with any password (``user:pw@`` or ``?password=``) replaced by ``***``.
+
+    A spec ends up in logs and tracebacks through its repr; the password must not.
+    """
+    try:
+        parts = urlsplit(location)
+        netloc = parts.netloc
+        userinfo, at, hostport = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            if any(k.lower() == "password" for k, _ in pairs):
+                query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:  # not a URL we can take apart: show nothing of it
+        return "<unparseable location>"
+
+
 @dataclass(frozen=True)
 class StoreSpec:
     """Kind, location URL, namespace and topology of a store."""
@@ -33,6 +54,12 @@ class StoreSpec:
     namespace: str = "agentstate"
     cluster: bool = False
 
+    def __repr__(self) -> str:
+        return (
+            f"StoreSpec(kind={self.kind!r}, location={redact(self.location)!r}, "
+            f"namespace={self.namespace!r}, cluster={self.cluster!r})"
+        )
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InvalidArgument(f"state_store.kind must be 'redis', got {self.kind!r}")
@@ -41,7 +68,7 @@ class StoreSpec:
         scheme = urlsplit(self.location).scheme
         if scheme not in SCHEMES:
             raise InvalidArgument(
-                f"state_store.location must be a redis://, rediss:// or unix:// URL, got {self.location!r}"
+                f"state_store.location must be a redis://, rediss:// or unix:// URL, got {redact(self.location)!r}"
             )
         if self.cluster and scheme == "unix":
             raise InvalidArgument("a Redis Cluster cannot be reached over a unix:// socket")

@@ -737,6 +737,31 @@ class TestBadInput:
         with pytest.raises(InvalidArgument, match="decode_responses"):
             CheckpointStore(backend.sync_client(decode_responses=True))
 
+    def test_a_client_of_the_other_flavor_is_refused_at_construction(self, backend: Any) -> None:
+        # Before: the sync store accepted an asyncio client and failed later with a misleading
+        # CorruptState or a raw TypeError, and the async store accepted a sync client.
+        from redis_agentstate import (
+            AsyncCheckpointStore,
+            AsyncKeyValueStore,
+            AsyncPoolStore,
+            CheckpointStore,
+            KeyValueStore,
+            PoolStore,
+        )
+
+        sync_client, async_client = backend.sync_client(), backend.async_client()
+        for sync_cls, async_cls in (
+            (CheckpointStore, AsyncCheckpointStore),
+            (PoolStore, AsyncPoolStore),
+            (KeyValueStore, AsyncKeyValueStore),
+        ):
+            with pytest.raises(InvalidArgument, match="sync store needs a sync client"):
+                sync_cls(async_client)
+            with pytest.raises(InvalidArgument, match=r"async store needs a redis\.asyncio client"):
+                async_cls(sync_client)
+            sync_cls(sync_client)  # the right flavors still work
+            async_cls(async_client)
+
     @pytest.mark.parametrize("ns", ["", "a{b}", "has*star", "back\\slash", 5, "x" * 200, "new\nline"])
     def test_bad_namespace(self, backend: Any, ns: Any) -> None:
         from redis_agentstate import CheckpointStore

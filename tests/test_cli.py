@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,14 +52,25 @@ def test_demo_on_the_embedded_default_exits_0_and_prints_the_table() -> None:
     assert cells["double-applied cycles (must be 0)"] == "0" and cells["lost commits (must be 0)"] == "0"
     assert int(cells["takeovers"]) >= 2 and float(cells["cycles/s"]) > 0
     assert "INVARIANT BROKEN" not in out
+    assert "worker logs" not in proc.stderr  # deleted after a clean run: never point at a missing folder
 
 
 @pytest.mark.real
 @pytest.mark.slow
 def test_demo_json_against_a_given_url(private_server: Any) -> None:
-    proc = agentstate("demo", *SMALL, "--json", "--namespace", "demo-json", "--keep", "--url", private_server.url)
+    proc = agentstate("demo", *SMALL, "--json", "--keep", "--url", private_server.url)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
+    # No --namespace: a fresh demo-<random> one, as --help says, named at the end with the
+    # command that lists what --keep kept (and that command works).
+    ns = report["namespace"]
+    assert ns.startswith("demo-") and ns != "agentstate"
+    command = f"agentstate --url {private_server.url} --namespace {ns} list"
+    assert f"kept 8 task(s) in namespace {ns!r}; list them with:\n  {command}\n" in proc.stderr
+    listed = agentstate(*command.split()[1:])
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1 + 8, listed.stdout + listed.stderr
+    # A clean run deletes its worker logs, so it never names them.
+    assert "worker logs" not in proc.stderr
     assert report["ok"] and report["problems"] == [] and report["worker_failures"] == []
     assert (report["tasks_done"], report["cycles_committed"], report["acked_commits"]) == (8, 40, 40)
     assert report["double_applied"] == 0 and report["lost_commits"] == 0
@@ -67,7 +79,7 @@ def test_demo_json_against_a_given_url(private_server: Any) -> None:
     assert report["takeovers"] >= 2
     assert report["stale_commits_rejected"] + report["late_commits_accepted"] >= 1
     # --keep left the tasks: the stored histories agree with the report.
-    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace="demo-json")
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace=ns)
     cps = {tid: store.load(tid) for tid in store.list()}
     assert len(cps) == 8
     assert sum(cp.revision - 2 * cp.cycle_index for cp in cps.values()) == report["takeovers"]
@@ -227,8 +239,8 @@ def test_watch_prints_the_log_then_follows_it(private_server: Any) -> None:
 
 def test_commands_need_a_url(capsys: Any, monkeypatch: Any) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
-    with pytest.raises(SystemExit, match="no Redis given"):
-        cli_mod.main(["list"])
+    assert cli_mod.main(["list"]) == 1
+    assert capsys.readouterr().err == "agentstate: no Redis given: pass --url redis://host:port/0 or set REDIS_URL\n"
 
 
 def test_unreachable_redis_is_a_clean_error(capsys: Any) -> None:
@@ -288,3 +300,164 @@ def test_embedded_valkey_wheel_when_installed() -> None:
 def test_embedded_rejects_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="prefer must be one of"):
         start_embedded("memcached")
+
+
+# ---- process-level behaviour: pipes, exit codes, one-line errors, hostile ids ----------------------
+
+
+def test_demo_help_states_the_namespace_default_it_uses() -> None:
+    proc = agentstate("demo", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "default: a fresh demo-<random> one" in text and "(default: agentstate)" not in text
+    assert "--cluster" not in text  # the demo runs on one Redis
+
+
+def test_demo_keep_on_the_private_server_says_nothing_is_kept(monkeypatch: Any, capsys: Any) -> None:
+    report = DemoReport(tasks=1, namespace="demo-abc")
+    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: report)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert cli_mod.main(["demo", "--keep"]) == 0
+    err = capsys.readouterr().err
+    assert "namespace 'demo-abc' was on the private server, which stopped" in err and "list them" not in err
+
+
+def test_demo_keep_with_redis_url_prints_a_command_without_the_password(monkeypatch: Any, capsys: Any) -> None:
+    report = DemoReport(tasks=3, namespace="demo-abc")
+    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: report)
+    assert cli_mod.main(["demo", "--keep", "--url", "redis://u:hunter2@h:6379/0"]) == 0
+    err = capsys.readouterr().err
+    assert "agentstate --url 'redis://u:***@h:6379/0' --namespace demo-abc list" in err and "hunter2" not in err
+    monkeypatch.setenv("REDIS_URL", "redis://u:hunter2@h:6379/0")
+    assert cli_mod.main(["demo", "--keep"]) == 0
+    assert "\n  agentstate --namespace demo-abc list\n" in capsys.readouterr().err  # REDIS_URL picks it again
+
+
+@pytest.fixture
+def many_tasks(private_server: Any) -> tuple[str, str]:
+    """2,000 tasks: their table (~160 KB) is larger than a pipe's buffer."""
+    client = redis.Redis.from_url(private_server.url)
+    store = CheckpointStore(client, namespace="many")
+    for i in range(2000):
+        store.create(Checkpoint(f"task-{i:05d}"))
+    return private_server.url, "many"
+
+
+@pytest.mark.real
+def test_list_piped_into_head_exits_quietly(many_tasks: tuple[str, str]) -> None:
+    url, ns = many_tasks
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    script = (
+        f"{shlex.quote(sys.executable)} -m redis_agentstate list --url {url} --namespace {ns} | head -n 1; "
+        'echo "exit=${PIPESTATUS[0]}" >&2'
+    )
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.stdout.split() == ["TASK", "STATUS", "CYCLE", "REV", "CLAIM"]
+    assert proc.stderr == "exit=141\n"  # 128 + SIGPIPE, and no BrokenPipeError traceback
+
+
+@pytest.mark.real
+def test_list_limit_says_how_many_more(many_tasks: tuple[str, str]) -> None:
+    url, ns = many_tasks
+    proc = agentstate("list", "--url", url, "--namespace", ns, "--limit", "3")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 1 + 3 + 1
+    assert lines[-1] == "... and 1997 more task(s) (--limit 3; raise or drop --limit to list them)"
+    as_json = agentstate("list", "--url", url, "--namespace", ns, "--limit", "3", "--json")
+    assert [r["task_id"] for r in json.loads(as_json.stdout)] == ["task-00000", "task-00001", "task-00002"]
+    assert "list at most N tasks" in " ".join(agentstate("list", "--help").stdout.split())
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("agentstate: ") and needle in proc.stderr
+
+
+def _json_error(proc: subprocess.CompletedProcess[str], kind: str) -> dict[str, Any]:
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    error: dict[str, Any] = json.loads(proc.stderr)["error"]
+    assert error["type"] == kind and error["message"]
+    return error
+
+
+def test_usage_errors_are_one_line_too() -> None:
+    for argv, needle in ((["lst"], "invalid choice: 'lst'"), (["list", "--limit", "0"], "must be >= 1, got 0")):
+        proc = agentstate(*argv)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("agentstate") and needle in proc.stderr and "--help)" in proc.stderr
+    proc = agentstate("--json", "list", "--bogus")
+    assert proc.returncode == 2 and json.loads(proc.stderr)["error"]["type"] == "Usage"
+
+
+def test_a_bad_url_is_a_one_line_error_without_the_password() -> None:
+    _one_line_error(agentstate("list", "--url", "notaurl"), "bad Redis URL 'notaurl'")
+    proc = agentstate("list", "--url", "redis://user:hunter2@host:notaport/0")
+    _one_line_error(proc, "bad Redis URL 'redis://user:***@host:notaport/0'")
+    assert "hunter2" not in proc.stderr
+    _json_error(agentstate("--json", "list", "--url", "notaurl"), "BadRedisURL")
+    _json_error(agentstate("stats", "--json"), "NoRedisURL")
+
+
+@pytest.mark.real
+def test_cluster_flag_against_a_plain_server_is_a_one_line_error(private_server: Any) -> None:
+    for command in (["list"], ["stats"], ["show", "t"], ["watch", "p", "--once"]):
+        _one_line_error(agentstate(*command, "--cluster", "--url", private_server.url), "not a reachable Redis Cluster")
+    _json_error(agentstate("list", "--cluster", "--json", "--url", private_server.url), "NotACluster")
+
+
+def test_unreachable_redis_is_a_one_line_error_in_both_forms() -> None:
+    from conftest import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    _one_line_error(agentstate("list", "--url", url), "cannot reach Redis")
+    assert (
+        "cannot reach Redis" in _json_error(agentstate("list", "--json", "--url", url), "BackendUnavailable")["message"]
+    )
+
+
+@pytest.mark.real
+def test_a_missing_task_is_a_one_line_error(private_server: Any) -> None:
+    _one_line_error(agentstate("show", "nope\x1b[2J", "--url", private_server.url), "no task 'nope\\x1b[2J'")
+    _json_error(agentstate("show", "nope", "--json", "--url", private_server.url), "TaskNotFound")
+
+
+HOSTILE = "evil\nforged-task  completed  9  9  \x1b[31mred\x1b[0m\u202eexe.txt\x9b2J"
+
+
+@pytest.mark.real
+def test_control_characters_are_escaped_in_human_output_and_exact_in_json(private_server: Any) -> None:
+    from redis_agentstate.pool_models import PoolConfig, PoolMember
+    from redis_agentstate.pools import PoolStore
+
+    client = redis.Redis.from_url(private_server.url)
+    store = CheckpointStore(client, namespace="hostile")
+    store.create(Checkpoint(HOSTILE, messages=[{"content": "bell\x07 csi\x9b"}]))
+    store.claim(HOSTILE, 1, token="tok\r\x1b[1A", lease_ms=60_000)
+    store.create(Checkpoint("plain"))
+    pools = PoolStore(client, namespace="hostile")
+    pools.open("pool\x1b]0;title\x07", PoolConfig())
+    pools.join("pool\x1b]0;title\x07", PoolMember("run\n1"))
+    common = ("--url", private_server.url, "--namespace", "hostile")
+
+    def human(*args: str) -> str:
+        proc = agentstate(*args, *common)
+        assert proc.returncode == 0, proc.stderr
+        for bad in ("\x1b", "\x07", "\x9b", "\u202e", "\r"):
+            assert bad not in proc.stdout, (bad, proc.stdout)
+        return proc.stdout
+
+    table = human("list").splitlines()
+    assert len(table) == 3  # header, the hostile task, "plain": no forged row
+    assert table[1].startswith("evil\\nforged-task  completed  9  9  \\x1b[31mred\\x1b[0m\\u202eexe.txt\\x9b2J")
+    assert "by tok\\r\\x1b[1A (expires in" in table[1] and table[2].startswith("plain ")
+    shown = human("show", HOSTILE)
+    assert "bell\\u0007 csi\\x9b" in shown  # JSON's own escape, then ours for what JSON leaves raw
+    assert "pool\\x1b]0;title\\x07: 1 member(s)" in human("stats")
+    assert "run\\n1" in human("watch", "pool\x1b]0;title\x07", "--once")
+    rows = json.loads(agentstate("list", "--json", *common).stdout)
+    assert {r["task_id"] for r in rows} == {HOSTILE, "plain"}
+    assert next(r for r in rows if r["task_id"] == HOSTILE)["claim_token"] == "tok\r\x1b[1A"
+    assert json.loads(agentstate("show", HOSTILE, "--json", *common).stdout)["messages"] == [
+        {"content": "bell\x07 csi\x9b"}
+    ]

@@ -29,7 +29,7 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
-from redis_agentstate.lease import LOST, RENEW, STOP, WAIT, AsyncLease, Lease, LeaseState, LeaseTiming
+from redis_agentstate.lease import LOST, RENEW, STOP, WAIT, AsyncLease, Clock, Lease, LeaseState, LeaseTiming
 
 # ---- timing knobs (validated like Kubernetes leader election) ----------------------------------
 
@@ -127,36 +127,98 @@ def next_cycle(cp: Checkpoint, note: str) -> Checkpoint:
     return cp
 
 
+class FakeClock(Clock):
+    """A keeper clock that moves only when the test says so: waits end when the event is set
+    or when ``advance`` has carried the fake time past their timeout."""
+
+    def __init__(self) -> None:
+        self.t = 1_000.0
+        self._cond = threading.Condition()
+        self.waiting = 0
+
+    def now(self) -> float:
+        with self._cond:
+            return self.t
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        with self._cond:
+            until = self.t + timeout
+            self.waiting += 1
+            try:
+                while not event.is_set() and self.t < until:
+                    self._cond.wait(0.005)  # re-checks the event, which notifies nobody
+            finally:
+                self.waiting -= 1
+            return event.is_set()
+
+    def advance(self, seconds: float) -> None:
+        with self._cond:
+            self.t += seconds
+            self._cond.notify_all()
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    """Real-time wait for the keeper thread to act; generous, since only scheduling is waited on."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
 def test_renewals_keep_the_lease_across_five_times_its_duration(sync_store: CheckpointStore) -> None:
+    # The keeper's clock is fake: it decides on fake time only, so a loaded machine cannot make a
+    # renewal "late". Redis's own lease is real time, hence a lease long enough (30 s) that the
+    # thief below is refused by the server however slow the test runs.
+    clock = FakeClock()
     sync_store.create(Checkpoint("t"))
-    with sync_store.lease("t", 1, lease_ms=300) as lease:
+    with sync_store.lease("t", 1, lease_ms=30_000, clock=clock) as lease:
         first_expiry = lease.expires_at_ms
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
+        interval = lease.timing.interval_s  # 7.5 s of fake time
+        for n in range(1, 21):  # 20 renewals: 150 fake seconds, five times the lease
+            wait_for(lambda: clock.waiting == 1, "the keeper to wait for its next renewal")
+            clock.advance(interval)
+            wait_for(lambda n=n: lease.renewals == n, f"renewal {n}")  # type: ignore[misc]
             lease.check()
+            assert not lease.lost and lease.remaining_s() == pytest.approx(lease.timing.deadline_s)
             with pytest.raises(AlreadyClaimed):
                 sync_store.claim("t", 1, token="thief", lease_ms=300)
-            time.sleep(0.1)
-        assert not lease.lost and lease.renewals >= 15
-        assert lease.expires_at_ms > first_expiry
+        assert clock.t - 1_000.0 == pytest.approx(5 * lease.timing.lease_ms / 1000)
+        assert lease.expires_at_ms >= first_expiry  # each renewal re-granted 30 s from server "now"
         lease.commit(next_cycle(lease.checkpoint, "kept"))
         assert lease.ended == "committed"
     cp = sync_store.load("t")
     assert cp.cycle_index == 1 and cp.claim_token is None and cp.messages[-1]["note"] == "kept"
 
 
+def test_a_keeper_that_cannot_renew_before_the_deadline_loses_the_lease(sync_store: CheckpointStore) -> None:
+    # The same fake clock, jumped past the renew deadline in one step: the keeper wakes to a
+    # passed deadline and declares the lease lost before sending anything.
+    clock = FakeClock()
+    sync_store.create(Checkpoint("t"))
+    with sync_store.lease("t", 1, lease_ms=30_000, clock=clock) as lease:
+        wait_for(lambda: clock.waiting == 1, "the keeper to wait")
+        clock.advance(lease.timing.deadline_s + 0.001)
+        assert lease.lost_event.wait(30)
+        assert lease.renewals == 0 and "renew_deadline_ms=20000" in (lease.lost_reason or "")
+        with pytest.raises(LeaseLost):
+            lease.commit(next_cycle(lease.checkpoint, "late"))
+    assert sync_store.load("t").messages == []
+
+
 async def test_async_renewals_keep_the_lease_across_five_times_its_duration(
     async_store: AsyncCheckpointStore,
 ) -> None:
+    # Real time (the sync twin above is the deterministic one): a 1 s lease renewed every 250 ms
+    # has a 667 ms deadline, so only a stall of over 400 ms could lose it.
     await async_store.create(Checkpoint("t"))
-    async with async_store.lease("t", 1, lease_ms=300) as lease:
-        end = time.monotonic() + 1.5
+    async with async_store.lease("t", 1, lease_ms=1_000) as lease:
+        end = time.monotonic() + 2.5
         while time.monotonic() < end:
             lease.check()
             with pytest.raises(AlreadyClaimed):
                 await async_store.claim("t", 1, token="thief", lease_ms=300)
             await asyncio.sleep(0.1)
-        assert not lease.lost and lease.renewals >= 15
+        assert not lease.lost and lease.renewals >= 6
         await lease.commit(next_cycle(lease.checkpoint, "kept"))
     cp = await async_store.load("t")
     assert cp.cycle_index == 1 and cp.messages[-1]["note"] == "kept"

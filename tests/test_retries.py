@@ -14,7 +14,7 @@ and resets the connection. The store must then re-send and report the truth:
 * renew, delete, load and list are idempotent by nature.
 
 Every case runs with redis-py's own retries switched off (so the re-send is
-the library's tenacity ``RetryPolicy``) and with redis-py's defaults (so the
+the library's ``RetryPolicy``) and with redis-py's defaults (so the
 re-send is the client's); both are safe. Then: after a socket timeout, an
 async cancellation or a blackholed connection, the late reply is never read
 by the next command (redis-py disconnects the connection; we prove it).
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -370,8 +372,157 @@ def test_async_socket_timeout_discards_the_connection(
 def test_default_policy_is_bounded_and_jittered() -> None:
     policy = RetryPolicy()
     assert 1 < policy.attempts <= 5 and policy.max_delay_s <= 10
+    waits = {round(policy.wait(n), 6) for n in range(1, 6) for _ in range(5)}
+    assert len(waits) > 5 and max(waits) <= policy.max_wait_s
     waits = {round(policy.sync().wait(_FakeState(n)), 6) for n in range(1, 6) for _ in range(5)}  # type: ignore[arg-type]
     assert len(waits) > 5 and max(waits) <= policy.max_wait_s
+
+
+def test_pause_never_lets_an_attempt_start_after_the_deadline() -> None:
+    policy = RetryPolicy(attempts=5, max_wait_s=1.0, multiplier_s=1.0, max_delay_s=2.0)
+    assert policy.pause(5, started=0.0, now=0.1) is None  # attempts spent
+    assert policy.pause(1, started=0.0, now=2.0) is None  # the deadline has come
+    for _ in range(200):
+        pause = policy.pause(1, started=0.0, now=1.5)
+        assert pause is None or 1.5 + pause <= 2.0
+    assert RetryPolicy(max_delay_s=0).pause(1, started=0.0, now=0.0) in (None, 0.0)
+
+
+# ---- the documented bound: max_delay_s plus one attempt ---------------------------------------
+
+
+class Blackhole:
+    """Where a call can only time out.
+
+    ``silent``: a TCP server that accepts connections and never answers (a frozen Redis, or a
+    partition after the handshake); ``connections`` counts the attempts, since redis-py drops a
+    connection that timed out. ``unreachable``: a listener whose accept queue is full, so the
+    kernel drops new SYNs and every connect times out (a blackholed address).
+    """
+
+    def __init__(self, kind: str = "silent") -> None:
+        self.kind = kind
+        self.held: list[socket.socket] = []
+        if kind == "silent":
+            self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+            self.port = self.listener.getsockname()[1]
+            threading.Thread(target=self._accept, daemon=True).start()
+            return
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+        self.port = self.listener.getsockname()[1]
+        filler = socket.create_connection(("127.0.0.1", self.port), timeout=2)  # fills the queue
+        self.held.append(filler)
+        probe = socket.socket()
+        probe.settimeout(0.2)
+        with probe, pytest.raises(OSError):  # proves SYNs are now dropped
+            probe.connect(("127.0.0.1", self.port))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    @property
+    def connections(self) -> int:
+        return len(self.held)
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self.held:
+            c.close()
+
+
+@pytest.fixture
+def blackhole() -> Iterator[Blackhole]:
+    b = Blackhole("silent")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def unreachable() -> Iterator[Blackhole]:
+    b = Blackhole("unreachable")
+    yield b
+    b.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+TIMEOUT = 0.4  # the client's socket_connect_timeout and socket_timeout
+MARGIN = 0.75  # scheduling slack on a loaded machine: this is a bound, not a benchmark
+
+
+def _timed_call(flavor: str, port: int, policy: RetryPolicy, twin_loop: asyncio.AbstractEventLoop) -> float:
+    # The documented recipe for a tight bound: redis-py's own retries off, explicit timeouts.
+    kw: dict[str, Any] = {"port": port, "socket_timeout": TIMEOUT, "socket_connect_timeout": TIMEOUT}
+    kw["retry"] = Retry(NoBackoff(), 0)
+    t0 = time.monotonic()
+    if flavor == "sync":
+        client = redis.Redis(**kw)
+        with pytest.raises(BackendUnavailable):
+            CheckpointStore(client, namespace="bound", retry=policy).load("t")
+        client.close()
+    else:
+
+        async def call() -> None:
+            client = aioredis.Redis(**kw)
+            try:
+                with pytest.raises(BackendUnavailable):
+                    await AsyncCheckpointStore(client, namespace="bound", retry=policy).load("t")
+            finally:
+                await client.aclose()
+
+        twin_loop.run_until_complete(call())
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_max_delay_zero_means_one_attempt_against_a_blackhole(
+    flavor: str, blackhole: Blackhole, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    # Before: the first attempt ran outside the deadline's clock, so max_delay_s=0 still made two.
+    elapsed = _timed_call(flavor, blackhole.port, RetryPolicy(attempts=100, max_delay_s=0), twin_loop)
+    assert blackhole.connections == 1
+    assert elapsed <= 0 + 2 * TIMEOUT + MARGIN
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_call_against_a_blackhole_ends_within_max_delay_plus_one_attempt(
+    flavor: str, blackhole: Blackhole, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    policy = RetryPolicy(attempts=10_000, max_delay_s=1.0, max_wait_s=0.05, multiplier_s=0.05)
+    elapsed = _timed_call(flavor, blackhole.port, policy, twin_loop)
+    assert elapsed <= policy.max_delay_s + 2 * TIMEOUT + MARGIN
+    # Attempts of ~TIMEOUT each kept starting until the deadline, and none after it.
+    assert 2 <= blackhole.connections <= int(policy.max_delay_s / TIMEOUT) + 1
+    assert elapsed >= policy.max_delay_s - policy.max_wait_s  # gave up only when no attempt could start in time
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize("max_delay_s", [0.0, 1.0])
+def test_a_call_to_a_blackholed_address_ends_within_max_delay_plus_one_attempt(
+    flavor: str, max_delay_s: float, unreachable: Blackhole, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    # Every connect times out (socket_connect_timeout): attempts of ~TIMEOUT until the deadline.
+    policy = RetryPolicy(attempts=10_000, max_delay_s=max_delay_s, max_wait_s=0.05, multiplier_s=0.05)
+    elapsed = _timed_call(flavor, unreachable.port, policy, twin_loop)
+    assert TIMEOUT * 0.9 <= elapsed <= policy.max_delay_s + 2 * TIMEOUT + MARGIN
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_call_against_a_closed_port_ends_within_max_delay(flavor: str, twin_loop: asyncio.AbstractEventLoop) -> None:
+    # Refused connections fail at once, so the waits are the whole story: none may end past
+    # the deadline (before: the last one could run max_wait_s beyond it, here up to 3 s).
+    policy = RetryPolicy(attempts=10_000, max_delay_s=1.0, max_wait_s=3.0, multiplier_s=3.0)
+    elapsed = _timed_call(flavor, closed_port(), policy, twin_loop)
+    assert elapsed <= policy.max_delay_s + MARGIN
 
 
 class _FakeState:

@@ -116,6 +116,50 @@ def test_a_failing_handler_releases_the_cycle_for_a_retry(
     assert any("model timed out" in (r.exc_text or "") or r.exc_info for r in caplog.records if r.levelname == "ERROR")
 
 
+def compacting_step(cp: Checkpoint) -> StepResult:
+    """Cycle 1 summarises the whole history into one message (a rewrite); cycle 2 finishes."""
+    if cp.claimed_cycle == 1:
+        cp.messages = [{"summary": f"{len(cp.messages)} messages"}]
+        cp.cycles = [{"compacted": True}]
+        return StepResult(cp, replace_history=True)
+    cp.messages.append({"cycle": cp.claimed_cycle})
+    cp.status, cp.terminal_result = AgentStatus.COMPLETED, "ok"
+    return StepResult(cp, done=True, replace_history=False)
+
+
+def test_a_handler_that_compacts_history_commits_with_replace_history(sync_store: CheckpointStore) -> None:
+    # Before: StepResult had no replace_history, so a compacting handler's commit was refused
+    # (history shrank) and the cycle was released and retried forever.
+    sync_store.create(Checkpoint("t", messages=[{"n": i} for i in range(5)], cycles=[{"c": 0}]))
+    stats = Runner(sync_store, compacting_step, handle_signals=False, failure_delay_ms=60_000).run(stop_when_idle=True)
+    assert (stats.committed, stats.finalized, stats.failed) == (1, 1, 0)
+    cp = sync_store.load("t")
+    assert cp.is_terminal and cp.messages == [{"summary": "5 messages"}, {"cycle": 2}]
+    assert cp.cycles == [{"compacted": True}]
+
+
+async def test_async_runner_commits_a_compacted_history(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t", messages=[{"n": i} for i in range(5)]))
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        return compacting_step(cp)
+
+    runner = AsyncRunner(async_store, handler, handle_signals=False, failure_delay_ms=60_000)
+    stats = await runner.run(stop_when_idle=True)
+    assert (stats.committed, stats.finalized, stats.failed) == (1, 1, 0)
+    assert (await async_store.load("t")).messages == [{"summary": "5 messages"}, {"cycle": 2}]
+
+
+def test_a_non_bool_replace_history_fails_the_cycle(sync_store: CheckpointStore) -> None:
+    sync_store.create(Checkpoint("t", messages=["a"]))
+    runner = Runner(
+        sync_store, lambda cp: StepResult(cp, replace_history="yes"),  # type: ignore[arg-type]
+        handle_signals=False, failure_delay_ms=60_000,
+    )  # fmt: skip
+    assert runner.run(stop_when_idle=True).failed == 1
+    assert sync_store.load("t").revision == 1
+
+
 def test_a_bad_handler_result_fails_the_cycle(sync_store: CheckpointStore) -> None:
     sync_store.create(Checkpoint("t"))
     runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=60_000)  # type: ignore[arg-type,return-value]

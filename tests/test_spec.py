@@ -85,3 +85,23 @@ async def test_build_async(real_server: RealServer) -> None:
         await store.delete("a")
     finally:
         await store.client.aclose()
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "rediss://user:s3cr3t-pw@redis:6380/0",
+        "redis://:s3cr3t-pw@redis:6379/0",
+        "redis://redis:6379/0?password=s3cr3t-pw&db=1",
+        "unix:///tmp/r.sock?password=s3cr3t-pw",
+    ],
+)
+def test_repr_and_errors_never_show_the_password(location: str) -> None:
+    spec = StoreSpec.redis(location, namespace="prod")
+    for text in (repr(spec), str(spec), f"{spec!r} in a list: {[spec]!r}"):
+        assert "s3cr3t-pw" not in text and "***" in text
+    assert "prod" in repr(spec)
+    assert spec.location == location  # the spec itself still holds what it needs to connect
+    with pytest.raises(InvalidArgument) as info:
+        StoreSpec.redis(location.replace("redis", "http", 1).replace("unix", "http", 1))
+    assert "s3cr3t-pw" not in str(info.value)
