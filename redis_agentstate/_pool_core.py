@@ -87,17 +87,38 @@ def _s(value: Any) -> str:
 # ---- canonical encoding (configs compare by their bytes in Lua) -----------
 
 
-def _canonical(value: Any) -> Any:
+#: msgpack refuses to nest deeper than this; a config that does is refused before it is walked.
+_MAX_DEPTH = 511
+
+
+def _canonical(value: Any, depth: int = 0) -> Any:
     """``value`` with every map's items in one order, so equal configs encode to equal bytes."""
+    if depth > _MAX_DEPTH:
+        # Also where a config that contains itself ends up.
+        raise InvalidArgument(f"pool config nests deeper than {_MAX_DEPTH} levels (or contains itself)")
     if isinstance(value, dict):
         try:
             items = sorted(((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0])
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
-        return {k: _canonical(v) for _, k, v in items}
+        out: dict[Any, Any] = {}
+        for _, k, v in items:  # a loop, not a comprehension: one stack frame per level
+            out[k] = _canonical(v, depth + 1)
+        return out
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        seq = []
+        for v in value:
+            seq.append(_canonical(v, depth + 1))
+        return seq
     return value
+
+
+def canonical_config(value: Any) -> Any:
+    """``_canonical``; ``InvalidArgument`` if the caller's own stack leaves no room to walk it."""
+    try:
+        return _canonical(value)
+    except RecursionError as exc:
+        raise InvalidArgument(f"pool config nests too deeply to encode: {exc}") from exc
 
 
 # ---- checks -----------------------------------------------------------------
@@ -448,7 +469,7 @@ class PoolCore:
     def open(self, pool_id: str, config: PoolConfig) -> Op[PoolSnapshot]:
         pid, keys = self._pool(pool_id)
         c = check_config(config)
-        blob = self._encode(_canonical(_config_map(c)), f"config of pool {pid!r}")
+        blob = self._encode(canonical_config(_config_map(c)), f"config of pool {pid!r}")
         reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen])
         if reply[0] != -1:
             return self._snapshot(pid, keys, reply, 1)

@@ -21,7 +21,8 @@ if not h[1] then
   if was_applied(redis.call('GET', KEYS[7]), nonce) then return {2, ''} end
   return {0}
 end
-local rev = tonumber(h[1])
+local rev = int_in(h[1], 0, MAX_REVISION)
+if not rev then return corrupt(1, 'rev') end
 -- A re-send is recognised whatever happened since (another worker may have
 -- claimed, even committed, the next cycle).
 if was_applied(h[4], nonce) then return {2, h[5]} end

@@ -5,16 +5,21 @@
 --   ARGV[3]    - new lease duration in ms, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
 -- claim, and the holder must treat its lease as lost.
--- Returns {1, lease_expires_at_ms} renewed; {0} not renewed.
+-- Returns {1, lease_expires_at_ms} renewed; {0} not renewed; an
+-- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
+local fields = { 'rev', 'token', 'lease' }
+local h = redis.call('HMGET', KEYS[1], unpack(fields))
 if not h[1] then return {0} end
+local bad = bad_field(fields, h)
+if bad then return corrupt(1, bad) end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
   return {0}
 end
 local expires = now + lease_ms
-redis.call('HSET', KEYS[1], 'lease', fmt(expires))
+-- The index first: if it is of another Redis type, nothing is written.
 redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+redis.call('HSET', KEYS[1], 'lease', fmt(expires))
 return {1, fmt(expires)}
