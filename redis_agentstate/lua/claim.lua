@@ -16,7 +16,7 @@ local cycle = tonumber(cycle_arg)
 
 local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
 if not present(h) then return {0} end
-local bad = bad_field(HASH_FIELDS, h)
+local bad = bad_field(h)
 if bad then return corrupt(1, bad) end
 local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
 local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0

@@ -41,7 +41,7 @@ if not present(h) then
   if score then redis.call('ZREM', KEYS[4], task_id) end
   return lost_race()
 end
-local bad = bad_field(HASH_FIELDS, h)
+local bad = bad_field(h)
 if bad then return corrupt(1, bad) end
 
 local status, cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])

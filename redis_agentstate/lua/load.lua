@@ -9,6 +9,6 @@ local epoch, have_m, have_c = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
 if not present(h) then return {} end
-local bad = bad_field(HASH_FIELDS, h)
+local bad = bad_field(h)
 if bad then return corrupt(1, bad) end
 return read_checkpoint(KEYS, epoch, have_m, have_c, h)

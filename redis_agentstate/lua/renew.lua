@@ -9,11 +9,10 @@
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local fields = { 'rev', 'token', 'lease' }
-local h = redis.call('HMGET', KEYS[1], unpack(fields))
+local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
 if not h[1] then return {0} end
-local bad = bad_field(fields, h)
-if bad then return corrupt(1, bad) end
+if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
+if h[3] and h[3] ~= '' and not int_in(h[3], 0, MAX_REVISION) then return corrupt(1, 'lease') end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
   return {0}
