@@ -14,13 +14,13 @@ local nonce, expected, cycle = ARGV[1], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
+if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] then
   -- Acknowledged (deleted) since our first send? The tombstone keeps the ring.
   if was_applied(redis.call('GET', KEYS[7]), nonce) then return {2, ''} end
   return {0}
 end
-local rev = int_in(h[1], 0, MAX_REVISION)
-if not rev then return corrupt(1, 'rev') end
+local rev = tonumber(h[1])
 -- A re-send is recognised whatever happened since (another worker may have
 -- claimed, even committed, the next cycle).
 if was_applied(h[4], nonce) then return {2, h[5]} end
