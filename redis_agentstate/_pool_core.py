@@ -91,8 +91,7 @@ def _s(value: Any) -> str:
 _MAX_DEPTH = 511
 
 
-def _canonical(value: Any, depth: int = 0) -> Any:
-    """``value`` with every map's items in one order, so equal configs encode to equal bytes."""
+def _canonical_at(value: Any, depth: int) -> Any:
     if depth > _MAX_DEPTH:
         # Also where a config that contains itself ends up.
         raise InvalidArgument(f"pool config nests deeper than {_MAX_DEPTH} levels (or contains itself)")
@@ -103,20 +102,23 @@ def _canonical(value: Any, depth: int = 0) -> Any:
             raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
         out: dict[Any, Any] = {}
         for _, k, v in items:  # a loop, not a comprehension: one stack frame per level
-            out[k] = _canonical(v, depth + 1)
+            out[k] = _canonical_at(v, depth + 1)
         return out
     if isinstance(value, (list, tuple)):
         seq = []
         for v in value:
-            seq.append(_canonical(v, depth + 1))
+            seq.append(_canonical_at(v, depth + 1))
         return seq
     return value
 
 
-def canonical_config(value: Any) -> Any:
-    """``_canonical``; ``InvalidArgument`` if the caller's own stack leaves no room to walk it."""
+def _canonical(value: Any) -> Any:
+    """``value`` with every map's items in one order, so equal configs encode to equal bytes.
+
+    ``InvalidArgument`` for a config nested deeper than msgpack allows or containing itself.
+    """
     try:
-        return _canonical(value)
+        return _canonical_at(value, 0)
     except RecursionError as exc:
         raise InvalidArgument(f"pool config nests too deeply to encode: {exc}") from exc
 
@@ -469,7 +471,7 @@ class PoolCore:
     def open(self, pool_id: str, config: PoolConfig) -> Op[PoolSnapshot]:
         pid, keys = self._pool(pool_id)
         c = check_config(config)
-        blob = self._encode(canonical_config(_config_map(c)), f"config of pool {pid!r}")
+        blob = self._encode(_canonical(_config_map(c)), f"config of pool {pid!r}")
         reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen])
         if reply[0] != -1:
             return self._snapshot(pid, keys, reply, 1)
