@@ -87,14 +87,14 @@ def _s(value: Any) -> str:
 # ---- canonical encoding (configs compare by their bytes in Lua) -----------
 
 
-#: msgpack refuses to nest deeper than this; a config that does is refused before it is walked.
-_MAX_DEPTH = 511
+#: How deep a pool config may nest (msgpack allows 511; walking and comparing one that
+#: deep recurses past Python's stack limit). A config that contains itself ends up here too.
+MAX_CONFIG_DEPTH = 128
 
 
 def _canonical_at(value: Any, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        # Also where a config that contains itself ends up.
-        raise InvalidArgument(f"pool config nests deeper than {_MAX_DEPTH} levels (or contains itself)")
+    if depth > MAX_CONFIG_DEPTH:
+        raise InvalidArgument(f"pool config nests deeper than {MAX_CONFIG_DEPTH} levels (or contains itself)")
     if isinstance(value, dict):
         try:
             items = sorted(((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0])
@@ -115,7 +115,7 @@ def _canonical_at(value: Any, depth: int) -> Any:
 def _canonical(value: Any) -> Any:
     """``value`` with every map's items in one order, so equal configs encode to equal bytes.
 
-    ``InvalidArgument`` for a config nested deeper than msgpack allows or containing itself.
+    ``InvalidArgument`` for a config nested deeper than ``MAX_CONFIG_DEPTH`` or containing itself.
     """
     try:
         return _canonical_at(value, 0)

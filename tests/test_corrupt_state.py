@@ -398,7 +398,7 @@ class TestPoolConfigArguments:
         "config",
         [
             pytest.param(lambda: PoolConfig(message_policy=_nested(1200)), id="1200-deep"),
-            pytest.param(lambda: PoolConfig(message_policy=_nested(600)), id="600-deep"),
+            pytest.param(lambda: PoolConfig(message_policy=_nested(450)), id="450-deep"),
             pytest.param(lambda: PoolConfig(wake_policy=_self_referencing_dict()), id="self-dict"),
             pytest.param(lambda: PoolConfig(policy_refs=_self_referencing_list()), id="self-list"),
         ],
@@ -411,6 +411,24 @@ class TestPoolConfigArguments:
         with pytest.raises(InvalidArgument):
             pools.open(POOL, config())
         assert namespace_dump(raw, pools.namespace) == before
+
+    def test_the_deepest_config_allowed_reopens_with_equal_values(self, make: Callable[..., Any]) -> None:
+        """Configs compare as JSON values (1 == 1.0) when their bytes differ: that walk must fit the stack too."""
+        from redis_agentstate._pool_core import MAX_CONFIG_DEPTH
+
+        def config(leaf: Any) -> PoolConfig:
+            policy = _nested(MAX_CONFIG_DEPTH - 1)
+            node = policy
+            while node["a"]:
+                node = node["a"]
+            node["a"] = leaf
+            return PoolConfig(message_policy=policy)
+
+        pools = make(PoolStore, AsyncPoolStore)
+        pools.open(POOL, config(1))
+        assert pools.open(POOL, config(1.0)).pool_id == POOL
+        with pytest.raises(InvalidArgument):
+            pools.open(POOL, PoolConfig(message_policy={"x": _nested(MAX_CONFIG_DEPTH)}))
 
 
 # ---- key/value ----------------------------------------------------------------------------
