@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import scripts as S
-from ._ops import Call, Op, Pipe, list_indexes, new_nonce
+from ._ops import Call, Op, Pipe, list_indexes, member_id, new_nonce
 from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, MAX_STORED_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import (
@@ -133,7 +133,7 @@ def _time_ms(reply: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _zset_head(reply: Any) -> tuple[str, float] | None:
+def _zset_head(reply: Any, key: str) -> tuple[str, float] | None:
     """``ZRANGE key 0 0 WITHSCORES``: RESP2 ``[member, score]`` or RESP3 ``[[member, score]]``."""
     if not reply:
         return None
@@ -141,7 +141,7 @@ def _zset_head(reply: Any) -> tuple[str, float] | None:
         member, score = reply[0]
     else:
         member, score = reply[0], reply[1]
-    return _s(member), float(score)
+    return member_id(member, key), float(score)
 
 
 class CheckpointCore:
@@ -397,7 +397,8 @@ class CheckpointCore:
         for _round in range(self.CLAIM_NEXT_ROUNDS):
             replies = yield Pipe([("TIME",), *heads])
             now = _time_ms(replies[0])
-            due = [head for head in map(_zset_head, replies[1:]) if head is not None and head[1] <= now]
+            heads_read = (_zset_head(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True))
+            due = [head for head in heads_read if head is not None and head[1] <= now]
             if not due:
                 return None
             # Oldest first fleet-wide (FIFO across shards too); shuffle only the few oldest to spread a fleet.
@@ -428,7 +429,7 @@ class CheckpointCore:
                     raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
                 if len(reply) < 4 or float(reply[3]) > int(reply[1]):
                     break  # nothing else due in this shard
-                tid = _s(reply[2])
+                tid = member_id(reply[2], keys.ready)
         return None
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import scripts
-from ._ops import Call, Command, Op, Pipe
+from ._ops import Call, Command, Op, Pipe, member_id
 from ._validate import check_id, check_int
 from .errors import InvalidArgument
 from .keys import SHARDS, Keys
@@ -59,10 +59,6 @@ MAX_TTL_MS = 100 * 366 * 24 * 3600 * 1000
 _BATCH_KEYS = 500
 _BATCH_BYTES = 32 * 2**20
 _KEYS_PAGE = 1000
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 class KvCore:
@@ -183,7 +179,7 @@ class KvCore:
             replies = yield Pipe([("EVAL", text, 2, *self.keys.kv_index(s), pending[s], _KEYS_PAGE) for s in shards])
             pending = {}
             for shard, page in zip(shards, replies, strict=True):
-                found.extend(_s(k) for k in page[1:])
+                found.extend(member_id(k, self.keys.kv_index(shard)[0]) for k in page[1:])
                 if page[0]:
                     pending[shard] = b"(" + page[0]
         found.sort()

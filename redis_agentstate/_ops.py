@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import math
 import os
 import random
 import time
@@ -31,8 +32,8 @@ from tenacity import (
 )
 
 from . import scripts
-from .errors import BackendError, BackendUnavailable, InvalidArgument
-from .keys import Keys
+from .errors import AgentStateError, BackendError, BackendUnavailable, CorruptState, InvalidArgument
+from .keys import Keys, describe_key
 
 __all__ = ["Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
 
@@ -92,11 +93,18 @@ class RetryPolicy:
     retry_on: tuple[type[BaseException], ...] = field(default=_TRANSIENT)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise InvalidArgument("RetryPolicy.attempts must be an int >= 1")
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
+            raise InvalidArgument(f"RetryPolicy.attempts must be an int >= 1, got {self.attempts!r}")
         for name in ("max_wait_s", "max_delay_s", "multiplier_s"):
-            if getattr(self, name) < 0:
-                raise InvalidArgument(f"RetryPolicy.{name} must be >= 0")
+            value = getattr(self, name)
+            # bool is an int, and NaN compares False with everything: both would slip past `< 0`.
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"RetryPolicy.{name} must be a finite number >= 0, got {value!r}")
+        retry_on = self.retry_on
+        if not isinstance(retry_on, tuple) or not all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in retry_on
+        ):
+            raise InvalidArgument(f"RetryPolicy.retry_on must be a tuple of exception classes, got {retry_on!r}")
 
     def first_wait(self) -> float:
         """Jittered pause before the first re-send."""
@@ -148,6 +156,111 @@ def _translate(exc: rex.RedisError) -> BackendError:
     return BackendError(f"Redis error: {exc}")
 
 
+# ---- data under our keys that we did not write ---------------------------------
+#
+# Two ways to find it, worded the same on every server (Redis, Valkey and
+# fakeredis word their own errors differently):
+#
+# * A script that checks what it reads before it writes answers with the error
+#   reply ``AGENTSTATE_CORRUPT <i> <what>``: KEYS[i] holds a malformed
+#   ``<what>`` (a field name). An error reply, so it reads the same whatever
+#   the script's normal reply is.
+# * A command that meets a key of another Redis type fails with WRONGTYPE,
+#   which names no key. The driver then asks for the TYPE of every key of the
+#   request and names the one that is not what ``keys.KEY_TYPES`` says. Only
+#   failed requests pay for that; scripts that write make sure to fail this
+#   way before their first write (see the probes in the Lua preludes).
+
+#: The error-reply prefix of a script that found data it did not write (see above).
+CORRUPT_REPLY = "AGENTSTATE_CORRUPT"
+_OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key"}
+
+
+class _PipeCommandError(rex.ResponseError):
+    """One command of a pipeline failed: keeps which one, so its keys can be named."""
+
+    def __init__(self, command: Sequence[Any], error: rex.ResponseError) -> None:
+        super().__init__(str(error))
+        self.command = command
+        self.error = error
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _command_keys(args: Sequence[Any]) -> list[str]:
+    """The keys of one of the commands this library sends (the ACL list in the README is all of them)."""
+    name = _text(args[0]).upper()
+    if name in ("EVAL", "EVALSHA"):
+        return [_text(k) for k in args[3 : 3 + int(args[2])]]
+    if name == "XREAD":
+        streams = [_text(a).upper() for a in args].index("STREAMS")
+        rest = args[streams + 1 :]
+        return [_text(k) for k in rest[: len(rest) // 2]]
+    if name in ("TIME", "TYPE") or len(args) < 2:
+        return []
+    return [_text(args[1])]
+
+
+def request_keys(req: Request) -> list[str]:
+    """Every key ``req`` touches."""
+    if isinstance(req, Call):
+        return [_text(k) for k in req.keys]
+    if isinstance(req, Command):
+        return _command_keys(req.args)
+    return [k for cmd in req.commands for k in _command_keys(cmd)]
+
+
+def corrupt_state(key: str, keys: Sequence[str], detail: str) -> CorruptState:
+    """``CorruptState`` naming ``key`` and the task, pool or key/value key it belongs to.
+
+    A shard-wide key (an index) belongs to nobody: the owner is then taken
+    from the other keys of the request, e.g. the task a claim was for.
+    """
+    owner, task_id = "shard index", None
+    for k in (key, *keys):
+        _, kind, ident = describe_key(k)
+        if kind is not None and ident is not None:
+            owner = f"{_OWNER_LABELS[kind]} {ident!r}"
+            task_id = ident if kind == "task" else None
+            break
+    return CorruptState(
+        f"{key!r} ({owner}) {detail}: not data redis_agentstate wrote; nothing was written",
+        key=key,
+        task_id=task_id,
+    )
+
+
+def _explain(req: Request, exc: rex.RedisError) -> Op[BackendError | CorruptState]:
+    """The library error for ``exc``, which ``req`` raised; may ask Redis for key types first."""
+    if isinstance(exc, _PipeCommandError):
+        req, exc = Command(exc.command), exc.error
+    message = str(exc)
+    if isinstance(exc, rex.ResponseError) and message.startswith(CORRUPT_REPLY + " "):
+        _, index, what = message.split(" ", 2)
+        keys = request_keys(req)
+        return corrupt_state(keys[int(index) - 1], keys, f"holds a malformed {what}")
+    if isinstance(exc, rex.ResponseError) and "WRONGTYPE" in message:
+        keys = list(dict.fromkeys(request_keys(req)))
+        if keys:
+            found = yield Pipe([("TYPE", k) for k in keys])
+            for key, kind in zip(keys, found, strict=True):
+                expected = describe_key(key)[0]
+                if expected is not None and _text(kind) not in ("none", expected):
+                    return corrupt_state(key, keys, f"is a Redis {_text(kind)} where the library keeps a {expected}")
+    return _translate(exc)
+
+
+def _raise_first_error(commands: Sequence[Sequence[Any]], replies: list[Any]) -> list[Any]:
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, rex.ResponseError):
+            raise _PipeCommandError(cmd, reply)
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
@@ -156,7 +269,7 @@ def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
-    return pipe.execute()
+    return _raise_first_error(req.commands, pipe.execute(raise_on_error=False))
 
 
 async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any:
@@ -167,7 +280,7 @@ async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
-    return await pipe.execute()
+    return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False))
 
 
 def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
@@ -194,12 +307,26 @@ def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]
             try:
                 reply = _send_retrying_sync(client, scripts, retry, req)
             except rex.RedisError as exc:
-                raise _translate(exc) from exc
+                raise _error_sync(client, scripts, req, exc) from exc
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         op.close()
+
+
+def _error_sync(client: Any, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
+    try:
+        return run_sync(client, scripts, NO_RETRY, _explain(req, exc))
+    except AgentStateError:
+        return _translate(exc)  # Redis failed again while we looked: report the first error
+
+
+async def _error_async(client: Any, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
+    try:
+        return await run_async(client, scripts, NO_RETRY, _explain(req, exc))
+    except AgentStateError:
+        return _translate(exc)
 
 
 async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
@@ -224,12 +351,22 @@ async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op
             try:
                 reply = await _send_retrying_async(client, scripts, retry, req)
             except rex.RedisError as exc:
-                raise _translate(exc) from exc
+                raise await _error_async(client, scripts, req, exc) from exc
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         op.close()
+
+
+def member_id(member: Any, key: str) -> str:
+    """An id read from index ``key``; every id the library stores is UTF-8, so anything else is corrupt."""
+    if not isinstance(member, bytes):
+        return str(member)
+    try:
+        return member.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise corrupt_state(key, [key], f"holds an id that is not UTF-8: {member!r:.80}") from exc
 
 
 #: Members fetched per index and round trip by ``list_indexes``.
@@ -245,7 +382,7 @@ def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
         replies = yield Pipe([("ZRANGEBYLEX", key, pending[key], b"+", "LIMIT", 0, LIST_PAGE) for key in keys])
         pending = {}
         for key, page in zip(keys, replies, strict=True):
-            found.extend(m.decode("utf-8") if isinstance(m, bytes) else str(m) for m in page)
+            found.extend(member_id(m, key) for m in page)
             if len(page) == LIST_PAGE:
                 pending[key] = b"(" + page[-1]
     found.sort()

@@ -87,17 +87,40 @@ def _s(value: Any) -> str:
 # ---- canonical encoding (configs compare by their bytes in Lua) -----------
 
 
-def _canonical(value: Any) -> Any:
-    """``value`` with every map's items in one order, so equal configs encode to equal bytes."""
+#: How deep a pool config may nest (msgpack allows 511; walking and comparing one that
+#: deep recurses past Python's stack limit). A config that contains itself ends up here too.
+MAX_CONFIG_DEPTH = 128
+
+
+def _canonical_at(value: Any, depth: int) -> Any:
+    if depth > MAX_CONFIG_DEPTH:
+        raise InvalidArgument(f"pool config nests deeper than {MAX_CONFIG_DEPTH} levels (or contains itself)")
     if isinstance(value, dict):
         try:
             items = sorted(((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0])
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
-        return {k: _canonical(v) for _, k, v in items}
+        out: dict[Any, Any] = {}
+        for _, k, v in items:  # a loop, not a comprehension: one stack frame per level
+            out[k] = _canonical_at(v, depth + 1)
+        return out
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        seq = []
+        for v in value:
+            seq.append(_canonical_at(v, depth + 1))
+        return seq
     return value
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every map's items in one order, so equal configs encode to equal bytes.
+
+    ``InvalidArgument`` for a config nested deeper than ``MAX_CONFIG_DEPTH`` or containing itself.
+    """
+    try:
+        return _canonical_at(value, 0)
+    except RecursionError as exc:
+        raise InvalidArgument(f"pool config nests too deeply to encode: {exc}") from exc
 
 
 # ---- checks -----------------------------------------------------------------

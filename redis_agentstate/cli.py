@@ -42,8 +42,9 @@ from typing import Any, NoReturn
 
 import redis
 
-from .errors import AgentStateError, BackendUnavailable
+from .errors import AgentStateError, BackendUnavailable, CorruptState
 from .keys import Keys
+from .models import AgentStatus
 from .spec import redact
 
 __all__ = ["main"]
@@ -149,38 +150,71 @@ def _namespace(args: argparse.Namespace) -> str:
 # ---- list / show / stats --------------------------------------------------------------------------
 
 _FIELDS = ("status", "cycle", "rev", "token", "claimed", "lease", "term")
+_STATUSES = {s.value for s in AgentStatus}
+_DIGITS = re.compile(r"[0-9]{1,16}")
+
+
+def _number(fields: dict[str, str], name: str, *, optional: bool = False) -> int | None:
+    raw = fields[name]
+    if optional and raw == "":
+        return None
+    if not _DIGITS.fullmatch(raw):
+        raise ValueError(f"malformed {name} {raw!r}")
+    return int(raw)
+
+
+def _task_row(tid: str, values: Any, now: int) -> dict[str, Any]:
+    """One row of ``task_rows``, or a row with status ``corrupt`` saying what in it is not ours."""
+    try:
+        if isinstance(values, Exception):  # e.g. WRONGTYPE: the key is not a hash
+            raise ValueError(str(values))
+        f = dict(zip(_FIELDS, (v.decode("utf-8") if v is not None else "" for v in values), strict=True))
+        if f["status"] not in _STATUSES:
+            raise ValueError(f"unknown status {f['status']!r}")
+        cycle, rev = _number(f, "cycle"), _number(f, "rev")
+        claimed, lease = _number(f, "claimed", optional=True), _number(f, "lease", optional=True)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {
+            "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
+            "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
+            "lease_state": None, "lease_remaining_ms": None,
+        }  # fmt: skip
+    return {
+        "task_id": tid,
+        "status": f["status"],
+        "cycle_index": cycle,
+        "revision": rev,
+        "terminal": f["term"] == "1",
+        "claim_token": f["token"] or None,
+        "claimed_cycle": claimed,
+        "lease_expires_at_ms": lease,
+        "lease_state": None if not f["token"] else ("live" if lease and lease > now else "expired"),
+        "lease_remaining_ms": (lease - now) if f["token"] and lease else None,
+    }
 
 
 def task_rows(client: Any, namespace: str, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
-    """Server time (ms) and the scalar fields of each task, read in one pipeline (no histories)."""
+    """Server time (ms) and the scalar fields of each task, read in one pipeline (no histories).
+
+    A task whose fields this library would not have written (or whose key is
+    not a hash) is a row with status ``corrupt`` and a ``corrupt`` reason: one
+    bad task does not hide the others.
+    """
     keys = Keys(namespace)
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for tid in task_ids:
         pipe.hmget(keys.task(tid).checkpoint, *_FIELDS)
-    replies = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    if isinstance(replies[0], Exception):
+        raise replies[0]
     sec, usec = replies[0]
     now = int(sec) * 1000 + int(usec) // 1000
     rows = []
     for tid, values in zip(task_ids, replies[1:], strict=True):
-        if values[0] is None:
+        if not isinstance(values, Exception) and all(v is None for v in values):
             continue  # deleted since it was listed
-        f = dict(zip(_FIELDS, (v.decode() if v is not None else "" for v in values), strict=True))
-        lease = int(f["lease"]) if f["lease"] else None
-        rows.append(
-            {
-                "task_id": tid,
-                "status": f["status"],
-                "cycle_index": int(f["cycle"] or 0),
-                "revision": int(f["rev"] or 0),
-                "terminal": f["term"] == "1",
-                "claim_token": f["token"] or None,
-                "claimed_cycle": int(f["claimed"]) if f["claimed"] else None,
-                "lease_expires_at_ms": lease,
-                "lease_state": None if not f["token"] else ("live" if lease and lease > now else "expired"),
-                "lease_remaining_ms": (lease - now) if f["token"] and lease else None,
-            }
-        )
+        rows.append(_task_row(tid, values, now))
     return now, rows
 
 
@@ -214,7 +248,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             ms = r["lease_remaining_ms"] or 0
             when = f"expires in {ms / 1000:.1f}s" if ms > 0 else f"expired {-ms / 1000:.1f}s ago"
             claim = f"cycle {r['claimed_cycle']} by {esc(r['claim_token'])} ({when})"
-        print(f"{tid.ljust(width)}  {status:<24}  {r['cycle_index']:>6}  {r['revision']:>6}  {claim}")
+        cycle, rev = ("?", "?") if r["status"] == "corrupt" else (r["cycle_index"], r["revision"])
+        if r["status"] == "corrupt":
+            claim = f"not data redis_agentstate wrote: {esc(r['corrupt'])}"
+        print(f"{tid.ljust(width)}  {status:<24}  {cycle:>6}  {rev:>6}  {claim}")
     if hidden:
         print(f"... and {hidden} more task(s) (--limit {args.limit}; raise or drop --limit to list them)")
     return 0
@@ -248,6 +285,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     expired = sum(1 for r in rows if r["lease_state"] == "expired")
     claimable = sum(1 for r in rows if r["status"] == "running" and not r["terminal"] and r["lease_state"] != "live")
     pools: dict[str, dict[str, int]] = {}
+    corrupt_pools: dict[str, str] = {}
     try:
         from .pools import PoolStore
     except ImportError:  # pragma: no cover - pools not built into this install
@@ -255,7 +293,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if PoolStore is not None:
         pstore = PoolStore(store.client, namespace=store.namespace)
         for pool_id in pstore.list():
-            snap = pstore.snapshot(pool_id)
+            try:
+                snap = pstore.snapshot(pool_id)
+            except CorruptState as exc:  # one corrupt pool does not hide the others
+                corrupt_pools[pool_id] = str(exc)
+                continue
             pools[pool_id] = {
                 "members": len(snap.members),
                 "messages": len(snap.messages),
@@ -271,6 +313,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "live_leases": live,
         "expired_leases": expired,
         "pools": pools,
+        "corrupt_tasks": {r["task_id"]: r["corrupt"] for r in rows if r["status"] == "corrupt"},
+        "corrupt_pools": corrupt_pools,
     }
     if args.json:
         print(_dump(data))
@@ -281,6 +325,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"  claimable now            {claimable}")
     print(f"  live leases              {live}")
     print(f"  expired leases           {expired}   (claimable by the next worker)")
+    for what, bad in (("task", data["corrupt_tasks"]), ("pool", corrupt_pools)):
+        for ident, reason in bad.items():
+            print(f"  corrupt {what} {esc(ident)}: {esc(reason)}")
     print(f"{len(pools)} pool(s)")
     for pool_id, p in pools.items():
         print(

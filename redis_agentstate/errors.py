@@ -4,7 +4,7 @@ Every exception the library raises on purpose derives from one root::
 
     AgentStateError
     ├── InvalidArgument          (also a ValueError) bad input, nothing was written
-    ├── CorruptState             bytes in Redis that do not decode
+    ├── CorruptState             data under our keys that this library did not write
     ├── ClaimRejected            the checkpoint exists but cannot be claimed
     │   ├── CheckpointTerminal   it has a terminal result or a terminal status
     │   ├── NotRunnable          its status is not ``running``
@@ -65,7 +65,9 @@ class InvalidArgument(AgentStateError, ValueError):
 
 
 class CorruptState(AgentStateError):
-    """Bytes stored in Redis do not decode as what this library wrote."""
+    """Data under the library's keys that it did not write: bytes that do not decode, a number or
+    status it would not store, a key of another Redis type. ``key`` names the key and ``task_id``
+    the task (a pool or key/value key is named in the message); nothing was written."""
 
 
 class ClaimRejected(AgentStateError):

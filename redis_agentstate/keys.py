@@ -49,11 +49,47 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 
-__all__ = ["MAX_ID_BYTES", "SHARDS", "Keys", "PoolKeys", "TaskKeys", "validate_namespace"]
+__all__ = ["KEY_TYPES", "MAX_ID_BYTES", "SHARDS", "Keys", "PoolKeys", "TaskKeys", "describe_key", "validate_namespace"]
 
 SHARDS = 64
 MAX_ID_BYTES = 1024
 MAX_NAMESPACE_CHARS = 128
+
+
+#: The Redis type the library keeps under each kind of key (the segment after the shard tag).
+KEY_TYPES = {
+    "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string",
+    "tasks": "zset", "ready": "zset", "gen": "string",
+    "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
+    "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-nonce": "string",
+    "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
+}  # fmt: skip
+_TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
+
+
+def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
+    """``(redis type, owner kind, owner id)`` of a key built here, e.g. ``("hash", "task", "t1")``.
+
+    The owner kind is ``"task"``, ``"pool"``, ``"key"`` (a key/value key) or
+    None for a shard's own keys (its indexes, its epoch counter); an unknown
+    key gives ``(None, None, None)``. Used to name what corrupt data belongs to.
+    """
+    # The namespace holds no braces: the first '}' closes the shard tag.
+    _, tag, rest = key.partition("}:")
+    if not tag:
+        return None, None, None
+    kind, _, ident = rest.partition(":")
+    if kind not in KEY_TYPES:
+        return None, None, None
+    if kind in _TASK_KINDS:
+        return KEY_TYPES[kind], "task", ident
+    if kind == "pool-nonce":
+        return KEY_TYPES[kind], "pool", ident.partition(":")[2]
+    if kind.startswith("pool") and kind != "pools":
+        return KEY_TYPES[kind], "pool", ident
+    if kind == "kv":
+        return KEY_TYPES[kind], "key", ident
+    return KEY_TYPES[kind], None, None
 
 
 def validate_namespace(namespace: object) -> str:

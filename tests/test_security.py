@@ -52,9 +52,9 @@ pytestmark = pytest.mark.real
 #: Every command the library sends, by the client or from its Lua scripts
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
-    "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hmget", "hset", "hvals", "incr",
-    "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "xadd", "xrange", "xread",
-    "zadd", "zcard", "zcount", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
+    "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hlen", "hmget", "hset", "hvals",
+    "incr", "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "xadd", "xlen",
+    "xrange", "xread", "zadd", "zcard", "zcount", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
 )  # fmt: skip
 
 
@@ -191,6 +191,31 @@ def test_least_privilege_user_runs_every_flow(tenant: AclTenant, admin: redis.Re
     kv = tenant.store(KeyValueStore, AsyncKeyValueStore, flavor)
     kv_flow(kv)
     assert acl_log(admin) == [], "the library sent something the least-privilege user may not"
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_least_privilege_user_gets_corrupt_state_for_foreign_keys(
+    tenant: AclTenant, admin: redis.Redis, flavor: str
+) -> None:
+    """The WRONGTYPE diagnosis (TYPE) and the scripts' probes (HLEN, XLEN) are in the user's command list."""
+    from redis_agentstate import CorruptState
+
+    store = tenant.store(CheckpointStore, AsyncCheckpointStore, flavor)
+    store.create(Checkpoint("t"))
+    keys = Keys(tenant.namespace)
+    admin.delete(keys.task("t").messages)
+    admin.set(keys.task("t").messages, "not a list")
+    with pytest.raises(CorruptState) as info:
+        store.claim("t", 1, token="w", lease_ms=1000)
+    assert info.value.key == keys.task("t").messages
+    pools = tenant.store(PoolStore, AsyncPoolStore, flavor)
+    pools.open("p", PoolConfig())
+    admin.delete(keys.pool("p").log)
+    admin.set(keys.pool("p").log, "not a stream")
+    with pytest.raises(CorruptState) as info:
+        pools.watch("p")
+    assert info.value.key == keys.pool("p").log
+    assert acl_log(admin) == []
 
 
 def test_least_privilege_user_is_refused_outside_its_namespace(

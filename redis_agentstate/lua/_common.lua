@@ -51,6 +51,71 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
+-- ---- data this library did not write ------------------------------------
+-- Checked before a script writes anything. A malformed field gets the error
+-- reply 'AGENTSTATE_CORRUPT <KEYS index> <field>'; a key of another Redis
+-- type fails a probe with WRONGTYPE. The client turns either into a
+-- CorruptState naming the key and the task (_ops.py). Written for speed
+-- (no tables or closures built per call): every claim runs it.
+local MAX_REVISION, MAX_CYCLE = 9007199254740991, 4294967295
+
+local function corrupt(i, what)
+  return redis.error_reply('AGENTSTATE_CORRUPT ' .. i .. ' ' .. what)
+end
+
+-- The number ``v`` holds if it is one this library wrote: decimal digits
+-- only, in range. tonumber() alone takes '1e400', '-5', '2.5', ' 7', '0x10'.
+local function int_in(v, lo, hi)
+  if not v or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+-- The first field of a HASH_FIELDS reply ``h`` this library would not have
+-- written, or nil. status, cycle and rev are always there; '' marks absent
+-- optional numbers.
+local function bad_field(h)
+  local s = h[1]
+  if not (s == 'running' or TERMINAL[s] or s == 'pending' or s == 'wait_user' or s == 'reconciliation_required') then
+    return 'status'
+  end
+  if not int_in(h[2], 0, MAX_CYCLE) then return 'cycle' end
+  if not int_in(h[3], 0, MAX_REVISION) then return 'rev' end
+  if h[5] and h[5] ~= '' and not int_in(h[5], 1, MAX_CYCLE) then return 'claimed' end
+  if h[6] and h[6] ~= '' and not int_in(h[6], 0, MAX_REVISION) then return 'lease' end
+  if h[7] and h[7] ~= '0' and h[7] ~= '1' then return 'term' end
+  return nil
+end
+
+-- True if the HMGET reply ``h`` found anything (the checkpoint exists).
+local function present(h)
+  for i = 1, #h do
+    if h[i] then return true end
+  end
+  return false
+end
+
+-- The Redis type of each of KEYS[1..7] (see the layout above).
+local KEY_TYPES = { 'hash', 'list', 'list', 'zset', 'zset', 'string', 'string' }
+
+-- Fails with WRONGTYPE if one of KEYS[i...] holds another type than ours:
+-- called before a script's first write, for the keys it has not read yet.
+-- (KEYS[1] needs none: every script reads it first.)
+local function probe(...)
+  local idx = { ... }
+  for j = 1, #idx do
+    local i = idx[j]
+    if KEY_TYPES[i] == 'list' then
+      redis.call('LLEN', KEYS[i])
+    elseif KEY_TYPES[i] == 'zset' then
+      redis.call('ZCARD', KEYS[i])
+    else
+      redis.call('GET', KEYS[i])
+    end
+  end
+end
+
 -- TIME is read once per script: Valkey freezes it for the whole script,
 -- Redis 7 does not, and reading it twice could disagree with itself.
 local function server_now_ms()
@@ -127,7 +192,10 @@ local function write_history(keys, current_epoch, now)
   local replace, n_m = ARGV[11], tonumber(ARGV[14])
   local first_m, last_m = 15, 14 + n_m
   local first_c, last_c = last_m + 1, #ARGV
+  -- The first write of every caller; reindex() writes the indexes last.
+  probe(4, 5)
   if replace == '1' or current_epoch == '' then
+    probe(2, 3, 6)
     redis.call('DEL', keys[2], keys[3])
     push_range(keys[2], ARGV, first_m, last_m)
     push_range(keys[3], ARGV, first_c, last_c)

@@ -80,3 +80,27 @@ local function snapshot(out)
   end
   return out
 end
+
+-- ---- data this library did not write ------------------------------------
+-- Checked here, before any script body runs (so before any write): a pool
+-- state field this library would not have written gets the error reply
+-- 'AGENTSTATE_CORRUPT <KEYS index> <field>', a key of another Redis type
+-- fails with WRONGTYPE, and the client turns either into a CorruptState
+-- naming the key and the pool (_ops.py). The probes cover the keys some
+-- script writes before it reads them (the log, the message and wake hashes).
+local function corrupt(i, what)
+  return redis.error_reply('AGENTSTATE_CORRUPT ' .. i .. ' ' .. what)
+end
+
+do
+  local h = redis.call('HMGET', KEYS[1], 'seq', 'evt', 'created')
+  if h[1] or h[2] or h[3] then
+    for i, name in ipairs({ 'seq', 'evt' }) do
+      if not h[i] or #h[i] > 16 or not string.match(h[i], '^%d+$') then return corrupt(1, name) end
+    end
+    if h[3] ~= '0' and h[3] ~= '1' then return corrupt(1, 'created') end
+  end
+  redis.call('XLEN', KEYS[7])
+  redis.call('HLEN', KEYS[3])
+  redis.call('HLEN', KEYS[5])
+end

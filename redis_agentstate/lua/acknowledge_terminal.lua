@@ -8,6 +8,8 @@
 local nonce, expected, remember_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
+if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
+probe(2, 3, 4, 5, 7)
 -- Checked first: the task may have been created again since our first send.
 if was_applied(redis.call('GET', KEYS[7]), nonce) then return 1 end
 if not h[1] then return 0 end

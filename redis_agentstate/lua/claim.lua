@@ -7,13 +7,17 @@
 -- Returns {0} missing; {-1, status} terminal; {-2, status} not running;
 -- {-3, found_cycle} cycle conflict; {-4, lease_expires_at_ms} claimed by
 -- another live token; {1, checkpoint...} claimed (revision bumped);
--- {2, checkpoint...} this token already holds this cycle (a re-sent claim).
+-- {2, checkpoint...} this token already holds this cycle (a re-sent claim);
+-- an AGENTSTATE_CORRUPT error reply when the hash holds a field this library
+-- would not have written (nothing is written then).
 local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local cycle = tonumber(cycle_arg)
 
 local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
-if not h[1] then return {0} end
+if not present(h) then return {0} end
+local bad = bad_field(h)
+if bad then return corrupt(1, bad) end
 local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
 local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
 
@@ -22,17 +26,19 @@ if status ~= 'running' then return {-2, status} end
 if current_cycle ~= cycle - 1 then return {-3, h[2]} end
 
 local now = server_now_ms()
-local code = 1
 if held_by ~= '' and lease > now then
   if held_by ~= token or claimed ~= cycle_arg then return {-4, h[6]} end
-  code = 2
-else
-  local expires = now + lease_ms
-  redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
-    'claimed', cycle_arg, 'lease', fmt(expires))
-  redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
-  h[3], h[4], h[5], h[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+  local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
+  table.insert(out, 1, 2)
+  return out
 end
+-- Read before writing: a history list of another Redis type fails here,
+-- with nothing written (and the index is written before the hash).
 local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
-table.insert(out, 1, code)
+local expires = now + lease_ms
+redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
+  'claimed', cycle_arg, 'lease', fmt(expires))
+out[3], out[4], out[5], out[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+table.insert(out, 1, 1)
 return out

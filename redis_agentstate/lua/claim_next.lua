@@ -20,6 +20,8 @@
 --                       re-sent claim_next after a lost reply)
 --   {0, now}            not due any more; the shard has nothing else due
 --   {0, now, head_id, head_score}  not due any more; the shard's head now
+--   an AGENTSTATE_CORRUPT error reply: the hash holds a field this library
+--   would not have written (nothing is written)
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 local epoch, have_m, have_c = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local task_id = task_id_of(KEYS[1])
@@ -31,14 +33,16 @@ local function lost_race()
   return {0, fmt(now)}
 end
 
-local h = redis.call('HMGET', KEYS[1], 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term')
+local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
 local score = redis.call('ZSCORE', KEYS[4], task_id)
 
-if not h[1] then
+if not present(h) then
   -- No checkpoint: an index entry would be stale.
   if score then redis.call('ZREM', KEYS[4], task_id) end
   return lost_race()
 end
+local bad = bad_field(h)
+if bad then return corrupt(1, bad) end
 
 local status, cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
 local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
@@ -46,7 +50,7 @@ local next_cycle = cycle + 1
 
 -- A re-send of a claim_next whose reply was lost: the claim is ours already.
 if held_by == token and lease > now and claimed == fmt(next_cycle) then
-  local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+  local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
   table.insert(out, 1, 2)
   return out
 end
@@ -64,11 +68,14 @@ if held_by ~= '' and lease > now then
 end
 
 -- The checkpoint says claimable; that decides, whatever the index said.
+-- Everything is read before the first write, so a key of another Redis type
+-- fails with nothing written.
+local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
 local expires = now + lease_ms
+redis.call('ZADD', KEYS[5], 0, task_id)
+redis.call('ZADD', KEYS[4], expires, task_id)
 redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
   'claimed', fmt(next_cycle), 'lease', fmt(expires))
-redis.call('ZADD', KEYS[4], expires, task_id)
-redis.call('ZADD', KEYS[5], 0, task_id)
-local out = read_checkpoint(KEYS, epoch, have_m, have_c)
+out[3], out[4], out[5], out[6] = fmt(rev + 1), token, fmt(next_cycle), fmt(expires)
 table.insert(out, 1, 1)
 return out

@@ -14,6 +14,7 @@ local nonce, expected, cycle = ARGV[1], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
+if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] then
   -- Acknowledged (deleted) since our first send? The tombstone keeps the ring.
   if was_applied(redis.call('GET', KEYS[7]), nonce) then return {2, ''} end

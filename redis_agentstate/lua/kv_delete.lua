@@ -2,6 +2,8 @@
 --   KEYS[1..2] - the shard's kvkeys and kvttl (see _kv.lua)
 --   KEYS[3..]  - value keys
 -- Returns the number of values that existed.
+-- Fails with WRONGTYPE before the first DEL if the key index is not ours.
+redis.call('ZCARD', KEYS[1])
 prune(now_ms())
 local n = 0
 for i = 3, #KEYS do

@@ -13,7 +13,8 @@ if is_open() then
   if stored ~= config then return { -1, stored or '' } end
   return snapshot({ 1 })
 end
-redis.call('HSET', KEYS[1], 'cfg', config, 'created', '0', 'seq', '0', 'evt', '0')
+-- The index first: if it is of another Redis type, nothing is written.
 redis.call('ZADD', KEYS[8], 0, pool_id)
+redis.call('HSET', KEYS[1], 'cfg', config, 'created', '0', 'seq', '0', 'evt', '0')
 append('pool_opened', config, maxlen)
 return snapshot({ 2 })

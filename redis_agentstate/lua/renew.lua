@@ -5,16 +5,20 @@
 --   ARGV[3]    - new lease duration in ms, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
 -- claim, and the holder must treat its lease as lost.
--- Returns {1, lease_expires_at_ms} renewed; {0} not renewed.
+-- Returns {1, lease_expires_at_ms} renewed; {0} not renewed; an
+-- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
 if not h[1] then return {0} end
+if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
+if h[3] and h[3] ~= '' and not int_in(h[3], 0, MAX_REVISION) then return corrupt(1, 'lease') end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
   return {0}
 end
 local expires = now + lease_ms
-redis.call('HSET', KEYS[1], 'lease', fmt(expires))
+-- The index first: if it is of another Redis type, nothing is written.
 redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+redis.call('HSET', KEYS[1], 'lease', fmt(expires))
 return {1, fmt(expires)}
