@@ -10,12 +10,10 @@ and no rule can drift between them.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import itertools
 import math
 import os
-import random
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -24,12 +22,13 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import redis.exceptions as rex
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
-    stop_before_delay,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 from . import scripts
 from .errors import AgentStateError, BackendError, BackendUnavailable, CorruptState, InvalidArgument
@@ -106,45 +105,36 @@ class RetryPolicy:
         ):
             raise InvalidArgument(f"RetryPolicy.retry_on must be a tuple of exception classes, got {retry_on!r}")
 
-    def first_wait(self) -> float:
-        """Jittered pause before the first re-send."""
-        return self.wait(1)
-
-    def wait(self, failures: int) -> float:
-        """Full-jitter exponential pause after ``failures`` failed attempts (``failures >= 1``)."""
-        return random.uniform(0, min(self.max_wait_s, self.multiplier_s * 2 ** min(failures - 1, 60)))
-
-    def pause(self, failures: int, started: float, now: float) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up.
-
-        ``started``/``now`` are :func:`time.monotonic` readings: the call's start and the
-        moment its ``failures``-th attempt failed. None once the attempts are spent or when
-        the next attempt would start after the deadline ``started + max_delay_s``.
-        """
-        if failures >= self.attempts:
-            return None
-        pause = self.wait(failures)
-        if now + pause > started + self.max_delay_s:
-            return None
-        return pause
-
-    # The stores' own loop is ``pause`` (below ``run_sync``/``run_async``); these build the
-    # equivalent tenacity retrier for callers who want one.
-    def _kwargs(self, retries: bool) -> dict[str, Any]:
-        # ``retries``: the first attempt already failed outside tenacity.
-        attempts = self.attempts - 1 if retries else self.attempts
+    def _kwargs(self, started: float | None) -> dict[str, Any]:
+        deadline = (time.monotonic() if started is None else started) + self.max_delay_s
         return {
-            "stop": stop_after_attempt(attempts) | stop_before_delay(self.max_delay_s),
+            "stop": stop_after_attempt(self.attempts) | _StopBeforeDeadline(deadline),
             "wait": wait_random_exponential(multiplier=self.multiplier_s, max=self.max_wait_s),
             "retry": retry_if_exception_type(self.retry_on),
             "reraise": True,
         }
 
-    def sync(self, retries: bool = False) -> Retrying:
-        return Retrying(**self._kwargs(retries))
+    def sync(self, started: float | None = None) -> Retrying:
+        """The tenacity retrier of one call that began at ``started`` (``time.monotonic()``; default now)."""
+        return Retrying(**self._kwargs(started))
 
-    def asyncio(self, retries: bool = False) -> AsyncRetrying:
-        return AsyncRetrying(**self._kwargs(retries))
+    def asyncio(self, started: float | None = None) -> AsyncRetrying:
+        """The asyncio twin of :meth:`sync`."""
+        return AsyncRetrying(**self._kwargs(started))
+
+
+class _StopBeforeDeadline(stop_base):
+    """Stop when the next attempt would start at or after ``deadline`` (a ``time.monotonic()`` reading).
+
+    tenacity's own ``stop_before_delay`` counts from its first attempt; ours counts
+    from the call's start, so the first try (run outside tenacity) is inside it.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return time.monotonic() + retry_state.upcoming_sleep >= self.deadline
 
 
 NO_RETRY = RetryPolicy(attempts=1)
@@ -284,19 +274,23 @@ async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any
 
 
 def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
-    # The deadline counts from here, so the first attempt's own time (redis-py's internal
-    # retries, connect timeouts) is inside max_delay_s, not on top of it.
+    # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
+    # the deadline counts from its start all the same (redis-py's own retries and
+    # connect timeouts inside it are within max_delay_s, not on top of it).
     started = time.monotonic()
-    failures = 0
-    while True:
-        try:
+    failed: BaseException | None = None
+    try:
+        return _send_sync(client, scripts, req)
+    except retry.retry_on as exc:
+        failed = exc
+    for attempt in retry.sync(started):
+        with attempt:
+            if failed is not None:
+                # tenacity's attempt 1 is the failure above: it decides from there whether to wait and re-send.
+                exc, failed = failed, None
+                raise exc
             return _send_sync(client, scripts, req)
-        except retry.retry_on:
-            failures += 1
-            pause = retry.pause(failures, started, time.monotonic())
-            if pause is None:
-                raise
-        time.sleep(pause)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
 def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
@@ -331,16 +325,18 @@ async def _error_async(client: Any, scripts: dict[str, Any], req: Request, exc: 
 
 async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
     started = time.monotonic()
-    failures = 0
-    while True:
-        try:
+    failed: BaseException | None = None
+    try:
+        return await _send_async(client, scripts, req)
+    except retry.retry_on as exc:
+        failed = exc
+    async for attempt in retry.asyncio(started):
+        with attempt:
+            if failed is not None:
+                exc, failed = failed, None
+                raise exc
             return await _send_async(client, scripts, req)
-        except retry.retry_on:
-            failures += 1
-            pause = retry.pause(failures, started, time.monotonic())
-            if pause is None:
-                raise
-        await asyncio.sleep(pause)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
 async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:

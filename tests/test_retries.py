@@ -372,20 +372,32 @@ def test_async_socket_timeout_discards_the_connection(
 def test_default_policy_is_bounded_and_jittered() -> None:
     policy = RetryPolicy()
     assert 1 < policy.attempts <= 5 and policy.max_delay_s <= 10
-    waits = {round(policy.wait(n), 6) for n in range(1, 6) for _ in range(5)}
-    assert len(waits) > 5 and max(waits) <= policy.max_wait_s
     waits = {round(policy.sync().wait(_FakeState(n)), 6) for n in range(1, 6) for _ in range(5)}  # type: ignore[arg-type]
     assert len(waits) > 5 and max(waits) <= policy.max_wait_s
 
 
-def test_pause_never_lets_an_attempt_start_after_the_deadline() -> None:
-    policy = RetryPolicy(attempts=5, max_wait_s=1.0, multiplier_s=1.0, max_delay_s=2.0)
-    assert policy.pause(5, started=0.0, now=0.1) is None  # attempts spent
-    assert policy.pause(1, started=0.0, now=2.0) is None  # the deadline has come
-    for _ in range(200):
-        pause = policy.pause(1, started=0.0, now=1.5)
-        assert pause is None or 1.5 + pause <= 2.0
-    assert RetryPolicy(max_delay_s=0).pause(1, started=0.0, now=0.0) in (None, 0.0)
+def _attempt_starts(policy: RetryPolicy) -> tuple[float, list[float]]:
+    """Drive ``policy``'s retrier over a call that always fails; when each attempt started."""
+    started = time.monotonic()
+    starts: list[float] = []
+    with pytest.raises(redis.ConnectionError):
+        for attempt in policy.sync(started):
+            with attempt:
+                starts.append(time.monotonic())
+                raise redis.ConnectionError("down")
+    return started, starts
+
+
+def test_no_attempt_starts_after_the_deadline() -> None:
+    policy = RetryPolicy(attempts=10_000, max_wait_s=0.05, multiplier_s=0.05, max_delay_s=0.3)
+    started, starts = _attempt_starts(policy)
+    assert len(starts) > 3 and all(s < started + 0.3 for s in starts)
+    assert time.monotonic() - started < 0.3 + 0.1  # no wait ends after the deadline either
+
+
+def test_attempts_count_the_first_try_and_max_delay_zero_means_one() -> None:
+    assert len(_attempt_starts(RetryPolicy(attempts=3, max_wait_s=0.01, multiplier_s=0.01))[1]) == 3
+    assert len(_attempt_starts(RetryPolicy(attempts=100, max_delay_s=0))[1]) == 1
 
 
 # ---- the documented bound: max_delay_s plus one attempt ---------------------------------------
