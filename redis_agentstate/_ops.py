@@ -287,8 +287,8 @@ def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy
         with attempt:
             if failed is not None:
                 # tenacity's attempt 1 is the failure above: it decides from there whether to wait and re-send.
-                exc, failed = failed, None
-                raise exc
+                first, failed = failed, None
+                raise first
             return _send_sync(client, scripts, req)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
@@ -333,8 +333,8 @@ async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: Retr
     async for attempt in retry.asyncio(started):
         with attempt:
             if failed is not None:
-                exc, failed = failed, None
-                raise exc
+                first, failed = failed, None
+                raise first
             return await _send_async(client, scripts, req)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
