@@ -7,6 +7,7 @@ stores drive with their own client. Nothing here blocks or awaits.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import threading
 from collections import OrderedDict
@@ -29,6 +30,8 @@ from .keys import SHARDS, Keys, TaskKeys
 from .models import AgentStatus, Checkpoint
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
+
+logger = logging.getLogger("redis_agentstate")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 #: How long acknowledge_terminal remembers its nonce, so a re-send still reports success.
@@ -153,6 +156,7 @@ class CheckpointCore:
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
+        self._corrupt_logged: set[str] = set()
 
     # ---- checks ---------------------------------------------------------
 
@@ -406,7 +410,7 @@ class CheckpointCore:
             spread = due[: self.CLAIM_NEXT_SPREAD]
             random.shuffle(spread)
             due[: self.CLAIM_NEXT_SPREAD] = spread
-            cp = yield from self._claim_due(due, token, lease_ms)
+            cp = yield from self._claim_due(due, now, token, lease_ms)
             if cp is not None:
                 return cp
         return None
@@ -416,21 +420,51 @@ class CheckpointCore:
     #: How many of the oldest due shard heads are tried in random order.
     CLAIM_NEXT_SPREAD = 1
 
-    def _claim_due(self, due: list[tuple[str, float]], token: str, lease_ms: int) -> Op[Checkpoint | None]:
-        for tid, _score in due:
+    def _claim_due(self, due: list[tuple[str, float]], now: int, token: str, lease_ms: int) -> Op[Checkpoint | None]:
+        """Claim the first of ``due`` that can be claimed; None when others won every race.
+
+        A task holding data we did not write is skipped (logged once), so one
+        corrupt task cannot stall a fleet; its ``CorruptState`` is raised only
+        when nothing else could be claimed, so it is never silently hidden.
+        """
+        corrupt: CorruptState | None = None
+        skipped: set[str] = set()
+        for head, _score in due:
+            tid: str | None = head
             for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
+                if tid is None:
+                    break
                 keys = self._task_keys(tid)
-                cached, have = self._cached(tid)
-                reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
-                code = reply[0]
-                if code in (1, 2):
-                    return self._checkpoint(tid, keys, reply, 1, cached)
-                if code != 0:
-                    raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+                try:
+                    cached, have = self._cached(tid)
+                    reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
+                    code = reply[0]
+                    if code in (1, 2):
+                        return self._checkpoint(tid, keys, reply, 1, cached)
+                    if code != 0:
+                        raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+                except CorruptState as exc:
+                    self._skipped_corrupt(exc)
+                    corrupt = corrupt or exc
+                    skipped.add(tid)
+                    # The rest of the shard queues behind the corrupt task: look past the skipped ones.
+                    (page,) = yield Pipe([("ZRANGEBYSCORE", keys.ready, "-inf", now, "LIMIT", 0, len(skipped) + 1)])
+                    tid = next((m for m in (member_id(r, keys.ready) for r in page) if m not in skipped), None)
+                    continue
                 if len(reply) < 4 or float(reply[3]) > int(reply[1]):
                     break  # nothing else due in this shard
                 tid = member_id(reply[2], keys.ready)
+        if corrupt is not None:
+            raise corrupt
         return None
+
+    def _skipped_corrupt(self, exc: CorruptState) -> None:
+        # Once per task per store: claim_next meets the same corrupt head on every call.
+        ident = exc.task_id or exc.key or str(exc)
+        if ident in self._corrupt_logged or len(self._corrupt_logged) >= 1024:
+            return
+        self._corrupt_logged.add(ident)
+        logger.warning("claim_next skips a corrupt task (fix or delete it; `agentstate list` shows it): %s", exc)
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
         self.validate(cp)

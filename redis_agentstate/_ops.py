@@ -3,8 +3,10 @@
 Stores never hold logic of their own. A core method (e.g.
 ``CheckpointCore.commit``) is a generator: it validates, builds one request,
 yields it, receives the raw reply, and either returns the parsed result or
-yields a follow-up request. ``run_sync`` and ``run_async`` are the only two
-places that talk to Redis, so the sync and async stores are three-line shells
+yields a follow-up request. A request that fails is thrown into the op at
+its ``yield`` as the library's error (``BackendError``, ``CorruptState``, ...),
+so an op may recover from it; most let it propagate. ``run_sync`` and
+``run_async`` are the only two places that talk to Redis, so the sync and async stores are three-line shells
 and no rule can drift between them.
 """
 
@@ -301,12 +303,20 @@ def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]
             try:
                 reply = _send_retrying_sync(client, scripts, retry, req)
             except rex.RedisError as exc:
-                raise _error_sync(client, scripts, req, exc) from exc
+                # Thrown into the op, which may recover (claim_next skips a corrupt task).
+                req = op.throw(_caused(_error_sync(client, scripts, req, exc), exc))
+                continue
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         op.close()
+
+
+def _caused(error: AgentStateError, cause: rex.RedisError) -> AgentStateError:
+    """``error`` as if raised ``from cause`` (it is thrown into the op, not raised here)."""
+    error.__cause__ = cause
+    return error
 
 
 def _error_sync(client: Any, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
@@ -347,7 +357,8 @@ async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op
             try:
                 reply = await _send_retrying_async(client, scripts, retry, req)
             except rex.RedisError as exc:
-                raise await _error_async(client, scripts, req, exc) from exc
+                req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
+                continue
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]

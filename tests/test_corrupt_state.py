@@ -195,6 +195,27 @@ class TestCheckpointFields:
         err = assert_corrupt(raw, store.namespace, getattr(task, op), Keys(store.namespace).task(TASK).checkpoint, TASK)
         assert case[0] in str(err)
 
+    def test_claim_next_skips_a_corrupt_task_and_serves_the_healthy_one(
+        self, store: Any, raw: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        Task(store, "fresh")  # the oldest due task: the head claim_next tries first
+        plant_field(raw, store.namespace, "rev", b"1e400")
+        healthy = same_shard(TASK, "h")  # same shard too: the shard's next head is tried after it
+        assert store.create(Checkpoint(healthy, status="running"))
+        key = Keys(store.namespace).task(TASK).checkpoint
+        before = raw.hgetall(key)
+        with caplog.at_level("WARNING", logger="redis_agentstate"):
+            got = store.claim_next(token="w", lease_ms=60_000)
+            assert got is not None and got.task_id == healthy
+            got.cycle_index = 1
+            assert store.commit(got, token="w", expected_revision=got.revision)
+            assert store.claim_next(token="w2", lease_ms=60_000).task_id == healthy
+        assert raw.hgetall(key) == before  # the corrupt task is left as it was
+        assert [r.getMessage() for r in caplog.records].count(next(r.getMessage() for r in caplog.records)) == 1
+        assert TASK in caplog.records[0].getMessage()
+        # With nothing else due, the corrupt task is reported, not hidden behind None.
+        assert_corrupt(raw, store.namespace, lambda: store.claim_next(token="w3", lease_ms=60_000), key, TASK)
+
     @pytest.mark.parametrize("case", LOAD_WAS_LENIENT, ids=_field_id)
     def test_load_refuses_what_it_used_to_parse(self, store: Any, raw: Any, case: tuple[str, bytes | None]) -> None:
         task = Task(store, "fresh")
