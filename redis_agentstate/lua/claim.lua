@@ -6,7 +6,8 @@
 --   ARGV[4..6] - cached history epoch, messages, cycle records (as load.lua)
 -- Returns {0} missing; {-1, status} terminal; {-2, status} not running;
 -- {-3, found_cycle} cycle conflict; {-4, lease_expires_at_ms} claimed by
--- another live token; {1, checkpoint...} claimed (revision bumped);
+-- another live token; {-5, rev} the revision is too high for this claim's
+-- commit to be stored (MAX_CLAIM_FROM_REV); {1, checkpoint...} claimed (revision bumped);
 -- {2, checkpoint...} this token already holds this cycle (a re-sent claim).
 local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -27,6 +28,7 @@ if held_by ~= '' and lease > now then
   if held_by ~= token or claimed ~= cycle_arg then return {-4, h[6]} end
   code = 2
 else
+  if rev > MAX_CLAIM_FROM_REV then return {-5, h[3]} end
   local expires = now + lease_ms
   redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
     'claimed', cycle_arg, 'lease', fmt(expires))
