@@ -286,8 +286,17 @@ class CheckpointCore:
         ]  # fmt: skip
 
     @staticmethod
-    def _write_id(kind: str, cp: Checkpoint, token: str, expected: int, replace: bool, body: bytes,
-                  upto: tuple[int, int], hash_m: Any, hash_c: Any) -> str:  # fmt: skip
+    def _write_id(
+        kind: str,
+        cp: Checkpoint,
+        token: str,
+        expected: int,
+        replace: bool,
+        body: bytes,
+        upto: tuple[int, int],
+        hash_m: Any,
+        hash_c: Any,
+    ) -> str:
         """The identity of a fenced write: a digest of everything it writes, whoever sends it.
 
         Token, expected revision, cycle, status, terminal flag, body, replace
