@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import hashlib
 import os
 import pstats
 from typing import Any
@@ -139,9 +140,18 @@ def _micro(store: CheckpointStore, client: redis.Redis, quick: bool) -> dict[str
     out["Keys.task(task_id).as_list() uncached (the core now caches it)"] = micro(
         lambda: core.keys.task(tid).as_list(), n
     )
-    out["new_nonce() (per commit)"] = micro(new_nonce, n)
+    out["new_nonce() (per create/save)"] = micro(new_nonce, n)
+    blob = encode(body_value := [cp.shared_state, cp.terminal_result, cp.budget_usage], what="b")
+    prefix = hashlib.blake2b(digest_size=16)
+
+    def write_identity() -> None:
+        hm = prefix.copy()
+        hm.update(blob)
+        core._write_id("commit", cp, "w", cp.revision, False, blob, (1, 0), hm, prefix)
+
+    out["write identity: digest of a commit, 1 KiB body (per commit)"] = micro(write_identity, n)
     out["validate(cp) (per commit)"] = micro(lambda: core.validate(cp), n)
-    body = [cp.shared_state, cp.terminal_result, cp.budget_usage]
+    body = body_value
     out["encode body, 1 KiB (per commit)"] = micro(lambda: encode(body, what="b"), n)
 
     def claim_build() -> None:

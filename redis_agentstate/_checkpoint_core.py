@@ -7,12 +7,14 @@ stores drive with their own client. Nothing here blocks or awaits.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from . import scripts as S
 from ._ops import Call, Op, Pipe, list_indexes, member_id, new_nonce
@@ -21,6 +23,7 @@ from .codec import decode, encode
 from .errors import (
     AlreadyClaimed,
     CheckpointTerminal,
+    ClaimRejected,
     CorruptState,
     CycleConflict,
     InvalidArgument,
@@ -34,34 +37,55 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
 logger = logging.getLogger("redis_agentstate")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
-#: How long acknowledge_terminal remembers its nonce, so a re-send still reports success.
+#: How long acknowledge_terminal keeps its tombstone, so a re-send still reports success.
 ACK_REMEMBER_MS = 3_600_000
 _STATUSES = {s.value: s for s in AgentStatus}
 
 
-class _History(NamedTuple):
-    """What this client knows is stored: the first ``n_m``/``n_c`` entries of the lists, at ``epoch``."""
+@dataclass(slots=True)
+class _History:
+    """What this client knows is stored: the first ``n_m``/``n_c`` entries of the lists, at ``epoch``.
+
+    ``revision`` is the checkpoint's revision when those counts were read or
+    written; ``hash_m``/``hash_c`` are blake2b states over the stored blobs of
+    exactly those entries (never updated in place: copied, then extended), so
+    a write's identity digests its whole history at O(delta) cost.
+    ``lent``: the lists are held by a reader who may still append to them, so
+    the next read must not hand them out again.
+    """
 
     epoch: bytes
     messages: list[Any]
     cycles: list[Any]
     n_m: int
     n_c: int
+    revision: int
+    hash_m: Any
+    hash_c: Any
+    lent: bool = False
 
     def usable(self) -> bool:
         # Someone shortened a list we handed out: we can no longer vouch for it.
         return len(self.messages) >= self.n_m and len(self.cycles) >= self.n_c
 
+    def intact(self) -> bool:
+        """Holds exactly the stored entries (nobody appended to the lists since)."""
+        return len(self.messages) == self.n_m and len(self.cycles) == self.n_c
+
 
 class HistoryCache:
     """Decoded message and cycle histories by task, so reads fetch only new entries.
 
-    The lists are shared, without copying, with the checkpoints a read returns
-    and taken, without copying, from the checkpoints a commit stores: a cycle
-    then costs what it appends, not what came before. Only the first
-    ``n_m``/``n_c`` entries are ever trusted, so entries a caller appends but
-    never commits are ignored; the library itself never mutates a cached list.
-    The one rule for callers is the append-only contract of ``Checkpoint``.
+    Each read hands out list objects that no other read holds: ``load`` always
+    a new list (a copy of references, no decoding), a claim the cached lists
+    themselves when nobody else holds them (the previous claimant committed
+    and so handed them over), else a copy. A commit adopts, without copying,
+    the lists of the claim it commits. A cycle then costs what it appends, not
+    what came before, and one reader's uncommitted appends never reach
+    another's commit. Only the first ``n_m``/``n_c`` entries are ever trusted,
+    so entries a caller appends but never commits are ignored; the library
+    itself never mutates a cached list. The one rule for callers is the
+    append-only contract of ``Checkpoint``.
     """
 
     def __init__(self, max_tasks: int) -> None:
@@ -78,36 +102,43 @@ class HistoryCache:
                 self._entries.move_to_end(task_id)
             return entry
 
-    def put(
-        self,
-        task_id: str,
-        epoch: bytes,
-        messages: list[Any],
-        cycles: list[Any],
-        n_m: int | None = None,
-        n_c: int | None = None,
-    ) -> None:
-        """``n_m``/``n_c``: how many leading entries Redis holds (default: all, measured now)."""
+    def put(self, task_id: str, entry: _History, *, lend_from: _History | None = None) -> bool:
+        """Store ``entry``; with ``lend_from``, only if that is still current and not lent (then marked lent).
+
+        Returns whether ``entry`` was stored. The check and the store are one
+        step, so two threads claiming through one store never both take the
+        same lists.
+        """
         if not self.max_tasks:
-            return
-        n_m = len(messages) if n_m is None else n_m
-        n_c = len(cycles) if n_c is None else n_c
+            return lend_from is None
         with self._lock:
-            self._entries[task_id] = _History(epoch, messages, cycles, n_m, n_c)
+            if lend_from is not None:
+                if self._entries.get(task_id) is not lend_from or lend_from.lent:
+                    return False
+                lend_from.lent = True
+            self._entries[task_id] = entry
             self._entries.move_to_end(task_id)
             while len(self._entries) > self.max_tasks:
                 self._entries.popitem(last=False)
+            return True
 
     def drop(self, task_id: str) -> None:
         with self._lock:
             self._entries.pop(task_id, None)
 
 
-def _extended(cached: list[Any], stored: int, new: list[Any]) -> list[Any]:
-    """The cached list itself when it is exactly what is stored (no copy), else a new one."""
-    if not new and len(cached) == stored:
-        return cached
-    return cached[:stored] + new
+def _hashed(blobs: Sequence[bytes], base: Any = None) -> Any:
+    """A blake2b state over ``base``'s input followed by ``blobs`` (``base`` itself is never changed).
+
+    The blobs are whole msgpack values, each self-delimiting, so their
+    concatenation names the sequence unambiguously.
+    """
+    if base is not None and not blobs:
+        return base
+    h = hashlib.blake2b(digest_size=16) if base is None else base.copy()
+    if blobs:
+        h.update(b"".join(blobs))
+    return h
 
 
 def _committed(known: list[Any], stored: int, written: list[Any]) -> list[Any]:
@@ -173,11 +204,17 @@ class CheckpointCore:
         return check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
 
     @staticmethod
-    def _revision(revision: object, what: str = "expected_revision") -> int:
-        return check_int(revision, what, 0, MAX_REVISION)
+    def _revision(revision: object, what: str = "expected_revision", *, bumped: bool = False) -> int:
+        """``bumped``: the write stores ``revision + 1``, which must stay within MAX_REVISION."""
+        return check_int(revision, what, 0, MAX_REVISION - 1 if bumped else MAX_REVISION)
 
-    def validate(self, cp: object) -> Checkpoint:
-        """Check every field of ``cp`` (types and ranges); return it unchanged."""
+    def validate(self, cp: object, *, stores_revision: bool = True) -> Checkpoint:
+        """Check every field of ``cp`` (types and ranges); return it unchanged.
+
+        ``stores_revision``: ``cp.revision`` is written as is (create, save),
+        so it must leave room for the claims and commits that bump it; a
+        commit or finalize ignores it, and accepts whatever a claim returned.
+        """
         if not isinstance(cp, Checkpoint):
             raise InvalidArgument(f"expected a Checkpoint, got {type(cp).__name__}")
         check_id(cp.task_id, "task_id")
@@ -190,7 +227,7 @@ class CheckpointCore:
             raise InvalidArgument("cycles must be a list")
         if not isinstance(cp.shared_state, dict):
             raise InvalidArgument("shared_state must be a dict")
-        check_int(cp.revision, "revision", 0, MAX_STORED_REVISION)
+        check_int(cp.revision, "revision", 0, MAX_STORED_REVISION if stores_revision else MAX_REVISION)
         if cp.claim_token is not None:
             self._token(cp.claim_token)
         if cp.claimed_cycle is not None:
@@ -201,51 +238,85 @@ class CheckpointCore:
 
     # ---- request building -----------------------------------------------
 
-    def _write_args(
-        self,
-        cp: Checkpoint,
-        *,
-        nonce: str,
-        token: str,
-        revision: int,
-        claimed: str,
-        lease: str,
-        history: _History | None,
-        replace: bool,
-        upto: tuple[int, int] | None = None,
-    ) -> list[Any]:
-        """ARGV for create/save/commit/finalize (layout in ``_common.lua``).
+    def _body(self, cp: Checkpoint) -> bytes:
+        return encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {cp.task_id!r} body")
 
-        Sends only the history entries added since ``history`` (what this client
-        knows is stored) unless ``history`` is None, in which case the full lists
-        go and the script skips what it already holds.
+    def _history_part(
+        self, cp: Checkpoint, history: _History | None, upto: tuple[int, int], body: bytes
+    ) -> tuple[list[Any], list[bytes], list[bytes]]:
+        """The history header (epoch, base_m, base_c) and the message and cycle blobs to send.
+
+        Only the entries added since ``history`` (what this client knows is
+        stored) unless ``history`` is None: then the full lists go and the
+        script skips what it already holds.
         """
         tid = cp.task_id
-        body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {tid!r} body")
-        # A checkpoint shorter than our cached view goes whole: the script decides
-        # (after fencing) whether that is a forbidden shrink.
-        lim_m, lim_c = upto if upto is not None else (len(cp.messages), len(cp.cycles))
-        if history is None or replace or lim_m < history.n_m or lim_c < history.n_c:
-            base_m = base_c = -1
-            epoch = b""
+        lim_m, lim_c = upto
+        if history is None:
+            header: list[Any] = [b"", -1, -1]
             new_m, new_c = cp.messages[:lim_m], cp.cycles[:lim_c]
         else:
-            base_m, base_c = history.n_m, history.n_c
-            epoch = history.epoch
-            new_m, new_c = cp.messages[base_m:lim_m], cp.cycles[base_c:lim_c]
-        blobs = [encode(m, what=f"message of task {tid!r}") for m in new_m]
-        blobs += [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
-        size = len(body) + sum(map(len, blobs))
+            header = [history.epoch, history.n_m, history.n_c]
+            new_m, new_c = cp.messages[history.n_m : lim_m], cp.cycles[history.n_c : lim_c]
+        blobs_m = [encode(m, what=f"message of task {tid!r}") for m in new_m]
+        blobs_c = [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
+        size = len(body) + sum(map(len, blobs_m)) + sum(map(len, blobs_c))
         if size > self.max_payload_bytes:
             raise InvalidArgument(
                 f"checkpoint {tid!r} write is {size} bytes, over max_payload_bytes={self.max_payload_bytes}"
             )
+        return header, blobs_m, blobs_c
+
+    @staticmethod
+    def _write_args(
+        cp: Checkpoint,
+        *,
+        identity: str,
+        token: str,
+        revision: int,
+        body: bytes,
+        part: tuple[list[Any], list[bytes], list[bytes]],
+        replace: bool,
+        claimed: str = "",
+        lease: str = "",
+    ) -> list[Any]:
+        """ARGV for create/save/commit/finalize (layout in ``_common.lua``)."""
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
         status = AgentStatus(cp.status).value
         term = "0" if cp.terminal_result is None else "1"
         return [
-            nonce, token, int(revision), int(cp.cycle_index), status, term, body,
-            epoch, base_m, base_c, "1" if replace else "0", claimed, lease, len(new_m), *blobs,
+            identity, token, int(revision), int(cp.cycle_index), status, term, body,
+            epoch, base_m, base_c, "1" if replace else "0", claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
+
+    @staticmethod
+    def _write_id(
+        kind: str,
+        cp: Checkpoint,
+        token: str,
+        expected: int,
+        replace: bool,
+        body: bytes,
+        upto: tuple[int, int],
+        hash_m: Any,
+        hash_c: Any,
+    ) -> str:
+        """The identity of a fenced write: a digest of everything it writes, whoever sends it.
+
+        Token, expected revision, cycle, status, terminal flag, body, replace
+        flag, the message and cycle counts and a digest of the whole resulting
+        history (``hash_m``/``hash_c``: the stored prefix from the cache, at
+        O(delta) cost, or the caller's full lists). The same write re-sent by
+        anyone (another store, after the cache moved on) has the same identity;
+        a different write at the same revision a different one.
+        """
+        head = [kind, token, expected, int(cp.cycle_index), AgentStatus(cp.status).value,
+                cp.terminal_result is not None, replace, *upto, len(body)]  # fmt: skip
+        d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
+        d.update(hash_m.digest())
+        d.update(hash_c.digest())
+        d.update(body)
+        return d.hexdigest()
 
     def _cached(self, task_id: str) -> tuple[_History | None, list[Any]]:
         h = self.history.get(task_id)
@@ -256,9 +327,14 @@ class CheckpointCore:
     # ---- reply parsing --------------------------------------------------
 
     def _checkpoint(
-        self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None
+        self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None, *, claim: bool
     ) -> Checkpoint:
-        """Parse ``read_checkpoint``'s array starting at ``reply[at]``."""
+        """Parse ``read_checkpoint``'s array starting at ``reply[at]``.
+
+        ``claim``: the reader is the claimant of the next cycle, who may take
+        the cached lists themselves when nobody else holds them; any other
+        read (``load``) gets lists of its own.
+        """
         try:
             status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
@@ -288,23 +364,32 @@ class CheckpointCore:
                 task_id=task_id,
                 key=keys.checkpoint,
             ) from exc
-        new_m = [decode(b, key=keys.messages, task_id=task_id) for b in blobs[:k]]
-        new_c = [decode(b, key=keys.cycles, task_id=task_id) for b in blobs[k:]]
+        blobs_m, blobs_c = blobs[:k], blobs[k:]
+        new_m = [decode(b, key=keys.messages, task_id=task_id) for b in blobs_m]
+        new_c = [decode(b, key=keys.cycles, task_id=task_id) for b in blobs_c]
         if not (from_m or from_c):
-            messages, cycles = new_m, new_c
+            # Freshly decoded lists: nobody else holds them.
+            entry = _History(epoch, new_m, new_c, n_m, n_c, cp.revision, _hashed(blobs_m), _hashed(blobs_c), lent=True)
+            self.history.put(task_id, entry)
         else:
             # The script only skips entries when our cached epoch matched.
             if cached is None or cached.epoch != epoch:
                 raise CorruptState(f"history reply of task {task_id!r} skips entries we never had", task_id=task_id)
-            messages = _extended(cached.messages, from_m, new_m)
-            cycles = _extended(cached.cycles, from_c, new_c)
-        self.history.put(task_id, epoch, messages, cycles, n_m, n_c)
-        cp.messages, cp.cycles = messages, cycles
+            hash_m, hash_c = _hashed(blobs_m, cached.hash_m), _hashed(blobs_c, cached.hash_c)
+            entry = _History(epoch, cached.messages, cached.cycles, n_m, n_c, cp.revision, hash_m, hash_c, lent=True)
+            if not (claim and not blobs and cached.intact() and self.history.put(task_id, entry, lend_from=cached)):
+                # Lists of this reader's own (references copied, nothing decoded).
+                entry.messages = cached.messages[:from_m] + new_m
+                entry.cycles = cached.cycles[:from_c] + new_c
+                if claim or blobs:
+                    self.history.put(task_id, entry)
+        cp.messages, cp.cycles = entry.messages, entry.cycles
         return cp
 
     # ---- operations -----------------------------------------------------
 
     def create(self, cp: Checkpoint) -> Op[bool]:
+        """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins."""
         return self._store(S.CREATE, cp)
 
     def save(self, cp: Checkpoint) -> Op[None]:
@@ -315,15 +400,18 @@ class CheckpointCore:
         self.validate(cp)
         keys = self._task_keys(cp.task_id)
         messages, cycles = list(cp.messages), list(cp.cycles)  # exactly what this write sends
+        body = self._body(cp)
+        part = self._history_part(cp, None, (len(messages), len(cycles)), body)
         args = self._write_args(
             cp,
-            nonce=new_nonce(),
+            identity=new_nonce(),
             token=cp.claim_token or "",
             revision=cp.revision,
+            body=body,
+            part=part,
+            replace=True,
             claimed="" if cp.claimed_cycle is None else str(int(cp.claimed_cycle)),
             lease="" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms)),
-            history=None,
-            replace=True,
         )
         reply = yield Call(script, keys.as_list(), args)
         if reply[0] == 0:
@@ -332,7 +420,10 @@ class CheckpointCore:
             # A re-send: reply[1] is the epoch now, which may name a history written since.
             self.history.drop(cp.task_id)
             return True
-        self.history.put(cp.task_id, reply[1], messages, cycles)
+        _, blobs_m, blobs_c = part
+        entry = _History(reply[1], messages, cycles, len(messages), len(cycles), int(cp.revision),
+                         _hashed(blobs_m), _hashed(blobs_c))  # fmt: skip
+        self.history.put(cp.task_id, entry)
         return True
 
     def load(self, task_id: str) -> Op[Checkpoint | None]:
@@ -342,7 +433,7 @@ class CheckpointCore:
         if not reply:
             self.history.drop(tid)
             return None
-        return self._checkpoint(tid, keys, reply, 0, cached)
+        return self._checkpoint(tid, keys, reply, 0, cached, claim=False)
 
     def claim(self, task_id: str, cycle_index: int, *, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         tid, keys = self._task(task_id)
@@ -353,11 +444,11 @@ class CheckpointCore:
         reply = yield Call(S.CLAIM, keys.as_list(), [token, cycle_index, lease_ms, *have])
         code = reply[0]
         if code in (1, 2):
-            return self._checkpoint(tid, keys, reply, 1, cached)
+            return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
         if code == 0:
             return None
         detail = _s(reply[1])
-        if code in (-3, -4) and not detail.isdigit():
+        if code in (-3, -4, -5) and not detail.isdigit():
             raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
         if code == -1:
             raise CheckpointTerminal(f"checkpoint for task {tid!r} is terminal (status {detail})", task_id=tid)
@@ -370,6 +461,13 @@ class CheckpointCore:
                 task_id=tid,
                 expected=cycle_index - 1,
                 found=found,
+            )
+        if code == -5:
+            raise ClaimRejected(
+                f"checkpoint of task {tid!r} is at revision {detail}: a claim and its commit would run past "
+                f"the highest revision {MAX_REVISION} (nothing was written)",
+                task_id=tid,
+                revision=int(detail),
             )
         if code == -4:
             raise AlreadyClaimed(
@@ -440,7 +538,7 @@ class CheckpointCore:
                     reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
                     code = reply[0]
                     if code in (1, 2):
-                        return self._checkpoint(tid, keys, reply, 1, cached)
+                        return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
                     if code != 0:
                         raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
                 except CorruptState as exc:
@@ -467,44 +565,60 @@ class CheckpointCore:
         logger.warning("claim_next skips a corrupt task (fix or delete it; `agentstate list` shows it): %s", exc)
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
-        self.validate(cp)
+        self.validate(cp, stores_revision=False)
         token = self._token(token)
-        expected = self._revision(expected_revision)
-        return self._fenced_write(S.COMMIT, cp, token, expected, replace_history)
+        expected = self._revision(expected_revision, bumped=True)
+        return self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
-        self.validate(cp)
+        self.validate(cp, stores_revision=False)
         if cp.terminal_result is None:
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
-        expected = self._revision(expected_revision)
-        return self._fenced_write(S.FINALIZE, cp, "", expected, replace_history)
+        expected = self._revision(expected_revision, bumped=True)
+        return self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
 
-    def _fenced_write(self, script: str, cp: Checkpoint, token: str, expected: int, replace: bool) -> Op[bool]:
+    def _fenced_write(
+        self, kind: str, script: str, cp: Checkpoint, token: str, expected: int, replace: bool
+    ) -> Op[bool]:
         keys = self._task_keys(cp.task_id).as_list()
-        nonce = new_nonce()
-        n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
+        upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
+        body = self._body(cp)
         known = self.history.get(cp.task_id)
-        if replace or known is None or not known.usable():
+        # Only the delta goes when the cache was read at this very revision: its
+        # entries are then exactly the history this write extends (claims do not
+        # touch history, commits move the revision on), so the digest of cached
+        # prefix + delta is what anyone sending this write computes. Otherwise
+        # (and for a shorter checkpoint: the script decides, after fencing,
+        # whether that is a forbidden shrink) the full lists go.
+        if (
+            replace
+            or known is None
+            or not known.usable()
+            or known.revision != expected
+            or n_m < known.n_m
+            or n_c < known.n_c
+        ):
             known = None
 
-        def args(h: _History | None) -> list[Any]:
-            return self._write_args(
-                cp,
-                nonce=nonce,
-                token=token,
-                revision=expected,
-                claimed="",
-                lease="",
-                history=h,
-                replace=replace,
-                upto=(n_m, n_c),
+        def request(h: _History | None) -> tuple[Call, Any, Any]:
+            part = self._history_part(cp, h, upto, body)
+            _, blobs_m, blobs_c = part
+            hash_m = _hashed(blobs_m, None if h is None else h.hash_m)
+            hash_c = _hashed(blobs_c, None if h is None else h.hash_c)
+            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c)
+            args = self._write_args(
+                cp, identity=identity, token=token, revision=expected, body=body, part=part, replace=replace
             )
+            return Call(script, keys, args), hash_m, hash_c
 
-        reply = yield Call(script, keys, args(known))
+        call, hash_m, hash_c = request(known)
+        reply = yield call
         if reply[0] == -5:
             # Our cached view of the history was stale: send it whole; the script skips what it holds.
+            # Nothing was written, so this send may carry the identity of the full lists.
             known = None
-            reply = yield Call(script, keys, args(None))
+            call, hash_m, hash_c = request(None)
+            reply = yield call
         if reply[0] == -6:
             raise InvalidArgument(
                 f"checkpoint {cp.task_id!r} has fewer messages or cycles than are stored; "
@@ -515,15 +629,19 @@ class CheckpointCore:
         if reply[0] not in (1, 2):
             return False
         if reply[0] == 2:
-            # A re-send: reply[1] is the epoch now, which may name a history rewritten since.
+            # Applied already (a re-send): reply[1] is the epoch now, which may name a history rewritten since.
             self.history.drop(cp.task_id)
         elif replace:
-            self.history.put(cp.task_id, reply[1], cp.messages[:n_m], cp.cycles[:n_c])
-        elif known is not None and n_m >= known.n_m and n_c >= known.n_c:
-            # Redis kept its own first n entries and appended ours after them.
+            entry = _History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
+            self.history.put(cp.task_id, entry)
+        elif known is not None:
+            # Redis kept its own first n entries and appended ours after them. The
+            # committed lists pass to the cache: the claimant is done with them, so
+            # the next claim may take them without a copy.
             messages = _committed(known.messages, known.n_m, cp.messages)
             cycles = _committed(known.cycles, known.n_c, cp.cycles)
-            self.history.put(cp.task_id, reply[1], messages, cycles, n_m, n_c)
+            entry = _History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
+            self.history.put(cp.task_id, entry)
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)
@@ -538,7 +656,10 @@ class CheckpointCore:
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> Op[bool]:
         tid, keys = self._task(task_id)
-        args = [new_nonce(), self._revision(expected_revision), ACK_REMEMBER_MS]
+        expected = self._revision(expected_revision)
+        # The identity of an acknowledgement is the task and the revision it deletes:
+        # a re-send by anyone is recognised (the tombstone), a different revision is not.
+        args = [f"ack:{expected}", expected, ACK_REMEMBER_MS]
         reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.as_list(), args)
         if reply == 1:
             self.history.drop(tid)

@@ -7,6 +7,7 @@ from .keys import MAX_ID_BYTES
 
 __all__ = [
     "MAX_CYCLE",
+    "MAX_CLAIM_FROM_REVISION",
     "MAX_LEASE_MS",
     "MAX_REVISION",
     "MAX_STORED_REVISION",
@@ -18,9 +19,13 @@ __all__ = [
 MAX_CYCLE = 2**32 - 1
 #: Revisions and times are compared in Lua, whose numbers are doubles: exact below 2**53.
 MAX_REVISION = 2**53 - 1
-#: The highest revision a stored checkpoint may start from: every claim and
-#: write bumps it, and it must never run past MAX_REVISION.
+#: The highest revision create/save may store: every claim and write bumps
+#: it, and it must never run past MAX_REVISION.
 MAX_STORED_REVISION = 2**52
+#: The highest revision a claim starts from (``MAX_CLAIM_FROM_REV`` in
+#: _common.lua): it returns revision + 1, and the commit of that claim, which
+#: accepts any expected revision up to MAX_REVISION - 1, stores revision + 2.
+MAX_CLAIM_FROM_REVISION = MAX_REVISION - 2
 #: A lease longer than a year is a bug, not a lease.
 MAX_LEASE_MS = 366 * 24 * 3600 * 1000
 

@@ -37,10 +37,13 @@ class Checkpoint:
     history (e.g. compaction) pass ``replace_history=True`` to ``commit``.
 
     To keep a cycle's cost independent of the history's length, the store
-    shares these lists with its cache, without copying: the lists a read
-    returns, and the lists a commit stored (the next read of the task may hand
-    back the very same list). Append to them; never edit, reorder or remove
-    entries in place, and do not pass a commit lists you also use elsewhere.
+    shares these lists with its cache, without copying: a claim may hand out
+    the cached lists themselves, and a successful commit hands its lists over
+    to the store (the next claim of the task may return that very list). Each
+    read gets lists no other read holds, so appending to a ``load()`` result
+    never reaches anyone's commit. Append to them; never edit, reorder or
+    remove entries in place, do not pass a commit lists you also use
+    elsewhere, and do not append to a list after committing it.
     """
 
     task_id: str

@@ -472,8 +472,12 @@ class TestRetrySafety:
         cp.cycle_index = 1
         cp.messages.append("x")
         assert store.commit(cp, token="w", expected_revision=cp.revision) is True
+        # The same write again is recognised (True, nothing written); a different one is fenced.
+        assert store.commit(cp, token="w", expected_revision=cp.revision) is True
+        cp.messages.append("y")
         assert store.commit(cp, token="w", expected_revision=cp.revision) is False
-        assert store.load("task-1").messages.count("x") == 1
+        got = store.load("task-1")
+        assert got.messages.count("x") == 1 and "y" not in got.messages and got.revision == cp.revision + 1
 
 
 class TestHistory:

@@ -6,7 +6,9 @@ create / save / load / claim / commit / renew / finalize / acknowledge_terminal
 braces, globs, unicode; wrong tokens and revisions; out-of-range numbers;
 values msgpack cannot hold), and checks every result against ``Model``, a
 pure-Python transcription of the seed (``003_*``) plus DESIGN.md's changes
-(server-clock leases, append-only history, re-sent claims). Leases are an
+(server-clock leases, append-only history, re-sent claims, writes named by
+their content: a commit/finalize/acknowledge identical to one that applied
+is answered True, from the task's write ring or its tombstone). Leases are an
 hour long and fixed expiries are either far past or far future, so the
 model needs no clock.
 
@@ -50,6 +52,7 @@ from redis_agentstate import (
     InvalidArgument,
     NotRunnable,
 )
+from redis_agentstate.codec import encode
 from redis_agentstate.models import TERMINAL_STATUSES
 
 LEASE_MS = 3_600_000
@@ -99,11 +102,34 @@ class Task:
     token: str | None = None
     claimed: int | None = None
     live: bool = False  # the lease: far future (True) or expired (False)
+    ring: list[Any] = field(default_factory=list)  # identities of the last writes, newest first
+
+
+#: Entries the write ring surely keeps (840 bytes, entries of at most 33): older ones may be gone.
+RING_KEEPS = 24
+
+
+def identity(kind: str, token: str, rev: int, cp: Checkpoint) -> tuple[Any, ...]:
+    """What names a fenced write (the store digests the same things; encoded, as msgpack compares)."""
+    body = encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what="body")
+    history = encode([cp.messages, cp.cycles], what="history")
+    return (kind, token, rev, cp.cycle_index, AgentStatus(cp.status).value, cp.terminal_result is not None, body,
+            history)  # fmt: skip
 
 
 @dataclass
 class Model:
     tasks: dict[str, Task] = field(default_factory=dict)
+    tombs: dict[str, list[Any]] = field(default_factory=dict)  # the ring of an acknowledged task
+
+    def recalls(self, tid: str, key: Any) -> bool | None:
+        """True/False: whether ``key`` applied (ring or tombstone); None: too old to say."""
+        rings = [self.tasks[tid].ring if tid in self.tasks else [], self.tombs.get(tid, [])]
+        if any(key in ring[:RING_KEEPS] for ring in rings):
+            return True
+        if any(key in ring[RING_KEEPS:] for ring in rings):
+            return None
+        return False
 
     @staticmethod
     def from_cp(cp: Checkpoint) -> Task:
@@ -143,6 +169,9 @@ class Model:
         t.term = cp.terminal_result is not None
         t.revision += 1
         t.token, t.claimed, t.live = None, None, False
+
+    def acknowledge(self, tid: str, rev: int) -> None:
+        self.tombs[tid] = [("ack", rev), *self.tasks.pop(tid).ring]
 
     def shrinks(self, tid: str, cp: Checkpoint) -> bool:
         t = self.tasks[tid]
@@ -227,12 +256,15 @@ class StoreMachine(RuleBasedStateMachine):
         assert created == (tid not in self.model.tasks)
         if created:
             self.model.tasks[tid] = Model.from_cp(cp)
+            self.model.tasks[tid].ring = [object()]  # a per-call nonce
 
     @rule(data=st.data(), tid=ids)
     def save(self, data: st.DataObject, tid: str) -> None:
         cp = self._cp(data, tid, with_claim=True)
         self.store.save(cp)
+        old = self.model.tasks.get(tid)
         self.model.tasks[tid] = Model.from_cp(cp)
+        self.model.tasks[tid].ring = [object(), *(old.ring if old else [])]
 
     @rule(tid=ids)
     def load(self, tid: str) -> None:
@@ -267,15 +299,21 @@ class StoreMachine(RuleBasedStateMachine):
             with pytest.raises(InvalidArgument):
                 self.store.commit(cp, token=token, expected_revision=expected_rev)
             return
+        key = identity("commit", token, expected_rev, cp)
         try:
             ok = self.store.commit(cp, token=token, expected_revision=expected_rev)
         except InvalidArgument:
             # Refused on the client's cached history length before sending: only when shrinking.
             assert self.model.shrinks(tid, cp)
             return
-        assert ok == (not fenced)
-        if ok:
+        if fenced:
+            # Fenced out, unless this very write applied before (then True, nothing written).
+            recalled = self.model.recalls(tid, key)
+            assert recalled is None or ok == recalled
+        else:
+            assert ok
             self.model.write(tid, cp)
+            t.ring.insert(0, key)
 
     @precondition(lambda self: self.model.tasks)
     @rule(data=st.data(), token=tokens)
@@ -302,14 +340,19 @@ class StoreMachine(RuleBasedStateMachine):
             with pytest.raises(InvalidArgument):
                 self.store.finalize(cp, expected_revision=rev)
             return
+        key = identity("finalize", "", rev, cp)
         try:
             ok = self.store.finalize(cp, expected_revision=rev)
         except InvalidArgument:
             assert self.model.shrinks(tid, cp)
             return
-        assert ok == (not refused)
-        if ok:
+        if refused:
+            recalled = self.model.recalls(tid, key)
+            assert recalled is None or ok == recalled
+        else:
+            assert ok
             self.model.write(tid, cp)
+            t.ring.insert(0, key)
 
     @precondition(lambda self: self.model.tasks)
     @rule(data=st.data())
@@ -318,14 +361,18 @@ class StoreMachine(RuleBasedStateMachine):
         t = self.model.tasks[tid]
         rev = data.draw(st.sampled_from([t.revision, t.revision + 1]))
         ok = self.store.acknowledge_terminal(tid, expected_revision=rev)
-        assert ok == (t.revision == rev and t.term)
-        if ok:
-            del self.model.tasks[tid]
+        if t.revision == rev and t.term:
+            assert ok
+            self.model.acknowledge(tid, rev)
+        else:
+            # Nothing to delete: True only for an acknowledgement of this revision that applied already.
+            assert ok == (("ack", rev) in self.model.tombs.get(tid, []))
 
     @rule(tid=ids)
     def delete(self, tid: str) -> None:
         self.store.delete(tid)
         self.model.tasks.pop(tid, None)
+        self.model.tombs.pop(tid, None)  # delete removes the tombstone too
 
     @rule(data=st.data())
     def hostile_arguments_change_nothing(self, data: st.DataObject) -> None:

@@ -5,10 +5,14 @@ redis-server. ``lose_next_reply`` forwards one request, waits for the
 server's reply (so the write has certainly applied), throws the reply away
 and resets the connection. The store must then re-send and report the truth:
 
-* create / save / commit / finalize / acknowledge_terminal carry a per-call
-  nonce, so the re-send of an applied write returns True and applies nothing
-  a second time (a *new* call, with a new nonce, is correctly refused: the
-  negative control that shows the nonce is doing the work);
+* create / save carry a per-call nonce, so the re-send of an applied write
+  returns True and applies nothing a second time (a *new* call, with a new
+  nonce, is correctly refused: the negative control that shows the nonce is
+  doing the work);
+* commit / finalize / acknowledge_terminal are named by their content, so the
+  library's re-send and the caller's own re-send of the same write both
+  return True and apply nothing a second time (a *different* write at the
+  same revision is refused: the negative control);
 * claim re-sent with the same token and cycle returns that same claim (the
   revision moved once);
 * renew, delete, load and list are idempotent by nature.
@@ -163,8 +167,11 @@ def test_commit_lost_reply_is_true_and_applied_once(h: Harness) -> None:
     assert after.revision == cp.revision + 1
     assert after.messages == ["m0", "m1"] and after.cycles == [{"c": 1}]  # appended once
     assert after.claim_token is None
-    # Negative control: without the nonce, the same write is (rightly) fenced out.
-    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is False
+    # The caller's own re-send of the same write is recognised too; a different write is fenced out.
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is True
+    cp.messages.append("m2")
+    assert h.via.commit(cp, token="tok", expected_revision=cp.revision) is False  # negative control
+    assert h.admin.load("t") == after
 
 
 def test_commit_lost_reply_then_next_claim_is_still_true(h: Harness) -> None:
@@ -202,7 +209,10 @@ def test_finalize_lost_reply_is_true_and_applied_once(h: Harness) -> None:
     after = h.admin.load("t")
     assert after.revision == 1 and after.terminal_result == {"answer": 42}
     assert after.messages == ["m0", "done"]
-    assert h.via.finalize(cp, expected_revision=0) is False  # negative control
+    assert h.via.finalize(cp, expected_revision=0) is True  # the caller's re-send of the same write
+    cp.terminal_result = {"answer": 43}
+    assert h.via.finalize(cp, expected_revision=0) is False  # negative control: a different write
+    assert h.admin.load("t") == after
 
 
 def test_acknowledge_lost_reply_is_true_and_applied_once(h: Harness) -> None:
@@ -211,7 +221,8 @@ def test_acknowledge_lost_reply_is_true_and_applied_once(h: Harness) -> None:
     assert h.via.acknowledge_terminal("t", expected_revision=0) is True
     h.assert_resent_once(pattern)
     assert h.admin.load("t") is None
-    assert h.via.acknowledge_terminal("t", expected_revision=0) is False  # negative control
+    assert h.via.acknowledge_terminal("t", expected_revision=0) is True  # the caller's re-send
+    assert h.via.acknowledge_terminal("t", expected_revision=1) is False  # negative control
 
 
 def test_claim_lost_reply_returns_the_same_claim(h: Harness) -> None:

@@ -9,16 +9,22 @@
 --   KEYS[4] - ns:{ns#SS}:ready          zset  claimable task ids -> ms claimable since
 --   KEYS[5] - ns:{ns#SS}:tasks          zset  every task id of the shard (score 0)
 --   KEYS[6] - ns:{ns#SS}:gen            counter for history epochs
---   KEYS[7] - ns:{ns#SS}:tomb:<task>    nonce of the last acknowledge_terminal
+--   KEYS[7] - ns:{ns#SS}:tomb:<task>    tombstone: the write ring of an acknowledged task
 --
 -- Hash fields hold decimal strings; absent optional values are ''. 'term' is
 -- '1' when a terminal_result is stored. 'epoch' names the current history
 -- (it changes whenever history is rewritten, never when it is appended to),
 -- so a client cache of history entries is valid while the epoch matches.
--- 'applied' holds the nonces of the task's last writes, newest first, as
--- ' n1 n2 ... ' (at most APPLIED_MAX bytes, about 25 writes): a create, save,
--- commit or finalize re-sent after a lost reply is recognised even when other
--- workers have claimed and written since.
+-- 'applied' holds the identities of the task's last writes, newest first, as
+-- ' n1 n2 ... ' (at most APPLIED_MAX bytes, about 25 writes): a write re-sent
+-- after a lost reply is recognised even when other workers have claimed and
+-- written since. A commit or finalize is named by a digest of its content
+-- (the client computes it: same write, same identity, whoever sends it), an
+-- acknowledge_terminal by 'ack:<revision>', a create or save by a per-call
+-- nonce. The fenced scripts consult the ring only when the fence refuses: a
+-- write that passes the fence has not applied at this revision (applying
+-- moves the revision on), even if an identical one did before a save or a
+-- re-create brought the revision back.
 --
 -- Numbers: revisions stay below 2^53 and are exact in Lua 5.1 doubles;
 -- string.format('%d') avoids tostring()'s exponent notation.
@@ -33,19 +39,24 @@ local function task_id_of(checkpoint_key)
   return string.sub(checkpoint_key, i + 5)
 end
 
-local APPLIED_MAX = 640
+local APPLIED_MAX = 840
 
-local function was_applied(applied, nonce)
-  return applied and string.find(applied, ' ' .. nonce .. ' ', 1, true) ~= nil
+local function was_applied(applied, id)
+  return applied and string.find(applied, ' ' .. id .. ' ', 1, true) ~= nil
 end
 
-local function remember(applied, nonce)
-  local ring = ' ' .. nonce .. (applied or ' ')
+local function remember(applied, id)
+  local ring = ' ' .. id .. (applied or ' ')
   if #ring > APPLIED_MAX then
     ring = string.match(string.sub(ring, 1, APPLIED_MAX), '^(.* )')
   end
   return ring
 end
+
+-- The highest revision a claim may start from: it returns rev + 1 and the
+-- commit of that claim stores rev + 2, which must not pass 2^53 - 1 (the
+-- client's MAX_REVISION; beyond it Lua's doubles lose integers).
+local MAX_CLAIM_FROM_REV = 9007199254740989
 
 local function fmt(n)
   return string.format('%d', n)

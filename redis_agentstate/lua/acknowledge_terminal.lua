@@ -1,23 +1,31 @@
 -- acknowledge_terminal.lua: delete a terminal checkpoint at the expected revision.
 --   KEYS[1..7] - the task's keys (see _common.lua)
---   ARGV[1]    - nonce of this call; kept in KEYS[7] for ARGV[3] ms so that a
---                re-send after a lost reply still returns 1
+--   ARGV[1]    - identity of this acknowledgement ('ack:<revision>'); kept in
+--                the tombstone KEYS[7] for ARGV[3] ms so that a re-send (by
+--                anyone) still returns 1
 --   ARGV[2]    - expected revision
---   ARGV[3]    - how long the nonce is remembered, in ms
--- Returns 1 deleted (or deleted by this nonce already); 0 otherwise.
-local nonce, expected, remember_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+--   ARGV[3]    - how long the tombstone is kept, in ms
+-- Returns 1 deleted (or this revision acknowledged already); 0 otherwise.
+local id, expected, remember_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
-if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
-probe(2, 3, 4, 5, 7)
--- Checked first: the task may have been created again since our first send.
-if was_applied(redis.call('GET', KEYS[7]), nonce) then return 1 end
-if not h[1] then return 0 end
-if tonumber(h[1]) ~= expected or h[2] ~= '1' then return 0 end
-local task_id = task_id_of(KEYS[1])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREM', KEYS[4], task_id)
-redis.call('ZREM', KEYS[5], task_id)
--- The tombstone keeps the task's write ring, so a re-sent commit/finalize is still recognised.
-redis.call('SET', KEYS[7], remember(h[3], nonce), 'PX', remember_ms)
-return 1
+-- Deleting comes first: a task created again since an earlier acknowledgement
+-- and terminal at the same revision must be deleted, not reported as done
+-- from the old tombstone.
+if h[1] then
+  if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
+  probe(2, 3, 4, 5, 7)
+end
+if h[1] and tonumber(h[1]) == expected and h[2] == '1' then
+  local task_id = task_id_of(KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  redis.call('ZREM', KEYS[4], task_id)
+  redis.call('ZREM', KEYS[5], task_id)
+  -- The tombstone keeps the task's write ring, so a re-sent commit/finalize is still recognised.
+  redis.call('SET', KEYS[7], remember(h[3], id), 'PX', remember_ms)
+  return 1
+end
+-- Nothing to delete now: an acknowledgement of this revision that applied
+-- already (the task may have been created again since) is recognised.
+if was_applied(redis.call('GET', KEYS[7]), id) then return 1 end
+return 0

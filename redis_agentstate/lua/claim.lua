@@ -6,7 +6,8 @@
 --   ARGV[4..6] - cached history epoch, messages, cycle records (as load.lua)
 -- Returns {0} missing; {-1, status} terminal; {-2, status} not running;
 -- {-3, found_cycle} cycle conflict; {-4, lease_expires_at_ms} claimed by
--- another live token; {1, checkpoint...} claimed (revision bumped);
+-- another live token; {-5, rev} the revision is too high for this claim's
+-- commit to be stored (MAX_CLAIM_FROM_REV); {1, checkpoint...} claimed (revision bumped);
 -- {2, checkpoint...} this token already holds this cycle (a re-sent claim);
 -- an AGENTSTATE_CORRUPT error reply when the hash holds a field this library
 -- would not have written (nothing is written then).
@@ -32,6 +33,7 @@ if held_by ~= '' and lease > now then
   table.insert(out, 1, 2)
   return out
 end
+if rev > MAX_CLAIM_FROM_REV then return {-5, h[3]} end
 -- Read before writing: a history list of another Redis type fails here,
 -- with nothing written (and the index is written before the hash).
 local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)

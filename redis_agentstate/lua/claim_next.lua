@@ -61,6 +61,12 @@ if h[7] == '1' or status ~= 'running' or next_cycle > 4294967295 then
   return lost_race()
 end
 
+if rev > MAX_CLAIM_FROM_REV then
+  -- Its commit could not be stored (see _common.lua): not claimable either.
+  if score then redis.call('ZREM', KEYS[4], task_id) end
+  return lost_race()
+end
+
 if held_by ~= '' and lease > now then
   -- Live claim (someone won the race): the index must say when it expires.
   if not score or tonumber(score) ~= lease then redis.call('ZADD', KEYS[4], lease, task_id) end
