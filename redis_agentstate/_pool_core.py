@@ -742,6 +742,8 @@ class PoolCore:
         end: int | None = None
         while True:
             n = self.page_size if limit is None else min(self.page_size, limit - len(out))
+            if end is not None:
+                n = min(n, end - seq)
             reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
             if reply[0] == -1:
                 raise self._not_open(pid)

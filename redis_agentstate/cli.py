@@ -164,6 +164,31 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Pools sized per pipeline by ``stats``.
+_POOL_BATCH = 500
+
+
+def pool_sizes(client: Any, namespace: str, pool_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Members, messages, wakes and records of each pool: O(1) counts (HLEN), never the pool's contents."""
+    keys = Keys(namespace)
+    sizes: dict[str, dict[str, int]] = {}
+    for i in range(0, len(pool_ids), _POOL_BATCH):
+        batch = pool_ids[i : i + _POOL_BATCH]
+        pipe = client.pipeline(transaction=False)
+        for pool_id in batch:
+            k = keys.pool(pool_id)
+            pipe.hlen(k.members)
+            pipe.hlen(k.messages)
+            pipe.hlen(k.wakes)
+            pipe.hget(k.state, "seq")
+        replies = pipe.execute()
+        for j, pool_id in enumerate(batch):
+            members, messages, wakes, seq = replies[4 * j : 4 * j + 4]
+            sizes[pool_id] = {"members": int(members), "messages": int(messages), "wakes": int(wakes),
+                              "records": int(seq or 0)}  # fmt: skip
+    return sizes
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     now, rows = task_rows(store.client, store.namespace, store.list())
@@ -177,15 +202,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover - pools not built into this install
         PoolStore = None  # type: ignore[assignment,misc]
     if PoolStore is not None:
-        pstore = PoolStore(store.client, namespace=store.namespace)
-        for pool_id in pstore.list():
-            snap = pstore.snapshot(pool_id)
-            pools[pool_id] = {
-                "members": len(snap.members),
-                "messages": len(snap.messages),
-                "wakes": len(snap.wakes),
-                "records": snap.cursor.sequence if snap.cursor else 0,
-            }
+        pools = pool_sizes(store.client, store.namespace, PoolStore(store.client, namespace=store.namespace).list())
     data = {
         "namespace": store.namespace,
         "server_time_ms": now,
@@ -217,15 +234,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # ---- watch ---------------------------------------------------------------------------------------
 
 
+#: Records per read of ``watch`` without ``--count``.
+WATCH_PAGE = 1000
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from .pool_models import Cursor
     from .pools import PoolStore
 
     pools = PoolStore(_client(args), namespace=_namespace(args))
+    # No --from: from the oldest record kept (retention may have trimmed the first ones).
     after = Cursor(args.from_) if args.from_ is not None else None
+    # Page by page, printing as it goes: a pool of a million records is never held (or read) at once.
+    count = args.count or WATCH_PAGE
     try:
         while True:
-            records = pools.watch(args.pool, after, count=args.count, block_ms=None if args.once else 5_000)
+            records = pools.watch(args.pool, after, count=count, block_ms=None if args.once else 5_000)
             for rec in records:
                 if args.json:
                     print(_dump({"pool_id": rec.pool_id, "cursor": rec.cursor.sequence, "kind": rec.kind,
@@ -233,7 +257,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 else:
                     print(f"{rec.cursor.sequence:>8}  {rec.kind!s:<14} {_dump(rec.payload)}", flush=True)
                 after = rec.cursor
-            if args.once and (not records or args.count is None or len(records) < args.count):
+            if args.once and len(records) < count:
                 return 0
     except KeyboardInterrupt:
         return 0
@@ -323,8 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", parents=[common], help="print a pool's records, then follow new ones")
     watch.add_argument("pool")
     watch.add_argument("--from", dest="from_", type=int, default=None, metavar="CURSOR",
-                       help="start after this cursor sequence (default: from the first record)")  # fmt: skip
-    watch.add_argument("--count", type=_positive, default=None, help="records per read")
+                       help="start after this cursor sequence (default: from the oldest record kept)")  # fmt: skip
+    watch.add_argument("--count", type=_positive, default=None, help=f"records per read (default {WATCH_PAGE})")
     watch.add_argument("--once", action="store_true", help="print what is there and exit (no live tail)")
     watch.set_defaults(func=cmd_watch)
 
