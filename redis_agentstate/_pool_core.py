@@ -75,8 +75,8 @@ scripts.add_prelude(POOL_SCRIPTS, "_pool")
 #: The largest record one write may send (its encoded state and payload).
 DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
 #: Records (watch) or fields per hash (snapshot) one script reads at most: a
-#: page of ~200-byte records costs well under a millisecond of server time.
-DEFAULT_PAGE_SIZE = 1000
+#: page of 500 ~250-byte records costs about a millisecond of server time.
+DEFAULT_PAGE_SIZE = 500
 #: How many of a pool's latest leaves are remembered, so that a leave re-sent
 #: after a lost reply (by the library or the caller) gets the first answer
 #: instead of NotAMember. Bounds the pool's ``runs``/``left`` keys.
@@ -748,6 +748,8 @@ class PoolCore:
             if reply[0] == -1:
                 raise self._not_open(pid)
             head = int(reply[1])
+            if seq > head and out:
+                return out  # the log went back under us: the next read from out[-1] says so
             if seq > head:
                 # A cursor from the future: the log lost records (a restart without
                 # persistence, a failover to a lagging replica) or the cursor is another
