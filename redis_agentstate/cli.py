@@ -177,10 +177,9 @@ def pool_sizes(client: Any, namespace: str, pool_ids: Sequence[str]) -> dict[str
         pipe = client.pipeline(transaction=False)
         for pool_id in batch:
             k = keys.pool(pool_id)
-            pipe.hlen(k.members)
-            pipe.hlen(k.messages)
-            pipe.hlen(k.wakes)
-            pipe.hget(k.state, "seq")
+            for key in (k.members, k.messages, k.wakes):
+                pipe.execute_command("HLEN", key)
+            pipe.execute_command("HGET", k.state, "seq")
         replies = pipe.execute()
         for j, pool_id in enumerate(batch):
             members, messages, wakes, seq = replies[4 * j : 4 * j + 4]
