@@ -241,7 +241,7 @@ class TestCluster:
         from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
         from redis.cluster import RedisCluster
 
-        host, port = redis_cluster.startup()
+        host, port = redis_cluster.startup
         sync_default = RedisCluster.from_url(f"redis://{host}:{port}")
         sync_short = RedisCluster(host=host, port=port, socket_timeout=SHORT)
         async_default = AsyncRedisCluster.from_url(f"redis://{host}:{port}")
@@ -257,7 +257,7 @@ class TestCluster:
     def test_cluster_block_past_the_timeout(self, redis_cluster: Any, namespace: str) -> None:
         from redis.cluster import RedisCluster
 
-        host, port = redis_cluster.startup()
+        host, port = redis_cluster.startup
         client = RedisCluster(host=host, port=port, socket_timeout=SHORT)
         s = PoolStore(client, namespace=namespace)
         s.open("pool", PoolConfig())
