@@ -178,6 +178,11 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
             lat_s = f"{lat['p50']:.0f} / {lat['p99']:.0f}" if lat else "-"
             add(f"| {r['name']} | {_s(rate, 0)} | {lat_s} | {r['status']} |")
         add("")
+    scale = figs.get("pool_scale")
+    if scale:
+        from .pool_scale import markdown as scale_markdown
+
+        lines.extend(scale_markdown(scale))
     payload = figs.get("payload")
     if payload:
         add(f"#### 5. {payload['title']}")

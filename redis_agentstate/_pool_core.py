@@ -12,6 +12,11 @@ cursor are exact. Retention trims the head of the log only, so the records a
 read returns are always consecutive: if the first one is not the one after
 the cursor, the records in between were trimmed, and the read raises
 ``CursorExpired`` instead of skipping them.
+
+No script reads an unbounded range: ``watch`` reads the log ``page_size``
+records per script and ``snapshot`` the state hashes ``page_size`` fields per
+hash per script (``HSCAN``), so a pool of any size never blocks Redis for
+longer than one page (see ``snapshot`` for how pages make one moment).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
 
 from . import scripts
-from ._ops import Call, Command, Op, list_indexes, new_nonce
+from ._ops import Call, Command, Op, list_indexes
 from ._validate import MAX_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
@@ -45,7 +51,7 @@ from .pool_models import (
     WakeRegistration,
 )
 
-__all__ = ["DEFAULT_MAX_RECORD_BYTES", "POOL_SCRIPTS", "PoolCore"]
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PAGE_SIZE", "POOL_SCRIPTS", "PoolCore"]
 
 POOL_OPEN = "pool_open"
 POOL_SNAPSHOT = "pool_snapshot"
@@ -68,9 +74,16 @@ scripts.add_prelude(POOL_SCRIPTS, "_pool")
 
 #: The largest record one write may send (its encoded state and payload).
 DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
-#: How long a join/leave/record_created remembers its reply, so that a re-send
-#: after a lost reply gets the same answer (longer than any retry window).
-REMEMBER_MS = 3_600_000
+#: Records (watch) or fields per hash (snapshot) one script reads at most: a
+#: page of 500 ~250-byte records costs about a millisecond of server time.
+DEFAULT_PAGE_SIZE = 500
+#: How many of a pool's latest leaves are remembered, so that a leave re-sent
+#: after a lost reply (by the library or the caller) gets the first answer
+#: instead of NotAMember. Bounds the pool's ``runs``/``left`` keys.
+REMEMBER_LEAVES = 1000
+#: Snapshot attempts before giving up when retention trims the records written
+#: while the pages were read faster than they can be replayed.
+SNAPSHOT_ATTEMPTS = 8
 #: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
 MAX_BLOCK_MS = 24 * 3600 * 1000
 MAX_WATCH_COUNT = 1_000_000
@@ -350,13 +363,38 @@ def _xread_entries(reply: Any) -> list[tuple[bytes, bytes, bytes]]:
     return out
 
 
+def _entries(reply: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
+    """``(seq, kind, blob)`` triples of a ``pool_watch`` reply."""
+    return [(reply[i], reply[i + 1], reply[i + 2]) for i in range(2, len(reply) - 2, 3)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """One page of a snapshot: the state hash's fields and one HSCAN page of each of the three hashes."""
+
+    cfg_blob: Any
+    created: bool
+    seq: int
+    cursors: list[str]
+    items: list[list[tuple[bytes, Any]]]
+
+
 class PoolCore:
     """Validation, request building and reply parsing for the pools of one namespace."""
 
-    def __init__(self, namespace: str, *, max_records: int | None, max_record_bytes: int) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        max_records: int | None,
+        max_record_bytes: int,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> None:
         self.keys = Keys(namespace)
         self.max_records = None if max_records is None else check_int(max_records, "max_records", 1, 2**53)
         self.max_record_bytes = check_int(max_record_bytes, "max_record_bytes", 1, 2**31)
+        self.page_size = check_int(page_size, "page_size", 1, MAX_WATCH_COUNT)
+        self.remember_leaves = REMEMBER_LEAVES
         self._maxlen = self.max_records or 0
 
     # ---- helpers ------------------------------------------------------
@@ -383,47 +421,136 @@ class PoolCore:
         except (ValueError, TypeError, IndexError) as exc:
             raise CorruptState(f"agent pool {pid!r}: malformed cursor in reply {list(reply)!r}") from exc
 
-    def _snapshot(self, pid: str, keys: PoolKeys, reply: Sequence[Any], at: int) -> PoolSnapshot:
-        """Parse the snapshot array (layout in ``_pool.lua``) starting at ``reply[at]``."""
+    def _page(self, pid: str, keys: PoolKeys, reply: Sequence[Any], at: int) -> _Page:
+        """Parse one snapshot page (layout in ``_pool.lua``) starting at ``reply[at]``."""
         try:
             cfg_blob, created, seq = reply[at : at + 3]
             pos = at + 3
-            groups: list[list[Any]] = []
+            cursors: list[str] = []
+            items: list[list[tuple[bytes, Any]]] = []
             for _ in range(3):
-                n = int(reply[pos])
-                groups.append(list(reply[pos + 1 : pos + 1 + n]))
-                pos += 1 + n
-            seq_n = int(seq)
-        except (ValueError, TypeError) as exc:
+                cursor, n = _s(reply[pos]), int(reply[pos + 1])
+                flat = list(reply[pos + 2 : pos + 2 + n])
+                if len(flat) != n or n % 2:
+                    raise ValueError(f"section of {n} items holds {len(flat)}")
+                cursors.append(cursor)
+                items.append(list(zip(flat[::2], flat[1::2], strict=True)))
+                pos += 2 + n
+            return _Page(cfg_blob, created == b"1", int(seq), cursors, items)
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise CorruptState(f"snapshot of pool {pid!r} at {keys.state!r} is malformed", key=keys.state) from exc
-        config = _read(cfg_blob, keys.state, "config", _config_of)
-        members = sorted((_read(b, keys.members, "member", _member_of) for b in groups[0]), key=lambda m: m.run_id)
-        messages = sorted(
-            (_read(b, keys.messages, "stored message", _stored_message_of) for b in groups[1]),
-            key=lambda m: m.message.message_id,
-        )
-        wakes = sorted(
-            (_read(b, keys.wakes, "stored wake", _stored_wake_of) for b in groups[2]),
-            key=lambda w: w.condition.condition_id,
-        )
-        topics = sorted({t for m in members for t in m.topics if isinstance(t, str)})
-        return PoolSnapshot(
-            pool_id=pid,
-            created=created == b"1",
-            topics=topics,
-            members=members,
-            message_policy=config.message_policy,
-            wake_policy=config.wake_policy,
-            policy_refs=config.policy_refs,
-            messages=messages,
-            wakes=wakes,
-            cursor=Cursor(seq_n) if seq_n else None,
+
+    @staticmethod
+    def _take(state: list[dict[bytes, Any]], page: _Page, keys: PoolKeys) -> None:
+        """Add a page's hash fields to ``state`` (members, messages, wakes by field)."""
+        for field, blob in page.items[0]:
+            state[0][field] = _read(blob, keys.members, "member", _member_of)
+        for field, blob in page.items[1]:
+            state[1][field] = _read(blob, keys.messages, "stored message", _stored_message_of)
+        for field, blob in page.items[2]:
+            state[2][field] = _read(blob, keys.wakes, "stored wake", _stored_wake_of)
+
+    def _assemble(self, pid: str, keys: PoolKeys, first: Sequence[Any], at: int) -> Op[PoolSnapshot]:
+        """The snapshot whose first page is ``first[at:]``: page on, then replay the log over the pages.
+
+        The pages are separate scripts, so writes land between them and a page
+        may hold a field as it was before or after such a write. Every write
+        to the three hashes appends its record in the same script, so: a
+        field no record between the first page's sequence S0 and the last
+        page's S1 touched held one value (or was absent) all along, and HSCAN
+        returns every field present for the whole scan; every other field is
+        set (or removed) by replaying records S0+1..S1 in order, which ends
+        with its value at S1. The result is the state exactly at S1. If
+        retention trimmed those records meanwhile, start again.
+        """
+        reply, pos = first, at
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            page = self._page(pid, keys, reply, pos)
+            config = _read(page.cfg_blob, keys.state, "config", _config_of)
+            start = page.seq
+            state: list[dict[bytes, Any]] = [{}, {}, {}]
+            self._take(state, page, keys)
+            while any(page.cursors):
+                reply = yield Call(POOL_SNAPSHOT, keys.as_list(), [*page.cursors, self.page_size])
+                if reply[0] == -1:
+                    raise self._not_open(pid)
+                page = self._page(pid, keys, reply, 1)
+                self._take(state, page, keys)
+            created = page.created
+            replay: list[PoolRecord] | None = []
+            if page.seq != start:
+                try:
+                    replay = yield from self._range(pid, keys, start, page.seq)
+                except CursorExpired:
+                    replay = None
+            if replay is None:
+                reply = yield Call(POOL_SNAPSHOT, keys.as_list(), ["0", "0", "0", self.page_size])
+                if reply[0] == -1:
+                    raise self._not_open(pid)
+                pos = 1
+                continue
+            for rec in replay:
+                p = rec.payload
+                if isinstance(p, PoolMember):
+                    if rec.kind is PoolRecordKind.MEMBER_LEFT:
+                        state[0].pop(p.run_id.encode("utf-8"), None)
+                    else:
+                        state[0][p.run_id.encode("utf-8")] = p
+                elif isinstance(p, StoredMessage):
+                    state[1][p.message.message_id.encode("utf-8")] = p
+                elif isinstance(p, StoredWake):
+                    state[2][p.condition.condition_id.encode("utf-8")] = p
+                elif rec.kind is PoolRecordKind.POOL_CREATED:
+                    created = True
+            members = sorted(state[0].values(), key=lambda m: m.run_id)
+            return PoolSnapshot(
+                pool_id=pid,
+                created=created,
+                topics=sorted({t for m in members for t in m.topics if isinstance(t, str)}),
+                members=members,
+                message_policy=config.message_policy,
+                wake_policy=config.wake_policy,
+                policy_refs=config.policy_refs,
+                messages=sorted(state[1].values(), key=lambda m: m.message.message_id),
+                wakes=sorted(state[2].values(), key=lambda w: w.condition.condition_id),
+                cursor=Cursor(page.seq) if page.seq else None,
+            )
+        raise CursorExpired(
+            f"agent pool {pid!r} changed faster than retention (max_records={self.max_records}) keeps its "
+            f"records: {SNAPSHOT_ATTEMPTS} snapshots in a row could not replay the writes made while they read",
+            key=keys.log,
         )
 
+    def _range(self, pid: str, keys: PoolKeys, start: int, end: int) -> Op[list[PoolRecord]]:
+        """Records ``start + 1 .. end``, page by page; ``CursorExpired`` if any was trimmed."""
+        out: list[PoolRecord] = []
+        seq = start
+        while seq < end:
+            reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", min(self.page_size, end - seq)])
+            if reply[0] == -1:
+                raise self._not_open(pid)
+            head = int(reply[1])
+            if head < end:
+                raise CursorExpired(f"the log of agent pool {pid!r} went back from {end} to {head}", key=keys.log)
+            got = self._records(pid, keys, seq, head, _entries(reply))
+            out.extend(got)
+            seq = got[-1].cursor.sequence
+        return out
+
     def _records(
-        self, pid: str, keys: PoolKeys, after: int, head: int | None, entries: list[tuple[Any, Any, Any]]
+        self,
+        pid: str,
+        keys: PoolKeys,
+        after: int,
+        head: int | None,
+        entries: list[tuple[Any, Any, Any]],
+        *,
+        oldest: bool = False,
     ) -> list[PoolRecord]:
-        """Records from ``(seq, kind, blob)`` entries read after ``after``; ``CursorExpired`` on a gap."""
+        """Records from ``(seq, kind, blob)`` entries read after ``after``; ``CursorExpired`` on a gap.
+
+        ``oldest``: the read had no cursor and starts at the oldest record kept, wherever that is.
+        """
         if not entries:
             if head is not None and head > after:
                 raise CursorExpired(
@@ -440,6 +567,8 @@ class PoolCore:
                 raise CorruptState(
                     f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log
                 ) from exc
+            if oldest and not out and seq > expect:
+                expect = seq
             if seq != expect:
                 if not out and seq > expect:
                     raise CursorExpired(
@@ -472,9 +601,9 @@ class PoolCore:
         pid, keys = self._pool(pool_id)
         c = check_config(config)
         blob = self._encode(_canonical(_config_map(c)), f"config of pool {pid!r}")
-        reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen])
+        reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen, self.page_size])
         if reply[0] != -1:
-            return self._snapshot(pid, keys, reply, 1)
+            return (yield from self._assemble(pid, keys, reply, 1))
         stored = _read(reply[1], keys.state, "config", _config_of)
         if not _same(_config_map(stored), _config_map(c)):
             raise ConfigConflict(f"agent pool {pid!r} is open with a different config", key=keys.state)
@@ -483,30 +612,27 @@ class PoolCore:
 
     def snapshot(self, pool_id: str) -> Op[PoolSnapshot]:
         pid, keys = self._pool(pool_id)
-        reply = yield Call(POOL_SNAPSHOT, keys.as_list(), [])
+        reply = yield Call(POOL_SNAPSHOT, keys.as_list(), ["0", "0", "0", self.page_size])
         if reply[0] == -1:
             raise self._not_open(pid)
-        return self._snapshot(pid, keys, reply, 1)
+        return (yield from self._assemble(pid, keys, reply, 1))
 
     def record_created(self, pool_id: str) -> Op[Cursor]:
         pid, keys = self._pool(pool_id)
-        nonce_key = keys.nonce(new_nonce())
-        reply = yield Call(POOL_RECORD_CREATED, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, _NONE_BLOB])
+        reply = yield Call(POOL_RECORD_CREATED, keys.as_list(), [self._maxlen, _NONE_BLOB])
         return self._cursor(reply, pid)
 
     def join(self, pool_id: str, member: PoolMember) -> Op[Cursor]:
         pid, keys = self._pool(pool_id)
         m = check_member(member)
         blob = self._encode(_member_map(m), f"member {m.run_id!r}")
-        nonce_key = keys.nonce(new_nonce())
-        reply = yield Call(POOL_JOIN, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, m.run_id, blob])
+        reply = yield Call(POOL_JOIN, keys.as_list(), [self._maxlen, m.run_id, blob])
         return self._cursor(reply, pid)
 
     def leave(self, pool_id: str, run_id: str) -> Op[tuple[PoolMember, Cursor]]:
         pid, keys = self._pool(pool_id)
         rid = check_id(run_id, "run_id")
-        nonce_key = keys.nonce(new_nonce())
-        reply = yield Call(POOL_LEAVE, [*keys.as_list(), nonce_key], [self._maxlen, REMEMBER_MS, rid])
+        reply = yield Call(POOL_LEAVE, keys.as_list(), [self._maxlen, self.remember_leaves, rid])
         if reply[0] == -2:
             raise NotAMember(f"run {rid!r} is not a member of agent pool {pid!r}", key=keys.members)
         cursor = self._cursor(reply, pid)
@@ -587,45 +713,89 @@ class PoolCore:
         block_ms: int | None = None,
         slice_ms: int | None = None,
     ) -> Op[list[PoolRecord]]:
-        """Records after ``after``; with ``block_ms``, waits that long for the first new one.
+        """Records after ``after`` (from the oldest kept if None), at most ``count`` (None: up to the head).
 
-        The wait is ``XREAD BLOCK`` in slices of at most ``slice_ms`` (set from
-        the client's socket timeout, so a long wait never trips it).
+        Read ``page_size`` records per script. With ``block_ms`` and nothing
+        new, waits with ``XREAD BLOCK`` in slices of at most ``slice_ms`` (the
+        shell sets it from the client's read timeout, so a long wait never
+        trips it) and returns the records that woke it and any behind them.
         """
         pid, keys = self._pool(pool_id)
         if after is None:
             seq = 0
         else:
             seq = check_int(_check_type(after, Cursor, "after").sequence, "after.sequence", 0, MAX_REVISION)
-        n = 0 if count is None else check_int(count, "count", 1, MAX_WATCH_COUNT)
+        limit = None if count is None else check_int(count, "count", 1, MAX_WATCH_COUNT)
         wait = 0 if block_ms is None else check_int(block_ms, "block_ms", 0, MAX_BLOCK_MS)
-        reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
-        if reply[0] == -1:
-            raise self._not_open(pid)
-        head = int(reply[1])
-        if seq > head:
-            # A cursor from the future: the log lost records (a restart without
-            # persistence, a failover to a lagging replica) or the cursor is another
-            # pool's. Waiting for record seq + 1 would silently skip the ones between.
-            raise CursorExpired(
-                f"cursor {seq} of agent pool {pid!r} is ahead of its log (last record {head}): "
-                "records were lost or the cursor belongs elsewhere; resync from snapshot()",
-                key=keys.log,
-            )
-        entries = [(reply[i], reply[i + 1], reply[i + 2]) for i in range(2, len(reply), 3)]
-        if entries or head > seq or not wait:
-            return self._records(pid, keys, seq, head, entries)
+        out = yield from self._pages(pid, keys, seq, limit, oldest=after is None)
+        if out or not wait:
+            return out
         deadline = time.monotonic() + wait / 1000
-        read = ["XREAD", *(("COUNT", n) if n else ()), "BLOCK"]
+        n = self.page_size if limit is None else min(limit, self.page_size)
         while True:
             left = math.ceil((deadline - time.monotonic()) * 1000)
             if left <= 0:
                 return []
             block = min(left, slice_ms) if slice_ms else left
-            raw = yield Command([*read, block, "STREAMS", keys.log, f"{seq}-0"])
+            raw = yield Command(["XREAD", "COUNT", n, "BLOCK", block, "STREAMS", keys.log, f"{seq}-0"])
             found = _xread_entries(raw)
             if found:
-                return self._records(pid, keys, seq, None, found)
+                out = self._records(pid, keys, seq, None, found)
+                break
+        if len(found) == n and (limit is None or limit > n):
+            # A burst filled the page: read the rest the way a non-blocking call would.
+            try:
+                more = yield from self._pages(pid, keys, out[-1].cursor.sequence, limit and limit - n)
+            except CursorExpired:
+                more = []  # trimmed meanwhile: the next watch from out[-1] says so
+            out.extend(more)
+        return out
+
+    def _pages(
+        self, pid: str, keys: PoolKeys, seq: int, limit: int | None, *, oldest: bool = False
+    ) -> Op[list[PoolRecord]]:
+        """Records after ``seq``, ``page_size`` per script, until ``limit`` or the head seen by the first page.
+
+        Stopping at that head keeps a reader from chasing a writer forever. If
+        retention trims records between two pages, the records read so far
+        are returned (they are consecutive) and the next read from the last
+        of them raises ``CursorExpired``: nothing is skipped silently.
+        """
+        out: list[PoolRecord] = []
+        end: int | None = None
+        while True:
+            n = self.page_size if limit is None else min(self.page_size, limit - len(out))
+            if end is not None:
+                n = min(n, end - seq)
+            reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
+            if reply[0] == -1:
+                raise self._not_open(pid)
+            head = int(reply[1])
+            if seq > head and out:
+                return out  # the log went back under us: the next read from out[-1] says so
+            if seq > head:
+                # A cursor from the future: the log lost records (a restart without
+                # persistence, a failover to a lagging replica) or the cursor is another
+                # pool's. Waiting for record seq + 1 would silently skip the ones between.
+                raise CursorExpired(
+                    f"cursor {seq} of agent pool {pid!r} is ahead of its log (last record {head}): "
+                    "records were lost or the cursor belongs elsewhere; resync from snapshot()",
+                    key=keys.log,
+                )
+            entries = _entries(reply)
+            try:
+                got = self._records(pid, keys, seq, head, entries, oldest=oldest and not out)
+            except CursorExpired:
+                if out:
+                    return out
+                raise
+            out.extend(got)
+            end = head if end is None else end
+            if len(entries) < n or not got:
+                return out
+            seq = got[-1].cursor.sequence
+            if seq >= end or (limit is not None and len(out) >= limit):
+                return out
 
     def list(self) -> Op[list[str]]:
         """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""

@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 
 import redis
 
-from .errors import AgentStateError, BackendUnavailable, CorruptState
+from .errors import AgentStateError, BackendUnavailable
 from .keys import Keys
 from .models import AgentStatus
 from .spec import redact
@@ -277,6 +277,47 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Pools sized per pipeline by ``stats``.
+_POOL_BATCH = 500
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def pool_sizes(
+    client: Any, namespace: str, pool_ids: Sequence[str]
+) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """Members, messages, wakes and records of each pool: O(1) counts (HLEN), never the pool's contents.
+
+    A pool whose keys or sequence are not ours is returned apart, with the
+    reason, so one corrupt pool does not hide the others.
+    """
+    keys = Keys(namespace)
+    sizes: dict[str, dict[str, int]] = {}
+    corrupt: dict[str, str] = {}
+    for i in range(0, len(pool_ids), _POOL_BATCH):
+        batch = pool_ids[i : i + _POOL_BATCH]
+        pipe = client.pipeline(transaction=False)
+        for pool_id in batch:
+            k = keys.pool(pool_id)
+            for key in (k.members, k.messages, k.wakes):
+                pipe.execute_command("HLEN", key)
+            pipe.execute_command("HGET", k.state, "seq")
+        replies = pipe.execute(raise_on_error=False)
+        for j, pool_id in enumerate(batch):
+            members, messages, wakes, seq = replies[4 * j : 4 * j + 4]
+            failed = next((r for r in (members, messages, wakes, seq) if isinstance(r, Exception)), None)
+            if failed is not None:
+                corrupt[pool_id] = f"a key of agent pool {pool_id!r} is not data redis_agentstate wrote: {failed}"
+            elif seq is not None and not _DIGITS.fullmatch(_text(seq)):
+                corrupt[pool_id] = f"agent pool {pool_id!r} holds a malformed seq {seq!r}"
+            else:
+                sizes[pool_id] = {"members": int(members), "messages": int(messages), "wakes": int(wakes),
+                                  "records": int(seq or 0)}  # fmt: skip
+    return sizes, corrupt
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     now, rows = task_rows(store.client, store.namespace, store.list())
@@ -291,19 +332,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover - pools not built into this install
         PoolStore = None  # type: ignore[assignment,misc]
     if PoolStore is not None:
-        pstore = PoolStore(store.client, namespace=store.namespace)
-        for pool_id in pstore.list():
-            try:
-                snap = pstore.snapshot(pool_id)
-            except CorruptState as exc:  # one corrupt pool does not hide the others
-                corrupt_pools[pool_id] = str(exc)
-                continue
-            pools[pool_id] = {
-                "members": len(snap.members),
-                "messages": len(snap.messages),
-                "wakes": len(snap.wakes),
-                "records": snap.cursor.sequence if snap.cursor else 0,
-            }
+        pool_ids = PoolStore(store.client, namespace=store.namespace).list()
+        pools, corrupt_pools = pool_sizes(store.client, store.namespace, pool_ids)
     data = {
         "namespace": store.namespace,
         "server_time_ms": now,
@@ -340,15 +370,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # ---- watch ---------------------------------------------------------------------------------------
 
 
+#: Records per read of ``watch`` without ``--count``.
+WATCH_PAGE = 1000
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from .pool_models import Cursor
     from .pools import PoolStore
 
     pools = PoolStore(_client(args), namespace=_namespace(args))
+    # No --from: from the oldest record kept (retention may have trimmed the first ones).
     after = Cursor(args.from_) if args.from_ is not None else None
+    # Page by page, printing as it goes: a pool of a million records is never held (or read) at once.
+    count = args.count or WATCH_PAGE
     try:
         while True:
-            records = pools.watch(args.pool, after, count=args.count, block_ms=None if args.once else 5_000)
+            records = pools.watch(args.pool, after, count=count, block_ms=None if args.once else 5_000)
             for rec in records:
                 if args.json:
                     print(_dump({"pool_id": rec.pool_id, "cursor": rec.cursor.sequence, "kind": rec.kind,
@@ -356,7 +393,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 else:
                     print(f"{rec.cursor.sequence:>8}  {esc(rec.kind):<14} {esc(_dump(rec.payload))}", flush=True)
                 after = rec.cursor
-            if args.once and (not records or args.count is None or len(records) < args.count):
+            if args.once and len(records) < count:
                 return 0
     except KeyboardInterrupt:
         return 0
@@ -491,8 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", parents=[common], help="print a pool's records, then follow new ones")
     watch.add_argument("pool")
     watch.add_argument("--from", dest="from_", type=int, default=None, metavar="CURSOR",
-                       help="start after this cursor sequence (default: from the first record)")  # fmt: skip
-    watch.add_argument("--count", type=_positive, default=None, help="records per read")
+                       help="start after this cursor sequence (default: from the oldest record kept)")  # fmt: skip
+    watch.add_argument("--count", type=_positive, default=None, help=f"records per read (default {WATCH_PAGE})")
     watch.add_argument("--once", action="store_true", help="print what is there and exit (no live tail)")
     watch.set_defaults(func=cmd_watch)
 

@@ -12,14 +12,15 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
 
 Agent pools (``SS`` is the shard of the pool id)::
 
-    ns:{ns#SS}:pool:<pool_id>                 hash   cfg created seq evt
+    ns:{ns#SS}:pool:<pool_id>                 hash   cfg created created_seq seq evt
     ns:{ns#SS}:pool-members:<pool_id>         hash   run_id -> member blob
     ns:{ns#SS}:pool-msgs:<pool_id>            hash   message_id -> stored message blob
     ns:{ns#SS}:pool-msg-dedupe:<pool_id>      hash   idempotency key -> "<seq>:<receipt blob>"
     ns:{ns#SS}:pool-wakes:<pool_id>           hash   condition_id -> stored wake blob
     ns:{ns#SS}:pool-wake-dedupe:<pool_id>     hash   idempotency key -> "<seq>:<registration blob>"
     ns:{ns#SS}:pool-log:<pool_id>             stream the record log, entry id "<seq>-0"
-    ns:{ns#SS}:pool-nonce:<nonce>:<pool_id>   string a write's reply, kept briefly for re-sends
+    ns:{ns#SS}:pool-runs:<pool_id>            hash   run_id -> "<seq>" (joined) or "<seq>:<member blob>" (left)
+    ns:{ns#SS}:pool-left:<pool_id>            zset   run ids of the pool's latest leaves, score = seq
     ns:{ns#SS}:pools                          zset   every pool id of shard SS (score 0)
 
 Key/value seam (``SS`` is the shard of the key)::
@@ -61,8 +62,8 @@ KEY_TYPES = {
     "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string",
     "tasks": "zset", "ready": "zset", "gen": "string",
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
-    "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-nonce": "string",
-    "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
+    "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
+    "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
 }  # fmt: skip
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
 
@@ -83,8 +84,6 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return None, None, None
     if kind in _TASK_KINDS:
         return KEY_TYPES[kind], "task", ident
-    if kind == "pool-nonce":
-        return KEY_TYPES[kind], "pool", ident.partition(":")[2]
     if kind.startswith("pool") and kind != "pools":
         return KEY_TYPES[kind], "pool", ident
     if kind == "kv":
@@ -132,15 +131,12 @@ class PoolKeys:
     wake_dedupe: str
     log: str
     pools: str
-    prefix: str
+    runs: str
+    left: str
 
     def as_list(self) -> list[str]:
         return [self.state, self.members, self.messages, self.message_dedupe,
-                self.wakes, self.wake_dedupe, self.log, self.pools]  # fmt: skip
-
-    def nonce(self, nonce: str) -> str:
-        """Where a write remembers its reply (``nonce`` is hex, so it holds no ``:``; the pool id last)."""
-        return f"{self.prefix}pool-nonce:{nonce}:{self.state[len(self.prefix) + 5 :]}"
+                self.wakes, self.wake_dedupe, self.log, self.pools, self.runs, self.left]  # fmt: skip
 
 
 class Keys:
@@ -188,7 +184,8 @@ class Keys:
             wake_dedupe=p + "pool-wake-dedupe:" + pool_id,
             log=p + "pool-log:" + pool_id,
             pools=p + "pools",
-            prefix=p,
+            runs=p + "pool-runs:" + pool_id,
+            left=p + "pool-left:" + pool_id,
         )
 
     def shard_pools(self, shard: int) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
-from ._pool_core import DEFAULT_MAX_RECORD_BYTES, POOL_SCRIPTS, PoolCore
+from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from ._pool_core import DEFAULT_MAX_RECORD_BYTES, DEFAULT_PAGE_SIZE, POOL_SCRIPTS, PoolCore
 from .pool_models import (
     Cursor,
     MessageReceipt,
@@ -22,22 +22,6 @@ from .pool_models import (
 __all__ = ["AsyncPoolStore", "PoolStore"]
 
 
-def socket_timeout_s(client: Any) -> float | None:
-    """The read timeout a client applies to every reply, if any (standalone or cluster)."""
-    for owner in ("connection_pool", "nodes_manager"):
-        kwargs = getattr(getattr(client, owner, None), "connection_kwargs", None)
-        if isinstance(kwargs, dict):
-            timeout = kwargs.get("socket_timeout")
-            return float(timeout) if timeout else None
-    return None
-
-
-def block_slice_ms(client: Any) -> int | None:
-    """Longest single ``XREAD BLOCK`` that stays well inside the client's socket timeout."""
-    timeout = socket_timeout_s(client)
-    return None if timeout is None else max(1, int(timeout * 1000) // 2)
-
-
 class _Pools(StoreShell[PoolCore]):
     def __init__(
         self,
@@ -47,8 +31,9 @@ class _Pools(StoreShell[PoolCore]):
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         retry: RetryPolicy | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
     ) -> None:
-        core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes)
+        core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes, page_size=page_size)
         super().__init__(client, core, POOL_SCRIPTS, retry)
         self._slice_ms = block_slice_ms(client)
 
@@ -65,7 +50,9 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     each pool's log to that many records (a watch cursor older than the
     oldest kept record raises ``CursorExpired``); ``max_record_bytes`` caps one
     write; ``retry`` bounds retries of connection errors (every write is safe
-    to re-send).
+    to re-send); ``page_size`` is the most records (``watch``) or fields per
+    hash (``snapshot``) one script reads, so no call blocks Redis for long
+    whatever the pool's size.
     """
 
     def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
@@ -73,19 +60,35 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
         return self._run(self._core.open(pool_id, config))
 
     def snapshot(self, pool_id: str) -> PoolSnapshot:
-        """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
+        """The pool's state at one moment (its ``cursor``); ``PoolNotOpen`` if never opened.
+
+        A large pool is read in pages (``page_size`` fields of each hash per
+        script), then the records written meanwhile are replayed over the
+        pages: the result is exactly the state after record ``cursor``, as if
+        read at once. ``CursorExpired`` only if ``max_records`` trims those
+        records faster than they can be read, several times in a row.
+        """
         return self._run(self._core.snapshot(pool_id))
 
     def record_created(self, pool_id: str) -> Cursor:
-        """Mark the pool created and append ``pool_created``."""
+        """Mark the pool created and append ``pool_created``; once: later calls return the first cursor."""
         return self._run(self._core.record_created(pool_id))
 
     def join(self, pool_id: str, member: PoolMember) -> Cursor:
-        """Add (or replace) a member and append ``member_joined``."""
+        """Add (or replace) a member and append ``member_joined``.
+
+        Joining the member exactly as it is already joined writes nothing and
+        returns that join's cursor (a re-send, by the library or by you).
+        """
         return self._run(self._core.join(pool_id, member))
 
     def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
-        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
+        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one.
+
+        A run that already left (and did not join again) is a re-sent leave:
+        it returns that leave's member and cursor and writes nothing, for the
+        pool's latest 1,000 leaves.
+        """
         return self._run(self._core.leave(pool_id, run_id))
 
     def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
@@ -113,11 +116,15 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     def watch(
         self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
     ) -> list[PoolRecord]:
-        """The records after ``after`` (all from the first if None), in order, at most ``count``.
+        """The records after ``after`` (from the oldest kept record if None), in order, at most ``count``.
 
+        ``count=None`` returns every record up to the last one written when the
+        call started, read ``page_size`` per script (so a large backlog never
+        blocks Redis); pass ``count`` to bound what one call holds in memory.
         With ``block_ms`` > 0 and nothing new yet, waits up to that long for new
-        records (``XREAD BLOCK``) and returns ``[]`` if none came. Raises
-        ``CursorExpired`` if retention trimmed records after ``after``.
+        records (``XREAD BLOCK``, in slices inside the client's read timeout)
+        and returns ``[]`` if none came. Raises ``CursorExpired`` if retention
+        trimmed records after ``after``.
         """
         op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
         return self._run(op)
@@ -139,19 +146,19 @@ class AsyncPoolStore(_Pools, AsyncShell[PoolCore]):
         return await self._run(self._core.open(pool_id, config))
 
     async def snapshot(self, pool_id: str) -> PoolSnapshot:
-        """The pool's state at one moment; ``PoolNotOpen`` if never opened."""
+        """The pool's state at one moment (its ``cursor``), read in pages; see :meth:`PoolStore.snapshot`."""
         return await self._run(self._core.snapshot(pool_id))
 
     async def record_created(self, pool_id: str) -> Cursor:
-        """Mark the pool created and append ``pool_created``."""
+        """Mark the pool created and append ``pool_created``; once: later calls return the first cursor."""
         return await self._run(self._core.record_created(pool_id))
 
     async def join(self, pool_id: str, member: PoolMember) -> Cursor:
-        """Add (or replace) a member and append ``member_joined``."""
+        """Add (or replace) a member and append ``member_joined``; the same member again returns its join."""
         return await self._run(self._core.join(pool_id, member))
 
     async def leave(self, pool_id: str, run_id: str) -> tuple[PoolMember, Cursor]:
-        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one."""
+        """Remove a member and append ``member_left``; ``NotAMember`` if it is not one (see :meth:`PoolStore.leave`)."""
         return await self._run(self._core.leave(pool_id, run_id))
 
     async def message_receipt(self, pool_id: str, idempotency_key: str) -> MessageReceipt | None:
@@ -179,12 +186,10 @@ class AsyncPoolStore(_Pools, AsyncShell[PoolCore]):
     async def watch(
         self, pool_id: str, after: Cursor | None = None, *, count: int | None = None, block_ms: int | None = None
     ) -> list[PoolRecord]:
-        """The records after ``after`` (all from the first if None), in order, at most ``count``.
+        """The records after ``after`` (from the oldest kept record if None), in order, at most ``count``.
 
-        With ``block_ms`` > 0 and nothing new yet, waits up to that long for new
-        records (``XREAD BLOCK`` on one pooled connection; the event loop stays
-        free) and returns ``[]`` if none came. Raises ``CursorExpired`` if
-        retention trimmed records after ``after``.
+        As :meth:`PoolStore.watch`; the wait is ``XREAD BLOCK`` on one pooled
+        connection, so the event loop stays free.
         """
         op = self._core.watch(pool_id, after, count=count, block_ms=block_ms, slice_ms=self._slice_ms)
         return await self._run(op)

@@ -53,25 +53,8 @@ def run_block(code: str, tmp_path: Path, url: str | None) -> subprocess.Complete
     )
 
 
-#: Blocks known to fail until another branch lands: the pools block's live tail
-#: (``watch(..., block_ms=5_000)`` on a ``from_url`` client) dies on redis-py 8's 5 s socket
-#: timeout. strict: once the fix is merged this XPASSes and fails, so the mark gets removed.
-KNOWN_BROKEN = {
-    "agent-pools-and-the-key-value-seam": pytest.mark.xfail(reason="issue 9 item 1 (pools branch)", strict=True),
-}
-
-
-def _params() -> list[Any]:
-    return [
-        pytest.param(
-            code, id=name, marks=[KNOWN_BROKEN[name.split("@")[0]]] if name.split("@")[0] in KNOWN_BROKEN else []
-        )
-        for name, code in PYTHON_BLOCKS
-    ]
-
-
 @pytest.mark.real
-@pytest.mark.parametrize("code", _params())
+@pytest.mark.parametrize("code", [pytest.param(code, id=name) for name, code in PYTHON_BLOCKS])
 def test_python_block_runs_twice(code: str, private_server: Any, tmp_path: Path) -> None:
     for run in (1, 2):
         proc = run_block(code, tmp_path, private_server.url)

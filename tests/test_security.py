@@ -52,9 +52,9 @@ pytestmark = pytest.mark.real
 #: Every command the library sends, by the client or from its Lua scripts
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
-    "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hlen", "hmget", "hset", "hvals",
-    "incr", "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "xadd", "xlen",
-    "xrange", "xread", "zadd", "zcard", "zcount", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
+    "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hlen", "hmget", "hscan", "hset", "incr",
+    "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "xadd", "xlen", "xrange", "xread",
+    "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
 )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 -- pool_get.lua: one field of one of the pool's hashes (read-only), for
 -- message_receipt, wake_registration and wake.
---   KEYS[1..8] - the pool's keys (see _pool.lua)
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
 --   ARGV[1]    - which hash: 4 (message dedupe), 5 (wakes) or 6 (wake dedupe)
 --   ARGV[2]    - the field
 -- Returns {-1} never opened; {0} no such field; {1, value}.

@@ -1,22 +1,32 @@
 -- pool_leave.lua: remove a member and append member_left with its last state.
---   KEYS[1..8] - the pool's keys (see _pool.lua)
---   KEYS[9]    - nonce key of this call
---   ARGV[1]    - max records to keep in the log (0 = all)
---   ARGV[2]    - ms to remember this call's reply (for a re-send after a lost reply)
---   ARGV[3]    - run id of the member
+-- A leave of a run that already left (and has not joined again) is that
+-- leave re-sent: it gets the first leave's member and cursor, not NotAMember,
+-- for the pool's last ARGV[2] leaves (older ones are forgotten, so the
+-- memory is bounded; the run then is simply not a member).
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
+--   ARGV[1]     - max records to keep in the log (0 = all)
+--   ARGV[2]     - how many of the pool's latest leaves to remember (>= 1)
+--   ARGV[3]     - run id of the member
 -- Returns {-1} never opened; {-2} not a member; {1, seq, member blob} left;
--- {2, seq, member blob} this nonce left already (so a re-send is not NotAMember).
-local maxlen, remember_ms, run_id = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+-- {2, seq, member blob} this run had left already (nothing written).
+local maxlen, keep, run_id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
-local seen = remembered()
-if seen then
-  local seq, member = split_seq(seen)
-  return { 2, seq, member }
-end
 if not is_open() then return { -1 } end
 local member = redis.call('HGET', KEYS[2], run_id)
-if not member then return { -2 } end
+if not member then
+  local last = redis.call('HGET', KEYS[9], run_id)
+  if last then
+    local seq, blob = split_seq(last)
+    if seq then return { 2, seq, blob } end
+  end
+  return { -2 }
+end
 redis.call('HDEL', KEYS[2], run_id)
 local seq = append('member_left', member, maxlen)
-remember(fmt(seq) .. ':' .. member, remember_ms)
+redis.call('HSET', KEYS[9], run_id, fmt(seq) .. ':' .. member)
+redis.call('ZADD', KEYS[10], seq, run_id)
+if redis.call('ZCARD', KEYS[10]) > keep then
+  local oldest = redis.call('ZPOPMIN', KEYS[10])
+  redis.call('HDEL', KEYS[9], oldest[1])
+end
 return { 1, seq, member }

@@ -1,16 +1,16 @@
--- pool_record_created.lua: mark the pool created and append pool_created.
---   KEYS[1..8] - the pool's keys (see _pool.lua)
---   KEYS[9]    - nonce key of this call
---   ARGV[1]    - max records to keep in the log (0 = all)
---   ARGV[2]    - ms to remember this call's reply (for a re-send after a lost reply)
---   ARGV[3]    - payload blob of the record (an encoded nil)
--- Returns {-1} never opened; {1, seq} recorded; {2, seq} this nonce recorded it already.
-local maxlen, remember_ms, blob = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+-- pool_record_created.lua: mark the pool created and append pool_created,
+-- once: 'created' is a flag, so any later call (a re-send after a lost reply,
+-- by this process or another) is the same write and gets the first cursor.
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
+--   ARGV[1]     - max records to keep in the log (0 = all)
+--   ARGV[2]     - payload blob of the record (an encoded nil)
+-- Returns {-1} never opened; {1, seq} recorded; {2, seq} recorded before (nothing written).
+local maxlen, blob = tonumber(ARGV[1]), ARGV[2]
 
-local seen = remembered()
-if seen then return { 2, seen } end
 if not is_open() then return { -1 } end
+local first = redis.call('HGET', KEYS[1], 'created_seq')
+if first then return { 2, first } end
 redis.call('HSET', KEYS[1], 'created', '1')
 local seq = append('pool_created', blob, maxlen)
-remember(fmt(seq), remember_ms)
+redis.call('HSET', KEYS[1], 'created_seq', fmt(seq))
 return { 1, seq }

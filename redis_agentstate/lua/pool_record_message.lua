@@ -1,6 +1,6 @@
 -- pool_record_message.lua: store a message with its receipt and append
 -- run_message, unless its idempotency key was recorded before (atomic dedupe).
---   KEYS[1..8] - the pool's keys (see _pool.lua)
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
 --   ARGV[1]    - max records to keep in the log (0 = all)
 --   ARGV[2]    - message id
 --   ARGV[3]    - idempotency key

@@ -1,7 +1,7 @@
 -- pool_record_wake.lua: store a wake condition with its compiled filter and
 -- registration and append wake, unless its idempotency key was recorded
 -- before (atomic dedupe).
---   KEYS[1..8] - the pool's keys (see _pool.lua)
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
 --   ARGV[1]    - max records to keep in the log (0 = all)
 --   ARGV[2]    - condition id
 --   ARGV[3]    - idempotency key

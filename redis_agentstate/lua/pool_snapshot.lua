@@ -1,5 +1,9 @@
--- pool_snapshot.lua: the pool's whole state at one moment (read-only).
---   KEYS[1..8] - the pool's keys (see _pool.lua)
--- Returns {-1} never opened; {1, snapshot...} (layout in _pool.lua).
+-- pool_snapshot.lua: one bounded page of the pool's state (read-only).
+--   KEYS[1..10] - the pool's keys (see _pool.lua)
+--   ARGV[1..3]  - HSCAN cursors of members, messages, wakes ('0' first, '' done)
+--   ARGV[4]     - HSCAN COUNT per hash
+-- Returns {-1} never opened; {1, page...} (layout in _pool.lua).
+local cursors, count = { ARGV[1], ARGV[2], ARGV[3] }, ARGV[4]
+
 if not is_open() then return { -1 } end
-return snapshot({ 1 })
+return snapshot_page({ 1 }, cursors, count)
