@@ -66,7 +66,10 @@ def checkpoint_flow(store: Any, tids: list[str]) -> None:
         cp.messages.append({"cycle": 1})
         cp.cycles.append({"n": 1})
         assert store.commit(cp, token="w1", expected_revision=1)
-        assert not store.commit(cp, token="w1", expected_revision=1)  # fenced: revision moved
+        assert store.commit(cp, token="w1", expected_revision=1)  # the same write re-sent: recognised
+        cp.messages.append({"cycle": "again"})
+        assert not store.commit(cp, token="w1", expected_revision=1)  # a different write: fenced, revision moved
+        cp.messages.pop()
         with pytest.raises(CycleConflict):
             store.claim(tid, 1, token="w1", lease_ms=30_000)
         loaded = store.load(tid)
