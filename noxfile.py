@@ -1,0 +1,57 @@
+"""The test suite on every supported Python (``requires-python = ">=3.10"``).
+
+``nox`` runs ``tests`` on 3.10, 3.11, 3.12 and 3.13, each in its own virtualenv
+with the project's test extras. 3.11 runs the whole suite, as ``.ci/run`` does;
+the others run ``SUBSET``: every store test on fakeredis and on a real
+redis-server, sync and async, the Valkey run and the packaging checks, without
+the cluster, chaos and slow tests, which exercise the servers rather than the
+interpreter. Arguments after ``--`` replace the pytest arguments:
+``nox -s tests-3.13 -- tests/test_kv.py -x``.
+
+Interpreters come from pyenv first (``$PYENV_ROOT/versions/3.X.*``, where a
+shim for a version that is not pyenv's global one does not run), then from
+``python3.X`` on PATH. Nothing is downloaded: a missing interpreter is an
+error under ``CI`` (nox's default there) and a skip elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+FULL = "3.11"
+SUBSET = "not cluster and not chaos and not slow"
+
+nox.options.sessions = ["tests"]
+nox.options.download_python = "never"
+nox.options.reuse_venv = "yes"
+
+
+def _pyenv_bins(versions: list[str]) -> list[str]:
+    """The ``bin`` folder of pyenv's newest patch release of each version, where pyenv has one."""
+    versions_dir = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    bins = []
+    for version in versions:
+        found = []
+        for path in versions_dir.glob(f"{version}.*"):
+            match = re.fullmatch(re.escape(version) + r"\.(\d+)", path.name)
+            if match and (path / "bin" / f"python{version}").is_file():
+                found.append((int(match.group(1)), path / "bin"))
+        if found:
+            bins.append(str(max(found)[1]))
+    return bins
+
+
+os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(PYTHONS), os.environ.get("PATH", "")])
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """README's test command: the whole suite on 3.11, ``SUBSET`` on the other versions."""
+    session.install("-e", ".[test]")
+    args = session.posargs or ([] if session.python == FULL else ["-m", SUBSET])
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args)
