@@ -107,3 +107,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     # The API reference was generated from the docstrings, not left as ":::" lines.
     stores = (site / "reference" / "stores" / "index.html").read_text("utf-8")
     assert "Claim the next cycle of any runnable task" in stores and ":::" not in stores
+    # Sphinx roles in docstrings become checked cross-references (docs/_hooks/sphinx_roles.py).
+    runtime = (site / "reference" / "runtime" / "index.html").read_text("utf-8")
+    assert 'href="../errors/#redis_agentstate.LeaseLost"' in runtime
+    assert not re.search(r":(class|meth|func|attr):", runtime)
