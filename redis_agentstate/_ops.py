@@ -68,7 +68,7 @@ Request = Call | Pipe | Command
 Op = Generator[Request, Any, T]
 
 #: Errors after which the request may or may not have applied. Every request
-#: this library sends is safe to re-send (see DESIGN.md, "Retry-safe").
+#: this library sends is safe to re-send (see docs/design.md, "Retry-safe").
 _TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.TryAgainError, rex.ClusterDownError)
 
 

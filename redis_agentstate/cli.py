@@ -478,6 +478,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``agentstate`` argument parser; each command's namespace carries its handler as ``func``."""
     # The demo's parent lacks --namespace (its default differs) and --cluster (it runs on one Redis).
     demo_common = _Parser(add_help=False)
     demo_common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
@@ -553,6 +554,7 @@ EXIT_BROKEN_PIPE = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``agentstate`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)

@@ -39,6 +39,7 @@ class _Pools(StoreShell[PoolCore]):
 
     @property
     def max_records(self) -> int | None:
+        """How many records each pool's log keeps (None: all)."""
         return self._core.max_records
 
 

@@ -78,13 +78,16 @@ class StoreSpec:
 
     @classmethod
     def redis(cls, location: str, *, namespace: str = "agentstate", cluster: bool = False) -> StoreSpec:
+        """A ``kind="redis"`` spec."""
         return cls("redis", location, namespace, cluster)
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as a config-file object (``from_dict`` reads it back)."""
         return {"kind": self.kind, "location": self.location, "namespace": self.namespace, "cluster": self.cluster}
 
     @classmethod
     def from_dict(cls, payload: object) -> StoreSpec:
+        """Read a config-file object; ``InvalidArgument`` names what is wrong, unknown fields included."""
         if not isinstance(payload, dict):
             raise InvalidArgument("state_store must be an object")
         kind = payload.get("kind")
@@ -121,7 +124,9 @@ class StoreSpec:
         return redis.asyncio.Redis.from_url(self.location, **kwargs)
 
     def build(self, **store_kwargs: Any) -> CheckpointStore:
+        """A ``CheckpointStore`` on a new client (connects on first use); keywords go to the store."""
         return CheckpointStore(self.client(), self.namespace, **store_kwargs)
 
     def build_async(self, **store_kwargs: Any) -> AsyncCheckpointStore:
+        """The asyncio twin of ``build``: an ``AsyncCheckpointStore`` on a new ``redis.asyncio`` client."""
         return AsyncCheckpointStore(self.async_client(), self.namespace, **store_kwargs)
