@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-import redis.exceptions as rex
+from faults.replies import lose_first_reply
 
 from redis_agentstate import (
     AgentStatus,
@@ -273,41 +273,13 @@ class TestRetrySafety:
 
     def lose_first_reply(
         self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None, lose: bool = True
-    ) -> list[int]:
+    ) -> list[list[Any]]:
         """Make script ``name`` apply on the server, then fail as if the reply was lost.
 
         ``between`` runs after the write applied and before the re-send (other workers' moves);
         with ``lose=False`` the reply arrives after ``between`` ran (moves made while in flight).
         """
-        script = scripts_of(store)[name]
-        original = type(script).__call__
-        calls: list[int] = []
-
-        def apply_then_drop(self_: Any, *a: Any, **k: Any) -> Any:
-            result = original(self_, *a, **k)
-            if self_ is not script:  # another store's script object: leave it alone
-                return result
-            calls.append(1)
-            if len(calls) == 1:
-                if hasattr(result, "__await__"):
-
-                    async def drop() -> Any:
-                        reply = await result
-                        if between:
-                            between()
-                        if lose:
-                            raise rex.ConnectionError("reply lost (injected)")
-                        return reply
-
-                    return drop()
-                if between:
-                    between()
-                if lose:
-                    raise rex.ConnectionError("reply lost (injected)")
-            return result
-
-        monkeypatch.setattr(type(script), "__call__", apply_then_drop)
-        return calls
+        return lose_first_reply(scripts_of(store)[name], monkeypatch, between=between, lose=lose)
 
     def test_commit_resent_after_lost_reply_returns_true_once(
         self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch
