@@ -42,10 +42,10 @@ from typing import Any, NoReturn
 
 import redis
 
-from .errors import AgentStateError, BackendUnavailable
+from .errors import AgentStateError, BackendUnavailable, InvalidArgument
 from .keys import Keys
 from .models import AgentStatus
-from .spec import redact
+from .spec import StoreSpec, redact
 
 __all__ = ["main"]
 
@@ -128,6 +128,11 @@ def _client(args: argparse.Namespace) -> Any:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
+    if url.startswith("redis+sentinel:"):
+        try:
+            return StoreSpec.redis(url, cluster=bool(args.cluster)).client()
+        except InvalidArgument as exc:
+            raise CliError(str(exc), "BadRedisURL") from exc
     try:
         if args.cluster:
             from redis.cluster import RedisCluster
