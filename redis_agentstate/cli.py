@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 
@@ -46,6 +46,9 @@ from .errors import AgentStateError, BackendUnavailable
 from .keys import Keys
 from .models import AgentStatus
 from .spec import redact
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
 
 __all__ = ["main"]
 
@@ -124,7 +127,7 @@ def _report_error(exc: BaseException, as_json: bool) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
@@ -193,7 +196,9 @@ def _task_row(tid: str, values: Any, now: int) -> dict[str, Any]:
     }
 
 
-def task_rows(client: Any, namespace: str, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+def task_rows(
+    client: redis.Redis | RedisCluster, namespace: str, task_ids: Sequence[str]
+) -> tuple[int, list[dict[str, Any]]]:
     """Server time (ms) and the scalar fields of each task, read in one pipeline (no histories).
 
     A task whose fields this library would not have written (or whose key is
@@ -286,7 +291,7 @@ def _text(raw: Any) -> str:
 
 
 def pool_sizes(
-    client: Any, namespace: str, pool_ids: Sequence[str]
+    client: redis.Redis | RedisCluster, namespace: str, pool_ids: Sequence[str]
 ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Members, messages, wakes and records of each pool: O(1) counts (HLEN), never the pool's contents.
 

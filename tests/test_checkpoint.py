@@ -1,7 +1,8 @@
-"""The checkpoint store: the seed's rules and DESIGN.md's deliberate changes.
+"""The checkpoint store: the seed's rules and docs/design.md's deliberate changes.
 
-Every test here runs four times through the ``store`` fixture:
-{fakeredis, real redis-server} x {CheckpointStore, AsyncCheckpointStore}.
+Every test here runs six times through the ``store`` fixture:
+{fakeredis, real redis-server, local Redis Cluster} x {CheckpointStore, AsyncCheckpointStore}
+(the cluster runs are marked ``cluster``).
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ class TestFinalize:
 
 
 class TestRetrySafety:
-    """DESIGN.md 3: a reply lost on the wire must not turn success into failure."""
+    """docs/design.md 3: a reply lost on the wire must not turn success into failure."""
 
     def lose_first_reply(
         self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None, lose: bool = True
@@ -481,7 +482,7 @@ class TestRetrySafety:
 
 
 class TestHistory:
-    """DESIGN.md 5: cost grows with the change, not the history."""
+    """docs/design.md 5: cost grows with the change, not the history."""
 
     def spy(self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
         script = scripts_of(store)[name]
@@ -607,7 +608,7 @@ class TestHistory:
 
 
 class TestServerClock:
-    """DESIGN.md 1: leases come from Redis TIME; a worker's clock is irrelevant."""
+    """docs/design.md 1: leases come from Redis TIME; a worker's clock is irrelevant."""
 
     def test_client_clock_hours_off_changes_nothing(
         self, store: Any, running: Checkpoint, raw: Any, monkeypatch: pytest.MonkeyPatch
@@ -662,7 +663,7 @@ class TestScripts:
 
 
 class TestBadInput:
-    """DESIGN.md 7: InvalidArgument before anything is written; nothing stored is lost."""
+    """docs/design.md 7: InvalidArgument before anything is written; nothing stored is lost."""
 
     @pytest.mark.parametrize(
         "call",

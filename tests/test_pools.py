@@ -1,4 +1,4 @@
-"""The agent-pool store: the seed's ``AgentPoolStore`` outcomes and DESIGN.md's changes.
+"""The agent-pool store: the seed's ``AgentPoolStore`` outcomes and docs/design.md's changes.
 
 Every store test runs four times through ``make``:
 {fakeredis, real redis-server} x {PoolStore, AsyncPoolStore}.
