@@ -42,11 +42,11 @@ from typing import IO, Any
 
 import redis
 
-from .checkpoint import CheckpointStore
+from ..checkpoint import CheckpointStore
+from ..models import AgentStatus, Checkpoint
+from ..runner import Runner, StepResult, current_lease
+from ..spec import redact
 from .embedded import EmbeddedServer, start_embedded
-from .models import AgentStatus, Checkpoint
-from .runner import Runner, StepResult, current_lease
-from .spec import redact
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo", "run_worker", "verify"]
 
