@@ -93,3 +93,18 @@ def test_fleet_tooling_sits_apart_from_the_library_core() -> None:
 
     for name in embedded.__all__:
         assert getattr(embedded, name) is getattr(fleet_embedded, name)
+
+
+def test_mypy_checks_the_client_protocols_against_the_real_clients() -> None:
+    """``tests/typing_clients.py`` is where mypy proves redis-py's and fakeredis' clients satisfy
+    ``redis_agentstate.clients``; it only proves it while CI's mypy run includes it."""
+    # pyproject's [tool.mypy] block, read without tomllib (Python 3.10 has none).
+    mypy = (ROOT / "pyproject.toml").read_text("utf-8").split("[tool.mypy]\n", 1)[1].split("\n[", 1)[0]
+    files = re.search(r"^files = \[(.*)\]$", mypy, re.M)
+    assert files is not None and '"tests/typing_clients.py"' in files.group(1)
+    assert re.search(r"^strict = true$", mypy, re.M)
+    text = (ROOT / "tests" / "typing_clients.py").read_text("utf-8")
+    for client in ("redis.Redis", "redis.cluster.RedisCluster", "fakeredis.FakeRedis"):
+        assert client in text
+    for client in ("redis.asyncio.Redis", "redis.asyncio.cluster.RedisCluster", "fakeredis.FakeAsyncRedis"):
+        assert client in text
