@@ -1,7 +1,8 @@
 """The checkpoint store: the seed's rules and docs/design.md's deliberate changes.
 
-Every test here runs four times through the ``store`` fixture:
-{fakeredis, real redis-server} x {CheckpointStore, AsyncCheckpointStore}.
+Every test here runs six times through the ``store`` fixture:
+{fakeredis, real redis-server, local Redis Cluster} x {CheckpointStore, AsyncCheckpointStore}
+(the cluster runs are marked ``cluster``).
 """
 
 from __future__ import annotations
