@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
+from redis_agentstate.testing import internals
 
 from ._util import Settings, latency_summary, make_message, make_state, percentile, summary
 
@@ -58,7 +59,7 @@ def run(settings: Settings) -> dict[str, Any]:
             before = int(client.info("memory")["used_memory"])
             _fill(store, tid, h)
             if r == 0:
-                keys = store._core.keys.task(tid)
+                keys = internals(store).core.keys.task(tid)
                 memory[h] = {
                     "task_keys_bytes": _memory(client, [keys.checkpoint, keys.messages, keys.cycles]),
                     "used_memory_delta": int(client.info("memory")["used_memory"]) - before,

@@ -33,6 +33,7 @@ from redis_agentstate.codec import encode
 from redis_agentstate.keys import Keys
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
 from redis_agentstate.pools import PoolStore
+from redis_agentstate.testing import internals
 
 from ._util import Settings
 
@@ -124,7 +125,7 @@ def run(settings: Settings) -> dict[str, Any]:
     config_before = {k: client.config_get(k)[k] for k in ("slowlog-log-slower-than", "slowlog-max-len")}
     # Every call is logged (threshold 0), one read-only round at a time, so the i-th script of every
     # round is the same script with the same arguments and the rounds can be compared call by call.
-    for script in store._scripts.values():  # loaded before timing: no NOSCRIPT round trip in round 1
+    for script in internals(store).scripts.values():  # loaded before timing: no NOSCRIPT round trip in round 1
         client.script_load(script.script)
     client.config_set("slowlog-log-slower-than", 0)
     client.config_set("slowlog-max-len", SLOWLOG_LEN)

@@ -1,6 +1,6 @@
 """Figure 4: pools -- ``record_message`` and ``watch`` throughput, and watch latency from XADD to delivery.
 
-Written against the pool API in DESIGN.md (``PoolStore.open / join /
+Written against the pool API in docs/design.md (``PoolStore.open / join /
 record_message / watch``). If ``redis_agentstate`` has no pool store yet, the
 pool rows say so and only the raw Redis Streams floor (``XADD`` and a
 blocking ``XREAD`` through redis-py) is measured.

@@ -23,8 +23,8 @@ import redis
 from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate._ops import RetryPolicy, new_nonce
 from redis_agentstate.codec import encode
+from redis_agentstate.testing import finish, first_call, internals
 
-from ._lean import finish, first_call
 from ._util import Settings, make_message, make_state, micro
 
 AREAS = (
@@ -106,14 +106,15 @@ class _StubClient:
 
 def _micro(store: CheckpointStore, client: redis.Redis, quick: bool) -> dict[str, float]:
     n = 300 if quick else 5000
-    core = store._core
+    inside = internals(store)
+    core = inside.core
     tid = "prof-micro"
     store.delete(tid)
     state = make_state(1024)
     store.create(Checkpoint(tid, shared_state=dict(state)))
     claim_op = core.claim(tid, 1, token="w", lease_ms=30_000)
     claim_req = first_call(claim_op)
-    claim_reply = store._scripts["claim"](keys=claim_req.keys, args=claim_req.args, client=client)
+    claim_reply = inside.scripts["claim"](keys=claim_req.keys, args=claim_req.args, client=client)
     cp = finish(claim_op, claim_reply)
     assert cp is not None
     cp.cycle_index = 1
@@ -131,7 +132,7 @@ def _micro(store: CheckpointStore, client: redis.Redis, quick: bool) -> dict[str
 
     out["tenacity: build Retrying + one attempt (now only paid on a retry)"] = micro(tenacity_once, n)
     stub = _StubClient()
-    script = store._scripts["commit"]
+    script = inside.scripts["commit"]
     keys, args = list(commit_req.keys), list(commit_req.args)
     out["Script.__call__ around evalsha (per request)"] = micro(lambda: script(keys=keys, args=args, client=stub), n)
     out["direct stub.evalsha(sha, n, *keys, *args) (per request)"] = micro(

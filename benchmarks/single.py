@@ -19,8 +19,9 @@ import msgpack
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
+from redis_agentstate.testing import finish, first_call, internals
 
-from ._lean import LeanDriver, finish, first_call
+from ._lean import LeanDriver
 from ._util import (
     Settings,
     host_port,
@@ -117,13 +118,14 @@ def shaped_floor(client: redis.Redis, store: CheckpointStore, state: dict[str, A
     library's own Python plus the scripts' server work, and ``shaped - floor``
     is what the traffic's size and shape cost redis-py and the wire.
     """
-    core = store._core
+    inside = internals(store)
+    core = inside.core
     task_id = "task-shape"
     store.delete(task_id)
     store.create(Checkpoint(task_id, shared_state=dict(state)))
     claim_op = core.claim(task_id, 1, token="w-shape", lease_ms=30_000)
     claim_req = first_call(claim_op)
-    claim_reply = store._scripts[claim_req.script](keys=claim_req.keys, args=claim_req.args, client=client)
+    claim_reply = inside.scripts[claim_req.script](keys=claim_req.keys, args=claim_req.args, client=client)
     cp = finish(claim_op, claim_reply)
     assert cp is not None
     cp.cycle_index = 1

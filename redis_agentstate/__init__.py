@@ -44,6 +44,7 @@ from .runner import AsyncRunner, Runner, RunnerStats, StepResult, current_lease
 from .spec import StoreSpec
 
 __version__ = "0.1.0"
+"""The package version."""
 
 __all__ = [
     "FORMAT_VERSION",

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import redis.exceptions as rex
 from tenacity import (
@@ -33,6 +33,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from . import scripts
+from .clients import AsyncClient, RedisClient, SyncClient
 from .errors import AgentStateError, BackendError, BackendUnavailable, CorruptState, InvalidArgument
 from .keys import Keys, describe_key
 
@@ -68,7 +69,7 @@ Request = Call | Pipe | Command
 Op = Generator[Request, Any, T]
 
 #: Errors after which the request may or may not have applied. Every request
-#: this library sends is safe to re-send (see DESIGN.md, "Retry-safe").
+#: this library sends is safe to re-send (see docs/design.md, "Retry-safe").
 _TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.TryAgainError, rex.ClusterDownError)
 
 
@@ -253,7 +254,7 @@ def _raise_first_error(commands: Sequence[Sequence[Any]], replies: list[Any]) ->
     return replies
 
 
-def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
+def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Command):
@@ -264,7 +265,7 @@ def _send_sync(client: Any, scripts: dict[str, Any], req: Request) -> Any:
     return _raise_first_error(req.commands, pipe.execute(raise_on_error=False))
 
 
-async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any:
+async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Command):
@@ -275,7 +276,7 @@ async def _send_async(client: Any, scripts: dict[str, Any], req: Request) -> Any
     return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False))
 
 
-def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+def _send_retrying_sync(client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
     # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
     # the deadline counts from its start all the same (redis-py's own retries and
     # connect timeouts inside it are within max_delay_s, not on top of it).
@@ -295,7 +296,7 @@ def _send_retrying_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
-def run_sync(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
+def run_sync(client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
     """Drive ``op`` to completion with blocking I/O."""
     try:
         req = next(op)
@@ -319,21 +320,23 @@ def _caused(error: AgentStateError, cause: rex.RedisError) -> AgentStateError:
     return error
 
 
-def _error_sync(client: Any, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
+def _error_sync(client: SyncClient, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
     try:
         return run_sync(client, scripts, NO_RETRY, _explain(req, exc))
     except AgentStateError:
         return _translate(exc)  # Redis failed again while we looked: report the first error
 
 
-async def _error_async(client: Any, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
+async def _error_async(
+    client: AsyncClient, scripts: dict[str, Any], req: Request, exc: rex.RedisError
+) -> AgentStateError:
     try:
         return await run_async(client, scripts, NO_RETRY, _explain(req, exc))
     except AgentStateError:
         return _translate(exc)
 
 
-async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+async def _send_retrying_async(client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
     started = time.monotonic()
     failed: BaseException | None = None
     try:
@@ -349,7 +352,7 @@ async def _send_retrying_async(client: Any, scripts: dict[str, Any], retry: Retr
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
-async def run_async(client: Any, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
+async def run_async(client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
     """Drive ``op`` to completion on the running event loop."""
     try:
         req = next(op)
@@ -396,7 +399,7 @@ def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
     return found
 
 
-def is_asyncio_client(client: Any) -> bool:
+def is_asyncio_client(client: object) -> bool:
     """True for a ``redis.asyncio`` client (plain or cluster, fakeredis' too), False for a sync one."""
     import redis
     import redis.asyncio
@@ -411,7 +414,7 @@ def is_asyncio_client(client: Any) -> bool:
     return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
 
 
-def check_client(client: Any, *, want_asyncio: bool | None = None) -> None:
+def check_client(client: object, *, want_asyncio: bool | None = None) -> None:
     """Refuse a client that would decode our binary blobs as text, or of the wrong flavor.
 
     ``want_asyncio``: True for an async store (needs a ``redis.asyncio`` client), False for a
@@ -419,7 +422,7 @@ def check_client(client: Any, *, want_asyncio: bool | None = None) -> None:
     misleading ``CorruptState`` (a coroutine object read as a reply).
     """
     try:
-        decode = client.get_encoder().decode_responses
+        decode = cast(Any, client).get_encoder().decode_responses
     except AttributeError as exc:
         raise InvalidArgument(f"expected a redis-py client, got {type(client).__name__}") from exc
     if want_asyncio is not None and is_asyncio_client(client) != want_asyncio:
@@ -466,7 +469,7 @@ def _seconds(value: Any) -> float | None:
         return _REDIS_PY_DEFAULT_TIMEOUT_S
 
 
-def _timeout_holders(client: Any) -> list[Any]:
+def _timeout_holders(client: object) -> list[Any]:
     """Objects that build the client's connections: pools, cluster nodes, the cluster client itself."""
     holders: list[Any] = []
     pool = getattr(client, "connection_pool", None)
@@ -489,7 +492,7 @@ def _timeout_holders(client: Any) -> list[Any]:
     return holders
 
 
-def effective_socket_timeout(client: Any) -> float | None:
+def effective_socket_timeout(client: object) -> float | None:
     """The read timeout (seconds) the client's connections apply to every reply; None if they wait forever.
 
     Not just ``connection_pool.connection_kwargs["socket_timeout"]``: ``Redis.from_url(url)`` and a
@@ -515,7 +518,7 @@ def effective_socket_timeout(client: Any) -> float | None:
     return _REDIS_PY_DEFAULT_TIMEOUT_S
 
 
-def block_slice_ms(client: Any) -> int | None:
+def block_slice_ms(client: object) -> int | None:
     """Longest single blocking command (``XREAD BLOCK``) that stays well inside the client's read timeout.
 
     Half the timeout: the reply comes after the block plus a round trip and the server's own delay.
@@ -567,7 +570,9 @@ class StoreShell(Generic[C]):
     #: True: needs a ``redis.asyncio`` client; False: a sync one (set by the twins).
     _ASYNCIO: ClassVar[bool | None] = None
 
-    def __init__(self, client: Any, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
+    _client: RedisClient
+
+    def __init__(self, client: RedisClient, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
         check_client(client, want_asyncio=self._ASYNCIO)
         self._core: C = core
         self._client = client
@@ -580,11 +585,13 @@ class StoreShell(Generic[C]):
 
     @property
     def client(self) -> Any:
+        """The client the store was built with (typed ``Any`` so its whole command API stays usable)."""
         return self._client
 
 
 class SyncShell(StoreShell[C]):
     _ASYNCIO = False
+    _client: SyncClient  # checked in __init__
 
     def _run(self, op: Op[T]) -> T:
         return run_sync(self._client, self._scripts, self._retry, op)
@@ -592,6 +599,7 @@ class SyncShell(StoreShell[C]):
 
 class AsyncShell(StoreShell[C]):
     _ASYNCIO = True
+    _client: AsyncClient  # checked in __init__
 
     async def _run(self, op: Op[T]) -> T:
         return await run_async(self._client, self._scripts, self._retry, op)

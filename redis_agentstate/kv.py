@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
 from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from .clients import RedisClient
 
 __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
 
@@ -14,7 +14,7 @@ __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
 class _KeyValues(StoreShell[KvCore]):
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         namespace: str = "agentstate",
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,

@@ -24,8 +24,8 @@ class AgentStatus(str, enum.Enum):
         return self.value
 
 
-#: Statuses after which no cycle can ever be claimed again.
 TERMINAL_STATUSES = frozenset({AgentStatus.COMPLETED, AgentStatus.FAILED, AgentStatus.MAX_CYCLES})
+"""Statuses after which no cycle can ever be claimed again."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ from typing import Any
 
 from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ._pool_core import DEFAULT_MAX_RECORD_BYTES, DEFAULT_PAGE_SIZE, POOL_SCRIPTS, PoolCore
+from .clients import RedisClient
 from .pool_models import (
     Cursor,
     MessageReceipt,
@@ -25,7 +26,7 @@ __all__ = ["AsyncPoolStore", "PoolStore"]
 class _Pools(StoreShell[PoolCore]):
     def __init__(
         self,
-        client: Any,
+        client: RedisClient,
         namespace: str = "agentstate",
         max_records: int | None = None,
         *,
@@ -39,6 +40,7 @@ class _Pools(StoreShell[PoolCore]):
 
     @property
     def max_records(self) -> int | None:
+        """How many records each pool's log keeps (None: all)."""
         return self._core.max_records
 
 

@@ -259,6 +259,7 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
 
     @property
     def stopping(self) -> bool:
+        """True once :meth:`stop` was called or a signal asked the runner to stop."""
         return self._stop.is_set()
 
     def stop(self) -> None:
@@ -366,6 +367,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
 
     @property
     def stopping(self) -> bool:
+        """True once :meth:`stop` was called or a signal asked the runner to stop."""
         return self._stop is not None and self._stop.is_set()
 
     def stop(self) -> None:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .clients import RedisClient
 
 __all__ = [
     "ACKNOWLEDGE_TERMINAL",
@@ -67,6 +70,6 @@ def add_prelude(names: tuple[str, ...], prelude: str) -> None:
     script_text.cache_clear()
 
 
-def register(client: Any, names: tuple[str, ...]) -> dict[str, Any]:
+def register(client: RedisClient, names: tuple[str, ...]) -> dict[str, Any]:
     """``Script`` objects (or ``AsyncScript`` for an asyncio client) bound to ``client``."""
     return {name: client.register_script(script_text(name)) for name in names}

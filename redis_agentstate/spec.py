@@ -5,23 +5,113 @@ A spec is what a deployment writes in its config file::
     {"kind": "redis", "location": "rediss://user:pw@host:6380/0", "namespace": "prod", "cluster": false}
 
 and ``StoreSpec.from_dict(d).build()`` gives a ready ``CheckpointStore``.
-``redis://``, ``rediss://`` (TLS) and ``unix://`` locations are accepted.
+``redis://``, ``rediss://`` (TLS) and ``unix://`` locations are accepted, and
+``redis+sentinel://`` for a Sentinel-managed primary (see :func:`parse_sentinel_url`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .checkpoint import AsyncCheckpointStore, CheckpointStore
 from .errors import InvalidArgument
 from .keys import validate_namespace
 
-__all__ = ["SCHEMES", "StoreSpec"]
+__all__ = ["SCHEMES", "SentinelURL", "StoreSpec", "parse_sentinel_url"]
 
-SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEME = "redis+sentinel"
+SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 KINDS = ("redis",)
+#: Query options of a ``redis+sentinel://`` URL, with their types.
+_SENTINEL_OPTIONS: dict[str, type] = {
+    "sentinel_username": str,
+    "sentinel_password": str,
+    "socket_timeout": float,
+    "socket_connect_timeout": float,
+    "min_other_sentinels": int,
+}
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a ``redis+sentinel://`` URL says: where the sentinels are and which primary to ask them for."""
+
+    sentinels: list[tuple[str, int]]
+    service_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Read ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service_name[/db][?options]``.
+
+    The hosts are the sentinels (port 26379 when omitted); ``service_name`` is
+    the primary's name in their configuration; the user and password are the
+    primary's (``sentinel_username``/``sentinel_password`` in the query are the
+    sentinels' own); ``socket_timeout``, ``socket_connect_timeout`` and
+    ``min_other_sentinels`` are passed on. Anything else is ``InvalidArgument``.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidArgument(f"bad Sentinel URL {redact(url)!r}: {exc}") from exc
+    if parts.scheme != SENTINEL_SCHEME:
+        raise InvalidArgument(f"a Sentinel URL starts with {SENTINEL_SCHEME}://, got {redact(url)!r}")
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if colon else None
+    sentinels: list[tuple[str, int]] = []
+    for hostport in hostlist.split(","):
+        host, port = _host_port(hostport, url)
+        sentinels.append((host, port))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise InvalidArgument(f"a Sentinel URL names the primary as /service_name[/db], got {redact(url)!r}")
+    db = 0
+    if len(path) == 2:
+        if not path[1].isdigit():
+            raise InvalidArgument(f"the db of a Sentinel URL is a number, got {path[1]!r}")
+        db = int(path[1])
+    options: dict[str, Any] = {}
+    for name, raw in parse_qsl(parts.query, keep_blank_values=True):
+        kind = _SENTINEL_OPTIONS.get(name)
+        if kind is None:
+            raise InvalidArgument(f"unknown Sentinel URL option {name!r} (known: {sorted(_SENTINEL_OPTIONS)})")
+        try:
+            options[name] = kind(raw)
+        except ValueError as exc:
+            raise InvalidArgument(f"Sentinel URL option {name} must be a {kind.__name__}, got {raw!r}") from exc
+    return SentinelURL(sentinels, path[0], db, username, password, options)
+
+
+def _host_port(hostport: str, url: str) -> tuple[str, int]:
+    if hostport.startswith("["):  # [ipv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port = hostport.partition(":")
+    if not host or (port and not port.isdigit()):
+        raise InvalidArgument(f"bad sentinel address {hostport!r} in {redact(url)!r}")
+    return host, int(port) if port else 26379
+
+
+def _sentinel_kwargs(parsed: SentinelURL, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """``(Sentinel(...) keywords, master_for keywords, min_other_sentinels)`` for ``parsed``."""
+    options = dict(parsed.options)
+    min_other = options.pop("min_other_sentinels", 0)
+    sentinel_kwargs = {k.removeprefix("sentinel_"): options.pop(k) for k in list(options) if k.startswith("sentinel_")}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name in options:
+            sentinel_kwargs.setdefault(name, options[name])
+    master = {**options, **kwargs, "db": parsed.db, "username": parsed.username, "password": parsed.password}
+    return sentinel_kwargs, master, min_other
 
 
 def redact(location: str) -> str:
@@ -68,23 +158,29 @@ class StoreSpec:
         scheme = urlsplit(self.location).scheme
         if scheme not in SCHEMES:
             raise InvalidArgument(
-                f"state_store.location must be a redis://, rediss:// or unix:// URL, got {redact(self.location)!r}"
+                "state_store.location must be a redis://, rediss://, unix:// or redis+sentinel:// URL, "
+                f"got {redact(self.location)!r}"
             )
-        if self.cluster and scheme == "unix":
-            raise InvalidArgument("a Redis Cluster cannot be reached over a unix:// socket")
+        if self.cluster and scheme in ("unix", SENTINEL_SCHEME):
+            raise InvalidArgument(f"a Redis Cluster cannot be reached through a {scheme}:// location")
+        if scheme == SENTINEL_SCHEME:
+            parse_sentinel_url(self.location)  # refuse a bad one now, not at first use
         if not isinstance(self.cluster, bool):
             raise InvalidArgument("state_store.cluster must be a bool")
         validate_namespace(self.namespace)
 
     @classmethod
     def redis(cls, location: str, *, namespace: str = "agentstate", cluster: bool = False) -> StoreSpec:
+        """A ``kind="redis"`` spec."""
         return cls("redis", location, namespace, cluster)
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as a config-file object (``from_dict`` reads it back)."""
         return {"kind": self.kind, "location": self.location, "namespace": self.namespace, "cluster": self.cluster}
 
     @classmethod
     def from_dict(cls, payload: object) -> StoreSpec:
+        """Read a config-file object; ``InvalidArgument`` names what is wrong, unknown fields included."""
         if not isinstance(payload, dict):
             raise InvalidArgument("state_store must be an object")
         kind = payload.get("kind")
@@ -99,8 +195,21 @@ class StoreSpec:
         return cls(kind, location, payload.get("namespace", "agentstate"), payload.get("cluster", False))
 
     def client(self, **kwargs: Any) -> Any:
-        """A sync redis-py client for the location (``decode_responses`` is forced off)."""
+        """A sync redis-py client for the location (``decode_responses`` is forced off).
+
+        For ``redis+sentinel://`` it is ``Sentinel(...).master_for(service_name)``:
+        each connection asks the sentinels where the primary is, so the store
+        follows a failover (writes in flight at a failover may be lost: see
+        docs/durability.md).
+        """
         kwargs["decode_responses"] = False
+        if self.location.startswith(SENTINEL_SCHEME + ":"):
+            from redis.sentinel import Sentinel
+
+            parsed = parse_sentinel_url(self.location)
+            sentinel_kwargs, master, min_other = _sentinel_kwargs(parsed, kwargs)
+            sentinel = Sentinel(parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+            return sentinel.master_for(parsed.service_name, **master)  # type: ignore[no-untyped-call]
         if self.cluster:
             from redis.cluster import RedisCluster
 
@@ -112,6 +221,13 @@ class StoreSpec:
     def async_client(self, **kwargs: Any) -> Any:
         """An asyncio redis-py client for the location."""
         kwargs["decode_responses"] = False
+        if self.location.startswith(SENTINEL_SCHEME + ":"):
+            from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+            parsed = parse_sentinel_url(self.location)
+            sentinel_kwargs, master, min_other = _sentinel_kwargs(parsed, kwargs)
+            sentinel = AsyncSentinel(parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+            return sentinel.master_for(parsed.service_name, **master)
         if self.cluster:
             from redis.asyncio.cluster import RedisCluster
 
@@ -121,7 +237,9 @@ class StoreSpec:
         return redis.asyncio.Redis.from_url(self.location, **kwargs)
 
     def build(self, **store_kwargs: Any) -> CheckpointStore:
+        """A ``CheckpointStore`` on a new client (connects on first use); keywords go to the store."""
         return CheckpointStore(self.client(), self.namespace, **store_kwargs)
 
     def build_async(self, **store_kwargs: Any) -> AsyncCheckpointStore:
+        """The asyncio twin of ``build``: an ``AsyncCheckpointStore`` on a new ``redis.asyncio`` client."""
         return AsyncCheckpointStore(self.async_client(), self.namespace, **store_kwargs)

@@ -24,9 +24,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,3 +294,14 @@ async def async_store(backend: Any, namespace: str) -> Any:
 def raw(backend: Backend) -> Any:
     """A plain sync client on the same backend, for inspecting and corrupting keys."""
     return backend.sync_client()
+
+
+@contextmanager
+def later(delay: float, fn: Callable[[], Any]) -> Iterator[None]:
+    """Run ``fn`` in another thread after ``delay`` seconds, while the body blocks."""
+    t = threading.Timer(delay, fn)
+    t.start()
+    try:
+        yield
+    finally:
+        t.join()

@@ -102,3 +102,39 @@ def test_harness_full_figures(tmp_path: Path) -> None:
     _check(data)
     assert {r["history"] for r in data["figures"]["history"]["rows"]} >= {10, 10_000, 100_000}
     assert {r["size"] for r in data["figures"]["payload"]["rows"]} == {"1 KiB", "64 KiB", "1 MiB"}
+
+
+def test_benchmarks_reach_into_stores_only_through_the_testing_hook() -> None:
+    """No benchmark reads a store's private attributes: they use ``redis_agentstate.testing``."""
+    import re
+
+    private = re.compile(r"\._(core|scripts|retry|client|run)\b")
+    offenders = {
+        f"{path.name}:{n}": line.strip()
+        for path in sorted((ROOT / "benchmarks").glob("*.py"))
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if private.search(line) and not line.lstrip().startswith("#")
+    }
+    assert offenders == {}
+
+
+def test_the_testing_hook_drives_a_store_operation_by_hand(sync_store: Any) -> None:
+    """``internals`` + ``first_call`` + ``finish``: the request a store method sends, sent by hand."""
+    from redis_agentstate import Checkpoint, KeyValueStore, PoolStore
+    from redis_agentstate.testing import Call, finish, first_call, internals
+
+    sync_store.create(Checkpoint("t1", shared_state={"k": 1}))
+    inside = internals(sync_store)
+    assert inside.client is sync_store.client
+    op = inside.core.claim("t1", 1, token="w", lease_ms=30_000)
+    call = first_call(op)
+    assert isinstance(call, Call) and call.script in inside.scripts
+    reply = inside.scripts[call.script](keys=call.keys, args=call.args, client=inside.client)
+    cp = finish(op, reply)
+    assert cp is not None and cp.claimed_cycle == 1 and cp.claim_token == "w"
+    assert sync_store.load("t1").claim_token == "w"  # it really went to Redis
+    assert inside.run(inside.core.load("t1")).claim_token == "w"  # the store's own driver
+    for other in (KeyValueStore(inside.client), PoolStore(inside.client)):
+        assert internals(other).scripts
+    with pytest.raises(TypeError):
+        internals(object())  # type: ignore[arg-type]

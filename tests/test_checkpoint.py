@@ -1,7 +1,8 @@
-"""The checkpoint store: the seed's rules and DESIGN.md's deliberate changes.
+"""The checkpoint store: the seed's rules and docs/design.md's deliberate changes.
 
-Every test here runs four times through the ``store`` fixture:
-{fakeredis, real redis-server} x {CheckpointStore, AsyncCheckpointStore}.
+Every test here runs six times through the ``store`` fixture:
+{fakeredis, real redis-server, local Redis Cluster} x {CheckpointStore, AsyncCheckpointStore}
+(the cluster runs are marked ``cluster``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-import redis.exceptions as rex
+from faults.replies import lose_first_reply
 
 from redis_agentstate import (
     AgentStatus,
@@ -269,45 +270,17 @@ class TestFinalize:
 
 
 class TestRetrySafety:
-    """DESIGN.md 3: a reply lost on the wire must not turn success into failure."""
+    """docs/design.md 3: a reply lost on the wire must not turn success into failure."""
 
     def lose_first_reply(
         self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch, between: Any = None, lose: bool = True
-    ) -> list[int]:
+    ) -> list[list[Any]]:
         """Make script ``name`` apply on the server, then fail as if the reply was lost.
 
         ``between`` runs after the write applied and before the re-send (other workers' moves);
         with ``lose=False`` the reply arrives after ``between`` ran (moves made while in flight).
         """
-        script = scripts_of(store)[name]
-        original = type(script).__call__
-        calls: list[int] = []
-
-        def apply_then_drop(self_: Any, *a: Any, **k: Any) -> Any:
-            result = original(self_, *a, **k)
-            if self_ is not script:  # another store's script object: leave it alone
-                return result
-            calls.append(1)
-            if len(calls) == 1:
-                if hasattr(result, "__await__"):
-
-                    async def drop() -> Any:
-                        reply = await result
-                        if between:
-                            between()
-                        if lose:
-                            raise rex.ConnectionError("reply lost (injected)")
-                        return reply
-
-                    return drop()
-                if between:
-                    between()
-                if lose:
-                    raise rex.ConnectionError("reply lost (injected)")
-            return result
-
-        monkeypatch.setattr(type(script), "__call__", apply_then_drop)
-        return calls
+        return lose_first_reply(scripts_of(store)[name], monkeypatch, between=between, lose=lose)
 
     def test_commit_resent_after_lost_reply_returns_true_once(
         self, store: Any, running: Checkpoint, monkeypatch: pytest.MonkeyPatch
@@ -481,7 +454,7 @@ class TestRetrySafety:
 
 
 class TestHistory:
-    """DESIGN.md 5: cost grows with the change, not the history."""
+    """docs/design.md 5: cost grows with the change, not the history."""
 
     def spy(self, store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
         script = scripts_of(store)[name]
@@ -607,7 +580,7 @@ class TestHistory:
 
 
 class TestServerClock:
-    """DESIGN.md 1: leases come from Redis TIME; a worker's clock is irrelevant."""
+    """docs/design.md 1: leases come from Redis TIME; a worker's clock is irrelevant."""
 
     def test_client_clock_hours_off_changes_nothing(
         self, store: Any, running: Checkpoint, raw: Any, monkeypatch: pytest.MonkeyPatch
@@ -662,7 +635,7 @@ class TestScripts:
 
 
 class TestBadInput:
-    """DESIGN.md 7: InvalidArgument before anything is written; nothing stored is lost."""
+    """docs/design.md 7: InvalidArgument before anything is written; nothing stored is lost."""
 
     @pytest.mark.parametrize(
         "call",

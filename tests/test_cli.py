@@ -18,8 +18,8 @@ import redis
 
 from redis_agentstate import AgentStatus, Checkpoint, CheckpointStore
 from redis_agentstate import cli as cli_mod
-from redis_agentstate.demo import DemoReport, report_table, verify
 from redis_agentstate.embedded import EmbeddedUnavailable, start_embedded
+from redis_agentstate.fleet.demo import DemoReport, report_table, verify
 
 SMALL = ["--workers", "3", "--tasks", "8", "--cycles", "5", "--step-ms", "40", "--lease-ms", "600", "--timeout", "60"]
 
@@ -90,7 +90,7 @@ def test_demo_json_against_a_given_url(private_server: Any) -> None:
 def test_broken_invariant_means_non_zero_exit(monkeypatch: Any, capsys: Any) -> None:
     bad = DemoReport(tasks=1, tasks_done=1, cycles_expected=2, cycles_committed=2, double_applied=1)
     bad.problems.append("1 cycle(s) applied twice")
-    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: bad)
+    monkeypatch.setattr("redis_agentstate.fleet.demo.run_demo", lambda *a, **k: bad)
     assert cli_mod.main(["demo", "--url", "redis://unused"]) == 1
     out = capsys.readouterr().out
     assert "INVARIANT BROKEN: 1 cycle(s) applied twice" in out
@@ -315,7 +315,7 @@ def test_demo_help_states_the_namespace_default_it_uses() -> None:
 
 def test_demo_keep_on_the_private_server_says_nothing_is_kept(monkeypatch: Any, capsys: Any) -> None:
     report = DemoReport(tasks=1, namespace="demo-abc")
-    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: report)
+    monkeypatch.setattr("redis_agentstate.fleet.demo.run_demo", lambda *a, **k: report)
     monkeypatch.delenv("REDIS_URL", raising=False)
     assert cli_mod.main(["demo", "--keep"]) == 0
     err = capsys.readouterr().err
@@ -324,7 +324,7 @@ def test_demo_keep_on_the_private_server_says_nothing_is_kept(monkeypatch: Any, 
 
 def test_demo_keep_with_redis_url_prints_a_command_without_the_password(monkeypatch: Any, capsys: Any) -> None:
     report = DemoReport(tasks=3, namespace="demo-abc")
-    monkeypatch.setattr("redis_agentstate.demo.run_demo", lambda *a, **k: report)
+    monkeypatch.setattr("redis_agentstate.fleet.demo.run_demo", lambda *a, **k: report)
     assert cli_mod.main(["demo", "--keep", "--url", "redis://u:hunter2@h:6379/0"]) == 0
     err = capsys.readouterr().err
     assert "agentstate --url 'redis://u:***@h:6379/0' --namespace demo-abc list" in err and "hunter2" not in err

@@ -5,7 +5,7 @@ create / save / load / claim / commit / renew / finalize / acknowledge_terminal
 / delete / list, with random and hostile arguments (ids with separators,
 braces, globs, unicode; wrong tokens and revisions; out-of-range numbers;
 values msgpack cannot hold), and checks every result against ``Model``, a
-pure-Python transcription of the seed (``003_*``) plus DESIGN.md's changes
+pure-Python transcription of the seed (``003_*``) plus docs/design.md's changes
 (server-clock leases, append-only history, re-sent claims, writes named by
 their content: a commit/finalize/acknowledge identical to one that applied
 is answered True, from the task's write ring or its tombstone). Leases are an

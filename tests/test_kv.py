@@ -186,7 +186,7 @@ class TestKeysAndTtl:
         keys = [f"key-{i:03d}" for i in range(150)] + same_shard_keys(20, 5, prefix="s")
         kv.set_many({k: b"v" for k in keys})
         got = kv.keys()
-        assert iter(got) is got  # an iterator, as DESIGN.md says
+        assert iter(got) is got  # an iterator, as docs/design.md says
         assert list(got) == sorted(keys)
 
     def test_deleted_keys_leave_the_index(self, kv: Any) -> None:

@@ -29,7 +29,8 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
-from redis_agentstate.lease import LOST, RENEW, STOP, WAIT, AsyncLease, Clock, Lease, LeaseState, LeaseTiming
+from redis_agentstate._lease_core import LOST, RENEW, STOP, WAIT
+from redis_agentstate.lease import AsyncLease, Clock, Lease, LeaseState, LeaseTiming
 
 # ---- timing knobs (validated like Kubernetes leader election) ----------------------------------
 
@@ -69,6 +70,30 @@ class TestLeaseTiming:
 
 
 # ---- the decisions, on a fake clock -------------------------------------------------------------
+
+
+def test_the_lease_logic_lives_once_without_io() -> None:
+    """The timing, the state machine and the clock sit in ``_lease_core`` with no I/O; the twins in
+    ``lease.py`` share every decision through it instead of each carrying a copy."""
+    import ast
+    import inspect
+
+    import redis_agentstate._lease_core as core
+    import redis_agentstate.lease as twins
+
+    def imported(module: Any) -> set[str]:
+        tree = ast.parse(inspect.getsource(module))
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        return names | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    assert not imported(core) & {"asyncio", "redis", "socket", "subprocess"}
+    for name in ("LeaseTiming", "LeaseState", "Clock", "monotonic"):
+        assert getattr(twins, name) is getattr(core, name)
+    assert issubclass(Lease, core.LeaseBase) and issubclass(AsyncLease, core.LeaseBase)
+    # No state transition is spelled out in a twin: they ask LeaseState (through LeaseBase) for each step.
+    source = inspect.getsource(twins)
+    for rule in (".next_step(", ".renewed(", ".renew_failed(", "LeaseTiming("):
+        assert rule not in source, rule
 
 
 class TestLeaseState:

@@ -108,3 +108,49 @@ def test_every_supported_python_is_classified_tested_and_run_in_ci(wheel: Path) 
     assert set(re.findall(r"\btests-(3\.\d+)\b", ci)) == set(pythons) - {full}, (
         ".ci/run runs the full suite on noxfile.FULL and the nox session of every other version"
     )
+
+
+#: Modules of the package root that are not the library core: the CLI (which registers the demo's
+#: commands), ``python -m``, and the documented ``redis_agentstate.embedded`` import path.
+_NOT_CORE = {"cli.py", "__main__.py", "embedded.py"}
+
+
+def _relative_imports(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text("utf-8"))
+    return {
+        (node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level
+    }
+
+
+def test_fleet_tooling_sits_apart_from_the_library_core() -> None:
+    package = Path(redis_agentstate.__file__).parent
+    core = sorted(p for p in package.glob("*.py") if p.name not in _NOT_CORE)
+    assert core, package
+    for path in core:
+        assert not _relative_imports(path) & {"fleet", "demo", "embedded"}, path.name
+    assert {p.name for p in (package / "fleet").glob("*.py")} >= {"demo.py", "embedded.py", "cli.py"}
+    assert not (package / "demo.py").exists()
+
+    # The documented import path still works, and is the fleet module's code, not a copy.
+    from redis_agentstate import embedded
+    from redis_agentstate.fleet import embedded as fleet_embedded
+
+    for name in embedded.__all__:
+        assert getattr(embedded, name) is getattr(fleet_embedded, name)
+
+
+def test_mypy_checks_the_client_protocols_against_the_real_clients() -> None:
+    """``tests/typing_clients.py`` is where mypy proves redis-py's and fakeredis' clients satisfy
+    ``redis_agentstate.clients``; it only proves it while CI's mypy run includes it."""
+    # pyproject's [tool.mypy] block, read without tomllib (Python 3.10 has none).
+    mypy = (ROOT / "pyproject.toml").read_text("utf-8").split("[tool.mypy]\n", 1)[1].split("\n[", 1)[0]
+    files = re.search(r"^files = \[(.*)\]$", mypy, re.M)
+    assert files is not None and '"tests/typing_clients.py"' in files.group(1)
+    assert re.search(r"^strict = true$", mypy, re.M)
+    text = (ROOT / "tests" / "typing_clients.py").read_text("utf-8")
+    for client in ("redis.Redis", "redis.cluster.RedisCluster", "fakeredis.FakeRedis"):
+        assert client in text
+    for client in ("redis.asyncio.Redis", "redis.asyncio.cluster.RedisCluster", "fakeredis.FakeAsyncRedis"):
+        assert client in text

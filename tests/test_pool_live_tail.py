@@ -16,14 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
-from conftest import require_real
+from conftest import later, require_real
 
 from redis_agentstate._ops import block_slice_ms, effective_socket_timeout
 from redis_agentstate.pool_models import Cursor, PoolConfig, PoolMember
@@ -42,16 +41,6 @@ class ShortReadConnection(redis.Connection):
 class AsyncShortReadConnection(aioredis.Connection):
     def __init__(self, *, socket_timeout: float | None = SHORT, **kw: Any) -> None:
         super().__init__(socket_timeout=socket_timeout, **kw)
-
-
-@contextmanager
-def later(delay: float, fn: Callable[[], Any]) -> Iterator[None]:
-    t = threading.Timer(delay, fn)
-    t.start()
-    try:
-        yield
-    finally:
-        t.join()
 
 
 @pytest.fixture

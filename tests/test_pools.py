@@ -1,4 +1,4 @@
-"""The agent-pool store: the seed's ``AgentPoolStore`` outcomes and DESIGN.md's changes.
+"""The agent-pool store: the seed's ``AgentPoolStore`` outcomes and docs/design.md's changes.
 
 Every store test runs four times through ``make``:
 {fakeredis, real redis-server} x {PoolStore, AsyncPoolStore}.
@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 import redis.exceptions as rex
-from conftest import Twin, require_real
+from conftest import Twin, later, require_real
+from faults.replies import lose_first_reply
 from redis.crc import key_slot
 
 from redis_agentstate import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
@@ -87,17 +87,6 @@ def build(backend: Any, flavor: str, namespace: str, twin_loop: asyncio.Abstract
 def writer(backend: Any, namespace: str) -> PoolStore:
     """A second, sync store on the same backend and namespace (for writes from other threads)."""
     return PoolStore(backend.sync_client(), namespace=namespace)
-
-
-@contextmanager
-def later(delay: float, fn: Callable[[], Any]) -> Iterator[None]:
-    """Run ``fn`` in another thread after ``delay`` seconds, while the body blocks."""
-    t = threading.Timer(delay, fn)
-    t.start()
-    try:
-        yield
-    finally:
-        t.join()
 
 
 class TestOpen:
@@ -598,28 +587,9 @@ class TestCorruptState:
 
 class TestRetrySafety:
     @staticmethod
-    def lose_first_reply(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    def lose_first_reply(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
         """Make the next script call apply on the server, then fail as if its reply was lost."""
-        script = next(iter(inner(store)._scripts.values()))
-        original = type(script).__call__
-        calls: list[int] = []
-
-        def apply_then_drop(self_: Any, *a: Any, **k: Any) -> Any:
-            result = original(self_, *a, **k)
-            calls.append(1)
-            if len(calls) == 1:
-                if hasattr(result, "__await__"):
-
-                    async def drop() -> Any:
-                        await result
-                        raise rex.ConnectionError("reply lost (injected)")
-
-                    return drop()
-                raise rex.ConnectionError("reply lost (injected)")
-            return result
-
-        monkeypatch.setattr(type(script), "__call__", apply_then_drop)
-        return calls
+        return lose_first_reply(next(iter(inner(store)._scripts.values())), monkeypatch, any_script=True)
 
     def test_leave_resent_after_a_lost_reply_is_not_a_non_member(
         self, opened: Any, monkeypatch: pytest.MonkeyPatch

@@ -21,9 +21,9 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[a-z]*)\n(?P<body>.*?)^(?P=indent)```$", re.M | re.S)
 
 
-def blocks(lang: str) -> list[tuple[str, str]]:
-    """``(id, code)`` of every ``lang`` block, the id naming the section it sits in."""
-    text = README.read_text("utf-8")
+def blocks(lang: str, path: Path = README) -> list[tuple[str, str]]:
+    """``(id, code)`` of every ``lang`` block of ``path``, the id naming the section it sits in."""
+    text = path.read_text("utf-8")
     found = []
     for m in FENCE.finditer(text):
         if m.group("lang") != lang:

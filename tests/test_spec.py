@@ -34,7 +34,7 @@ def test_round_trip() -> None:
         ({"kind": "redis", "location": ""}, "non-empty"),
         ({"kind": "redis", "location": "   "}, "non-empty"),
         ({"kind": "redis"}, "non-empty"),
-        ({"kind": "redis", "location": "http://h"}, "redis://, rediss:// or unix://"),
+        ({"kind": "redis", "location": "http://h"}, r"redis://, rediss://, unix:// or redis\+sentinel://"),
         ({"kind": "redis", "location": "redis://h", "namespace": "a{b}"}, "namespace"),
         ({"kind": "redis", "location": "redis://h", "extra": 1}, "unknown fields"),
         ({"kind": "redis", "location": "unix:///tmp/r.sock", "cluster": True}, "unix"),

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis.exceptions as rex
+from faults.replies import lose_first_reply
 
 from redis_agentstate import (
     AgentStatus,
@@ -47,28 +47,7 @@ def lose_reply(store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[l
 
     Returns the ARGV of every call of that script, so tests can compare identities.
     """
-    script = scripts_of(store)[name]
-    original = type(script).__call__
-    sent: list[list[Any]] = []
-
-    def apply_then_drop(self_: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        result = original(self_, keys=keys, args=args, client=client)
-        if self_ is not script:
-            return result
-        sent.append(list(args))
-        if len(sent) == 1:
-            if hasattr(result, "__await__"):
-
-                async def drop() -> Any:
-                    await result
-                    raise rex.ConnectionError("reply lost (injected)")
-
-                return drop()
-            raise rex.ConnectionError("reply lost (injected)")
-        return result
-
-    monkeypatch.setattr(type(script), "__call__", apply_then_drop)
-    return sent
+    return lose_first_reply(scripts_of(store)[name], monkeypatch)
 
 
 def spy(store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:

@@ -42,11 +42,11 @@ from typing import IO, Any
 
 import redis
 
-from .checkpoint import CheckpointStore
+from ..checkpoint import CheckpointStore
+from ..models import AgentStatus, Checkpoint
+from ..runner import Runner, StepResult, current_lease
+from ..spec import redact
 from .embedded import EmbeddedServer, start_embedded
-from .models import AgentStatus, Checkpoint
-from .runner import Runner, StepResult, current_lease
-from .spec import redact
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo", "run_worker", "verify"]
 
@@ -262,7 +262,7 @@ class _Progress:
 
 
 def _wait_ready(
-    client: Any, ready_key: str, procs: Sequence[subprocess.Popen[bytes]], logdir: str, *, timeout: float
+    client: redis.Redis, ready_key: str, procs: Sequence[subprocess.Popen[bytes]], logdir: str, *, timeout: float
 ) -> None:
     deadline = time.monotonic() + timeout
     while client.hlen(ready_key) < len(procs):
@@ -275,7 +275,7 @@ def _wait_ready(
 
 
 def _freeze_holding_claim(
-    client: Any, store: CheckpointStore, busy_key: str, proc: subprocess.Popen[bytes], worker_id: str
+    client: redis.Redis, store: CheckpointStore, busy_key: str, proc: subprocess.Popen[bytes], worker_id: str
 ) -> str | None:
     """SIGSTOP ``proc`` if it is in the middle of a cycle, and keep it stopped only if it
     still holds that cycle's claim (checked in Redis once it cannot move); else SIGCONT, None."""
@@ -283,7 +283,7 @@ def _freeze_holding_claim(
     if not busy:
         return None
     proc.send_signal(signal.SIGSTOP)
-    task_id, _, cycle = busy.decode().rpartition(":")
+    task_id, _, cycle = (busy.decode() if isinstance(busy, bytes) else busy).rpartition(":")
     cp = store.load(task_id)
     if cp is not None and (cp.claim_token or "").startswith(f"{worker_id}:") and str(cp.claimed_cycle) == cycle:
         return f"{task_id} cycle {cycle}"
