@@ -61,7 +61,7 @@ def _pyenv_bins(versions: list[str]) -> list[str]:
 os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(PYTHONS), os.environ.get("PATH", "")])
 
 
-@nox.session(python=PYTHONS)
+@nox.session(python=PYTHONS, allow_parallel=True)  # private servers and ports: safe side by side
 def tests(session: nox.Session) -> None:
     """README's test command: the whole suite on 3.11, ``SUBSET`` on the other versions."""
     session.install("-e", ".[test]")
