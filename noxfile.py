@@ -64,6 +64,10 @@ os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(PYTHONS), os.environ.get("PAT
 @nox.session(python=PYTHONS, allow_parallel=True)  # private servers and ports: safe side by side
 def tests(session: nox.Session) -> None:
     """README's test command: the whole suite on 3.11, ``SUBSET`` on the other versions."""
+    # The interpreter discovery picks by name; make sure the session runs the version it is named for.
+    wanted = tuple(int(part) for part in str(session.python).split("."))
+    check = f"import sys; sys.exit(0 if sys.version_info[:2] == {wanted!r} else 'this is ' + sys.version)"
+    session.run("python", "-c", check, silent=True)
     session.install("-e", ".[test]")
     args = session.posargs or ([] if session.python == FULL else SUBSET)
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args)
