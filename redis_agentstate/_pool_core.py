@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from . import scripts
 from ._ops import Call, Command, Op, list_indexes
 from ._validate import MAX_REVISION, check_id, check_int
 from .codec import decode, encode
@@ -50,27 +49,24 @@ from .pool_models import (
     WakeCondition,
     WakeRegistration,
 )
+from .scripts import (
+    POOL_GET,
+    POOL_JOIN,
+    POOL_LEAVE,
+    POOL_NEXT_EVENT_SEQUENCE,
+    POOL_OPEN,
+    POOL_RECORD_CREATED,
+    POOL_RECORD_MESSAGE,
+    POOL_RECORD_WAKE,
+    POOL_SCRIPTS,
+    POOL_SNAPSHOT,
+    POOL_WATCH,
+)
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PAGE_SIZE", "POOL_SCRIPTS", "PoolCore"]
 
-POOL_OPEN = "pool_open"
-POOL_SNAPSHOT = "pool_snapshot"
-POOL_RECORD_CREATED = "pool_record_created"
-POOL_JOIN = "pool_join"
-POOL_LEAVE = "pool_leave"
-POOL_RECORD_MESSAGE = "pool_record_message"
-POOL_RECORD_WAKE = "pool_record_wake"
-POOL_NEXT_EVENT_SEQUENCE = "pool_next_event_sequence"
-POOL_WATCH = "pool_watch"
-POOL_GET = "pool_get"
-
-POOL_SCRIPTS = (
-    POOL_OPEN, POOL_SNAPSHOT, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE,
-    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
-)  # fmt: skip
 #: ARGV[1] of pool_get.lua: which of the pool's hashes to read (its KEYS index).
 _MESSAGE_DEDUPE, _WAKES, _WAKE_DEDUPE = 4, 5, 6
-scripts.add_prelude(POOL_SCRIPTS, "_pool")
 
 #: The largest record one write may send (its encoded state and payload).
 DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
