@@ -6,6 +6,7 @@ stores drive with their own client. Nothing here blocks or awaits.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import logging
@@ -15,7 +16,7 @@ from typing import Any
 
 from . import scripts as S
 from ._history import History, HistoryCache, committed, hashed
-from ._ops import Call, Op, Pipe, list_indexes, member_id, new_nonce
+from ._ops import Batch, Call, Op, Pipe, list_indexes, member_id, new_nonce
 from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, MAX_STORED_REVISION, check_id, check_int
 from .codec import decode, encode
 from .errors import (
@@ -64,6 +65,42 @@ def _zset_head(reply: Any, key: str) -> tuple[str, float] | None:
     else:
         member, score = reply[0], reply[1]
     return member_id(member, key), float(score)
+
+
+#: Entries per task in a summary.lua reply (its header gives them).
+_SUMMARY_STRIDE = 8
+
+
+def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
+    """One row of ``CheckpointCore.summaries`` from a task's entries of a summary.lua reply."""
+    kind = _s(entry[0])
+    if kind == "missing":
+        return None
+    try:
+        if kind != "ok":
+            raise ValueError(_s(entry[1]))
+        status, cycle, rev, token, claimed, lease, term = (
+            v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:]
+        )
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {
+            "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
+            "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
+            "lease_state": None, "lease_remaining_ms": None,
+        }  # fmt: skip
+    lease_ms = int(lease) if lease else None
+    return {
+        "task_id": tid,
+        "status": status,
+        "cycle_index": int(cycle),
+        "revision": int(rev),
+        "terminal": term == "1",
+        "claim_token": token or None,
+        "claimed_cycle": int(claimed) if claimed else None,
+        "lease_expires_at_ms": lease_ms,
+        "lease_state": None if not token else ("live" if lease_ms and lease_ms > now else "expired"),
+        "lease_remaining_ms": (lease_ms - now) if token and lease_ms else None,
+    }
 
 
 class CheckpointCore:
@@ -553,6 +590,40 @@ class CheckpointCore:
         tid, keys = self._task(task_id)
         yield Call(S.DELETE, keys.as_list(), [])
         self.history.drop(tid)
+
+    #: Tasks per summary.lua call (one call per shard and chunk, all in one pipeline).
+    SUMMARY_CHUNK = 500
+
+    def summaries(self, task_ids: Sequence[str]) -> Op[tuple[int, builtins.list[dict[str, Any]]]]:
+        """Server time (ms) and one row of scalar fields per task, in ``task_ids`` order (no histories).
+
+        For operator tooling (``agentstate list``/``stats``). One pipeline of
+        ``summary.lua`` calls, one per shard (and chunk). A task whose fields
+        this library would not have written, or whose key is not a hash, is a
+        row with status ``corrupt`` and a ``corrupt`` reason (the scripts' own
+        check, ``bad_field``): one bad task does not hide the others. A task
+        deleted since it was listed has no row.
+        """
+        ids = [check_id(t, "task_id") for t in task_ids]
+        by_shard: dict[int, builtins.list[int]] = {}
+        for i, tid in enumerate(ids):
+            by_shard.setdefault(Keys.shard_of(tid), []).append(i)
+        chunks = [
+            idx[j : j + self.SUMMARY_CHUNK] for idx in by_shard.values() for j in range(0, len(idx), self.SUMMARY_CHUNK)
+        ]
+        calls = [Call(S.SUMMARY, [self._task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
+        if not calls:
+            (reply,) = yield Pipe([("TIME",)])
+            return _time_ms(reply), []
+        replies = yield Batch(calls)
+        now = int(replies[0][0])
+        rows: dict[int, dict[str, Any]] = {}
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for n, i in enumerate(chunk):
+                row = _summary_row(ids[i], reply[1 + n * _SUMMARY_STRIDE : 1 + (n + 1) * _SUMMARY_STRIDE], now)
+                if row is not None:
+                    rows[i] = row
+        return now, [rows[i] for i in sorted(rows)]
 
     def list(self) -> Op[list[str]]:
         """Every task id, from the per-shard indexes, paged (never KEYS or SCAN)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
@@ -104,6 +105,10 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Remove the task whatever its state."""
         self._run(self._core.delete(task_id))
 
+    def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for the CLI (``CheckpointCore.summaries``)."""
+        return self._run(self._core.summaries(task_ids))
+
     def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
         return self._run(self._core.list())
@@ -180,6 +185,10 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         await self._run(self._core.delete(task_id))
+
+    async def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for operator tooling (``CheckpointCore.summaries``)."""
+        return await self._run(self._core.summaries(task_ids))
 
     async def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
