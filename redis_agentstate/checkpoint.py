@@ -94,7 +94,13 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out.
+
+        For a task nobody holds a claim on (an operator closing it, say):
+        refused while any claim is held, and needs no token. A worker that
+        holds the cycle finishes it with :meth:`Lease.finalize` instead (or a
+        ``commit`` carrying ``terminal_result``), which is fenced by its token.
+        """
         return self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
@@ -173,7 +179,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         )
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint for an unclaimed task (see :meth:`CheckpointStore.finalize`)."""
         return await self._run(
             self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
         )

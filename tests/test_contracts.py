@@ -341,3 +341,38 @@ class TestSummaries:
         store = make(CheckpointStore, AsyncCheckpointStore)
         now, rows = store._summaries([])
         assert rows == [] and now > 0
+
+
+# ---- one name per meaning, every key built in keys.py --------------------------------------------
+
+
+def test_one_name_per_meaning() -> None:
+    from redis_agentstate import _checkpoint_core
+    from redis_agentstate.lease import Lease
+
+    lua = "\n".join(lua_sources().values())
+    # The write ring of _common.lua is ring_has/ring_push; "remember" named it and a SET PX before.
+    assert not re.search(r"\b(remember|was_applied)\(", lua)
+    # _write_args named both the core's ARGV builder and the lease's commit keywords.
+    assert not hasattr(_checkpoint_core.CheckpointCore, "_write_args")
+    # Lease.finalize (a fenced commit under the claim) and CheckpointStore.finalize (no claim) keep
+    # their public names; each docstring points at the other.
+    assert "CheckpointStore.finalize" in (Lease.finalize.__doc__ or "")
+    assert "Lease.finalize" in (CheckpointStore.finalize.__doc__ or "")
+
+
+def test_demo_keys_are_built_in_keys_py() -> None:
+    source = resources.files("redis_agentstate").joinpath("demo.py").read_text("utf-8")
+    assert ":demo:" not in source and "{ns}:" not in source
+    from redis_agentstate.demo import _keys
+
+    assert _keys("d-1") == {name: f"d-1:demo:{name}" for name in ("stats", "busy", "acks", "ready")}
+
+
+def test_history_cache_has_its_own_module() -> None:
+    from redis_agentstate import _checkpoint_core, _history
+
+    assert _checkpoint_core.HistoryCache is _history.HistoryCache
+    assert _history.HistoryCache.__module__ == "redis_agentstate._history"
+    source = resources.files("redis_agentstate").joinpath("_checkpoint_core.py").read_text("utf-8")
+    assert "class HistoryCache" not in source and "class History" not in source
