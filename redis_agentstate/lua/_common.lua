@@ -203,3 +203,35 @@ local function write_history(keys, current_epoch, now, replace, epoch, base_m, b
   push_range(keys[3], blobs, first_c, last_c)
   return current_epoch
 end
+
+-- ---- the fenced writes (commit, finalize) ---------------------------------
+
+-- The reply of a fenced write whose fence refused it: REPLY_DONE_BEFORE if
+-- this very write applied already, whatever happened since (other workers
+-- claimed and wrote, or the task was acknowledged: deleted, the tombstone
+-- keeps the ring; maybe even created again), else REPLY_REFUSED.
+-- exists, applied, epoch: the hash's fields as read (exists false: no hash).
+local function refused(keys, exists, applied, epoch, id)
+  if exists and ring_has(applied, id) then return {REPLY_DONE_BEFORE, epoch} end
+  if ring_has(redis.call('GET', keys[7]), id) then return {REPLY_DONE_BEFORE, ''} end
+  return {REPLY_REFUSED}
+end
+
+-- Applies a fenced write that passed its fence: its history, then the hash
+-- (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``), then
+-- the indexes. argv[at .. at + 4] are its history slots (replace, epoch,
+-- base_m, base_c, n_messages: see commit.lua), the blobs follow.
+local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied)
+  local now = server_now_ms()
+  local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
+    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]))
+  if not epoch then
+    if err == 'resend' then return {REPLY_RESEND_HISTORY} end
+    return {REPLY_SHRINK}
+  end
+  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
+    'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
+    'epoch', epoch, 'applied', ring_push(applied, id))
+  reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, '', '', now)
+  return {REPLY_DONE, epoch}
+end

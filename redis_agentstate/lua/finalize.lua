@@ -21,21 +21,6 @@ local status, term, body = ARGV[4], ARGV[5], ARGV[6]
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
 if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= '' or h[3] == '1' then
-  -- Refused, unless this very write applied already (see commit.lua).
-  if h[1] and ring_has(h[4], id) then return {REPLY_DONE_BEFORE, h[5]} end
-  if ring_has(redis.call('GET', KEYS[7]), id) then return {REPLY_DONE_BEFORE, ''} end
-  return {REPLY_REFUSED}
+  return refused(KEYS, h[1], h[4], h[5], id)
 end
-
-local now = server_now_ms()
-local epoch, err = write_history(KEYS, h[5], now, ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]),
-  ARGV, 12, tonumber(ARGV[11]))
-if not epoch then
-  if err == 'resend' then return {REPLY_RESEND_HISTORY} end
-  return {REPLY_SHRINK}
-end
-redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
-  'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
-  'epoch', epoch, 'applied', ring_push(h[4], id))
-reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, '', '', now)
-return {REPLY_DONE, epoch}
+return apply_fenced(KEYS, ARGV, 7, id, expected, cycle, status, term, body, h[5], h[4])
