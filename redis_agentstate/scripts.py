@@ -36,6 +36,7 @@ __all__ = [
     "LOAD",
     "POOL_SCRIPTS",
     "PRELUDES",
+    "PoolReply",
     "RENEW",
     "SAVE",
     "SUMMARY",
@@ -123,6 +124,26 @@ class Reply(enum.IntEnum):
     REVISION_EXHAUSTED = -7
 
 
+class PoolReply(enum.IntEnum):
+    """The code a pool script's reply starts with (the prelude has each as ``POOL_<NAME>``)."""
+
+    #: Applied now: opened, joined, left, recorded; or found (pool_get), read (snapshot, watch).
+    DONE = 1
+    #: It was so already, nothing written: opened with this config, this member joined, this run
+    #: left, this idempotency key (or pool_created) recorded.
+    DONE_BEFORE = 2
+    #: pool_get: no such field.
+    ABSENT = 0
+    #: The pool was never opened.
+    NOT_OPEN = -1
+    #: pool_leave: the run is not a member.
+    NOT_A_MEMBER = -2
+    #: A dedupe entry is not '<seq>:<blob>' (data this library did not write).
+    MALFORMED_ENTRY = -3
+    #: pool_open: the pool is open with other config bytes.
+    CONFIG_CONFLICT = -4
+
+
 def _lua_int(n: int) -> str:
     # Lua 5.1 numbers are doubles: every constant rendered here must be exact in one.
     if not -(2**53) <= n <= 2**53:
@@ -152,6 +173,7 @@ def constants_prelude() -> str:
         f"local TERMINAL = {{ {terminal} }}",
         f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
         *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),
+        *(f"local POOL_{code.name} = {_lua_int(code.value)}" for code in PoolReply),
     ]
     return "\n".join(lines) + "\n"
 

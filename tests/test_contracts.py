@@ -46,11 +46,11 @@ def lua_text(name: str) -> str:
 
 def test_rendered_constants_equal_the_python_ones(raw: Any) -> None:
     """The server's Lua evaluates the rendered prelude to exactly the Python values."""
-    names = [code.name for code in scripts.Reply]
+    names = [f"REPLY_{c.name}" for c in scripts.Reply] + [f"POOL_{c.name}" for c in scripts.PoolReply]
     probe = scripts.constants_prelude() + (
         "local t = {} for s in pairs(TERMINAL) do t[#t + 1] = s end table.sort(t)\n"
         "local st = {} for s in pairs(STATUSES) do st[#st + 1] = s end table.sort(st)\n"
-        "local codes = {" + ", ".join(f"string.format('%d', REPLY_{n})" for n in names) + "}\n"
+        "local codes = {" + ", ".join(f"string.format('%d', {n})" for n in names) + "}\n"
         "return {string.format('%d', MAX_REVISION), string.format('%d', MAX_CYCLE),\n"
         "  string.format('%d', MAX_CLAIM_FROM_REV), t, st, HASH_FIELDS, codes}\n"
     )
@@ -60,11 +60,12 @@ def test_rendered_constants_equal_the_python_ones(raw: Any) -> None:
     assert text[3] == sorted(s.value for s in TERMINAL_STATUSES)
     assert text[4] == sorted(STATUS_VALUES)
     assert tuple(text[5]) == scripts.HASH_FIELDS
-    assert [int(v) for v in text[6]] == [code.value for code in scripts.Reply]
+    assert [int(v) for v in text[6]] == [c.value for c in (*scripts.Reply, *scripts.PoolReply)]
 
 
-def test_reply_codes_are_distinct() -> None:
-    assert len({c.value for c in scripts.Reply}) == len(scripts.Reply)
+@pytest.mark.parametrize("enum", [scripts.Reply, scripts.PoolReply])
+def test_reply_codes_are_distinct(enum: Any) -> None:
+    assert len({c.value for c in enum}) == len(enum)
 
 
 @pytest.mark.parametrize("name", sorted(scripts.PRELUDES))
@@ -84,7 +85,7 @@ def lua_sources() -> dict[str, str]:
     [
         (r"4294967295|9007199254740|2\s*\^\s*53", "a numeric limit (rendered from _validate.py)"),
         (r"'completed'|'max_cycles'|'wait_user'", "a status list (rendered from models.py)"),
-        (r"return\s*\{?\s*-?\d\b|table\.insert\(out,\s*1,\s*-?\d\)", "a bare reply code (scripts.Reply)"),
+        (r"return\s*-?\d\b|\{\s*-?\d+\s*[,}]|table\.insert\(out,\s*1,\s*-?\d\)", "a bare reply code (scripts.Reply)"),
         (r"local function (fmt|server_now_ms|now_ms|corrupt)\b", "a _base.lua helper defined again"),
         (r"ARGV", "a global ARGV read inside a prelude helper"),
     ],
@@ -96,8 +97,8 @@ def test_no_script_spells_out_what_python_renders(pattern: str, what: str) -> No
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
         if what.startswith("a global ARGV") and not name.startswith("_"):
             continue  # a script body copies its ARGV into named locals; only the preludes must not read it
-        if what.startswith("a bare reply code") and name.startswith(("pool_", "kv_", "_pool", "_kv")):
-            continue  # pool and kv scripts reply with data, not codes
+        if what.startswith("a bare reply code") and name.startswith(("kv_", "_kv")):
+            continue  # kv scripts reply with data, not codes
         assert not re.search(pattern, code), f"{name} holds {what}"
 
 
