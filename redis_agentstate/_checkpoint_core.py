@@ -67,8 +67,10 @@ def _zset_head(reply: Any, key: str) -> tuple[str, float] | None:
     return member_id(member, key), float(score)
 
 
-#: Entries per task in a summary.lua reply (its header gives them).
-_SUMMARY_STRIDE = 8
+#: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
+_SUMMARY_FIELDS = S.HASH_FIELDS[:7]
+_SUMMARY_STRIDE = 1 + len(_SUMMARY_FIELDS)
+_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term")
 
 
 def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
@@ -79,9 +81,9 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
     try:
         if kind != "ok":
             raise ValueError(_s(entry[1]))
-        status, cycle, rev, token, claimed, lease, term = (
-            v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:]
-        )
+        values = (v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:])
+        f = dict(zip(_SUMMARY_FIELDS, values, strict=True))
+        status, cycle, rev, token, claimed, lease, term = (f[name] for name in _SUMMARY_NAMES)
     except (ValueError, UnicodeDecodeError) as exc:
         return {
             "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
@@ -270,6 +272,7 @@ class CheckpointCore:
         read (``load``) gets lists of its own.
         """
         try:
+            # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
             status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
             blobs = reply[at + 14 :]

@@ -377,3 +377,43 @@ def test_history_cache_has_its_own_module() -> None:
     assert _history.HistoryCache.__module__ == "redis_agentstate._history"
     source = resources.files("redis_agentstate").joinpath("_checkpoint_core.py").read_text("utf-8")
     assert "class HistoryCache" not in source and "class History" not in source
+
+
+def _call_args(text: str, start: int) -> list[str]:
+    """The top-level arguments of the call whose '(' is at ``start``."""
+    depth, args, cur = 0, [], ""
+    for ch in text[start:]:
+        if ch in "({":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch in ")}":
+            depth -= 1
+            if depth == 0:
+                args.append(cur.strip())
+                return args
+        if ch == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    raise AssertionError("unclosed call")
+
+
+def test_checkpoint_scripts_use_only_the_hash_fields_python_knows() -> None:
+    """Every field read or written on a checkpoint hash is in scripts.HASH_FIELDS (or is the write ring)."""
+    known = {*scripts.HASH_FIELDS, "applied"}
+    seen: set[str] = set()
+    for name in [*scripts.CHECKPOINT_SCRIPTS, "_common"]:
+        text = lua_text(name)
+        for m in re.finditer(r"redis\.p?call\(", text):
+            args = _call_args(text, m.end() - 1)
+            if args[0].strip("'") not in ("HMGET", "HSET", "HGET") or args[1] not in ("KEYS[1]", "keys[1]"):
+                continue
+            fields = args[2:] if args[0] != "'HSET'" else args[2::2]
+            for f in fields:
+                if f.startswith("'"):
+                    seen.add(f.strip("'"))
+                else:
+                    assert f.startswith("unpack(HASH_FIELDS"), f"{name}: field {f} is not a literal"
+    assert seen and seen <= known, f"fields the scripts use that Python does not know: {seen - known}"

@@ -1,9 +1,9 @@
 -- _common.lua: prelude prepended to every checkpoint script (see scripts.py).
 --
--- Checkpoint key layout (keys.py builds these; every script takes all seven,
--- in this order, and they share one hash slot through the shard hash tag):
---   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  status cycle rev token claimed lease
---                                              term body epoch applied
+-- Checkpoint key layout (keys.py builds these; every script but summary.lua
+-- takes all seven, in this order, and they share one hash slot through the
+-- shard hash tag):
+--   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  HASH_FIELDS (scripts.py) and applied
 --   KEYS[2] - ns:{ns#SS}:msgs:<task>    list  one blob per message
 --   KEYS[3] - ns:{ns#SS}:cycles:<task>  list  one blob per cycle record
 --   KEYS[4] - ns:{ns#SS}:ready          zset  claimable task ids -> ms claimable since
