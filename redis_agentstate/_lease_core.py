@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._validate import MAX_LEASE_MS, check_int
+from ._validate import MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import Checkpoint
 
@@ -242,7 +242,7 @@ class LeaseBase(Generic[S]):
         self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
         self._clock = clock or SYSTEM_CLOCK
         self.task_id = task_id
-        self.cycle_index = check_int(cycle_index, "cycle_index", 1, 2**32 - 1)
+        self.cycle_index = check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
         self.token = token if token is not None else new_token()
         self._store = store
         self._on_lost = on_lost

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
@@ -94,7 +95,13 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out.
+
+        For a task nobody holds a claim on (an operator closing it, say):
+        refused while any claim is held, and needs no token. A worker that
+        holds the cycle finishes it with :meth:`Lease.finalize` instead (or a
+        ``commit`` carrying ``terminal_result``), which is fenced by its token.
+        """
         return self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
@@ -104,6 +111,10 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         self._run(self._core.delete(task_id))
+
+    def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for the CLI (``CheckpointCore.summaries``)."""
+        return self._run(self._core.summaries(task_ids))
 
     def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
@@ -169,7 +180,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         )
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint for an unclaimed task (see :meth:`CheckpointStore.finalize`)."""
         return await self._run(
             self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
         )
@@ -181,6 +192,10 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         await self._run(self._core.delete(task_id))
+
+    async def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for operator tooling (``CheckpointCore.summaries``)."""
+        return await self._run(self._core.summaries(task_ids))
 
     async def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""

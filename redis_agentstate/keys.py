@@ -5,7 +5,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:cp:<task_id>       hash   scalar fields + opaque msgpack body
     ns:{ns#SS}:msgs:<task_id>     list   one msgpack blob per message (append-only)
     ns:{ns#SS}:cycles:<task_id>   list   one msgpack blob per cycle record
-    ns:{ns#SS}:tomb:<task_id>     string nonce of the last acknowledge_terminal (TTL)
+    ns:{ns#SS}:tomb:<task_id>     string the write ring of an acknowledged task (TTL; see _common.lua)
     ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
@@ -28,6 +28,14 @@ Key/value seam (``SS`` is the shard of the key)::
     ns:{ns#SS}:kv:<key>           string the value (PX when set with a TTL)
     ns:{ns#SS}:kvkeys             zset   every key of shard SS (score 0, lex order)
     ns:{ns#SS}:kvttl              zset   keys of shard SS that have a TTL -> expiry (unix ms)
+
+The fleet demo's bookkeeping (``agentstate demo`` only, never the library;
+outside the shard tags, so not matched by ``pattern()``)::
+
+    ns:demo:stats                 hash   counters (cycles, done, takeovers, ...)
+    ns:demo:busy                  hash   worker id -> "<task_id>:<cycle>" it is working on
+    ns:demo:acks                  list   one JSON record per acknowledged commit
+    ns:demo:ready                 hash   worker id -> pid, once the worker started
 
 ``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
 task id, so that the shard's indexes (``tasks``, ``ready``) share the slot of
@@ -66,6 +74,8 @@ KEY_TYPES = {
     "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
 }  # fmt: skip
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
+#: The keys of the fleet demo (``Keys.demo``).
+DEMO_KEYS = ("stats", "busy", "acks", "ready")
 
 
 def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
@@ -199,6 +209,12 @@ class Keys:
         """``(kvkeys, kvttl)``: shard ``shard``'s key index and its expiry index."""
         p = self._shard_prefixes[shard]
         return p + "kvkeys", p + "kvttl"
+
+    def demo(self, name: str) -> str:
+        """A key of the fleet demo's bookkeeping, e.g. ``demo("stats")`` (see the layout above)."""
+        if name not in DEMO_KEYS:
+            raise InvalidArgument(f"unknown demo key {name!r}; one of {DEMO_KEYS}")
+        return f"{self.namespace}:demo:{name}"
 
     def pattern(self) -> str:
         """A glob matching every key of this namespace and no other (for ACL rules and tooling).

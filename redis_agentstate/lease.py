@@ -220,6 +220,9 @@ class Lease(LeaseBase["CheckpointStore"]):
 
         One fenced write: the claim ends and the task becomes terminal
         atomically, so no other worker can claim a further cycle in between.
+        It is a ``commit`` under this lease's token. Not the same operation as
+        :meth:`CheckpointStore.finalize`, which writes a terminal checkpoint
+        for a task that nobody holds a claim on (and is refused while one does).
         """
         self._write(cp, final=True, replace_history=replace_history)
 

@@ -36,7 +36,10 @@ def test_checkpoint_script_constants_match_files() -> None:
     for name in scripts.CHECKPOINT_SCRIPTS:
         assert getattr(scripts, name.upper()) == name
         assert f"{name}.lua" in lua_files()
-        assert scripts.script_text(name).startswith("-- _common.lua")
+        text = scripts.script_text(name)
+        # The rendered constants, then the preludes _base and _common, then the script itself.
+        assert text.startswith(scripts.constants_prelude())
+        assert 0 < text.index("-- _base.lua") < text.index("-- _common.lua") < text.index(f"-- {name}.lua")
 
 
 def test_wheel_ships_scripts_and_py_typed(tmp_path: Path) -> None:

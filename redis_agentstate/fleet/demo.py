@@ -43,6 +43,7 @@ from typing import IO, Any
 import redis
 
 from ..checkpoint import CheckpointStore
+from ..keys import DEMO_KEYS, Keys
 from ..models import AgentStatus, Checkpoint
 from ..runner import Runner, StepResult, current_lease
 from ..spec import redact
@@ -91,12 +92,8 @@ class DemoReport:
 
 
 def _keys(ns: str) -> dict[str, str]:
-    return {
-        "stats": f"{ns}:demo:stats",
-        "busy": f"{ns}:demo:busy",
-        "acks": f"{ns}:demo:acks",
-        "ready": f"{ns}:demo:ready",
-    }
+    keys = Keys(ns)
+    return {name: keys.demo(name) for name in DEMO_KEYS}
 
 
 # ---- verification (pure) -------------------------------------------------------------------------

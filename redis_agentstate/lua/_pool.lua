@@ -29,10 +29,6 @@
 -- again, a leave of a run that already left, a second record_created. Leaves
 -- are remembered for the pool's last few (ARGV), so both keys stay bounded.
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
 -- Append one record to the log and return its sequence. maxlen > 0 trims
 -- the log to the newest maxlen records (exactly, so retention is predictable).
 local function append(kind, blob, maxlen)
@@ -98,12 +94,9 @@ end
 -- state field this library would not have written gets the error reply
 -- 'AGENTSTATE_CORRUPT <KEYS index> <field>', a key of another Redis type
 -- fails with WRONGTYPE, and the client turns either into a CorruptState
--- naming the key and the pool (_ops.py). The probes cover the keys some
--- script writes before it reads them (the log, the message and wake hashes,
--- the run and leave indexes).
-local function corrupt(i, what)
-  return redis.error_reply('AGENTSTATE_CORRUPT ' .. i .. ' ' .. what)
-end
+-- naming the key and the pool (_ops.py; corrupt() is in _base.lua). The
+-- probes cover the keys some script writes before it reads them (the log,
+-- the message and wake hashes, the run and leave indexes).
 
 do
   local h = redis.call('HMGET', KEYS[1], 'seq', 'evt', 'created')
