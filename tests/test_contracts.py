@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from flows import kv_flow, pool_flow
 
-from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, _ops, lease, scripts
+from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, _lease_core, _ops, scripts
 from redis_agentstate._checkpoint_core import ACK_REMEMBER_MS
 from redis_agentstate._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
 from redis_agentstate.codec import decode, encode
@@ -103,9 +103,10 @@ def test_no_script_spells_out_what_python_renders(pattern: str, what: str) -> No
 
 
 def test_lease_uses_the_python_max_cycle() -> None:
-    source = resources.files("redis_agentstate").joinpath("lease.py").read_text("utf-8")
-    assert "2**32" not in source and "4294967295" not in source
-    assert lease.MAX_CYCLE == MAX_CYCLE
+    for module in ("lease.py", "_lease_core.py"):
+        source = resources.files("redis_agentstate").joinpath(module).read_text("utf-8")
+        assert "2**32" not in source and "4294967295" not in source, module
+    assert _lease_core.MAX_CYCLE == MAX_CYCLE
 
 
 # ---- headers against request builders ------------------------------------------------------------
@@ -363,9 +364,9 @@ def test_one_name_per_meaning() -> None:
 
 
 def test_demo_keys_are_built_in_keys_py() -> None:
-    source = resources.files("redis_agentstate").joinpath("demo.py").read_text("utf-8")
+    source = resources.files("redis_agentstate").joinpath("fleet", "demo.py").read_text("utf-8")
     assert ":demo:" not in source and "{ns}:" not in source
-    from redis_agentstate.demo import _keys
+    from redis_agentstate.fleet.demo import _keys
 
     assert _keys("d-1") == {name: f"d-1:demo:{name}" for name in ("stats", "busy", "acks", "ready")}
 
