@@ -53,6 +53,23 @@ local function split_seq(value)
   return string.sub(value, 1, i - 1), string.sub(value, i + 1)
 end
 
+-- Store `stored` under `id` in items_key and append its record, unless the
+-- idempotency `key` is in dedupe_key already: then nothing is written and
+-- the first record's seq is returned (record_message and record_wake).
+local function record_once(kind, items_key, dedupe_key, id, key, dedupe_blob, stored, maxlen)
+  if not is_open() then return { POOL_NOT_OPEN } end
+  local first = redis.call('HGET', dedupe_key, key)
+  if first then
+    local seq = split_seq(first)
+    if not seq then return { POOL_MALFORMED_ENTRY } end
+    return { POOL_DONE_BEFORE, seq }
+  end
+  local seq = append(kind, stored, maxlen)
+  redis.call('HSET', items_key, id, stored)
+  redis.call('HSET', dedupe_key, key, fmt(seq) .. ':' .. dedupe_blob)
+  return { POOL_DONE, seq }
+end
+
 -- Appends one bounded page of the snapshot to out:
 --   cfg created seq, then for each of members, messages and wakes:
 --   next_cursor n field1 value1 ... (n = 2 x fields; next_cursor '' = done).

@@ -12,14 +12,4 @@
 local maxlen, message_id, key = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local receipt, stored = ARGV[4], ARGV[5]
 
-if not is_open() then return { POOL_NOT_OPEN } end
-local first = redis.call('HGET', KEYS[4], key)
-if first then
-  local seq = split_seq(first)
-  if not seq then return { POOL_MALFORMED_ENTRY } end
-  return { POOL_DONE_BEFORE, seq }
-end
-local seq = append('run_message', stored, maxlen)
-redis.call('HSET', KEYS[3], message_id, stored)
-redis.call('HSET', KEYS[4], key, fmt(seq) .. ':' .. receipt)
-return { POOL_DONE, seq }
+return record_once('run_message', KEYS[3], KEYS[4], message_id, key, receipt, stored, maxlen)

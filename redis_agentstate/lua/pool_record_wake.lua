@@ -13,14 +13,4 @@
 local maxlen, condition_id, key = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local registration, stored = ARGV[4], ARGV[5]
 
-if not is_open() then return { POOL_NOT_OPEN } end
-local first = redis.call('HGET', KEYS[6], key)
-if first then
-  local seq = split_seq(first)
-  if not seq then return { POOL_MALFORMED_ENTRY } end
-  return { POOL_DONE_BEFORE, seq }
-end
-local seq = append('wake', stored, maxlen)
-redis.call('HSET', KEYS[5], condition_id, stored)
-redis.call('HSET', KEYS[6], key, fmt(seq) .. ':' .. registration)
-return { POOL_DONE, seq }
+return record_once('wake', KEYS[5], KEYS[6], condition_id, key, registration, stored, maxlen)
