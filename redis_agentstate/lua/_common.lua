@@ -221,7 +221,10 @@ end
 -- (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``), then
 -- the indexes. argv[at .. at + 4] are its history slots (replace, epoch,
 -- base_m, base_c, n_messages: see commit.lua), the blobs follow.
-local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied)
+-- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
+-- same HSET then also claims that next cycle (revision + 2, lease from now),
+-- and the reply carries the lease's expiry as a third entry.
+local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim)
   local now = server_now_ms()
   local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
     tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]))
@@ -229,9 +232,52 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
     if err == 'resend' then return {REPLY_RESEND_HISTORY} end
     return {REPLY_SHRINK}
   end
-  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
-    'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
+  local rev, token, claimed, lease = expected + 1, '', '', ''
+  if claim then
+    rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
+  end
+  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
+    'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring_push(applied, id))
-  reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, '', '', now)
+  reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
+  if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
+end
+
+-- ---- the claim of one cycle (claim, commit_and_claim) ----------------------
+
+-- Claims cycle ``cycle_arg`` (a decimal string) of the task for ``token`` under
+-- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
+-- are the caller's cached history (as load.lua). The reply is claim.lua's
+-- (its header lists it); nothing is written unless it starts with REPLY_DONE.
+local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c)
+  local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
+  if not present(h) then return {REPLY_REFUSED} end
+  local bad = bad_field(h)
+  if bad then return corrupt(1, bad) end
+  local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
+  local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
+
+  if is_terminal(status, h[7]) then return {REPLY_TERMINAL, status} end
+  if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
+  if current_cycle ~= tonumber(cycle_arg) - 1 then return {REPLY_CYCLE_CONFLICT, h[2]} end
+
+  local now = server_now_ms()
+  if held_by ~= '' and lease > now then
+    if held_by ~= token or claimed ~= cycle_arg then return {REPLY_HELD, h[6]} end
+    local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+    table.insert(out, 1, REPLY_DONE_BEFORE)
+    return out
+  end
+  if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
+  -- Read before writing: a history list of another Redis type fails here,
+  -- with nothing written (and the index is written before the hash).
+  local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+  local expires = now + lease_ms
+  redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
+  redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', cycle_arg, 'lease', fmt(expires))
+  out[3], out[4], out[5], out[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+  table.insert(out, 1, REPLY_DONE)
+  return out
 end
