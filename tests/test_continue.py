@@ -19,17 +19,17 @@ from redis_agentstate.runner import DEFAULT_MAX_CONSECUTIVE_CYCLES, AsyncRunner,
 def count_scripts(store: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often each script of ``store`` was called."""
     counts: dict[str, int] = {}
-    for name, script in store._scripts.items():
-        original = type(script).__call__
+    names = {id(script): name for name, script in store._scripts.items()}
+    cls = type(next(iter(store._scripts.values())))  # every Script shares one class
+    original = cls.__call__
 
-        def call(self_: Any, *a: Any, _orig: Any = original, **k: Any) -> Any:
-            for n, s in store._scripts.items():
-                if s is self_:
-                    counts[n] = counts.get(n, 0) + 1
-            return _orig(self_, *a, **k)
+    def call(self_: Any, *a: Any, **k: Any) -> Any:
+        name = names.get(id(self_))
+        if name is not None:
+            counts[name] = counts.get(name, 0) + 1
+        return original(self_, *a, **k)
 
-        monkeypatch.setattr(type(script), "__call__", call)
-        break  # every Script shares one class
+    monkeypatch.setattr(cls, "__call__", call)
     return counts
 
 
@@ -45,7 +45,7 @@ class TestLease:
         assert (nxt.cycle_index, nxt.token, nxt.revision) == (2, "second", lease.revision + 2)
         with nxt:
             assert nxt.checkpoint.messages == ["one"] and nxt.checkpoint.claimed_cycle == 2
-            assert nxt.renewals == 0 and not nxt.lost
+            assert isinstance(nxt, Lease) and nxt.renewals == 0 and not nxt.lost
             cp = nxt.checkpoint
             cp.cycle_index = 2
             cp.messages.append("two")
