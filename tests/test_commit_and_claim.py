@@ -253,3 +253,24 @@ class TestResend:
         again = no_retry.commit_and_claim(cp, token="w", expected_revision=cp.revision, lease_ms=LEASE)
         assert again.claim_token == "w" and again.claimed_cycle == 2 and again.revision == cp.revision + 3
         same_claim(again, new_store().load("t"))
+
+
+def test_ring_push_keeps_whole_identities_within_its_bound(raw: Any) -> None:
+    """The write ring's trim (a byte scan since issue 11) is the old pattern trim: whole identities, newest first."""
+    import random
+
+    from redis_agentstate import scripts
+
+    prelude = scripts.constants_prelude() + scripts._read("_base") + scripts._read("_common")
+    sha = raw.script_load(prelude + "\nreturn ring_push(ARGV[1] ~= '' and ARGV[1] or nil, ARGV[2])")
+    rng = random.Random(11)
+    ring = ""
+    for i in range(200):
+        ident = rng.choice([f"{rng.getrandbits(128):032x}", f"ack:{i}", f"nonce-{rng.getrandbits(64):x}"])
+        want = " " + ident + (ring or " ")
+        if len(want) > 840:
+            want = want[:840]
+            want = want[: want.rfind(" ") + 1]
+        got = raw.evalsha(sha, 0, ring, ident).decode()
+        assert got == want and len(got) <= 840 and got.startswith(f" {ident} ")
+        ring = got

