@@ -178,16 +178,28 @@ end
 --   base_c        - the same for cycle records
 --   blobs, first, n_m - blobs[first .. first + n_m - 1] are the message blobs,
 --                   blobs[first + n_m .. #blobs] the cycle blobs
+--   index         - nil, or a function that writes the shard indexes (KEYS[4], KEYS[5]):
+--                   called once every check has passed and before the history's
+--                   first write, so an index of another Redis type fails it with
+--                   nothing written and needs no probe (two commands fewer)
 -- Returns the epoch now current, or nil plus an error code:
 --   'resend' - the client's base does not match what is stored (send full lists)
 --   'shrink' - a full list shorter than what is stored, without replace
-local function write_history(keys, current_epoch, now, replace, epoch, base_m, base_c, blobs, first, n_m)
+-- Nothing is written when it returns an error code.
+-- write_history's refusal: an index of another Redis type is still reported first
+-- (as the probe did before ``index`` replaced it), with nothing written.
+local function refuse_history(index, why)
+  if index then probe(4, 5) end
+  return nil, why
+end
+
+local function write_history(keys, current_epoch, now, replace, epoch, base_m, base_c, blobs, first, n_m, index)
   local first_m, last_m = first, first + n_m - 1
   local first_c, last_c = last_m + 1, #blobs
-  -- The first write of every caller; reindex() writes the indexes last.
-  probe(4, 5)
   if replace == '1' or current_epoch == '' then
     probe(2, 3, 6)
+    -- The first write of every caller: without ``index`` the caller's reindex() comes last.
+    if index then index() else probe(4, 5) end
     redis.call('DEL', keys[2], keys[3])
     push_range(keys[2], blobs, first_m, last_m)
     push_range(keys[3], blobs, first_c, last_c)
@@ -197,12 +209,14 @@ local function write_history(keys, current_epoch, now, replace, epoch, base_m, b
   local nc = redis.call('LLEN', keys[3])
   if base_m < 0 then
     -- Full lists sent: skip what is already stored.
-    if n_m < nm or (last_c - first_c + 1) < nc then return nil, 'shrink' end
+    if n_m < nm or (last_c - first_c + 1) < nc then return refuse_history(index, 'shrink') end
     first_m = first_m + nm
     first_c = first_c + nc
   elseif epoch ~= current_epoch or base_m ~= nm or base_c ~= nc then
-    return nil, 'resend'
+    return refuse_history(index, 'resend')
   end
+  -- The lists were type-checked by LLEN; this is the first write.
+  if index then index() else probe(4, 5) end
   push_range(keys[2], blobs, first_m, last_m)
   push_range(keys[3], blobs, first_c, last_c)
   return current_epoch
@@ -221,29 +235,30 @@ local function refused(keys, exists, applied, epoch, id)
   return {REPLY_REFUSED}
 end
 
--- Applies a fenced write that passed its fence: its history, then the hash
--- (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``), then
--- the indexes. argv[at .. at + 4] are its history slots (replace, epoch,
+-- Applies a fenced write that passed its fence: the indexes, its history, then
+-- the hash (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``). argv[at .. at + 4] are its history slots (replace, epoch,
 -- base_m, base_c, n_messages: see commit.lua), the blobs follow.
 -- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
 -- same HSET then also claims that next cycle (revision + 2, lease from now),
 -- and the reply carries the lease's expiry as a third entry.
 local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim)
   local now = server_now_ms()
-  local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
-    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]))
-  if not epoch then
-    if err == 'resend' then return {REPLY_RESEND_HISTORY} end
-    return {REPLY_SHRINK}
-  end
   local rev, token, claimed, lease = expected + 1, '', '', ''
   if claim then
     rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
   end
+  -- The indexes are written first (see write_history), the hash last: every key
+  -- was read or written before it, so nothing can fail half-way.
+  local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
+    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]),
+    function() reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now) end)
+  if not epoch then
+    if err == 'resend' then return {REPLY_RESEND_HISTORY} end
+    return {REPLY_SHRINK}
+  end
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring_push(applied, id))
-  reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
   if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
 end
