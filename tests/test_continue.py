@@ -208,3 +208,44 @@ class TestRunner:
 
         with pytest.raises(InvalidArgument):
             Runner(sync_store, long_run(1, []), max_consecutive_cycles=0)
+
+
+class TestLeaseAfterALostReply:
+    def test_a_commit_that_applied_but_whose_claim_was_taken_ends_the_lease_as_committed(
+        self, sync_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Only a re-send raises ClaimRejected from commit_and_claim: the commit stands, no next lease."""
+        from redis_agentstate import AlreadyClaimed
+
+        sync_store.create(Checkpoint("t"))
+        real = sync_store.commit_and_claim
+
+        def applied_then_taken(cp: Checkpoint, **kw: Any) -> Any:
+            real(cp, **kw)
+            raise AlreadyClaimed("taken since", task_id="t")
+
+        monkeypatch.setattr(sync_store, "commit_and_claim", applied_then_taken)
+        with sync_store.lease("t", 1) as lease:
+            cp = lease.checkpoint
+            cp.cycle_index = 1
+            cp.messages.append("one")
+            assert lease.commit_and_claim(cp) is None
+            assert lease.ended == "committed" and not lease.lost
+        assert sync_store.load("t").messages == ["one"]
+
+    async def test_async_the_same(self, async_store: AsyncCheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        from redis_agentstate import CycleConflict
+
+        await async_store.create(Checkpoint("t"))
+        real = async_store.commit_and_claim
+
+        async def applied_then_moved_on(cp: Checkpoint, **kw: Any) -> Any:
+            await real(cp, **kw)
+            raise CycleConflict("moved on", task_id="t", expected=1, found=3)
+
+        monkeypatch.setattr(async_store, "commit_and_claim", applied_then_moved_on)
+        async with async_store.lease("t", 1) as lease:
+            cp = lease.checkpoint
+            cp.cycle_index = 1
+            assert await lease.commit_and_claim(cp) is None
+            assert lease.ended == "committed" and not lease.lost
