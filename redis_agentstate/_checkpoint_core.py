@@ -12,12 +12,21 @@ import hashlib
 import logging
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import scripts as S
 from ._history import History, HistoryCache, committed, hashed
 from ._ops import Batch, Call, Op, Pipe, list_indexes, member_id, new_nonce
-from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, MAX_STORED_REVISION, check_id, check_int
+from ._validate import (
+    MAX_CLAIM_FROM_REVISION,
+    MAX_CYCLE,
+    MAX_LEASE_MS,
+    MAX_REVISION,
+    MAX_STORED_REVISION,
+    check_id,
+    check_int,
+)
 from .codec import decode, encode
 from .errors import (
     AlreadyClaimed,
@@ -103,6 +112,22 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
         "lease_state": None if not token else ("live" if lease_ms and lease_ms > now else "expired"),
         "lease_remaining_ms": (lease_ms - now) if token and lease_ms else None,
     }
+
+
+@dataclass(slots=True)
+class _Written:
+    """What a fenced write got back: the reply, the cache entry it was sent against (None: full
+    lists went), the entry it left in the cache when applied now, and the body it sent."""
+
+    reply: Sequence[Any]
+    known: History | None
+    entry: History | None
+    body: bytes
+
+    @property
+    def applied(self) -> bool:
+        """Applied now or before (a re-send)."""
+        return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
 
 
 class CheckpointCore:
@@ -215,13 +240,15 @@ class CheckpointCore:
         body: bytes,
         part: tuple[list[Any], list[bytes], list[bytes]],
         replace: bool,
+        claim: tuple[Any, ...] = (),
     ) -> list[Any]:
-        """ARGV of commit.lua, or of finalize.lua (which takes no token): their headers give the layout."""
+        """ARGV of commit.lua, finalize.lua (which takes no token) or commit_and_claim.lua (``claim``:
+        its next_token and lease_ms): their headers give the layout."""
         (epoch, base_m, base_c), blobs_m, blobs_c = part
-        head = [identity, token] if script == S.COMMIT else [identity]
+        head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
         return [
-            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body,
+            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *claim,
             "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -236,6 +263,7 @@ class CheckpointCore:
         upto: tuple[int, int],
         hash_m: Any,
         hash_c: Any,
+        claim: tuple[Any, ...] = (),
     ) -> str:
         """The identity of a fenced write: a digest of everything it writes, whoever sends it.
 
@@ -244,10 +272,12 @@ class CheckpointCore:
         history (``hash_m``/``hash_c``: the stored prefix from the cache, at
         O(delta) cost, or the caller's full lists). The same write re-sent by
         anyone (another store, after the cache moved on) has the same identity;
-        a different write at the same revision a different one.
+        a different write at the same revision a different one. ``claim``
+        (commit_and_claim: the next token) is part of what it writes; its lease
+        is not, so a re-send with another lease is still this write.
         """
         head = [kind, token, expected, int(cp.cycle_index), AgentStatus(cp.status).value,
-                cp.terminal_result is not None, replace, *upto, len(body)]  # fmt: skip
+                cp.terminal_result is not None, replace, *upto, len(body), *claim]  # fmt: skip
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
         d.update(hash_c.digest())
@@ -373,7 +403,13 @@ class CheckpointCore:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
         if code == Reply.REFUSED:
             return None
-        detail = _s(reply[1])
+        self._claim_refused(tid, cycle_index, code, reply)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _claim_refused(tid: str, cycle_index: int, code: int, reply: Sequence[Any]) -> None:
+        """Raise what a claim of ``cycle_index`` answered by ``code`` (claim.lua's refusals) means."""
+        detail = _s(reply[1]) if len(reply) > 1 else ""
         if code in (Reply.CYCLE_CONFLICT, Reply.HELD, Reply.REVISION_EXHAUSTED) and not detail.isdigit():
             raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
         if code == Reply.TERMINAL:
@@ -401,7 +437,7 @@ class CheckpointCore:
                 task_id=tid,
                 lease_expires_at_ms=int(detail),
             )
-        raise CorruptState(f"unexpected claim reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+        raise CorruptState(f"unexpected claim reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)
 
     #: How many successive heads of one shard claim_next tries after losing races there.
     CLAIM_NEXT_TRIES_PER_SHARD = 4
@@ -494,18 +530,117 @@ class CheckpointCore:
         self.validate(cp, stores_revision=False)
         token = self._token(token)
         expected = self._revision(expected_revision, bumped=True)
-        return self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
+        written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
+        return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
         self.validate(cp, stores_revision=False)
         if cp.terminal_result is None:
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
         expected = self._revision(expected_revision, bumped=True)
-        return self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
+        written = yield from self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
+        return written.applied
+
+    def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Op[Checkpoint | None]:
+        """Commit the claimed cycle ``cp.cycle_index`` and claim the next one, in one script.
+
+        Returns the new claim (as ``claim`` would), or None when fenced out
+        (nothing written). Before anything is sent: InvalidArgument unless
+        ``cp`` is runnable (status running, no terminal_result) and its next
+        cycle is within MAX_CYCLE; ClaimRejected when the new claim's commit
+        could not be stored (the revision limit, as ``claim``). A ClaimRejected
+        subclass from Redis means a re-send (after a lost reply) whose commit
+        had applied but whose claim another worker has taken since.
+        """
+        self.validate(cp, stores_revision=False)
+        tid = cp.task_id
+        if cp.status != AgentStatus.RUNNING or cp.terminal_result is not None:
+            raise InvalidArgument(
+                f"commit_and_claim continues a runnable task: status must be running without terminal_result "
+                f"(got status {AgentStatus(cp.status).value!r}); use commit or finalize",
+                task_id=tid,
+            )
+        if cp.cycle_index >= MAX_CYCLE:
+            raise InvalidArgument(f"cycle {cp.cycle_index} is the last one: use commit", task_id=tid)
+        token = self._token(token)
+        next_token = token if next_token is None else self._token(next_token)
+        lease_ms = self._lease(lease_ms)
+        expected = self._revision(expected_revision, bumped=True)
+        if expected + 1 > MAX_CLAIM_FROM_REVISION:
+            raise ClaimRejected(
+                f"checkpoint of task {tid!r} would be at revision {expected + 1}: a claim and its commit would "
+                f"run past the highest revision {MAX_REVISION} (nothing was written; commit instead)",
+                task_id=tid,
+                revision=expected + 1,
+            )
+        w = yield from self._fenced_write(
+            "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history, (next_token, lease_ms)
+        )
+        reply, code = w.reply, w.reply[0]
+        keys = self._task_keys(tid)
+        if code == Reply.DONE and w.entry is None:
+            # Full lists were appended: the claim came back whole (commit_and_claim.lua).
+            return self._checkpoint(tid, keys, reply, 1, None, claim=True)
+        if code == Reply.DONE:
+            assert w.entry is not None
+            return self._continued(cp, w.entry, w.body, expected + 2, next_token, reply)
+        if code == Reply.DONE_BEFORE:
+            return self._checkpoint(tid, keys, reply, 1, w.known, claim=True)
+        if code == Reply.REFUSED:
+            return None
+        self._claim_refused(tid, cp.cycle_index + 1, code, reply)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _continued(
+        self, cp: Checkpoint, entry: History, body: bytes, revision: int, token: str, reply: Sequence[Any]
+    ) -> Checkpoint:
+        """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.
+
+        The state is decoded from the very body sent (objects of the claimant's
+        own, as a claim's); the history lists pass from the commit to the claim
+        as they would through the cache (``HistoryCache``).
+        """
+        tid = cp.task_id
+        keys = self._task_keys(tid)
+        shared_state, _terminal, budget = decode(body, key=keys.checkpoint, task_id=tid)
+        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
+                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
+        if not (entry.intact() and self.history.put(tid, claim, lend_from=entry)):
+            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
+            self.history.put(tid, claim)
+        return Checkpoint(
+            task_id=tid,
+            cycle_index=cp.cycle_index,
+            status=AgentStatus.RUNNING,
+            shared_state=shared_state,
+            revision=revision,
+            claim_token=token,
+            claimed_cycle=cp.cycle_index + 1,
+            lease_expires_at_ms=int(reply[2]),
+            budget_usage=budget,
+            messages=claim.messages,
+            cycles=claim.cycles,
+        )
 
     def _fenced_write(
-        self, kind: str, script: str, cp: Checkpoint, token: str, expected: int, replace: bool
-    ) -> Op[bool]:
+        self,
+        kind: str,
+        script: str,
+        cp: Checkpoint,
+        token: str,
+        expected: int,
+        replace: bool,
+        claim: tuple[Any, ...] = (),
+    ) -> Op[_Written]:
         keys = self._task_keys(cp.task_id).as_list()
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
@@ -531,8 +666,8 @@ class CheckpointCore:
             _, blobs_m, blobs_c = part
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
-            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c)
-            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace)
+            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c, claim[:1])
+            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim)
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)
@@ -550,14 +685,16 @@ class CheckpointCore:
                 task_id=cp.task_id,
                 revision=expected,
             )
-        if reply[0] not in (Reply.DONE, Reply.DONE_BEFORE):
-            return False
+        written = _Written(reply, known, None, body)
         if reply[0] == Reply.DONE_BEFORE:
             # Applied already (a re-send): reply[1] is the epoch now, which may name a history rewritten since.
             self.history.drop(cp.task_id)
+        elif reply[0] != Reply.DONE:
+            pass
         elif replace:
             entry = History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
             self.history.put(cp.task_id, entry)
+            written.entry = entry
         elif known is not None:
             # Redis kept its own first n entries and appended ours after them. The
             # committed lists pass to the cache: the claimant is done with them, so
@@ -566,10 +703,11 @@ class CheckpointCore:
             cycles = committed(known.cycles, known.n_c, cp.cycles)
             entry = History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
             self.history.put(cp.task_id, entry)
+            written.entry = entry
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)
-        return True
+        return written
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""

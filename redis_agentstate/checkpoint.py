@@ -84,6 +84,35 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
             self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
 
+    def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Checkpoint | None:
+        """Commit the claimed cycle and claim the next one of the same task, in one round trip.
+
+        ``cp`` is written as ``commit`` writes it (fenced by ``token`` and
+        ``expected_revision``); then cycle ``cp.cycle_index + 1`` is claimed for
+        ``next_token`` (default: ``token``) under a lease of ``lease_ms``, and
+        that claim is returned, as ``claim`` would return it. None: fenced out,
+        nothing written. ``cp`` must be runnable (status running, no
+        ``terminal_result``), else InvalidArgument before anything is sent. A
+        re-send after a lost reply returns the same claim; a ``ClaimRejected``
+        (one of ``claim``'s) means the commit had applied but, after a lost
+        reply, the claim was taken by another worker since.
+        """
+        return self._run(
+            self._core.commit_and_claim(
+                cp, token=token, expected_revision=expected_revision, lease_ms=lease_ms, next_token=next_token,
+                replace_history=replace_history,
+            )
+        )  # fmt: skip
+
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
         return (
@@ -165,6 +194,24 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return await self._run(
             self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
+
+    async def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Checkpoint | None:
+        """Commit the claimed cycle and claim the next one (see :meth:`CheckpointStore.commit_and_claim`)."""
+        return await self._run(
+            self._core.commit_and_claim(
+                cp, token=token, expected_revision=expected_revision, lease_ms=lease_ms, next_token=next_token,
+                replace_history=replace_history,
+            )
+        )  # fmt: skip
 
     async def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""

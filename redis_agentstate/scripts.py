@@ -31,6 +31,7 @@ __all__ = [
     "CLAIM",
     "CLAIM_NEXT",
     "COMMIT",
+    "COMMIT_AND_CLAIM",
     "CREATE",
     "DELETE",
     "FINALIZE",
@@ -55,6 +56,7 @@ LOAD = "load"
 CLAIM = "claim"
 CLAIM_NEXT = "claim_next"
 COMMIT = "commit"
+COMMIT_AND_CLAIM = "commit_and_claim"
 RENEW = "renew"
 FINALIZE = "finalize"
 ACKNOWLEDGE_TERMINAL = "acknowledge_terminal"
@@ -62,7 +64,8 @@ DELETE = "delete"
 SUMMARY = "summary"
 
 CHECKPOINT_SCRIPTS = (
-    CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE, SUMMARY,
+    CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
+    DELETE, SUMMARY,
 )  # fmt: skip
 
 KV_SET = "kv_set"

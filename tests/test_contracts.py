@@ -33,6 +33,7 @@ from redis_agentstate.pools import PoolStore
 
 LUA = resources.files("redis_agentstate").joinpath("lua")
 TOKEN = "tok-contract"
+NEXT_TOKEN = "tok-contract-next"
 LEASE_MS = 4321
 STATUS_VALUES = {s.value for s in AgentStatus}
 
@@ -157,7 +158,8 @@ def _digits_or_empty(v: Any) -> bool:
 #: What the value in a slot named so must look like in the contract flow below
 #: (distinct ranges: revisions from 1000, cycles 3..9, histories of 20+ entries).
 NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
-    "token": lambda v, a, i: v in (TOKEN, ""),
+    "token": lambda v, a, i: v in (TOKEN, NEXT_TOKEN, ""),
+    "next_token": lambda v, a, i: v == NEXT_TOKEN,
     "lease_ms": lambda v, a, i: _int(v) == LEASE_MS,
     "tomb_ms": lambda v, a, i: _int(v) == ACK_REMEMBER_MS,
     "revision": lambda v, a, i: 1000 <= _int(v) < 1100,
@@ -217,7 +219,12 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     assert store.renew("a", token=TOKEN, expected_revision=cp.revision, lease_ms=LEASE_MS)
     cp.cycle_index = 4
     cp.messages.append("new")
-    assert store.commit(cp, token=TOKEN, expected_revision=cp.revision)
+    cp = store.commit_and_claim(cp, token=TOKEN, expected_revision=cp.revision, lease_ms=LEASE_MS,
+                                next_token=NEXT_TOKEN)  # fmt: skip
+    assert cp is not None
+    cp.cycle_index = 5
+    cp.messages.append("newer")
+    assert store.commit(cp, token=NEXT_TOKEN, expected_revision=cp.revision)
     nxt = store.claim_next(token=TOKEN, lease_ms=LEASE_MS)
     assert nxt is not None
     nxt.cycle_index += 1

@@ -46,10 +46,14 @@ local function ring_has(applied, id)
 end
 
 -- ``applied`` with ``id`` pushed in front, the oldest identities dropped past APPLIED_MAX bytes.
+-- The cut is found by stepping back from APPLIED_MAX to the nearest space (at most one
+-- identity's length): a pattern match over the whole ring cost 4 us per write.
 local function ring_push(applied, id)
   local ring = ' ' .. id .. (applied or ' ')
   if #ring > APPLIED_MAX then
-    ring = string.match(string.sub(ring, 1, APPLIED_MAX), '^(.* )')
+    local cut = APPLIED_MAX
+    while string.byte(ring, cut) ~= 32 do cut = cut - 1 end
+    ring = string.sub(ring, 1, cut)
   end
   return ring
 end
@@ -174,16 +178,28 @@ end
 --   base_c        - the same for cycle records
 --   blobs, first, n_m - blobs[first .. first + n_m - 1] are the message blobs,
 --                   blobs[first + n_m .. #blobs] the cycle blobs
+--   index         - nil, or a function that writes the shard indexes (KEYS[4], KEYS[5]):
+--                   called once every check has passed and before the history's
+--                   first write, so an index of another Redis type fails it with
+--                   nothing written and needs no probe (two commands fewer)
 -- Returns the epoch now current, or nil plus an error code:
 --   'resend' - the client's base does not match what is stored (send full lists)
 --   'shrink' - a full list shorter than what is stored, without replace
-local function write_history(keys, current_epoch, now, replace, epoch, base_m, base_c, blobs, first, n_m)
+-- Nothing is written when it returns an error code.
+-- write_history's refusal: an index of another Redis type is still reported first
+-- (as the probe did before ``index`` replaced it), with nothing written.
+local function refuse_history(index, why)
+  if index then probe(4, 5) end
+  return nil, why
+end
+
+local function write_history(keys, current_epoch, now, replace, epoch, base_m, base_c, blobs, first, n_m, index)
   local first_m, last_m = first, first + n_m - 1
   local first_c, last_c = last_m + 1, #blobs
-  -- The first write of every caller; reindex() writes the indexes last.
-  probe(4, 5)
   if replace == '1' or current_epoch == '' then
     probe(2, 3, 6)
+    -- The first write of every caller: without ``index`` the caller's reindex() comes last.
+    if index then index() else probe(4, 5) end
     redis.call('DEL', keys[2], keys[3])
     push_range(keys[2], blobs, first_m, last_m)
     push_range(keys[3], blobs, first_c, last_c)
@@ -193,12 +209,14 @@ local function write_history(keys, current_epoch, now, replace, epoch, base_m, b
   local nc = redis.call('LLEN', keys[3])
   if base_m < 0 then
     -- Full lists sent: skip what is already stored.
-    if n_m < nm or (last_c - first_c + 1) < nc then return nil, 'shrink' end
+    if n_m < nm or (last_c - first_c + 1) < nc then return refuse_history(index, 'shrink') end
     first_m = first_m + nm
     first_c = first_c + nc
   elseif epoch ~= current_epoch or base_m ~= nm or base_c ~= nc then
-    return nil, 'resend'
+    return refuse_history(index, 'resend')
   end
+  -- The lists were type-checked by LLEN; this is the first write.
+  if index then index() else probe(4, 5) end
   push_range(keys[2], blobs, first_m, last_m)
   push_range(keys[3], blobs, first_c, last_c)
   return current_epoch
@@ -217,21 +235,68 @@ local function refused(keys, exists, applied, epoch, id)
   return {REPLY_REFUSED}
 end
 
--- Applies a fenced write that passed its fence: its history, then the hash
--- (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``), then
--- the indexes. argv[at .. at + 4] are its history slots (replace, epoch,
+-- Applies a fenced write that passed its fence: the indexes, its history, then
+-- the hash (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``). argv[at .. at + 4] are its history slots (replace, epoch,
 -- base_m, base_c, n_messages: see commit.lua), the blobs follow.
-local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied)
+-- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
+-- same HSET then also claims that next cycle (revision + 2, lease from now),
+-- and the reply carries the lease's expiry as a third entry.
+local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim)
   local now = server_now_ms()
+  local rev, token, claimed, lease = expected + 1, '', '', ''
+  if claim then
+    rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
+  end
+  -- The indexes are written first (see write_history), the hash last: every key
+  -- was read or written before it, so nothing can fail half-way.
   local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
-    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]))
+    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]),
+    function() reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now) end)
   if not epoch then
     if err == 'resend' then return {REPLY_RESEND_HISTORY} end
     return {REPLY_SHRINK}
   end
-  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(expected + 1),
-    'token', '', 'claimed', '', 'lease', '', 'term', term, 'body', body,
+  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
+    'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring_push(applied, id))
-  reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, '', '', now)
+  if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
+end
+
+-- ---- the claim of one cycle (claim, commit_and_claim) ----------------------
+
+-- Claims cycle ``cycle_arg`` (a decimal string) of the task for ``token`` under
+-- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
+-- are the caller's cached history (as load.lua). The reply is claim.lua's
+-- (its header lists it); nothing is written unless it starts with REPLY_DONE.
+local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c)
+  local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
+  if not present(h) then return {REPLY_REFUSED} end
+  local bad = bad_field(h)
+  if bad then return corrupt(1, bad) end
+  local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
+  local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
+
+  if is_terminal(status, h[7]) then return {REPLY_TERMINAL, status} end
+  if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
+  if current_cycle ~= tonumber(cycle_arg) - 1 then return {REPLY_CYCLE_CONFLICT, h[2]} end
+
+  local now = server_now_ms()
+  if held_by ~= '' and lease > now then
+    if held_by ~= token or claimed ~= cycle_arg then return {REPLY_HELD, h[6]} end
+    local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+    table.insert(out, 1, REPLY_DONE_BEFORE)
+    return out
+  end
+  if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
+  -- Read before writing: a history list of another Redis type fails here,
+  -- with nothing written (and the index is written before the hash).
+  local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+  local expires = now + lease_ms
+  redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
+  redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', cycle_arg, 'lease', fmt(expires))
+  out[3], out[4], out[5], out[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+  table.insert(out, 1, REPLY_DONE)
+  return out
 end
