@@ -1,0 +1,168 @@
+-- _lg.lua: prelude of every LangGraph-thread script (see redis_agentstate/langgraph/_core.py).
+--
+-- Every script takes the keys of one thread, in this order (keys.ThreadKeys; all
+-- in the slot of the thread's shard, so a script runs unchanged on Redis Cluster):
+--   KEYS[1]  lgmeta:<tid>   hash  holder, exp: the thread's lease (absent when free)
+--   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> checkpoint record (opaque)
+--   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>, score 0: lex order is id order
+--   KEYS[4]  lgcv:<tid>     hash  <ns>\0<cid> -> blob fields it reads, each '<len>:<field>'
+--   KEYS[5]  lgblob:<tid>   hash  <ns>\0<channel>\0<version> -> 'F'<value> or a tail (below)
+--   KEYS[6]  lgw:<tid>      hash  <ns>\0<cid>\0<task_id>\0<idx> -> pending write (opaque)
+--   KEYS[7]  lgwi:<tid>     zset  the members of KEYS[6], score 0
+--   KEYS[8]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
+--   KEYS[9]  lgrel:<tid>    list  release notices for lease waiters
+--   KEYS[10] lgthreads      zset  thread ids of the shard, score 0
+--   KEYS[11] lgruns         zset  <run_id>\0<tid> of the shard, score 0
+--
+-- A tail blob 'T<n>:<base version><value>' holds the items a list channel gained
+-- since version <base version> of the same channel; readers rebuild the list from
+-- the chain of bases down to a full value. No id the library stores contains NUL.
+
+local SEP = '\0'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Fail with WRONGTYPE before the first write if any key is of another Redis type
+-- (the driver then names the key).
+local function probe()
+  redis.call('HLEN', KEYS[1])
+  for _, i in ipairs({2, 4, 5, 6}) do redis.call('HLEN', KEYS[i]) end
+  for _, i in ipairs({3, 7, 8, 10, 11}) do redis.call('ZCARD', KEYS[i]) end
+  redis.call('LLEN', KEYS[9])
+end
+
+-- '' when the caller may write: token holds the thread, or token is '' and no
+-- live lease is held. 'busy': a live lease is held and the caller holds none.
+-- 'lost': the caller's token no longer holds the thread (another took it over).
+local function fence(token, now)
+  local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
+  if token == '' then
+    if h[1] and (tonumber(h[2]) or 0) > now then return 'busy' end
+    return ''
+  end
+  if h[1] ~= token then return 'lost' end
+  return ''
+end
+
+-- True while somebody holds a live lease on the thread.
+local function leased(now)
+  local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
+  return h[1] ~= false and h[1] ~= nil and (tonumber(h[2]) or 0) > now
+end
+
+-- Expiry of every data key of the thread (not the lease: it has its own).
+local function touch(ttl)
+  if ttl == '' then return end
+  for i = 2, 8 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+
+local function split_fields(list)
+  local out, i = {}, 1
+  while i <= #list do
+    local c = string.find(list, ':', i, true)
+    local n = tonumber(string.sub(list, i, c - 1))
+    out[#out + 1] = string.sub(list, c + 1, c + n)
+    i = c + n + 1
+  end
+  return out
+end
+
+-- The blob field of the base of tail value v stored at field f, or nil for a full value.
+local function base_of(f, v)
+  if string.sub(v, 1, 1) ~= 'T' then return nil end
+  local c = string.find(v, ':', 2, true)
+  local n = tonumber(string.sub(v, 2, c - 1))
+  local version = string.sub(v, c + 1, c + n)
+  local last = 0
+  while true do
+    local j = string.find(f, SEP, last + 1, true)
+    if not j then break end
+    last = j
+  end
+  return string.sub(f, 1, last) .. version
+end
+
+-- The stored values of blob field f, newest first: a tail chain ends at a full value
+-- (or at a missing base, which the reader reports as corrupt).
+local function chain(f)
+  local out = {}
+  local v = redis.call('HGET', KEYS[5], f)
+  while v do
+    out[#out + 1] = v
+    f = base_of(f, v)
+    if not f then break end
+    v = redis.call('HGET', KEYS[5], f)
+  end
+  return out
+end
+
+local function range_of(prefix)
+  return '[' .. prefix .. SEP, '(' .. prefix .. '\1'
+end
+
+local function hdel_all(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
+local function zrem_all(key, members)
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
+  end
+end
+
+-- Remove checkpoint <ns>\0<cid> and its pending writes (not its blobs: see gc_blobs).
+local function drop_checkpoint(member)
+  redis.call('HDEL', KEYS[2], member)
+  redis.call('ZREM', KEYS[3], member)
+  redis.call('HDEL', KEYS[4], member)
+  local lo, hi = range_of(member)
+  local ws = redis.call('ZRANGEBYLEX', KEYS[7], lo, hi)
+  hdel_all(KEYS[6], ws)
+  zrem_all(KEYS[7], ws)
+end
+
+-- Drop every blob no remaining checkpoint reads (tails keep their bases).
+local function gc_blobs()
+  local keep = {}
+  for _, list in ipairs(redis.call('HVALS', KEYS[4])) do
+    for _, f in ipairs(split_fields(list)) do
+      while f and not keep[f] do
+        keep[f] = true
+        local v = redis.call('HGET', KEYS[5], f)
+        f = v and base_of(f, v)
+      end
+    end
+  end
+  local gone = {}
+  for _, f in ipairs(redis.call('HKEYS', KEYS[5])) do
+    if not keep[f] then gone[#gone + 1] = f end
+  end
+  hdel_all(KEYS[5], gone)
+end
+
+-- Drop the shard's run entries of this thread for runs it no longer has.
+local function gc_runs(tid, runs)
+  local still = {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+    still[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
+  end
+  for run in pairs(runs) do
+    if not still[run] then redis.call('ZREM', KEYS[11], run .. SEP .. tid) end
+  end
+end
+
+-- Everything of the thread but its lease.
+local function drop_thread(tid)
+  local runs = {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+    runs[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
+  end
+  for run in pairs(runs) do redis.call('ZREM', KEYS[11], run .. SEP .. tid) end
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+  redis.call('ZREM', KEYS[10], tid)
+end

@@ -1,0 +1,30 @@
+-- lg_get.lua: one checkpoint of a thread with its channel values and pending writes.
+--   KEYS[1..11] - the thread's keys (see _lg.lua)
+--   ARGV[1]     - checkpoint namespace
+--   ARGV[2]     - checkpoint id ('' = the newest of the namespace)
+--   ARGV[3]     - ttl in ms to refresh on every data key of the thread ('' = leave it)
+-- Returns {} if there is no such checkpoint, else {member, record, blobs, writes}:
+-- blobs = {field, {value, base value, ...}, ...} (each tail chain newest first),
+-- writes = the stored writes of the checkpoint, in member order.
+local ns, cid, ttl = ARGV[1], ARGV[2], ARGV[3]
+
+local member
+if cid == '' then
+  member = redis.call('ZREVRANGEBYLEX', KEYS[3], '(' .. ns .. '\1', '[' .. ns .. SEP, 'LIMIT', 0, 1)[1]
+  if not member then return {} end
+else
+  member = ns .. SEP .. cid
+end
+local record = redis.call('HGET', KEYS[2], member)
+if not record then return {} end
+local blobs = {}
+for _, f in ipairs(split_fields(redis.call('HGET', KEYS[4], member) or '')) do
+  blobs[#blobs + 1] = f
+  blobs[#blobs + 1] = chain(f)
+end
+local lo, hi = range_of(member)
+local ws = redis.call('ZRANGEBYLEX', KEYS[7], lo, hi)
+local writes = {}
+if #ws > 0 then writes = redis.call('HMGET', KEYS[6], unpack(ws)) end
+touch(ttl)
+return {member, record, blobs, writes}
