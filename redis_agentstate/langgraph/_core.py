@@ -187,7 +187,7 @@ class SaverCore:
                 task_id=thread_id,
             )
         if why == "lost":
-            self.tokens.pop(thread_id, None)
+            # The token stays until the lease block ends: every later write of this saver is refused the same way.
             raise LeaseLost(
                 f"{what} refused: this saver's lease on thread {thread_id!r} was taken over; nothing was written",
                 task_id=thread_id,
