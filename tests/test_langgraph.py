@@ -14,9 +14,11 @@ import time
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Interrupt, interrupt
 
@@ -450,3 +452,84 @@ async def test_async_waiter_is_woken_by_the_release(backend: Any, namespace: str
     finally:
         await holder.client.aclose()
         await waiter.client.aclose()
+
+
+# ---- retention and serialization ------------------------------------------
+
+
+def _delta_reducer(state: list[Any], writes: list[list[Any]]) -> list[Any]:
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaState(TypedDict):
+    items: Annotated[list[Any], DeltaChannel(_delta_reducer, snapshot_frequency=3)]
+
+
+def _delta_step(state: DeltaState) -> dict[str, Any]:
+    return {"items": [len(state["items"])]}
+
+
+def test_prune_keep_latest_keeps_what_a_delta_channel_replays(saver: Any, flavor: str, twin_loop):
+    b = StateGraph(DeltaState)
+    b.add_node("step", _delta_step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    d = Driver(b.compile(checkpointer=saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "delta"}}
+    for _ in range(4):
+        d.invoke({"items": ["in"]}, cfg)
+    before = d.get_state(cfg).values
+    assert before["items"] == ["in", 1, "in", 3, "in", 5, "in", 7]
+    _call(saver, twin_loop, "prune", ["delta"], strategy="keep_latest")
+    # A naive keep_latest rebuilds the channel as [] (the base class's warning).
+    assert d.get_state(cfg).values == before
+    assert 1 < len(d.history(cfg)) < 4 * 3 + 1  # ancestors back to the snapshot only
+
+
+class _XorCipher:
+    """A stand-in for AES in tests (EncryptedSerializer only needs encrypt/decrypt)."""
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "xor", bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "xor"
+        return bytes(b ^ 0x5A for b in ciphertext)
+
+
+def test_encrypted_serializer(backend: Any, flavor: str, namespace: str, twin_loop):
+    serde = EncryptedSerializer(_XorCipher())
+    if flavor == "sync":
+        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
+    else:
+
+        async def build() -> Any:
+            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
+
+        saver = twin_loop.run_until_complete(build())
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "secret"}}
+    for i in range(3):
+        d.invoke({"messages": ["top secret"], "count": 0, "blob": "classified"} if i == 0 else {"messages": []}, cfg)
+    assert d.get_state(cfg).values["messages"][0] == "top secret"
+    assert len(d.get_state(cfg).values["messages"]) == 7
+    raw = _raw(backend)
+    k = Keys(namespace).thread("secret")
+    stored = b"".join(raw.hvals(k.blobs)) + b"".join(raw.hvals(k.records))
+    assert b"top secret" not in stored and b"classified" not in stored
+    assert b"+xor" in stored
+
+
+def test_the_keeper_renews_the_lease(backend: Any, namespace: str):
+    holder = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    other = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    with holder.lease("t", lease_ms=400) as lease:
+        time.sleep(1.2)  # three leases long: only renewals keep it
+        assert not lease.lost
+        with pytest.raises(ThreadBusy):
+            _put(other, None, "t")
+        _put(holder, None, "t")
+    _put(other, None, "t")

@@ -519,12 +519,52 @@ class SaverCore:
         tids = [_ident(t, "thread_id") for t in thread_ids]
         skipped = []
         for tid in tids:
-            reply = yield Call(LG_PRUNE, self.thread_keys(tid), [tid, strategy])
+            keep = (yield from self._delta_ancestors(tid)) if strategy == "keep_latest" else []
+            reply = yield Call(LG_PRUNE, self.thread_keys(tid), [tid, strategy, *keep])
             if int(reply[0]) == 0:
                 skipped.append(tid)
             else:
                 self._forget(tid)
         return skipped
+
+    def _delta_ancestors(self, tid: str) -> Op[list[str]]:
+        """The ancestors keep_latest must keep so the kept checkpoints' DeltaChannels rebuild.
+
+        A DeltaChannel stores a sentinel and is replayed from its ancestors' writes back to
+        the last snapshot; the kept checkpoint's metadata counts the supersteps since then
+        (``counters_since_delta_snapshot``), so that many parents are kept with their writes.
+        """
+        keys = self.thread_key_set(tid)
+        members = [_text(m) for m in (yield Command(["ZRANGE", keys.index, 0, -1]))]
+        latest: dict[str, str] = {}
+        for m in members:  # lex order: the last member of a namespace is its newest checkpoint
+            latest[m.partition(SEP)[0]] = m
+        keep: list[str] = []
+        for ns, member in latest.items():
+            raw = yield Command(["HGET", keys.records, member])
+            if raw is None:
+                continue
+            parent, md = self._parent_and_metadata(raw, keys.records)
+            counters = md.get("counters_since_delta_snapshot") or {} if isinstance(md, Mapping) else {}
+            depth = max(
+                (int(c[1]) for c in counters.values() if isinstance(c, (list, tuple)) and len(c) == 2), default=0
+            )
+            while depth > 0 and parent:
+                member = f"{ns}{SEP}{parent}"
+                raw = yield Command(["HGET", keys.records, member])
+                if raw is None:
+                    break
+                keep.append(member)
+                parent, _ = self._parent_and_metadata(raw, keys.records)
+                depth -= 1
+        return keep
+
+    def _parent_and_metadata(self, raw: bytes, key: str) -> tuple[str | None, Any]:
+        try:
+            parent, _, _, md_kind, md_data = msgpack.unpackb(raw, raw=False)
+        except Exception as exc:
+            raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
+        return parent, self.serde.loads_typed((md_kind, md_data))
 
     # ---- leases -----------------------------------------------------------
 

@@ -2,6 +2,8 @@
 --   KEYS[1..11] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - 'keep_latest' or 'delete'
+--   ARGV[3..]   - keep_latest: members <ns>\0<cid> to keep as well (the ancestors a
+--                 DeltaChannel of a kept checkpoint replays, found by the caller)
 -- A thread under a live lease is left alone. keep_latest keeps the kept
 -- checkpoints' writes and every blob they read (tail chains included).
 -- Returns {1} pruned; {0, 'busy'} skipped (leased).
@@ -15,6 +17,7 @@ if strategy == 'delete' then
 end
 local members = redis.call('ZRANGE', KEYS[3], 0, -1)
 local keep = {}
+for i = 3, #ARGV do keep[ARGV[i]] = true end
 for i, m in ipairs(members) do
   local ns = string.sub(m, 1, string.find(m, SEP, 1, true) - 1)
   local nxt = members[i + 1]
