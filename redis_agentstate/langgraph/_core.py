@@ -18,6 +18,7 @@ The sync and async savers are shells over this class (``_ops.run_sync`` /
 
 from __future__ import annotations
 
+import copy
 import random
 import uuid
 from collections import OrderedDict
@@ -132,6 +133,34 @@ def _fields(fields: Iterable[str]) -> bytes:
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
+
+
+_IMMUTABLE = frozenset({str, bytes, int, float, bool, type(None)})
+
+
+def _snapshot(items: Sequence[Any]) -> list[Any] | None:
+    """Copies of ``items`` that a later in-place change of the graph's objects cannot reach (None: not copyable)."""
+    try:
+        return [x if type(x) in _IMMUTABLE else copy.deepcopy(x) for x in items]
+    except Exception:
+        return None
+
+
+def _same_prefix(snapshot: list[Any], value: list[Any]) -> bool:
+    """True if ``value`` starts with exactly the items of ``snapshot``.
+
+    Compared by value against the snapshot, not by identity: a node that changed an old
+    message in place must get a full copy stored, or the stored history would miss it.
+    """
+    for a, b in zip(snapshot, value):  # noqa: B905 - value is at least as long
+        if a is b and type(a) in _IMMUTABLE:
+            continue
+        try:
+            if not bool(a == b):
+                return False
+        except Exception:  # e.g. arrays without a truth value: store the value in full
+            return False
+    return True
 
 
 @dataclass
@@ -284,12 +313,14 @@ class SaverCore:
             and prev.depth < TAIL_CHAIN
             and prev.version != version
             and len(value) >= n
-            and all(a is b or a == b for a, b in zip(prev.items, value[:n], strict=True))
+            and _same_prefix(prev.items, value)
         ):
             base = prev.version.encode()
             tail = _TAIL + b"%d:%s" % (len(base), base) + self._dumps(value[n:])
-            return tail, _Remembered(version, list(value), prev.depth + 1)
-        return _FULL + self._dumps(value), _Remembered(version, list(value), 0)
+            added = _snapshot(value[n:])
+            return tail, None if added is None else _Remembered(version, prev.items + added, prev.depth + 1)
+        snap = _snapshot(value)
+        return _FULL + self._dumps(value), None if snap is None else _Remembered(version, snap, 0)
 
     def _dumps_typed_empty(self) -> bytes:
         return cast(bytes, msgpack.packb(["empty", b""], use_bin_type=True))
