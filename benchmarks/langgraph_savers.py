@@ -145,6 +145,9 @@ def run(settings: Settings) -> dict[str, Any]:
             status[name] = "ok"
         except Exception as exc:  # a missing package or module: reported in its row
             status[name] = f"not run: {type(exc).__name__}: {exc}"
+    for graph, own in built.values():
+        # Warm-up: scripts loaded, connections open, so the memory figures count the thread only.
+        _thread(graph, client, f"bench-warmup-{settings.run_id}", 2, own)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
     for r in range(rounds):
         order = list(built)
@@ -219,3 +222,45 @@ def markdown(fig: dict[str, Any]) -> str:
             + " |"
         )
     return "\n".join(lines)
+
+
+def readme_block(results: dict[str, Any]) -> str:
+    """The LangGraph section of benchmarks/README.md: run facts, the table, and the issue's targets."""
+    meta, fig = results["meta"], results["figures"]["langgraph"]
+    git = meta.get("git") or {}
+    lines = [
+        f"Run of {meta['started']} (`{meta['command']}`, code at commit {git.get('commit', '?')}"
+        f"{' + local changes' if git.get('dirty') else ''}); server: {meta['server']['kind']} redis-server "
+        f"{meta['versions'].get('redis-server')}, modules: {', '.join(meta['server']['modules']) or 'none'}; "
+        f"{meta['machine'].get('cores')} shared cores.",
+        "",
+        markdown(fig),
+        "",
+    ]
+    lines += [f"- {t}" for t in targets(fig)]
+    return "\n".join(lines)
+
+
+def targets(fig: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with its measured figure (medians over rounds)."""
+    rows = fig["contenders"]
+    ours = rows.get("redis_agentstate AgentStateSaver")
+    if not ours or ours["status"] != "ok":
+        return ["our saver did not run"]
+    steps = str(fig["steps"])
+    peers = {n: r for n, r in rows.items() if r is not ours and r["status"] == "ok"}
+    out = []
+    mem = ours["memory"][steps]["used_memory_delta"]["median"]
+    out.append(f"memory per thread after {steps} steps: {mem / 2**20:.2f} MiB (target: at most 1 MiB)")
+    if peers:
+        best = min(r["memory"][steps]["used_memory_delta"]["median"] for r in peers.values())
+        out.append(f"memory, best peer / ours: {best / max(mem, 1):.0f}x (target: at least 50x)")
+    ratio = ours["last_over_first"]["median"]
+    out.append(f"ms per invoke, last 10 steps / steps 1-10: {ratio:.2f}x (target: at most 1.2x)")
+    for n, r in peers.items():
+        first = r["ms_first10"]["median"] / ours["ms_first10"]["median"]
+        last = r["ms_last10"]["median"] / ours["ms_last10"]["median"]
+        out.append(
+            f"{n} / ours, ms per invoke: {first:.2f}x at steps 1-10, {last:.2f}x at the last 10 (target: above 1)"
+        )
+    return out

@@ -265,7 +265,11 @@ class SaverCore:
         for ch, v in new_versions.items():
             version = self._version(v)
             fld = f"{ns}{SEP}{self._channel(ch)}{SEP}{version}"
-            value, remembered = self._blob(tid, ns, ch, version, values, ch in values)
+            if ch not in values:
+                # LangGraph's "empty" blob: read back exactly as a missing one (no value), so not stored.
+                self._remember((tid, ns, ch), None)
+                continue
+            value, remembered = self._blob(tid, ns, ch, version, values)
             blobs.append((fld, value, (tid, ns, ch), remembered))
         keys = self.thread_keys(tid)
         head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", record, _fields(reads), run]
@@ -298,11 +302,9 @@ class SaverCore:
         return text
 
     def _blob(
-        self, tid: str, ns: str, ch: str, version: str, values: Mapping[str, Any], present: bool
+        self, tid: str, ns: str, ch: str, version: str, values: Mapping[str, Any]
     ) -> tuple[bytes, _Remembered | None]:
         """The stored form of channel ``ch`` at ``version``: full, or the tail of the list last stored."""
-        if not present:
-            return _FULL + self._dumps_typed_empty(), None
         value = values[ch]
         if type(value) is not list:
             return _FULL + self._dumps(value), None
@@ -321,9 +323,6 @@ class SaverCore:
             return tail, None if added is None else _Remembered(version, prev.items + added, prev.depth + 1)
         snap = _snapshot(value)
         return _FULL + self._dumps(value), None if snap is None else _Remembered(version, snap, 0)
-
-    def _dumps_typed_empty(self) -> bytes:
-        return cast(bytes, msgpack.packb(["empty", b""], use_bin_type=True))
 
     def _full_again(
         self, blob: tuple[str, bytes, tuple[str, str, str], _Remembered | None]
@@ -643,15 +642,17 @@ class SaverCore:
 
     @staticmethod
     def next_version(current: str | int | float | None) -> str:
-        # As the postgres saver: a zero-padded counter (so versions sort) and a random
-        # suffix (so two writers forking a thread never mint the same version).
+        # As the postgres saver: a zero-padded counter (so versions sort as strings) and a
+        # random suffix (so two writers forking a thread never mint the same version), but
+        # 21 characters, not 49: a version is repeated in every checkpoint, blob field and
+        # versions_seen entry, so its length is a large share of a thread's memory.
         if current is None:
             n = 0
         elif isinstance(current, (int, float)):
             n = int(current)
         else:
             n = int(str(current).split(".")[0])
-        return f"{n + 1:032}.{random.random():016}"
+        return f"{n + 1:012d}.{random.getrandbits(32):08x}"
 
 
 class _Empty:
