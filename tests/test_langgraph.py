@@ -566,3 +566,18 @@ def test_an_old_item_changed_in_place_is_not_lost_to_a_tail(saver: Any, flavor: 
         assert ours.invoke({"notes": []}, cfg, durability="sync") == ref.invoke({"notes": []}, cfg, durability="sync")
     assert ours.get_state(cfg).values["notes"][0]["text"] == "edited at 5"
     assert [h.values for h in ours.history(cfg)] == [h.values for h in ref.history(cfg)]
+
+
+def test_refresh_on_read_extends_the_ttl(backend: Any, namespace: str):
+    raw = _raw(backend)
+    keys = Keys(namespace).thread("t")
+    plain = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60)
+    refreshing = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60, refresh_on_read=True)
+    stored = _put(plain, None, "t")
+    raw.pexpire(keys.records, 5_000)
+    plain.get_tuple(stored)
+    assert raw.pttl(keys.records) <= 5_000  # a read leaves the expiry alone by default
+    refreshing.get_tuple(stored)
+    assert raw.pttl(keys.records) > 50_000
+    with pytest.raises(InvalidArgument):
+        AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=-1)
