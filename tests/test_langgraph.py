@@ -193,9 +193,11 @@ def test_list_channel_is_stored_as_tails_and_rebuilt_exactly(
     messages = {f: v for f, v in blobs.items() if f.split(b"\0")[1] == b"messages"}
     tails = [v for v in messages.values() if v[:1] == b"T"]
     fulls = [v for v in messages.values() if v[:1] == b"F"]
-    # Every version of the list is stored once, mostly as its new items only; a full copy every TAIL_CHAIN.
-    assert len(tails) >= 70 and 1 <= len(fulls) <= 10
-    assert max(len(v) for v in tails) < 600
+    # Every version of the list is stored, as its new items only (small tails, and anchors that reach
+    # back to the previous anchor), never in full again: about twice the list in all, not once per step.
+    assert len(tails) >= 150 and len(fulls) == 1
+    final = len(saver.serde.dumps_typed(ours[0][0]["messages"])[1])
+    assert sum(len(v) for v in messages.values()) < 3 * final
     # The 1 KiB channel that never changes is stored once, not once per checkpoint.
     assert sum(1 for f in blobs if f.split(b"\0")[1] == b"blob") == 1
 
@@ -581,3 +583,23 @@ def test_refresh_on_read_extends_the_ttl(backend: Any, namespace: str):
     assert raw.pttl(keys.records) > 50_000
     with pytest.raises(InvalidArgument):
         AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=-1)
+
+
+def test_anchors_and_full_copies_rebuild_exactly(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop, monkeypatch: pytest.MonkeyPatch
+):
+    import redis_agentstate.langgraph._core as core
+
+    monkeypatch.setattr(core, "TAIL_CHAIN", 3)  # an anchor every 3rd version, a full copy every 3rd anchor
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "anchors"}}
+    for i in range(15):
+        payload = {"messages": [f"in {i}"], "count": 0, "blob": ""} if i == 0 else {"messages": [f"in {i}"]}
+        assert d.invoke(payload, cfg) == ref.invoke(payload, cfg)
+    assert [h.values for h in d.history(cfg)] == [h.values for h in ref.history(cfg)]
+    blobs = _raw(backend).hgetall(Keys(namespace).thread("anchors").blobs)
+    kinds = [v[:1] for f, v in blobs.items() if f.split(b"\0")[1] == b"messages"]
+    assert kinds.count(b"F") >= 2 and kinds.count(b"T") >= 20
+    _call(saver, twin_loop, "prune", ["anchors"], strategy="keep_latest")  # keeps the chain the head reads
+    assert d.get_state(cfg).values == ref.get_state(cfg).values

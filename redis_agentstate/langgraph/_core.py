@@ -10,7 +10,11 @@ does), so a put costs what changed, not the whole state.
 A list channel that grew since the version this saver last wrote is stored as
 its new items only (a *tail* naming its base version); a read follows the chain
 down to a full value and concatenates, so it rebuilds exactly the list LangGraph
-wrote. Every ``TAIL_CHAIN``-th version is stored in full, to bound the chain.
+wrote. The chain stays short without storing the list again and again: every
+``TAIL_CHAIN``-th version is an *anchor*, whose tail reaches back to the previous
+anchor (so a read walks at most ``TAIL_CHAIN - 1`` small tails, then anchors), and
+only every ``TAIL_CHAIN``-th anchor is a full copy. Each item is thus stored about
+twice, and a read follows at most ``2 * TAIL_CHAIN`` links.
 
 The sync and async savers are shells over this class (``_ops.run_sync`` /
 ``run_async``); nothing here touches Redis or a clock.
@@ -169,7 +173,13 @@ class _Remembered:
 
     version: str
     items: list[Any]
+    #: Tails since the last anchor (0: this version is an anchor or a full value).
     depth: int
+    #: The last anchor (or full value): its version and how many items it holds.
+    anchor_version: str
+    anchor_len: int
+    #: Anchors since the last full value.
+    anchors: int
 
 
 @dataclass
@@ -310,19 +320,27 @@ class SaverCore:
             return _FULL + self._dumps(value), None
         prev = self._lists.get((tid, ns, ch))
         n = 0 if prev is None else len(prev.items)
-        if (
-            prev is not None
-            and prev.depth < TAIL_CHAIN
-            and prev.version != version
-            and len(value) >= n
-            and _same_prefix(prev.items, value)
-        ):
-            base = prev.version.encode()
-            tail = _TAIL + b"%d:%s" % (len(base), base) + self._dumps(value[n:])
+        if prev is not None and prev.version != version and len(value) >= n and _same_prefix(prev.items, value):
             added = _snapshot(value[n:])
-            return tail, None if added is None else _Remembered(version, prev.items + added, prev.depth + 1)
+            items = None if added is None else prev.items + added
+            if prev.depth + 1 < TAIL_CHAIN:
+                tail = self._tail(prev.version, value[n:])
+                return tail, None if items is None else _Remembered(
+                    version, items, prev.depth + 1, prev.anchor_version, prev.anchor_len, prev.anchors
+                )
+            if prev.anchors + 1 < TAIL_CHAIN:
+                # A new anchor: everything since the previous anchor, so later reads skip the small tails.
+                tail = self._tail(prev.anchor_version, value[prev.anchor_len :])
+                return tail, None if items is None else _Remembered(
+                    version, items, 0, version, len(value), prev.anchors + 1
+                )
         snap = _snapshot(value)
-        return _FULL + self._dumps(value), None if snap is None else _Remembered(version, snap, 0)
+        full = _FULL + self._dumps(value)
+        return full, None if snap is None else _Remembered(version, snap, 0, version, len(value), 0)
+
+    def _tail(self, base: str, items: list[Any]) -> bytes:
+        b = base.encode()
+        return _TAIL + b"%d:%s" % (len(b), b) + self._dumps(items)
 
     def _full_again(
         self, blob: tuple[str, bytes, tuple[str, str, str], _Remembered | None]
@@ -334,7 +352,7 @@ class SaverCore:
             fld,
             _FULL + self._dumps(remembered.items),
             cache_key,
-            _Remembered(remembered.version, remembered.items, 0),
+            _Remembered(remembered.version, remembered.items, 0, remembered.version, len(remembered.items), 0),
         )
 
     def _remember(self, cache_key: tuple[str, str, str], remembered: _Remembered | None) -> None:
