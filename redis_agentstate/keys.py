@@ -33,9 +33,8 @@ LangGraph threads (``redis_agentstate.langgraph``; ``SS`` is the shard of the th
 ``<ns>`` is the checkpoint namespace, ``<cid>`` the checkpoint id, fields joined by NUL)::
 
     ns:{ns#SS}:lgmeta:<thread_id>   hash   holder, exp: the thread's lease (absent when free)
-    ns:{ns#SS}:lgcp:<thread_id>     hash   <ns>\0<cid> -> checkpoint record
+    ns:{ns#SS}:lgcp:<thread_id>     hash   <ns>\0<cid> -> the blob fields it reads + checkpoint record
     ns:{ns#SS}:lgidx:<thread_id>    zset   <ns>\0<cid>, score 0 (lex order = newest last)
-    ns:{ns#SS}:lgcv:<thread_id>     hash   <ns>\0<cid> -> the blob fields the checkpoint reads
     ns:{ns#SS}:lgblob:<thread_id>   hash   <ns>\0<channel>\0<version> -> channel value
     ns:{ns#SS}:lgw:<thread_id>      hash   <ns>\0<cid>\0<task_id>\0<idx> -> pending write
     ns:{ns#SS}:lgwi:<thread_id>     zset   the same members, score 0 (lex order)
@@ -89,10 +88,10 @@ KEY_TYPES = {
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
     "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
-    "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgcv": "hash", "lgblob": "hash", "lgw": "hash",
+    "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgwi": "zset", "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
 }  # fmt: skip
-_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgcv", "lgblob", "lgw", "lgwi", "lgrun", "lgrel"}
+_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgwi", "lgrun", "lgrel"}
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
 
 
@@ -176,7 +175,6 @@ class ThreadKeys:
     meta: str
     records: str
     index: str
-    versions: str
     blobs: str
     writes: str
     write_index: str
@@ -186,7 +184,7 @@ class ThreadKeys:
     shard_runs: str
 
     def as_list(self) -> list[str]:
-        return [self.meta, self.records, self.index, self.versions, self.blobs, self.writes,
+        return [self.meta, self.records, self.index, self.blobs, self.writes,
                 self.write_index, self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
 
 
@@ -245,7 +243,6 @@ class Keys:
             meta=p + "lgmeta:" + thread_id,
             records=p + "lgcp:" + thread_id,
             index=p + "lgidx:" + thread_id,
-            versions=p + "lgcv:" + thread_id,
             blobs=p + "lgblob:" + thread_id,
             writes=p + "lgw:" + thread_id,
             write_index=p + "lgwi:" + thread_id,

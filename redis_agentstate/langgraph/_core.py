@@ -135,6 +135,12 @@ def _fields(fields: Iterable[str]) -> bytes:
     return b"".join(b"%d:%s" % (len(f.encode()), f.encode()) for f in fields)
 
 
+def _record_body(stored: bytes) -> bytes:
+    """The msgpack record of a stored checkpoint, after its '<n>:' + n bytes list of blob fields."""
+    colon = stored.index(b":")
+    return stored[colon + 1 + int(stored[:colon]) :]
+
+
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
 
@@ -282,7 +288,9 @@ class SaverCore:
             value, remembered = self._blob(tid, ns, ch, version, values)
             blobs.append((fld, value, (tid, ns, ch), remembered))
         keys = self.thread_keys(tid)
-        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", record, _fields(reads), run]
+        reads_list = _fields(reads)
+        stored = b"%d:" % len(reads_list) + reads_list + record
+        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
             if int(reply[0]) == 0 and _text(reply[1]) == "base":
@@ -441,14 +449,14 @@ class SaverCore:
 
     def _record(self, raw: bytes, key: str) -> tuple[str | None, Any, Any]:
         try:
-            parent, ck_kind, ck_data, md_kind, md_data = msgpack.unpackb(raw, raw=False)
+            parent, ck_kind, ck_data, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
         return parent, self.serde.loads_typed((ck_kind, ck_data)), self.serde.loads_typed((md_kind, md_data))
 
     def _metadata(self, raw: bytes, key: str) -> Any:
         try:
-            _, _, _, md_kind, md_data = msgpack.unpackb(raw, raw=False)
+            _, _, _, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
         return self.serde.loads_typed((md_kind, md_data))
@@ -550,11 +558,11 @@ class SaverCore:
         if src == dst:
             raise InvalidArgument("copy_thread needs two different threads")
         dump = yield Call(LG_DUMP, self.thread_keys(src), [])
-        records, versions, blobs, writes, runs = dump
+        records, blobs, writes, runs = dump
         if not records:
             return None
-        args = [dst, self._token(dst), self._ttl_arg(), len(records), len(versions), len(blobs), len(writes), len(runs)]
-        reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *versions, *blobs, *writes, *runs])
+        args = [dst, self._token(dst), self._ttl_arg(), len(records), len(blobs), len(writes), len(runs)]
+        reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *blobs, *writes, *runs])
         self._fenced(reply, dst, "copy_thread")
         return None
 
@@ -609,7 +617,7 @@ class SaverCore:
 
     def _parent_and_metadata(self, raw: bytes, key: str) -> tuple[str | None, Any]:
         try:
-            parent, _, _, md_kind, md_data = msgpack.unpackb(raw, raw=False)
+            parent, _, _, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
         return parent, self.serde.loads_typed((md_kind, md_data))

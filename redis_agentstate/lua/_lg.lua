@@ -3,16 +3,16 @@
 -- Every script takes the keys of one thread, in this order (keys.ThreadKeys; all
 -- in the slot of the thread's shard, so a script runs unchanged on Redis Cluster):
 --   KEYS[1]  lgmeta:<tid>   hash  holder, exp: the thread's lease (absent when free)
---   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> checkpoint record (opaque)
+--   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> '<n>:' + the n bytes of the blob fields the
+--                                   checkpoint reads (each '<len>:<field>') + its record (opaque)
 --   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>, score 0: lex order is id order
---   KEYS[4]  lgcv:<tid>     hash  <ns>\0<cid> -> blob fields it reads, each '<len>:<field>'
---   KEYS[5]  lgblob:<tid>   hash  <ns>\0<channel>\0<version> -> 'F'<value> or a tail (below)
---   KEYS[6]  lgw:<tid>      hash  <ns>\0<cid>\0<task_id>\0<idx> -> pending write (opaque)
---   KEYS[7]  lgwi:<tid>     zset  the members of KEYS[6], score 0
---   KEYS[8]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
---   KEYS[9]  lgrel:<tid>    list  release notices for lease waiters
---   KEYS[10] lgthreads      zset  thread ids of the shard, score 0
---   KEYS[11] lgruns         zset  <run_id>\0<tid> of the shard, score 0
+--   KEYS[4]  lgblob:<tid>   hash  <ns>\0<channel>\0<version> -> 'F'<value> or a tail (below)
+--   KEYS[5]  lgw:<tid>      hash  <ns>\0<cid>\0<task_id>\0<idx> -> pending write (opaque)
+--   KEYS[6]  lgwi:<tid>     zset  the members of KEYS[5], score 0
+--   KEYS[7]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
+--   KEYS[8]  lgrel:<tid>    list  release notices for lease waiters
+--   KEYS[9]  lgthreads      zset  thread ids of the shard, score 0
+--   KEYS[10] lgruns         zset  <run_id>\0<tid> of the shard, score 0
 --
 -- A tail blob 'T<n>:<base version><value>' holds the items a list channel gained
 -- since version <base version> of the same channel; readers rebuild the list from
@@ -29,9 +29,9 @@ end
 -- (the driver then names the key).
 local function probe()
   redis.call('HLEN', KEYS[1])
-  for _, i in ipairs({2, 4, 5, 6}) do redis.call('HLEN', KEYS[i]) end
-  for _, i in ipairs({3, 7, 8, 10, 11}) do redis.call('ZCARD', KEYS[i]) end
-  redis.call('LLEN', KEYS[9])
+  for _, i in ipairs({2, 4, 5}) do redis.call('HLEN', KEYS[i]) end
+  for _, i in ipairs({3, 6, 7, 9, 10}) do redis.call('ZCARD', KEYS[i]) end
+  redis.call('LLEN', KEYS[8])
 end
 
 -- '' when the caller may write: token holds the thread, or token is '' and no
@@ -56,7 +56,7 @@ end
 -- Expiry of every data key of the thread (not the lease: it has its own).
 local function touch(ttl)
   if ttl == '' then return end
-  for i = 2, 8 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 2, 7 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 
 local function split_fields(list)
@@ -68,6 +68,12 @@ local function split_fields(list)
     i = c + n + 1
   end
   return out
+end
+
+-- The '<len>:<field>' list of blob fields a stored checkpoint reads (the prefix of its value).
+local function reads_of(record)
+  local c = string.find(record, ':', 1, true)
+  return string.sub(record, c + 1, c + tonumber(string.sub(record, 1, c - 1)))
 end
 
 -- The blob field of the base of tail value v stored at field f, or nil for a full value.
@@ -89,12 +95,12 @@ end
 -- (or at a missing base, which the reader reports as corrupt).
 local function chain(f)
   local out = {}
-  local v = redis.call('HGET', KEYS[5], f)
+  local v = redis.call('HGET', KEYS[4], f)
   while v do
     out[#out + 1] = v
     f = base_of(f, v)
     if not f then break end
-    v = redis.call('HGET', KEYS[5], f)
+    v = redis.call('HGET', KEYS[4], f)
   end
   return out
 end
@@ -119,50 +125,49 @@ end
 local function drop_checkpoint(member)
   redis.call('HDEL', KEYS[2], member)
   redis.call('ZREM', KEYS[3], member)
-  redis.call('HDEL', KEYS[4], member)
   local lo, hi = range_of(member)
-  local ws = redis.call('ZRANGEBYLEX', KEYS[7], lo, hi)
-  hdel_all(KEYS[6], ws)
-  zrem_all(KEYS[7], ws)
+  local ws = redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)
+  hdel_all(KEYS[5], ws)
+  zrem_all(KEYS[6], ws)
 end
 
 -- Drop every blob no remaining checkpoint reads (tails keep their bases).
 local function gc_blobs()
   local keep = {}
-  for _, list in ipairs(redis.call('HVALS', KEYS[4])) do
-    for _, f in ipairs(split_fields(list)) do
+  for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
+    for _, f in ipairs(split_fields(reads_of(record))) do
       while f and not keep[f] do
         keep[f] = true
-        local v = redis.call('HGET', KEYS[5], f)
+        local v = redis.call('HGET', KEYS[4], f)
         f = v and base_of(f, v)
       end
     end
   end
   local gone = {}
-  for _, f in ipairs(redis.call('HKEYS', KEYS[5])) do
+  for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
     if not keep[f] then gone[#gone + 1] = f end
   end
-  hdel_all(KEYS[5], gone)
+  hdel_all(KEYS[4], gone)
 end
 
 -- Drop the shard's run entries of this thread for runs it no longer has.
 local function gc_runs(tid, runs)
   local still = {}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
     still[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
   end
   for run in pairs(runs) do
-    if not still[run] then redis.call('ZREM', KEYS[11], run .. SEP .. tid) end
+    if not still[run] then redis.call('ZREM', KEYS[10], run .. SEP .. tid) end
   end
 end
 
 -- Everything of the thread but its lease.
 local function drop_thread(tid)
   local runs = {}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
     runs[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
   end
-  for run in pairs(runs) do redis.call('ZREM', KEYS[11], run .. SEP .. tid) end
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
-  redis.call('ZREM', KEYS[10], tid)
+  for run in pairs(runs) do redis.call('ZREM', KEYS[10], run .. SEP .. tid) end
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+  redis.call('ZREM', KEYS[9], tid)
 end

@@ -1,5 +1,5 @@
 -- lg_get.lua: one checkpoint of a thread with its channel values and pending writes.
---   KEYS[1..11] - the thread's keys (see _lg.lua)
+--   KEYS[1..10] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - checkpoint namespace
 --   ARGV[2]     - checkpoint id ('' = the newest of the namespace)
 --   ARGV[3]     - ttl in ms to refresh on every data key of the thread ('' = leave it)
@@ -18,13 +18,13 @@ end
 local record = redis.call('HGET', KEYS[2], member)
 if not record then return {} end
 local blobs = {}
-for _, f in ipairs(split_fields(redis.call('HGET', KEYS[4], member) or '')) do
+for _, f in ipairs(split_fields(reads_of(record))) do
   blobs[#blobs + 1] = f
   blobs[#blobs + 1] = chain(f)
 end
 local lo, hi = range_of(member)
-local ws = redis.call('ZRANGEBYLEX', KEYS[7], lo, hi)
+local ws = redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)
 local writes = {}
-if #ws > 0 then writes = redis.call('HMGET', KEYS[6], unpack(ws)) end
+if #ws > 0 then writes = redis.call('HMGET', KEYS[5], unpack(ws)) end
 touch(ttl)
 return {member, record, blobs, writes}

@@ -1,5 +1,5 @@
 -- lg_put_writes.lua: store the pending writes of one task against one checkpoint.
---   KEYS[1..11] - the thread's keys (see _lg.lua)
+--   KEYS[1..10] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the writer ('' = it holds no lease)
 --   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
@@ -13,12 +13,12 @@ local refused = fence(token, now_ms())
 if refused ~= '' then return {0, refused} end
 for i = 4, #ARGV, 3 do
   if ARGV[i + 1] == '1' then
-    redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 2])
+    redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 2])
   else
-    redis.call('HSETNX', KEYS[6], ARGV[i], ARGV[i + 2])
+    redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 2])
   end
-  redis.call('ZADD', KEYS[7], 0, ARGV[i])
+  redis.call('ZADD', KEYS[6], 0, ARGV[i])
 end
-redis.call('ZADD', KEYS[10], 0, tid)
+redis.call('ZADD', KEYS[9], 0, tid)
 touch(ttl)
 return {1}
