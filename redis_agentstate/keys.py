@@ -36,8 +36,7 @@ LangGraph threads (``redis_agentstate.langgraph``; ``SS`` is the shard of the th
     ns:{ns#SS}:lgcp:<thread_id>     hash   <ns>\0<cid> -> the blob fields it reads + checkpoint record
     ns:{ns#SS}:lgidx:<thread_id>    zset   <ns>\0<cid>, score 0 (lex order = newest last)
     ns:{ns#SS}:lgblob:<thread_id>   hash   <ns>\0<channel>\0<version> -> channel value
-    ns:{ns#SS}:lgw:<thread_id>      hash   <ns>\0<cid>\0<task_id>\0<idx> -> pending write
-    ns:{ns#SS}:lgwi:<thread_id>     zset   the same members, score 0 (lex order)
+    ns:{ns#SS}:lgw:<thread_id>      hash   <ns>\0<cid> -> its pending writes, packed
     ns:{ns#SS}:lgrun:<thread_id>    zset   <run_id>\0<ns>\0<cid>, score 0
     ns:{ns#SS}:lgrel:<thread_id>    list   release notices for lease waiters (BLPOP)
     ns:{ns#SS}:lgthreads            zset   every thread id of shard SS (score 0)
@@ -89,9 +88,9 @@ KEY_TYPES = {
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
     "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
-    "lgwi": "zset", "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
+    "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
 }  # fmt: skip
-_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgwi", "lgrun", "lgrel"}
+_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
 
 
@@ -177,7 +176,6 @@ class ThreadKeys:
     index: str
     blobs: str
     writes: str
-    write_index: str
     runs: str
     released: str
     shard_threads: str
@@ -185,7 +183,7 @@ class ThreadKeys:
 
     def as_list(self) -> list[str]:
         return [self.meta, self.records, self.index, self.blobs, self.writes,
-                self.write_index, self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
+                self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
 
 
 class Keys:
@@ -245,7 +243,6 @@ class Keys:
             index=p + "lgidx:" + thread_id,
             blobs=p + "lgblob:" + thread_id,
             writes=p + "lgw:" + thread_id,
-            write_index=p + "lgwi:" + thread_id,
             runs=p + "lgrun:" + thread_id,
             released=p + "lgrel:" + thread_id,
             shard_threads=p + "lgthreads",

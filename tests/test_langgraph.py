@@ -296,7 +296,7 @@ def test_ttl_is_set_on_every_data_key_by_each_write(backend: Any, flavor: str, n
     _call(saver, twin_loop, "put_writes", stored, [("a", 2)], "task-1")
     raw = _raw(backend)
     k = Keys(namespace).thread("t")
-    for key in (k.records, k.index, k.blobs, k.writes, k.write_index, k.runs):
+    for key in (k.records, k.index, k.blobs, k.writes, k.runs):
         assert 0 < raw.pttl(key) <= 60_000, key
 
 

@@ -135,6 +135,23 @@ def _fields(fields: Iterable[str]) -> bytes:
     return b"".join(b"%d:%s" % (len(f.encode()), f.encode()) for f in fields)
 
 
+def _unpack_writes(packed: bytes, key: str) -> list[bytes]:
+    """The writes of a checkpoint's packed value: '<n>:<task_id>\\0<idx><m>:<write>' each (see _lg.lua)."""
+    out: list[bytes] = []
+    i = 0
+    try:
+        while i < len(packed):
+            colon = packed.index(b":", i)
+            i = colon + 1 + int(packed[i:colon])
+            colon = packed.index(b":", i)
+            n = int(packed[i:colon])
+            out.append(packed[colon + 1 : colon + 1 + n])
+            i = colon + 1 + n
+    except ValueError as exc:
+        raise corrupt_state(key, [key], f"holds malformed pending writes: {exc}") from exc
+    return out
+
+
 def _record_body(stored: bytes) -> bytes:
     """The msgpack record of a stored checkpoint, after its '<n>:' + n bytes list of blob fields."""
     colon = stored.index(b":")
@@ -386,7 +403,7 @@ class SaverCore:
         task = _ident(task_id, "task_id")
         if not isinstance(task_path, str):
             raise InvalidArgument(f"task_path must be a str, got {type(task_path).__name__}")
-        args: list[Any] = [tid, self._token(tid), self._ttl_arg()]
+        args: list[Any] = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}"]
         for idx, pair in enumerate(writes):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidArgument(f"each write must be a (channel, value) pair, got {pair!r:.80}")
@@ -396,8 +413,8 @@ class SaverCore:
             kind, data = self.serde.dumps_typed(value)
             payload = msgpack.packb([task, i, task_path, channel, kind, data], use_bin_type=True)
             # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
-            args += [f"{ns}{SEP}{cid}{SEP}{task}{SEP}{i}", "1" if i < 0 else "0", payload]
-        if len(args) == 3:
+            args += [f"{task}{SEP}{i}", "1" if i < 0 else "0", payload]
+        if len(args) == 4:
             return None
         reply = yield Call(LG_PUT_WRITES, self.thread_keys(tid), args)
         self._fenced(reply, tid, "put_writes")
@@ -430,9 +447,7 @@ class SaverCore:
                 if value is not _EMPTY:
                     values[ch] = value
         writes = []
-        for raw in reply[3]:
-            if raw is None:  # pragma: no cover - index and hash are written together
-                continue
+        for raw in _unpack_writes(reply[3], keys.writes):
             try:
                 task, idx, path, channel, kind, data = msgpack.unpackb(raw, raw=False)
             except Exception as exc:

@@ -7,12 +7,12 @@
 --                                   checkpoint reads (each '<len>:<field>') + its record (opaque)
 --   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>, score 0: lex order is id order
 --   KEYS[4]  lgblob:<tid>   hash  <ns>\0<channel>\0<version> -> 'F'<value> or a tail (below)
---   KEYS[5]  lgw:<tid>      hash  <ns>\0<cid>\0<task_id>\0<idx> -> pending write (opaque)
---   KEYS[6]  lgwi:<tid>     zset  the members of KEYS[5], score 0
---   KEYS[7]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
---   KEYS[8]  lgrel:<tid>    list  release notices for lease waiters
---   KEYS[9]  lgthreads      zset  thread ids of the shard, score 0
---   KEYS[10] lgruns         zset  <run_id>\0<tid> of the shard, score 0
+--   KEYS[5]  lgw:<tid>      hash  <ns>\0<cid> -> the checkpoint's pending writes, packed: one
+--                                   '<n>:<task_id>\0<idx><m>:<write>' per write (n, m: lengths)
+--   KEYS[6]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
+--   KEYS[7]  lgrel:<tid>    list  release notices for lease waiters
+--   KEYS[8]  lgthreads      zset  thread ids of the shard, score 0
+--   KEYS[9]  lgruns         zset  <run_id>\0<tid> of the shard, score 0
 --
 -- A tail blob 'T<n>:<base version><value>' holds the items a list channel gained
 -- since version <base version> of the same channel; readers rebuild the list from
@@ -30,8 +30,8 @@ end
 local function probe()
   redis.call('HLEN', KEYS[1])
   for _, i in ipairs({2, 4, 5}) do redis.call('HLEN', KEYS[i]) end
-  for _, i in ipairs({3, 6, 7, 9, 10}) do redis.call('ZCARD', KEYS[i]) end
-  redis.call('LLEN', KEYS[8])
+  for _, i in ipairs({3, 6, 8, 9}) do redis.call('ZCARD', KEYS[i]) end
+  redis.call('LLEN', KEYS[7])
 end
 
 -- '' when the caller may write: token holds the thread, or token is '' and no
@@ -56,7 +56,7 @@ end
 -- Expiry of every data key of the thread (not the lease: it has its own).
 local function touch(ttl)
   if ttl == '' then return end
-  for i = 2, 7 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 
 local function split_fields(list)
@@ -115,20 +115,33 @@ local function hdel_all(key, fields)
   end
 end
 
-local function zrem_all(key, members)
-  for i = 1, #members, 1000 do
-    redis.call('ZREM', key, unpack(members, i, math.min(i + 999, #members)))
+-- The writes of a packed value, as {key, write} pairs in stored order.
+local function unpack_writes(s)
+  local out, i = {}, 1
+  while i <= #s do
+    local c = string.find(s, ':', i, true)
+    local n = tonumber(string.sub(s, i, c - 1))
+    local key = string.sub(s, c + 1, c + n)
+    i = c + n + 1
+    c = string.find(s, ':', i, true)
+    n = tonumber(string.sub(s, i, c - 1))
+    out[#out + 1] = {key, string.sub(s, c + 1, c + n)}
+    i = c + n + 1
   end
+  return out
+end
+
+local function pack_writes(entries)
+  local parts = {}
+  for j, e in ipairs(entries) do parts[j] = #e[1] .. ':' .. e[1] .. #e[2] .. ':' .. e[2] end
+  return table.concat(parts)
 end
 
 -- Remove checkpoint <ns>\0<cid> and its pending writes (not its blobs: see gc_blobs).
 local function drop_checkpoint(member)
   redis.call('HDEL', KEYS[2], member)
   redis.call('ZREM', KEYS[3], member)
-  local lo, hi = range_of(member)
-  local ws = redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)
-  hdel_all(KEYS[5], ws)
-  zrem_all(KEYS[6], ws)
+  redis.call('HDEL', KEYS[5], member)
 end
 
 -- Drop every blob no remaining checkpoint reads (tails keep their bases).
@@ -153,21 +166,21 @@ end
 -- Drop the shard's run entries of this thread for runs it no longer has.
 local function gc_runs(tid, runs)
   local still = {}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
     still[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
   end
   for run in pairs(runs) do
-    if not still[run] then redis.call('ZREM', KEYS[10], run .. SEP .. tid) end
+    if not still[run] then redis.call('ZREM', KEYS[9], run .. SEP .. tid) end
   end
 end
 
 -- Everything of the thread but its lease.
 local function drop_thread(tid)
   local runs = {}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
     runs[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
   end
-  for run in pairs(runs) do redis.call('ZREM', KEYS[10], run .. SEP .. tid) end
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
-  redis.call('ZREM', KEYS[9], tid)
+  for run in pairs(runs) do redis.call('ZREM', KEYS[9], run .. SEP .. tid) end
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+  redis.call('ZREM', KEYS[8], tid)
 end

@@ -1,5 +1,5 @@
 -- lg_delete_runs.lua: delete the checkpoints (and their writes) that runs wrote on one thread.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
 --   ARGV[3..]   - run ids
@@ -15,9 +15,9 @@ for i = 3, #ARGV do
   local run = ARGV[i]
   runs[run] = true
   local lo, hi = range_of(run)
-  for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[7], lo, hi)) do
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)) do
     drop_checkpoint(string.sub(m, #run + 2))
-    redis.call('ZREM', KEYS[7], m)
+    redis.call('ZREM', KEYS[6], m)
     dropped = dropped + 1
   end
 end

@@ -1,5 +1,5 @@
 -- lg_delete_thread.lua: delete every checkpoint, blob and write of a thread.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
 -- Returns {1} deleted; {0, 'busy'} / {0, 'lost'} refused by the lease (nothing deleted).

@@ -1,5 +1,5 @@
 -- lg_import.lua: add another thread's dump to this thread (the target side of copy_thread).
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the writer ('' = it holds no lease)
 --   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
@@ -23,12 +23,12 @@ end
 local n_records = tonumber(ARGV[4])
 pairs_into(n_records, KEYS[2], KEYS[3])
 pairs_into(tonumber(ARGV[5]), KEYS[4], nil)
-pairs_into(tonumber(ARGV[6]), KEYS[5], KEYS[6])
+pairs_into(tonumber(ARGV[6]), KEYS[5], nil)
 for j = i, i + tonumber(ARGV[7]) - 1 do
   local m = ARGV[j]
-  redis.call('ZADD', KEYS[7], 0, m)
-  redis.call('ZADD', KEYS[10], 0, string.sub(m, 1, string.find(m, SEP, 1, true) - 1) .. SEP .. tid)
+  redis.call('ZADD', KEYS[6], 0, m)
+  redis.call('ZADD', KEYS[9], 0, string.sub(m, 1, string.find(m, SEP, 1, true) - 1) .. SEP .. tid)
 end
-if n_records > 0 then redis.call('ZADD', KEYS[9], 0, tid) end
+if n_records > 0 then redis.call('ZADD', KEYS[8], 0, tid) end
 touch(ttl)
 return {1}

@@ -1,5 +1,5 @@
 -- lg_lease.lua: claim a thread for one writer.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - lease token of the claimant
 --   ARGV[2]     - lease duration in ms, counted from now on the server clock
 -- A thread is free when nobody holds it or its holder's lease expired (that

@@ -1,5 +1,5 @@
 -- lg_list.lua: one page of a thread's checkpoints, newest first (records only).
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - upper bound, a ZREVRANGEBYLEX max ('+', '(<member>', ...)
 --   ARGV[2]     - lower bound, a ZREVRANGEBYLEX min
 --   ARGV[3]     - page size

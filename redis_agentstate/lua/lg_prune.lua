@@ -1,5 +1,5 @@
 -- lg_prune.lua: prune one thread: keep the newest checkpoint of each namespace, or delete all.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - 'keep_latest' or 'delete'
 --   ARGV[3..]   - keep_latest: members <ns>\0<cid> to keep as well (the ancestors a
@@ -27,11 +27,11 @@ for _, m in ipairs(members) do
   if not keep[m] then drop_checkpoint(m) end
 end
 local runs = {}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[7], 0, -1)) do
+for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
   local c = string.find(m, SEP, 1, true)
   if not keep[string.sub(m, c + 1)] then
     runs[string.sub(m, 1, c - 1)] = true
-    redis.call('ZREM', KEYS[7], m)
+    redis.call('ZREM', KEYS[6], m)
   end
 end
 gc_runs(tid, runs)

@@ -1,5 +1,5 @@
 -- lg_put.lua: store one checkpoint of a thread and the channel values it changed.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the writer ('' = it holds no lease)
 --   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
@@ -24,10 +24,10 @@ redis.call('ZADD', KEYS[3], 0, member)
 for i = 7, #ARGV, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end
-redis.call('ZADD', KEYS[9], 0, tid)
+redis.call('ZADD', KEYS[8], 0, tid)
 if run_id ~= '' then
-  redis.call('ZADD', KEYS[7], 0, run_id .. SEP .. member)
-  redis.call('ZADD', KEYS[10], 0, run_id .. SEP .. tid)
+  redis.call('ZADD', KEYS[6], 0, run_id .. SEP .. member)
+  redis.call('ZADD', KEYS[9], 0, run_id .. SEP .. tid)
 end
 touch(ttl)
 return {1}

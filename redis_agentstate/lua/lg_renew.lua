@@ -1,5 +1,5 @@
 -- lg_renew.lua: extend a live lease on a thread.
---   KEYS[1..10] - the thread's keys (see _lg.lua)
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - lease token
 --   ARGV[2]     - new lease duration in ms, counted from now on the server clock
 -- An expired lease is not revived (another writer may be about to claim).
