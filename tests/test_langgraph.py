@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Interrupt, interrupt
 
@@ -603,3 +604,19 @@ def test_anchors_and_full_copies_rebuild_exactly(
     assert kinds.count(b"F") >= 2 and kinds.count(b"T") >= 20
     _call(saver, twin_loop, "prune", ["anchors"], strategy="keep_latest")  # keeps the chain the head reads
     assert d.get_state(cfg).values == ref.get_state(cfg).values
+
+
+def test_the_compiled_graph_uses_the_allowlisted_serde_and_shares_leases(backend: Any, namespace: str):
+    serde = JsonPlusSerializer(allowed_msgpack_modules=[("collections", "OrderedDict")])
+    saver = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
+    clone = saver.with_allowlist({("tests", "test_langgraph", "State")})  # what StateGraph.compile may ask
+    assert clone is not saver and clone.serde is not saver.serde
+    assert clone._core.serde is clone.serde and clone._core.tokens is saver._core.tokens
+    graph = _plain_graph(clone)
+    cfg = {"configurable": {"thread_id": "shared"}}
+    other = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    with saver.lease("shared"):  # leased on the saver: the clone's writes carry its token
+        graph.invoke({"messages": ["a"], "count": 0, "blob": ""}, cfg)
+        with pytest.raises(ThreadBusy):
+            _plain_graph(other).invoke({"messages": ["b"]}, cfg)
+    assert graph.get_state(cfg).values["messages"][0] == "a"

@@ -216,7 +216,7 @@ class SaverCore:
     keys: Keys = field(init=False)
     #: thread id -> token of the lease this saver holds on it (set by the lease shells).
     tokens: dict[str, str] = field(default_factory=dict)
-    _lists: OrderedDict[tuple[str, str, str], _Remembered] = field(default_factory=OrderedDict)
+    lists: OrderedDict[tuple[str, str, str], _Remembered] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.namespace)
@@ -343,7 +343,7 @@ class SaverCore:
         value = values[ch]
         if type(value) is not list:
             return _FULL + self._dumps(value), None
-        prev = self._lists.get((tid, ns, ch))
+        prev = self.lists.get((tid, ns, ch))
         n = 0 if prev is None else len(prev.items)
         if prev is not None and prev.version != version and len(value) >= n and _same_prefix(prev.items, value):
             added = _snapshot(value[n:])
@@ -372,7 +372,7 @@ class SaverCore:
     ) -> tuple[str, bytes, tuple[str, str, str], _Remembered | None]:
         fld, _, cache_key, remembered = blob
         assert remembered is not None  # only tails have a base
-        self._lists.pop(cache_key, None)
+        self.lists.pop(cache_key, None)
         return (
             fld,
             _FULL + self._dumps(remembered.items),
@@ -382,12 +382,12 @@ class SaverCore:
 
     def _remember(self, cache_key: tuple[str, str, str], remembered: _Remembered | None) -> None:
         if remembered is None:
-            self._lists.pop(cache_key, None)
+            self.lists.pop(cache_key, None)
             return
-        self._lists[cache_key] = remembered
-        self._lists.move_to_end(cache_key)
-        while len(self._lists) > TAIL_CACHE:
-            self._lists.popitem(last=False)
+        self.lists[cache_key] = remembered
+        self.lists.move_to_end(cache_key)
+        while len(self.lists) > TAIL_CACHE:
+            self.lists.popitem(last=False)
 
     # ---- put_writes -----------------------------------------------------
 
@@ -542,8 +542,8 @@ class SaverCore:
         return None
 
     def _forget(self, tid: str) -> None:
-        for key in [k for k in self._lists if k[0] == tid]:
-            del self._lists[key]
+        for key in [k for k in self.lists if k[0] == tid]:
+            del self.lists[key]
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
         if isinstance(run_ids, (str, bytes)) or not isinstance(run_ids, Iterable):

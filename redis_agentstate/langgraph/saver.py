@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +47,17 @@ class _Savers(StoreShell[SaverCore], BaseCheckpointSaver[str]):
         BaseCheckpointSaver.__init__(self, serde=serde)
         core = SaverCore(namespace, self.serde, ttl, refresh_on_read)
         StoreShell.__init__(self, client, core, LG_SCRIPTS, retry)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> Any:
+        """The base class's shallow clone with a stricter serde (``StateGraph.compile`` calls this).
+
+        The clone's core serializes with the clone's serde, and shares this saver's lease
+        tokens and list cache: a lease taken on this saver fences the compiled graph's writes.
+        """
+        clone = super().with_allowlist(extra_allowlist)
+        if isinstance(clone, _Savers) and clone is not self:
+            clone._core = dataclasses.replace(self._core, serde=clone.serde)
+        return clone
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         return SaverCore.next_version(current)
