@@ -494,3 +494,25 @@ def test_pool_and_kv_namespaces_are_isolated(make: Callable[..., Any], namespace
     for pid in ids:
         assert ka.get(pid) == b"A"
         assert pa.snapshot(pid).message_policy == {"owner": "A"}
+
+
+def test_least_privilege_user_runs_the_langgraph_savers(tenant: AclTenant, admin: redis.Redis) -> None:
+    """LangGraph's conformance suite (every saver method, list(None), delete_for_runs' pipeline) and a
+    lease with a wait (BLPOP) as the least-privilege user: nothing refused."""
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+
+    from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver, ThreadBusy
+
+    admin.script_flush()
+
+    async def factory() -> Any:
+        yield AsyncAgentStateSaver(tenant.aio, namespace=tenant.namespace)
+
+    report = tenant.loop.run_until_complete(validate(checkpointer_test(name="acl")(factory)))
+    assert all(r.passed for r in report.results.values()), {n: r.failures for n, r in report.results.items()}
+    saver = AgentStateSaver(tenant.sync, namespace=tenant.namespace)
+    assert list(saver.list(None, limit=1))
+    with saver.lease("leased", lease_ms=3000), pytest.raises(ThreadBusy):
+        with AgentStateSaver(tenant.sync, namespace=tenant.namespace).lease("leased", wait_ms=100):
+            pass
+    assert acl_log(admin) == [], "the LangGraph savers sent something the least-privilege user may not"
