@@ -263,8 +263,19 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
     they raise ``asyncio.InvalidStateError``.
     """
 
-    def __init__(self, client: RedisClient, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        namespace: str = "agentstate",
+        serde: SerializerProtocol | None = None,
+        ttl: float | timedelta | None = None,
+        refresh_on_read: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__(
+            client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry
+        )
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
