@@ -287,6 +287,10 @@ class SaverCore:
         values: dict[str, Any] = dict(checkpoint.get("channel_values") or {})
         body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         versions = dict(checkpoint.get("channel_versions") or {})
+        if versions and all(isinstance(v, str) for v in versions.values()):
+            # Rebuilt on read from the list of blob fields, which names each channel and version:
+            # stored once, not twice (a large share of a checkpoint's bytes).
+            del body["channel_versions"]
         md = get_serializable_checkpoint_metadata(config, metadata)
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
@@ -439,8 +443,10 @@ class SaverCore:
         parent, checkpoint, metadata = self._record(reply[1], keys.records)
         values: dict[str, Any] = {}
         blobs = reply[2]
+        rebuilt: dict[str, str] = {}
         for i in range(0, len(blobs), 2):
-            ch = _text(blobs[i]).split(SEP)[1]
+            _, ch, version = _text(blobs[i]).split(SEP)
+            rebuilt[ch] = version
             chain = blobs[i + 1]
             if chain:
                 value = self._rebuild(chain, keys.blobs)
@@ -454,6 +460,8 @@ class SaverCore:
                 raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
             writes.append((writes_sort_key(path, task, idx), (task, channel, self.serde.loads_typed((kind, data)))))
         writes.sort(key=lambda w: w[0])
+        if "channel_versions" not in checkpoint:
+            checkpoint["channel_versions"] = rebuilt
         return CheckpointTuple(
             config=_config(tid, ns, cid),
             checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
