@@ -620,3 +620,12 @@ def test_the_compiled_graph_uses_the_allowlisted_serde_and_shares_leases(backend
         with pytest.raises(ThreadBusy):
             _plain_graph(other).invoke({"messages": ["b"]}, cfg)
     assert graph.get_state(cfg).values["messages"][0] == "a"
+
+
+def test_list_by_checkpoint_id_without_a_namespace(saver: Any, twin_loop):
+    first = _put(saver, twin_loop, "t")
+    _put(saver, twin_loop, "t", first)
+    cid = first["configurable"]["checkpoint_id"]
+    found = _call(saver, twin_loop, "list", {"configurable": {"thread_id": "t", "checkpoint_id": cid}})
+    assert [t.checkpoint["id"] for t in found] == [cid]
+    assert len(_call(saver, twin_loop, "list", {"configurable": {"thread_id": "t"}}, limit=1)) == 1

@@ -74,7 +74,7 @@ scripts.add_prelude(LG_SCRIPTS, "_lg")
 SEP = "\0"
 #: Checkpoints fetched per list round trip.
 LIST_PAGE = 100
-#: At most this many tails in a row before a list channel is stored in full again.
+#: Tails between anchors, and anchors between full copies, of a list channel (see above).
 TAIL_CHAIN = 64
 #: Threads x channels whose last written list this saver remembers (to store tails).
 TAIL_CACHE = 4096
@@ -757,27 +757,34 @@ class Lister:
         tid = self.threads[self.thread_index]
         keys = self.core.thread_key_set(tid)
         hi, lo = self._bounds()
-        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, LIST_PAGE])
-        members, records = reply
-        if len(members) < LIST_PAGE:
+        # Without a metadata filter every checkpoint of the page is read: whole, in the same round trip.
+        whole = not self.filter
+        page = self.page_size(whole)
+        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, page, "1" if whole else "0"])
+        members, items = reply
+        if len(members) < page:
             self.thread_index += 1
             self.hi = None
         else:
             self.hi = "(" + _text(members[-1])
         out: list[CheckpointTuple] = []
-        for m, rec in zip(members, records, strict=True):
-            if rec is None:
-                continue
+        for m, item in zip(members, items, strict=True):
+            if item is None:
+                continue  # deleted under the index (not by this library's scripts, which do both)
             ns, _, cid = _text(m).partition(SEP)
+            if self.cid is not None and cid != self.cid:
+                continue
             if self.before is not None and cid >= self.before:
                 continue
-            if self.filter:
-                md = self.core._metadata(rec, keys.records)
+            if whole:
+                got = item
+            else:
+                md = self.core._metadata(item, keys.records)
                 if not all(md.get(k) == v for k, v in self.filter.items()):
                     continue
-            got = yield Call(LG_GET, keys.as_list(), [ns, cid, ""])
-            if not got:
-                continue  # deleted between the page and this read
+                got = yield Call(LG_GET, keys.as_list(), [ns, cid, ""])
+                if not got:
+                    continue  # deleted between the page and this read
             out.append(self.core._tuple(tid, got))
             if self.left is not None:
                 self.left -= 1
@@ -785,3 +792,9 @@ class Lister:
                     self.done = True
                     break
         return out
+
+    def page_size(self, whole: bool) -> int:
+        """Checkpoints per round trip: no more than the listing still needs when they are read whole."""
+        if whole and self.left is not None:
+            return max(1, min(LIST_PAGE, self.left))
+        return LIST_PAGE

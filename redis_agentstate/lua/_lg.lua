@@ -184,3 +184,17 @@ local function drop_thread(tid)
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
   redis.call('ZREM', KEYS[8], tid)
 end
+
+-- Checkpoint <ns>\0<cid> with everything a reader needs: {member, record, blobs, writes}
+-- (blobs = {field, {value, base value, ...}, ...}, each tail chain newest first;
+-- writes = its packed pending writes, '' if none), or nil if there is no such checkpoint.
+local function checkpoint_reply(member)
+  local record = redis.call('HGET', KEYS[2], member)
+  if not record then return nil end
+  local blobs = {}
+  for _, f in ipairs(split_fields(reads_of(record))) do
+    blobs[#blobs + 1] = f
+    blobs[#blobs + 1] = chain(f)
+  end
+  return {member, record, blobs, redis.call('HGET', KEYS[5], member) or ''}
+end
