@@ -629,3 +629,20 @@ def test_list_by_checkpoint_id_without_a_namespace(saver: Any, twin_loop):
     found = _call(saver, twin_loop, "list", {"configurable": {"thread_id": "t", "checkpoint_id": cid}})
     assert [t.checkpoint["id"] for t in found] == [cid]
     assert len(_call(saver, twin_loop, "list", {"configurable": {"thread_id": "t"}}, limit=1)) == 1
+
+
+def test_a_tail_chain_that_loops_is_corrupt_state(saver: Any, backend: Any, namespace: str, twin_loop):
+    stored = _call(
+        saver,
+        twin_loop,
+        "put",
+        generate_config("loop"),
+        generate_checkpoint(channel_values={"a": [1]}, channel_versions={"a": "v1"}),
+        generate_metadata(),
+        {"a": "v1"},
+    )
+    k = Keys(namespace).thread("loop")
+    _raw(backend).hset(k.blobs, "\0a\0v1", b"T2:v1" + b"\x92\xa4json\xc4\x02[]")  # its own base
+    with pytest.raises(CorruptState) as err:
+        _call(saver, twin_loop, "get_tuple", stored)
+    assert err.value.key == k.blobs

@@ -93,6 +93,15 @@ end
 
 -- The stored values of blob field f, newest first: a tail chain ends at a full value
 -- (or at a missing base, which the reader reports as corrupt).
+local MAX_CHAIN = 4096
+-- What checkpoint_reply answers for a tail chain that never ends (the script then replies
+-- corrupt_chain(), an error reply naming KEYS[4]; see _ops.CORRUPT_REPLY).
+local LOOPED = 'looped'
+
+local function corrupt_chain()
+  return redis.error_reply('AGENTSTATE_CORRUPT 4 tail-chain')
+end
+
 local function chain(f)
   local out = {}
   local v = redis.call('HGET', KEYS[4], f)
@@ -100,6 +109,8 @@ local function chain(f)
     out[#out + 1] = v
     f = base_of(f, v)
     if not f then break end
+    -- The library's chains are at most 2 * TAIL_CHAIN long; a loop is data it did not write.
+    if #out > MAX_CHAIN then return nil end
     v = redis.call('HGET', KEYS[4], f)
   end
   return out
@@ -187,14 +198,17 @@ end
 
 -- Checkpoint <ns>\0<cid> with everything a reader needs: {member, record, blobs, writes}
 -- (blobs = {field, {value, base value, ...}, ...}, each tail chain newest first;
--- writes = its packed pending writes, '' if none), or nil if there is no such checkpoint.
+-- writes = its packed pending writes, '' if none), nil if there is no such checkpoint, or
+-- LOOPED if one of its tail chains never ends.
 local function checkpoint_reply(member)
   local record = redis.call('HGET', KEYS[2], member)
   if not record then return nil end
   local blobs = {}
   for _, f in ipairs(split_fields(reads_of(record))) do
+    local c = chain(f)
+    if not c then return LOOPED end
     blobs[#blobs + 1] = f
-    blobs[#blobs + 1] = chain(f)
+    blobs[#blobs + 1] = c
   end
   return {member, record, blobs, redis.call('HGET', KEYS[5], member) or ''}
 end

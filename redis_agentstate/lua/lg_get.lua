@@ -16,5 +16,6 @@ else
 end
 local reply = checkpoint_reply(member)
 if not reply then return {} end
+if reply == LOOPED then return corrupt_chain() end
 touch(ttl)
 return reply

@@ -11,5 +11,8 @@ local members = redis.call('ZREVRANGEBYLEX', KEYS[3], ARGV[1], ARGV[2], 'LIMIT',
 if #members == 0 then return {{}, {}} end
 if ARGV[4] ~= '1' then return {members, redis.call('HMGET', KEYS[2], unpack(members))} end
 local out = {}
-for i, m in ipairs(members) do out[i] = checkpoint_reply(m) or false end
+for i, m in ipairs(members) do
+  out[i] = checkpoint_reply(m) or false
+  if out[i] == LOOPED then return corrupt_chain() end
+end
 return {members, out}
