@@ -7,6 +7,9 @@ from typing import Any
 
 BEGIN = "<!-- results:begin (written by python -m benchmarks; do not edit by hand) -->"
 END = "<!-- results:end -->"
+#: The LangGraph figure is opt-in (``--only langgraph``): its table has a block of its own.
+LANGGRAPH_BEGIN = "<!-- langgraph:begin (written by python -m benchmarks --only langgraph; do not edit by hand) -->"
+LANGGRAPH_END = "<!-- langgraph:end -->"
 
 
 def _s(s: dict[str, Any] | None, digits: int = 1, unit: str = "") -> str:
@@ -284,6 +287,14 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         else:
             add(floor["status"])
         add("")
+    lg = figs.get("langgraph")
+    if lg:
+        from .langgraph_savers import markdown as langgraph_markdown
+
+        add("#### 7. LangGraph checkpointers on plain Redis: one thread growing by 2 messages per invoke")
+        add("")
+        add(langgraph_markdown(lg))
+        add("")
     if images:
         add("#### Plots")
         add("")
@@ -293,12 +304,12 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, block: str) -> None:
+def update_readme(path: str, block: str, begin: str = BEGIN, end: str = END) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    new = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _m: new, text, flags=re.S)
+    new = f"{begin}\n{block}\n{end}"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: new, text, flags=re.S)
     else:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
     with open(path, "w", encoding="utf-8") as f:

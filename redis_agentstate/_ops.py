@@ -178,7 +178,7 @@ def _translate(exc: rex.RedisError) -> BackendError:
 
 #: The error-reply prefix of a script that found data it did not write (see above).
 CORRUPT_REPLY = "AGENTSTATE_CORRUPT"
-_OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key"}
+_OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key", "thread": "LangGraph thread"}
 
 
 class _PipeCommandError(rex.ResponseError):

@@ -89,11 +89,31 @@ POOL_SCRIPTS = (
     POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
 )  # fmt: skip
 
+#: The LangGraph saver's scripts (``redis_agentstate.langgraph``; declared here with the
+#: rest, but only that extra's module registers them).
+LG_PUT = "lg_put"
+LG_PUT_WRITES = "lg_put_writes"
+LG_GET = "lg_get"
+LG_LIST = "lg_list"
+LG_DELETE_THREAD = "lg_delete_thread"
+LG_DELETE_RUNS = "lg_delete_runs"
+LG_PRUNE = "lg_prune"
+LG_DUMP = "lg_dump"
+LG_IMPORT = "lg_import"
+LG_LEASE = "lg_lease"
+LG_RENEW = "lg_renew"
+LG_RELEASE = "lg_release"
+LG_SCRIPTS = (
+    LG_PUT, LG_PUT_WRITES, LG_GET, LG_LIST, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE,
+    LG_DUMP, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
+)  # fmt: skip
+
 #: The preludes each script is built on, in order (after the rendered constants).
 PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_common") for name in CHECKPOINT_SCRIPTS},
     **{name: ("_base", "_kv") for name in KV_SCRIPTS},
     **{name: ("_base", "_pool") for name in POOL_SCRIPTS},
+    **{name: ("_base", "_lg") for name in LG_SCRIPTS},
 }
 
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),

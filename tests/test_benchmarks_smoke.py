@@ -101,6 +101,20 @@ def test_harness_quick_round(tmp_path: Path) -> None:
     _check(data)
 
 
+def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
+    """The opt-in LangGraph figure runs; every saver has a row, measured or saying why not."""
+    _need_redis_server()
+    data = _run(tmp_path, "--quick", "--only", "langgraph", timeout=300)
+    assert data["errors"] == {}
+    fig = data["figures"]["langgraph"]
+    rows = fig["contenders"]
+    ours = rows["redis_agentstate AgentStateSaver"]
+    assert ours["status"] == "ok" and ours["ms_first10"]["median"] > 0
+    assert ours["memory"][str(fig["steps"])]["own_keys"] > 0
+    assert rows["langgraph-checkpoint-redis RedisSaver"]["status"].startswith("not run")
+    assert all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows.values())
+
+
 @pytest.mark.benchmark
 @pytest.mark.slow
 def test_harness_full_figures(tmp_path: Path) -> None:
