@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
@@ -240,6 +241,26 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     store.delete("a")
 
 
+def langgraph_contract_flow(client: Any, namespace: str) -> None:
+    """Every LangGraph saver script once: put, writes, get, list, copy, prune, delete, lease/renew/release."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    from redis_agentstate.langgraph import AgentStateSaver
+
+    saver = AgentStateSaver(client, namespace=namespace)
+    with saver.lease("lg-t", lease_ms=300) as lease:
+        cfg = saver.put(generate_config("lg-t"), generate_checkpoint(), generate_metadata(run_id="r1"), {})
+        saver.put_writes(cfg, [("channel", 1)], "task-1")
+        time.sleep(0.35)  # longer than the lease: only the keeper's renewals keep it
+        assert not lease.lost
+    assert saver.get_tuple(cfg) is not None
+    assert list(saver.list(generate_config("lg-t")))
+    saver.copy_thread("lg-t", "lg-copy")
+    saver.prune(["lg-copy"], strategy="keep_latest")
+    saver.delete_for_runs(["r1"])
+    saver.delete_thread("lg-copy")
+
+
 def test_every_script_header_matches_what_its_builder_sends(
     backend: Any, namespace: str, recorded: list[_ops.Call]
 ) -> None:
@@ -250,6 +271,7 @@ def test_every_script_header_matches_what_its_builder_sends(
     pool_flow(pools)
     pools.next_event_sequence("pool-1")
     kv_flow(KeyValueStore(backend.sync_client(), namespace=namespace))
+    langgraph_contract_flow(backend.sync_client(), namespace)
     sent = {call.script for call in recorded}
     assert sent == set(scripts.PRELUDES), f"not exercised: {set(scripts.PRELUDES) - sent}"
     headers = {name: Header(name) for name in scripts.PRELUDES}

@@ -62,6 +62,7 @@ from ..scripts import (
     LG_RELEASE,
     LG_RENEW,
     LG_SCRIPTS,
+    Reply,
 )
 
 __all__ = ["LG_SCRIPTS", "Lister", "SaverCore"]
@@ -236,7 +237,7 @@ class SaverCore:
 
     def _fenced(self, reply: Any, thread_id: str, what: str) -> Any:
         """``reply`` of a fenced script, or the error it stands for (nothing was written then)."""
-        if int(reply[0]) == 1:
+        if int(reply[0]) == Reply.DONE:
             return reply
         why = _text(reply[1])
         if why == "busy":
@@ -310,7 +311,7 @@ class SaverCore:
         head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
-            if int(reply[0]) == 0 and _text(reply[1]) == "base":
+            if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
                 # The base of a tail is gone (pruned, deleted): store those values in full.
                 missing = _text(reply[2])
                 blobs = [self._full_again(b) if b[0] == missing else b for b in blobs]
@@ -596,7 +597,7 @@ class SaverCore:
         for tid in tids:
             keep = (yield from self._delta_ancestors(tid)) if strategy == "keep_latest" else []
             reply = yield Call(LG_PRUNE, self.thread_keys(tid), [tid, strategy, *keep])
-            if int(reply[0]) == 0:
+            if int(reply[0]) == Reply.REFUSED:
                 skipped.append(tid)
             else:
                 self._forget(tid)
@@ -658,8 +659,8 @@ class SaverCore:
         deadline: int | None = None
         while True:
             reply = yield Call(LG_LEASE, keys, [token, lease_ms])
-            ok, expires, now = int(reply[0]), int(reply[1]), int(reply[2])
-            if ok:
+            code, expires, now = int(reply[0]), int(reply[1]), int(reply[2])
+            if code == Reply.DONE:
                 self.tokens[tid] = token
                 return expires
             if deadline is None:
@@ -677,7 +678,7 @@ class SaverCore:
 
     def renew(self, thread_id: str, token: str, lease_ms: int) -> Op[int | None]:
         reply = yield Call(LG_RENEW, self.thread_keys(thread_id), [token, lease_ms])
-        return int(reply[1]) if int(reply[0]) == 1 else None
+        return int(reply[1]) if int(reply[0]) == Reply.DONE else None
 
     def release(self, thread_id: str, token: str) -> Op[bool]:
         if self.tokens.get(thread_id) == token:

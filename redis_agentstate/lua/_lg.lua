@@ -23,9 +23,8 @@ local SEP = '\0'
 -- Fail with WRONGTYPE before the first write if any key is of another Redis type
 -- (the driver then names the key).
 local function probe()
-  redis.call('HLEN', KEYS[1])
-  for _, i in ipairs({2, 4, 5}) do redis.call('HLEN', KEYS[i]) end
-  for _, i in ipairs({3, 6, 8, 9}) do redis.call('ZCARD', KEYS[i]) end
+  for _, key in ipairs({ KEYS[1], KEYS[2], KEYS[4], KEYS[5] }) do redis.call('HLEN', key) end
+  for _, key in ipairs({ KEYS[3], KEYS[6], KEYS[8], KEYS[9] }) do redis.call('ZCARD', key) end
   redis.call('LLEN', KEYS[7])
 end
 

@@ -4,12 +4,12 @@
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
 --   ARGV[3..]   - run ids
 -- Blobs no remaining checkpoint reads go too.
--- Returns {1, checkpoints deleted}; {0, 'busy'} / {0, 'lost'} refused by the lease.
+-- Returns {DONE, checkpoints deleted}; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease.
 local tid, token = ARGV[1], ARGV[2]
 
 probe()
 local refused = fence(token, server_now_ms())
-if refused ~= '' then return {0, refused} end
+if refused ~= '' then return {REPLY_REFUSED, refused} end
 local dropped, runs = 0, {}
 for i = 3, #ARGV do
   local run = ARGV[i]
@@ -27,4 +27,4 @@ if redis.call('ZCARD', KEYS[3]) == 0 then
 elseif dropped > 0 then
   gc_blobs()
 end
-return {1, dropped}
+return {REPLY_DONE, dropped}

@@ -2,11 +2,11 @@
 --   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
--- Returns {1} deleted; {0, 'busy'} / {0, 'lost'} refused by the lease (nothing deleted).
+-- Returns {DONE} deleted; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing deleted).
 local tid, token = ARGV[1], ARGV[2]
 
 probe()
 local refused = fence(token, server_now_ms())
-if refused ~= '' then return {0, refused} end
+if refused ~= '' then return {REPLY_REFUSED, refused} end
 drop_thread(tid)
-return {1}
+return {REPLY_DONE}

@@ -6,12 +6,12 @@
 --   ARGV[4..7]  - how many ARGV entries each part of the dump takes (records,
 --                 blobs, writes: field/value pairs; runs: members)
 --   ARGV[8..]   - the parts, in that order (see lg_dump.lua)
--- Returns {1} copied; {0, 'busy'} / {0, 'lost'} refused by the lease (nothing written).
+-- Returns {DONE} copied; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
 local tid, token, ttl = ARGV[1], ARGV[2], ARGV[3]
 
 probe()
 local refused = fence(token, server_now_ms())
-if refused ~= '' then return {0, refused} end
+if refused ~= '' then return {REPLY_REFUSED, refused} end
 local i = 8
 local function pairs_into(n, key, index)
   for j = i, i + n - 1, 2 do
@@ -31,4 +31,4 @@ for j = i, i + tonumber(ARGV[7]) - 1 do
 end
 if n_records > 0 then redis.call('ZADD', KEYS[8], 0, tid) end
 touch(ttl)
-return {1}
+return {REPLY_DONE}

@@ -6,14 +6,14 @@
 --                 DeltaChannel of a kept checkpoint replays, found by the caller)
 -- A thread under a live lease is left alone. keep_latest keeps the kept
 -- checkpoints' writes and every blob they read (tail chains included).
--- Returns {1} pruned; {0, 'busy'} skipped (leased).
+-- Returns {DONE} pruned; {REFUSED, 'busy'} skipped (leased).
 local tid, strategy = ARGV[1], ARGV[2]
 
 probe()
-if leased(server_now_ms()) then return {0, 'busy'} end
+if leased(server_now_ms()) then return {REPLY_REFUSED, 'busy'} end
 if strategy == 'delete' then
   drop_thread(tid)
-  return {1}
+  return {REPLY_DONE}
 end
 local members = redis.call('ZRANGE', KEYS[3], 0, -1)
 local keep = {}
@@ -36,4 +36,4 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
 end
 gc_runs(tid, runs)
 gc_blobs()
-return {1}
+return {REPLY_DONE}

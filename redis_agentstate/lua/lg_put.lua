@@ -7,17 +7,17 @@
 --   ARGV[5]     - the stored checkpoint: '<n>:' + the blob fields it reads (n bytes) + record
 --   ARGV[6]     - run id ('' = none)
 --   ARGV[7..]   - blob field, value pairs: the channels of new_versions only
--- Returns {1} stored; {0, 'busy'} / {0, 'lost'} refused by the lease (nothing
--- written); {0, 'base', field} a tail whose base is gone (nothing written: the
+-- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing
+-- written); {REFUSED, 'base', field} a tail whose base is gone (nothing written: the
 -- caller resends the full value).
 local tid, token, ttl, member, record, run_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 probe()
 local refused = fence(token, server_now_ms())
-if refused ~= '' then return {0, refused} end
+if refused ~= '' then return {REPLY_REFUSED, refused} end
 for i = 7, #ARGV, 2 do
   local base = base_of(ARGV[i], ARGV[i + 1])
-  if base and redis.call('HEXISTS', KEYS[4], base) == 0 then return {0, 'base', ARGV[i]} end
+  if base and redis.call('HEXISTS', KEYS[4], base) == 0 then return {REPLY_REFUSED, 'base', ARGV[i]} end
 end
 redis.call('HSET', KEYS[2], member, record)
 redis.call('ZADD', KEYS[3], 0, member)
@@ -30,4 +30,4 @@ if run_id ~= '' then
   redis.call('ZADD', KEYS[9], 0, run_id .. SEP .. tid)
 end
 touch(ttl)
-return {1}
+return {REPLY_DONE}

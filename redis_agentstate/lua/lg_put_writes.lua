@@ -6,12 +6,12 @@
 --   ARGV[4]     - <ns>\0<cid>
 --   ARGV[5..]   - triples: <task_id>\0<idx>, '1' to replace an existing write ('0' keeps
 --                 the first: a resent write is a no-op), write
--- Returns {1} stored; {0, 'busy'} / {0, 'lost'} refused by the lease (nothing written).
+-- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
 local tid, token, ttl, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 probe()
 local refused = fence(token, server_now_ms())
-if refused ~= '' then return {0, refused} end
+if refused ~= '' then return {REPLY_REFUSED, refused} end
 local entries = unpack_writes(redis.call('HGET', KEYS[5], member) or '')
 local at = {}
 for j, e in ipairs(entries) do at[e[1]] = j end
@@ -27,4 +27,4 @@ end
 redis.call('HSET', KEYS[5], member, pack_writes(entries))
 redis.call('ZADD', KEYS[8], 0, tid)
 touch(ttl)
-return {1}
+return {REPLY_DONE}

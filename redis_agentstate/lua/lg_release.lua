@@ -2,12 +2,12 @@
 --   KEYS[1..9] - the thread's keys (see _lg.lua)
 --   ARGV[1]     - lease token
 -- The notice expires after a minute so one left by nobody's wait does not pile up.
--- Returns 1 released; 0 the token did not hold it.
+-- Returns REPLY_DONE released; REPLY_REFUSED the token did not hold it.
 local token = ARGV[1]
 
-if redis.call('HGET', KEYS[1], 'holder') ~= token then return 0 end
+if redis.call('HGET', KEYS[1], 'holder') ~= token then return REPLY_REFUSED end
 redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[7])
 redis.call('RPUSH', KEYS[7], '1')
 redis.call('PEXPIRE', KEYS[7], 60000)
-return 1
+return REPLY_DONE

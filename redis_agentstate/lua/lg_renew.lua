@@ -3,12 +3,12 @@
 --   ARGV[1]     - lease token
 --   ARGV[2]     - new lease duration in ms, counted from now on the server clock
 -- An expired lease is not revived (another writer may be about to claim).
--- Returns {1, expires_at_ms} renewed; {0} not renewed.
+-- Returns {DONE, expires_at_ms} renewed; {REFUSED} not renewed.
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 
 local now = server_now_ms()
 local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
-if h[1] ~= token or (tonumber(h[2]) or 0) <= now then return {0} end
+if h[1] ~= token or (tonumber(h[2]) or 0) <= now then return {REPLY_REFUSED} end
 local expires = string.format('%d', now + lease_ms)
 redis.call('HSET', KEYS[1], 'exp', expires)
-return {1, expires}
+return {REPLY_DONE, expires}
