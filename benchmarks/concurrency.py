@@ -3,6 +3,8 @@
 * async: ``AsyncCheckpointStore`` on one event loop with N concurrent tasks
   (each loops claim + commit on its own agent task; one ``redis.asyncio``
   client, its pool opens a connection per concurrent request);
+* async_continued: the same with each task looping ``commit_and_claim``
+  (one script per cycle, the Runner's steady state);
 * procs: N worker processes, each a sync ``CheckpointStore`` on its own
   connection looping claim + commit on its own task.
 
@@ -33,7 +35,10 @@ STATE_BYTES = 1024
 # ---- async ---------------------------------------------------------------------
 
 
-async def _async_config(settings: Settings, n_tasks: int, window_s: float, tag: str) -> dict[str, Any]:
+async def _async_config(
+    settings: Settings, n_tasks: int, window_s: float, tag: str, *, continued: bool = False
+) -> dict[str, Any]:
+    """``continued``: each task loops ``commit_and_claim`` (one script per cycle) instead of claim + commit."""
     client = aioredis.Redis.from_url(settings.url, max_connections=n_tasks + 8)
     store = AsyncCheckpointStore(client, namespace=settings.ns(f"conc-{tag}"))
     state = make_state(STATE_BYTES)
@@ -48,9 +53,23 @@ async def _async_config(settings: Settings, n_tasks: int, window_s: float, tag: 
 
     async def worker(tid: str) -> None:
         n = 0
+        held = None
+        if continued:
+            held = await store.claim(tid, 1, token="w", lease_ms=30_000)
         while True:
             n += 1
             t0 = clock()
+            if held is not None:
+                held.cycle_index = n
+                held = await store.commit_and_claim(held, token="w", expected_revision=held.revision, lease_ms=30_000)
+                if held is None:
+                    raise RuntimeError("commit_and_claim fenced out")
+                t1 = clock()
+                if t1 / 1e9 >= stop_at[0]:
+                    return
+                lat.append((t1 - t0) / 1000)
+                done[0] += 1
+                continue
             cp = await store.claim(tid, n, token="w", lease_ms=30_000)
             assert cp is not None
             cp.cycle_index = n
@@ -163,7 +182,8 @@ def _bottleneck(row: dict[str, Any], cores: int) -> str:
     client = row["client_cores"]["median"]
     server = row["server_cores"]["median"] if row.get("server_cores") else None
     other = row["other_cores"]["median"] if row.get("other_cores") else 0.0
-    client_cap = 1.0 if row["mode"] == "async" else min(row["n"], cores)
+    is_async = row["mode"].startswith("async")
+    client_cap = 1.0 if is_async else min(row["n"], cores)
     total = client + (server or 0.0) + other
     if server is not None and server >= 0.85:
         return "server CPU (redis-server's one thread is saturated)"
@@ -173,7 +193,7 @@ def _bottleneck(row: dict[str, Any], cores: int) -> str:
             f" of {cores} cores"
         )
     if client >= 0.85 * client_cap:
-        return "client CPU" + (" (one event loop = one core)" if row["mode"] == "async" else "")
+        return "client CPU" + (" (one event loop = one core)" if is_async else "")
     return "round-trip latency (neither CPU is saturated; each request waits for its reply)"
 
 
@@ -189,7 +209,13 @@ def run(settings: Settings) -> dict[str, Any]:
     else:
         async_levels, proc_levels, window = [1, 8, 64, 256], [1, 2, 4, 8], 2.0
     rounds = settings.rounds if settings.quick else max(3, settings.rounds // 3)
-    configs = [("async", n) for n in async_levels] + [("procs", n) for n in proc_levels]
+    # async_continued: the same tasks looping commit_and_claim (issue 11's async target is at 64 tasks).
+    continued_levels = [8] if settings.quick else [64]
+    configs = (
+        [("async", n) for n in async_levels]
+        + [("async_continued", n) for n in continued_levels]
+        + [("procs", n) for n in proc_levels]
+    )
     raw: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
     rng = random.Random(settings.seed + 3)
     for r in range(rounds):
@@ -197,8 +223,8 @@ def run(settings: Settings) -> dict[str, Any]:
         rng.shuffle(order)
         for mode, n in order:
             tag = f"{mode}{n}-{r}"
-            if mode == "async":
-                res = asyncio.run(_async_config(settings, n, window, tag))
+            if mode.startswith("async"):
+                res = asyncio.run(_async_config(settings, n, window, tag, continued=mode == "async_continued"))
             else:
                 res = _procs_config(settings, n, window, tag)
             raw[(mode, n)].append(res)
@@ -221,7 +247,7 @@ def run(settings: Settings) -> dict[str, Any]:
         row["bottleneck"] = _bottleneck(row, cores)
         rows.append(row)
     return {
-        "title": "Concurrency: claim + commit cycles/s and latency (1 KiB state)",
+        "title": "Concurrency: claim + commit (async_continued: commit_and_claim) cycles/s and latency (1 KiB state)",
         "window_s": window,
         "rounds": rounds,
         "cores": cores,

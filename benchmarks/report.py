@@ -7,6 +7,9 @@ from typing import Any
 
 BEGIN = "<!-- results:begin (written by python -m benchmarks; do not edit by hand) -->"
 END = "<!-- results:end -->"
+#: The LangGraph figure is opt-in (``--only langgraph``): its table has a block of its own.
+LANGGRAPH_BEGIN = "<!-- langgraph:begin (written by python -m benchmarks --only langgraph; do not edit by hand) -->"
+LANGGRAPH_END = "<!-- langgraph:end -->"
 
 
 def _s(s: dict[str, Any] | None, digits: int = 1, unit: str = "") -> str:
@@ -42,6 +45,43 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": bool(speedup and speedup["median"] >= 1.25),
             }
         )
+        cont = r.get("lock_over_continue")
+        if cont is not None:
+            out.append(
+                {
+                    "id": "continue_vs_lock",
+                    "what": "redis-py Lock acquire+SET+release / commit_and_claim (steady loop, 1 KiB)",
+                    "goal": ">= 1.6",
+                    "measured": cont,
+                    "met": bool(cont["median"] >= 1.6),
+                }
+            )
+        if vs_floor is not None:
+            out.append(
+                {
+                    "id": "single_vs_floor_issue11",
+                    "what": "claim + commit (1 KiB) / 2 no-op EVALSHA (issue 11: 1.3; moonshot 1.2)",
+                    "goal": "<= 1.3",
+                    "measured": vs_floor,
+                    "met": bool(vs_floor["median"] <= 1.3),
+                }
+            )
+        srv = single.get("server_us")
+        if srv:
+            for key, what, goal in (
+                ("claim_commit_us", "server us per claim + commit cycle (both scripts, INFO commandstats)", 15.0),
+                ("commit_and_claim_us", "server us per commit_and_claim (INFO commandstats)", 10.0),
+            ):
+                v = srv[key]
+                out.append(
+                    {
+                        "id": key,
+                        "what": what,
+                        "goal": f"<= {goal:g} us",
+                        "measured": {"median": v, "p10": v, "p90": v, "unit": "us"},
+                        "met": bool(v <= goal),
+                    }
+                )
     hist = figs.get("history")
     if hist:
         ratio = hist.get("ratio")
@@ -96,8 +136,9 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         add("| --- | --- | --- | --- | --- |")
         for t in tg:
             quiet = (t["measured"] or {}).get("quiet")
+            unit = " us" if (t["measured"] or {}).get("unit") == "us" else "x"
             add(
-                f"| {t['what']} | {t['goal']} | {_s(t['measured'], 2, 'x')} | "
+                f"| {t['what']} | {t['goal']} | {_s(t['measured'], 2, unit)} | "
                 f"{'-' if quiet is None else f'{quiet:.2f}x'} | {'yes' if t['met'] else '**no**'} |"
             )
         add("")
@@ -127,6 +168,15 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
                 f"| {_s(r['vs_floor'], 2)} | {_s(r['speedup_of_agentstate'], 2)} |"
             )
         add("")
+        srv = single.get("server_us")
+        if srv:
+            add(
+                "Server time per cycle, each kind run alone between two `CONFIG RESETSTAT` (INFO commandstats, "
+                f"private server): claim + commit {srv['claim_commit_us']:.2f} us in "
+                f"{srv['claim_commit_calls']:.0f} scripts; commit_and_claim {srv['commit_and_claim_us']:.2f} us in "
+                f"{srv['commit_and_claim_calls']:.0f}; a no-op EVALSHA {srv['noop_evalsha_us']:.2f} us."
+            )
+            add("")
     hist = figs.get("history")
     if hist:
         add(f"#### 2. {hist['title']}")
@@ -237,6 +287,14 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         else:
             add(floor["status"])
         add("")
+    lg = figs.get("langgraph")
+    if lg:
+        from .langgraph_savers import markdown as langgraph_markdown
+
+        add("#### 7. LangGraph checkpointers on plain Redis: one thread growing by 2 messages per invoke")
+        add("")
+        add(langgraph_markdown(lg))
+        add("")
     if images:
         add("#### Plots")
         add("")
@@ -246,12 +304,12 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, block: str) -> None:
+def update_readme(path: str, block: str, begin: str = BEGIN, end: str = END) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    new = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _m: new, text, flags=re.S)
+    new = f"{begin}\n{block}\n{end}"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: new, text, flags=re.S)
     else:
         text = text.rstrip("\n") + "\n\n" + new + "\n"
     with open(path, "w", encoding="utf-8") as f:

@@ -23,7 +23,19 @@ import redis
 
 from redis_agentstate.embedded import EmbeddedServer, start_embedded
 
-from . import concurrency, floor, history, payload, plots, pool_scale, pools, profile_hot, report, single
+from . import (
+    concurrency,
+    floor,
+    history,
+    langgraph_savers,
+    payload,
+    plots,
+    pool_scale,
+    pools,
+    profile_hot,
+    report,
+    single,
+)
 from ._util import Settings, git_state, machine_info, server_modules, server_pid_of, versions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,6 +54,7 @@ FIGURES: dict[str, Callable[[Settings], dict[str, Any]]] = {
 #: Figures that run only when named in ``--only`` (long set-ups, budgets rather than comparisons).
 OPT_IN: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pool_scale": pool_scale.run,
+    "langgraph": langgraph_savers.run,
 }
 
 
@@ -138,16 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(path + ".tmp", path)
     block = report.markdown(results, images if os.path.abspath(args.out) == DEFAULT_OUT else [])
     print(block)
-    write_readme = args.readme == "yes" or (
-        args.readme == "auto"
-        and not args.quick
-        and not args.only
-        and not errors
-        and os.path.abspath(args.out) == DEFAULT_OUT
+    # An opt-in figure alone (e.g. --only langgraph) never rewrites the main tables.
+    write_readme = not set(only) <= set(OPT_IN) and (
+        args.readme == "yes"
+        or (
+            args.readme == "auto"
+            and not args.quick
+            and not args.only
+            and not errors
+            and os.path.abspath(args.out) == DEFAULT_OUT
+        )
     )
     if write_readme:
         report.update_readme(README, block)
         print(f"[benchmarks] tables copied into {README}", file=sys.stderr)
+    if "langgraph" in figures and (
+        args.readme == "yes" or (args.readme == "auto" and not args.quick and os.path.abspath(args.out) == DEFAULT_OUT)
+    ):
+        lg_block = langgraph_savers.readme_block(results)
+        report.update_readme(README, lg_block, report.LANGGRAPH_BEGIN, report.LANGGRAPH_END)
+        print(f"[benchmarks] LangGraph table copied into {README}", file=sys.stderr)
     print(f"[benchmarks] wrote {path}", file=sys.stderr)
     return 1 if errors else 0
 

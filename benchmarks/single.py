@@ -68,6 +68,59 @@ class AgentCycle:
             raise RuntimeError("commit was fenced out in a single-writer benchmark")
 
 
+class ContinueCycle:
+    """A worker going on with its task: ``commit_and_claim`` commits cycle N and claims N + 1.
+
+    The steady state of an agent run (issue 11, section 1): one script per cycle.
+    """
+
+    def __init__(self, store: Any, task_id: str, token: str, state: dict[str, Any]) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.token = token
+        store.delete(task_id)
+        store.create(Checkpoint(task_id, shared_state=state))
+        cp = store.claim(task_id, 1, token=token, lease_ms=30_000)
+        assert cp is not None
+        self.cp = cp
+
+    def __call__(self) -> None:
+        cp = self.cp
+        cp.cycle_index = cp.claimed_cycle or cp.cycle_index + 1
+        cp.shared_state["step"] = cp.cycle_index
+        nxt = self.store.commit_and_claim(cp, token=self.token, expected_revision=cp.revision, lease_ms=30_000)
+        if nxt is None:
+            raise RuntimeError("commit_and_claim was fenced out in a single-writer benchmark")
+        self.cp = nxt
+
+
+def server_us(client: redis.Redis, store: CheckpointStore, state: dict[str, Any], n: int) -> dict[str, float]:
+    """Server microseconds per cycle from ``INFO commandstats`` (private server only: it resets the stats).
+
+    Each kind of cycle runs ``n`` times alone between two resets: claim + commit (two
+    scripts), commit_and_claim (one), and a no-op EVALSHA for scale.
+    """
+    kinds: dict[str, Callable[[], Any]] = {
+        "claim_commit": AgentCycle(store, "srv-cc", "w-srv", dict(state)),
+        "commit_and_claim": ContinueCycle(store, "srv-cac", "w-srv", dict(state)),
+        "noop_evalsha": lambda: client.evalsha(noop, 0),
+    }
+    noop = client.script_load("return 0")
+    out: dict[str, float] = {}
+    for name, cycle in kinds.items():
+        for _ in range(20):
+            cycle()
+        client.config_resetstat()
+        for _ in range(n):
+            cycle()
+        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        out[f"{name}_us"] = round(float(stats.get("usec", 0)) / n, 2)
+        out[f"{name}_calls"] = round(float(stats.get("calls", 0)) / n, 2)
+    for tid in ("srv-cc", "srv-cac"):
+        store.delete(tid)
+    return out
+
+
 def noop_evalsha(client: redis.Redis) -> Callable[[], Any]:
     sha = client.script_load("return 0")
     execute = client.execute_command
@@ -287,6 +340,12 @@ def run(settings: Settings) -> dict[str, Any]:
             round_trips=2,
         ),
         Contender(
+            "agentstate_continue",
+            "redis_agentstate: commit_and_claim (commit N + claim N+1), 1 KiB shared_state",
+            ContinueCycle(store, "task-3", "w3", dict(state)),
+            round_trips=1,
+        ),
+        Contender(
             "agentstate_lean",
             "same, proposed call path (prototype in benchmarks/_lean.py)",
             AgentCycle(store, "task-2", "w2", dict(state), lean=True),
@@ -317,6 +376,7 @@ def run(settings: Settings) -> dict[str, Any]:
     for c in contenders:
         if c.close:
             c.close()
+    server = server_us(client, store, state, 200 if settings.quick else 3000) if settings.private else None
 
     def ratio(a: str, b: str) -> dict[str, Any] | None:
         """Per-round ratios summarised, plus ``quiet``: the ratio of the two p10 batches.
@@ -347,9 +407,13 @@ def run(settings: Settings) -> dict[str, Any]:
         "cycles_per_round": cycles,
         "state_bytes": len(blob),
         "rows": rows,
+        "server_us": server,
         "ratios": {
             "agentstate_vs_floor": ratio("agentstate", "floor_evalsha"),
             "lock_over_agentstate": ratio("redis_py_lock", "agentstate"),
+            "lock_over_continue": ratio("redis_py_lock", "agentstate_continue"),
+            "continue_vs_floor": ratio("agentstate_continue", "floor_evalsha"),
+            "claim_commit_over_continue": ratio("agentstate", "agentstate_continue"),
             "lean_vs_floor": ratio("agentstate_lean", "floor_evalsha"),
             "lock_over_lean": ratio("redis_py_lock", "agentstate_lean"),
             "redis_py_floor_vs_raw": ratio("floor_evalsha", "floor_raw_socket"),

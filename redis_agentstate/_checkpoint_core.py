@@ -6,19 +6,27 @@ stores drive with their own client. Nothing here blocks or awaits.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import hashlib
 import logging
 import random
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import scripts as S
-from ._ops import Call, Op, Pipe, list_indexes, member_id, new_nonce
-from ._validate import MAX_CYCLE, MAX_LEASE_MS, MAX_REVISION, MAX_STORED_REVISION, check_id, check_int
+from ._history import History, HistoryCache, committed, hashed
+from ._ops import Batch, Call, Op, Pipe, list_indexes, member_id, new_nonce
+from ._validate import (
+    MAX_CLAIM_FROM_REVISION,
+    MAX_CYCLE,
+    MAX_LEASE_MS,
+    MAX_REVISION,
+    MAX_STORED_REVISION,
+    check_id,
+    check_int,
+)
 from .codec import decode, encode
 from .errors import (
     AlreadyClaimed,
@@ -31,6 +39,7 @@ from .errors import (
 )
 from .keys import SHARDS, Keys, TaskKeys
 from .models import AgentStatus, Checkpoint
+from .scripts import Reply
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
 
@@ -40,117 +49,6 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 #: How long acknowledge_terminal keeps its tombstone, so a re-send still reports success.
 ACK_REMEMBER_MS = 3_600_000
 _STATUSES = {s.value: s for s in AgentStatus}
-
-
-@dataclass(slots=True)
-class _History:
-    """What this client knows is stored: the first ``n_m``/``n_c`` entries of the lists, at ``epoch``.
-
-    ``revision`` is the checkpoint's revision when those counts were read or
-    written; ``hash_m``/``hash_c`` are blake2b states over the stored blobs of
-    exactly those entries (never updated in place: copied, then extended), so
-    a write's identity digests its whole history at O(delta) cost.
-    ``lent``: the lists are held by a reader who may still append to them, so
-    the next read must not hand them out again.
-    """
-
-    epoch: bytes
-    messages: list[Any]
-    cycles: list[Any]
-    n_m: int
-    n_c: int
-    revision: int
-    hash_m: Any
-    hash_c: Any
-    lent: bool = False
-
-    def usable(self) -> bool:
-        # Someone shortened a list we handed out: we can no longer vouch for it.
-        return len(self.messages) >= self.n_m and len(self.cycles) >= self.n_c
-
-    def intact(self) -> bool:
-        """Holds exactly the stored entries (nobody appended to the lists since)."""
-        return len(self.messages) == self.n_m and len(self.cycles) == self.n_c
-
-
-class HistoryCache:
-    """Decoded message and cycle histories by task, so reads fetch only new entries.
-
-    Each read hands out list objects that no other read holds: ``load`` always
-    a new list (a copy of references, no decoding), a claim the cached lists
-    themselves when nobody else holds them (the previous claimant committed
-    and so handed them over), else a copy. A commit adopts, without copying,
-    the lists of the claim it commits. A cycle then costs what it appends, not
-    what came before, and one reader's uncommitted appends never reach
-    another's commit. Only the first ``n_m``/``n_c`` entries are ever trusted,
-    so entries a caller appends but never commits are ignored; the library
-    itself never mutates a cached list. The one rule for callers is the
-    append-only contract of ``Checkpoint``.
-    """
-
-    def __init__(self, max_tasks: int) -> None:
-        self.max_tasks = max_tasks
-        self._entries: OrderedDict[str, _History] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, task_id: str) -> _History | None:
-        if not self.max_tasks:
-            return None
-        with self._lock:
-            entry = self._entries.get(task_id)
-            if entry is not None:
-                self._entries.move_to_end(task_id)
-            return entry
-
-    def put(self, task_id: str, entry: _History, *, lend_from: _History | None = None) -> bool:
-        """Store ``entry``; with ``lend_from``, only if that is still current and not lent (then marked lent).
-
-        Returns whether ``entry`` was stored. The check and the store are one
-        step, so two threads claiming through one store never both take the
-        same lists.
-        """
-        if not self.max_tasks:
-            return lend_from is None
-        with self._lock:
-            if lend_from is not None:
-                if self._entries.get(task_id) is not lend_from or lend_from.lent:
-                    return False
-                lend_from.lent = True
-            self._entries[task_id] = entry
-            self._entries.move_to_end(task_id)
-            while len(self._entries) > self.max_tasks:
-                self._entries.popitem(last=False)
-            return True
-
-    def drop(self, task_id: str) -> None:
-        with self._lock:
-            self._entries.pop(task_id, None)
-
-
-def _hashed(blobs: Sequence[bytes], base: Any = None) -> Any:
-    """A blake2b state over ``base``'s input followed by ``blobs`` (``base`` itself is never changed).
-
-    The blobs are whole msgpack values, each self-delimiting, so their
-    concatenation names the sequence unambiguously.
-    """
-    if base is not None and not blobs:
-        return base
-    h = hashlib.blake2b(digest_size=16) if base is None else base.copy()
-    if blobs:
-        h.update(b"".join(blobs))
-    return h
-
-
-def _committed(known: list[Any], stored: int, written: list[Any]) -> list[Any]:
-    """What Redis holds after appending ``written[stored:]`` to the ``stored`` entries we knew.
-
-    The caller's list itself when it is the list we handed out (then its
-    first entries are ours, by the append-only contract), else a new list, so
-    a caller who rebuilt old entries never sees them as stored.
-    """
-    if written is known:
-        return written
-    return known[:stored] + written[stored:]
 
 
 def _s(value: Any) -> str:
@@ -176,6 +74,60 @@ def _zset_head(reply: Any, key: str) -> tuple[str, float] | None:
     else:
         member, score = reply[0], reply[1]
     return member_id(member, key), float(score)
+
+
+#: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
+_SUMMARY_FIELDS = S.HASH_FIELDS[:7]
+_SUMMARY_STRIDE = 1 + len(_SUMMARY_FIELDS)
+_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term")
+
+
+def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
+    """One row of ``CheckpointCore.summaries`` from a task's entries of a summary.lua reply."""
+    kind = _s(entry[0])
+    if kind == "missing":
+        return None
+    try:
+        if kind != "ok":
+            raise ValueError(_s(entry[1]))
+        values = (v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:])
+        f = dict(zip(_SUMMARY_FIELDS, values, strict=True))
+        status, cycle, rev, token, claimed, lease, term = (f[name] for name in _SUMMARY_NAMES)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {
+            "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
+            "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
+            "lease_state": None, "lease_remaining_ms": None,
+        }  # fmt: skip
+    lease_ms = int(lease) if lease else None
+    return {
+        "task_id": tid,
+        "status": status,
+        "cycle_index": int(cycle),
+        "revision": int(rev),
+        "terminal": term == "1",
+        "claim_token": token or None,
+        "claimed_cycle": int(claimed) if claimed else None,
+        "lease_expires_at_ms": lease_ms,
+        "lease_state": None if not token else ("live" if lease_ms and lease_ms > now else "expired"),
+        "lease_remaining_ms": (lease_ms - now) if token and lease_ms else None,
+    }
+
+
+@dataclass(slots=True)
+class _Written:
+    """What a fenced write got back: the reply, the cache entry it was sent against (None: full
+    lists went), the entry it left in the cache when applied now, and the body it sent."""
+
+    reply: Sequence[Any]
+    known: History | None
+    entry: History | None
+    body: bytes
+
+    @property
+    def applied(self) -> bool:
+        """Applied now or before (a re-send)."""
+        return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
 
 
 class CheckpointCore:
@@ -242,7 +194,7 @@ class CheckpointCore:
         return encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {cp.task_id!r} body")
 
     def _history_part(
-        self, cp: Checkpoint, history: _History | None, upto: tuple[int, int], body: bytes
+        self, cp: Checkpoint, history: History | None, upto: tuple[int, int], body: bytes
     ) -> tuple[list[Any], list[bytes], list[bytes]]:
         """The history header (epoch, base_m, base_c) and the message and cycle blobs to send.
 
@@ -268,25 +220,36 @@ class CheckpointCore:
         return header, blobs_m, blobs_c
 
     @staticmethod
-    def _write_args(
+    def _store_argv(cp: Checkpoint, nonce: str, body: bytes, blobs_m: list[bytes], blobs_c: list[bytes]) -> list[Any]:
+        """ARGV of create.lua and save.lua (their headers give the layout)."""
+        term = "0" if cp.terminal_result is None else "1"
+        claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
+        lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
+        return [
+            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), AgentStatus(cp.status).value, term,
+            body, claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
+        ]  # fmt: skip
+
+    @staticmethod
+    def _fenced_argv(
+        script: str,
         cp: Checkpoint,
-        *,
         identity: str,
         token: str,
-        revision: int,
+        expected: int,
         body: bytes,
         part: tuple[list[Any], list[bytes], list[bytes]],
         replace: bool,
-        claimed: str = "",
-        lease: str = "",
+        claim: tuple[Any, ...] = (),
     ) -> list[Any]:
-        """ARGV for create/save/commit/finalize (layout in ``_common.lua``)."""
+        """ARGV of commit.lua, finalize.lua (which takes no token) or commit_and_claim.lua (``claim``:
+        its next_token and lease_ms): their headers give the layout."""
         (epoch, base_m, base_c), blobs_m, blobs_c = part
-        status = AgentStatus(cp.status).value
+        head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
         return [
-            identity, token, int(revision), int(cp.cycle_index), status, term, body,
-            epoch, base_m, base_c, "1" if replace else "0", claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
+            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *claim,
+            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
     @staticmethod
@@ -300,6 +263,7 @@ class CheckpointCore:
         upto: tuple[int, int],
         hash_m: Any,
         hash_c: Any,
+        claim: tuple[Any, ...] = (),
     ) -> str:
         """The identity of a fenced write: a digest of everything it writes, whoever sends it.
 
@@ -308,17 +272,19 @@ class CheckpointCore:
         history (``hash_m``/``hash_c``: the stored prefix from the cache, at
         O(delta) cost, or the caller's full lists). The same write re-sent by
         anyone (another store, after the cache moved on) has the same identity;
-        a different write at the same revision a different one.
+        a different write at the same revision a different one. ``claim``
+        (commit_and_claim: the next token) is part of what it writes; its lease
+        is not, so a re-send with another lease is still this write.
         """
         head = [kind, token, expected, int(cp.cycle_index), AgentStatus(cp.status).value,
-                cp.terminal_result is not None, replace, *upto, len(body)]  # fmt: skip
+                cp.terminal_result is not None, replace, *upto, len(body), *claim]  # fmt: skip
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
         d.update(hash_c.digest())
         d.update(body)
         return d.hexdigest()
 
-    def _cached(self, task_id: str) -> tuple[_History | None, list[Any]]:
+    def _cached(self, task_id: str) -> tuple[History | None, list[Any]]:
         h = self.history.get(task_id)
         if h is None or not h.usable():
             return None, [b"", 0, 0]
@@ -327,7 +293,7 @@ class CheckpointCore:
     # ---- reply parsing --------------------------------------------------
 
     def _checkpoint(
-        self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: _History | None, *, claim: bool
+        self, task_id: str, keys: TaskKeys, reply: Sequence[Any], at: int, cached: History | None, *, claim: bool
     ) -> Checkpoint:
         """Parse ``read_checkpoint``'s array starting at ``reply[at]``.
 
@@ -336,6 +302,7 @@ class CheckpointCore:
         read (``load``) gets lists of its own.
         """
         try:
+            # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
             status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
             blobs = reply[at + 14 :]
@@ -369,14 +336,14 @@ class CheckpointCore:
         new_c = [decode(b, key=keys.cycles, task_id=task_id) for b in blobs_c]
         if not (from_m or from_c):
             # Freshly decoded lists: nobody else holds them.
-            entry = _History(epoch, new_m, new_c, n_m, n_c, cp.revision, _hashed(blobs_m), _hashed(blobs_c), lent=True)
+            entry = History(epoch, new_m, new_c, n_m, n_c, cp.revision, hashed(blobs_m), hashed(blobs_c), lent=True)
             self.history.put(task_id, entry)
         else:
             # The script only skips entries when our cached epoch matched.
             if cached is None or cached.epoch != epoch:
                 raise CorruptState(f"history reply of task {task_id!r} skips entries we never had", task_id=task_id)
-            hash_m, hash_c = _hashed(blobs_m, cached.hash_m), _hashed(blobs_c, cached.hash_c)
-            entry = _History(epoch, cached.messages, cached.cycles, n_m, n_c, cp.revision, hash_m, hash_c, lent=True)
+            hash_m, hash_c = hashed(blobs_m, cached.hash_m), hashed(blobs_c, cached.hash_c)
+            entry = History(epoch, cached.messages, cached.cycles, n_m, n_c, cp.revision, hash_m, hash_c, lent=True)
             if not (claim and not blobs and cached.intact() and self.history.put(task_id, entry, lend_from=cached)):
                 # Lists of this reader's own (references copied, nothing decoded).
                 entry.messages = cached.messages[:from_m] + new_m
@@ -401,28 +368,17 @@ class CheckpointCore:
         keys = self._task_keys(cp.task_id)
         messages, cycles = list(cp.messages), list(cp.cycles)  # exactly what this write sends
         body = self._body(cp)
-        part = self._history_part(cp, None, (len(messages), len(cycles)), body)
-        args = self._write_args(
-            cp,
-            identity=new_nonce(),
-            token=cp.claim_token or "",
-            revision=cp.revision,
-            body=body,
-            part=part,
-            replace=True,
-            claimed="" if cp.claimed_cycle is None else str(int(cp.claimed_cycle)),
-            lease="" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms)),
-        )
+        _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
+        args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c)
         reply = yield Call(script, keys.as_list(), args)
-        if reply[0] == 0:
+        if reply[0] == Reply.REFUSED:
             return False
-        if reply[0] == 2:
+        if reply[0] == Reply.DONE_BEFORE:
             # A re-send: reply[1] is the epoch now, which may name a history written since.
             self.history.drop(cp.task_id)
             return True
-        _, blobs_m, blobs_c = part
-        entry = _History(reply[1], messages, cycles, len(messages), len(cycles), int(cp.revision),
-                         _hashed(blobs_m), _hashed(blobs_c))  # fmt: skip
+        entry = History(reply[1], messages, cycles, len(messages), len(cycles), int(cp.revision),
+                         hashed(blobs_m), hashed(blobs_c))  # fmt: skip
         self.history.put(cp.task_id, entry)
         return True
 
@@ -443,18 +399,24 @@ class CheckpointCore:
         cached, have = self._cached(tid)
         reply = yield Call(S.CLAIM, keys.as_list(), [token, cycle_index, lease_ms, *have])
         code = reply[0]
-        if code in (1, 2):
+        if code in (Reply.DONE, Reply.DONE_BEFORE):
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
-        if code == 0:
+        if code == Reply.REFUSED:
             return None
-        detail = _s(reply[1])
-        if code in (-3, -4, -5) and not detail.isdigit():
+        self._claim_refused(tid, cycle_index, code, reply)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _claim_refused(tid: str, cycle_index: int, code: int, reply: Sequence[Any]) -> None:
+        """Raise what a claim of ``cycle_index`` answered by ``code`` (claim.lua's refusals) means."""
+        detail = _s(reply[1]) if len(reply) > 1 else ""
+        if code in (Reply.CYCLE_CONFLICT, Reply.HELD, Reply.REVISION_EXHAUSTED) and not detail.isdigit():
             raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
-        if code == -1:
+        if code == Reply.TERMINAL:
             raise CheckpointTerminal(f"checkpoint for task {tid!r} is terminal (status {detail})", task_id=tid)
-        if code == -2:
+        if code == Reply.NOT_RUNNING:
             raise NotRunnable(f"checkpoint for task {tid!r} is not running (status {detail})", task_id=tid)
-        if code == -3:
+        if code == Reply.CYCLE_CONFLICT:
             found = int(detail)
             raise CycleConflict(
                 f"checkpoint cycle conflict for task {tid!r}: expected {cycle_index - 1}, found {found}",
@@ -462,20 +424,20 @@ class CheckpointCore:
                 expected=cycle_index - 1,
                 found=found,
             )
-        if code == -5:
+        if code == Reply.REVISION_EXHAUSTED:
             raise ClaimRejected(
                 f"checkpoint of task {tid!r} is at revision {detail}: a claim and its commit would run past "
                 f"the highest revision {MAX_REVISION} (nothing was written)",
                 task_id=tid,
                 revision=int(detail),
             )
-        if code == -4:
+        if code == Reply.HELD:
             raise AlreadyClaimed(
                 f"checkpoint cycle {cycle_index} for task {tid!r} is already claimed",
                 task_id=tid,
                 lease_expires_at_ms=int(detail),
             )
-        raise CorruptState(f"unexpected claim reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+        raise CorruptState(f"unexpected claim reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)
 
     #: How many successive heads of one shard claim_next tries after losing races there.
     CLAIM_NEXT_TRIES_PER_SHARD = 4
@@ -537,9 +499,9 @@ class CheckpointCore:
                     cached, have = self._cached(tid)
                     reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
                     code = reply[0]
-                    if code in (1, 2):
+                    if code in (Reply.DONE, Reply.DONE_BEFORE):
                         return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
-                    if code != 0:
+                    if code != Reply.REFUSED:
                         raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
                 except CorruptState as exc:
                     self._skipped_corrupt(exc)
@@ -568,18 +530,117 @@ class CheckpointCore:
         self.validate(cp, stores_revision=False)
         token = self._token(token)
         expected = self._revision(expected_revision, bumped=True)
-        return self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
+        written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
+        return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
         self.validate(cp, stores_revision=False)
         if cp.terminal_result is None:
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
         expected = self._revision(expected_revision, bumped=True)
-        return self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
+        written = yield from self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
+        return written.applied
+
+    def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Op[Checkpoint | None]:
+        """Commit the claimed cycle ``cp.cycle_index`` and claim the next one, in one script.
+
+        Returns the new claim (as ``claim`` would), or None when fenced out
+        (nothing written). Before anything is sent: InvalidArgument unless
+        ``cp`` is runnable (status running, no terminal_result) and its next
+        cycle is within MAX_CYCLE; ClaimRejected when the new claim's commit
+        could not be stored (the revision limit, as ``claim``). A ClaimRejected
+        subclass from Redis means a re-send (after a lost reply) whose commit
+        had applied but whose claim another worker has taken since.
+        """
+        self.validate(cp, stores_revision=False)
+        tid = cp.task_id
+        if cp.status != AgentStatus.RUNNING or cp.terminal_result is not None:
+            raise InvalidArgument(
+                f"commit_and_claim continues a runnable task: status must be running without terminal_result "
+                f"(got status {AgentStatus(cp.status).value!r}); use commit or finalize",
+                task_id=tid,
+            )
+        if cp.cycle_index >= MAX_CYCLE:
+            raise InvalidArgument(f"cycle {cp.cycle_index} is the last one: use commit", task_id=tid)
+        token = self._token(token)
+        next_token = token if next_token is None else self._token(next_token)
+        lease_ms = self._lease(lease_ms)
+        expected = self._revision(expected_revision, bumped=True)
+        if expected + 1 > MAX_CLAIM_FROM_REVISION:
+            raise ClaimRejected(
+                f"checkpoint of task {tid!r} would be at revision {expected + 1}: a claim and its commit would "
+                f"run past the highest revision {MAX_REVISION} (nothing was written; commit instead)",
+                task_id=tid,
+                revision=expected + 1,
+            )
+        w = yield from self._fenced_write(
+            "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history, (next_token, lease_ms)
+        )
+        reply, code = w.reply, w.reply[0]
+        keys = self._task_keys(tid)
+        if code == Reply.DONE and w.entry is None:
+            # Full lists were appended: the claim came back whole (commit_and_claim.lua).
+            return self._checkpoint(tid, keys, reply, 1, None, claim=True)
+        if code == Reply.DONE:
+            assert w.entry is not None
+            return self._continued(cp, w.entry, w.body, expected + 2, next_token, reply)
+        if code == Reply.DONE_BEFORE:
+            return self._checkpoint(tid, keys, reply, 1, w.known, claim=True)
+        if code == Reply.REFUSED:
+            return None
+        self._claim_refused(tid, cp.cycle_index + 1, code, reply)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _continued(
+        self, cp: Checkpoint, entry: History, body: bytes, revision: int, token: str, reply: Sequence[Any]
+    ) -> Checkpoint:
+        """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.
+
+        The state is decoded from the very body sent (objects of the claimant's
+        own, as a claim's); the history lists pass from the commit to the claim
+        as they would through the cache (``HistoryCache``).
+        """
+        tid = cp.task_id
+        keys = self._task_keys(tid)
+        shared_state, _terminal, budget = decode(body, key=keys.checkpoint, task_id=tid)
+        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
+                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
+        if not (entry.intact() and self.history.put(tid, claim, lend_from=entry)):
+            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
+            self.history.put(tid, claim)
+        return Checkpoint(
+            task_id=tid,
+            cycle_index=cp.cycle_index,
+            status=AgentStatus.RUNNING,
+            shared_state=shared_state,
+            revision=revision,
+            claim_token=token,
+            claimed_cycle=cp.cycle_index + 1,
+            lease_expires_at_ms=int(reply[2]),
+            budget_usage=budget,
+            messages=claim.messages,
+            cycles=claim.cycles,
+        )
 
     def _fenced_write(
-        self, kind: str, script: str, cp: Checkpoint, token: str, expected: int, replace: bool
-    ) -> Op[bool]:
+        self,
+        kind: str,
+        script: str,
+        cp: Checkpoint,
+        token: str,
+        expected: int,
+        replace: bool,
+        claim: tuple[Any, ...] = (),
+    ) -> Op[_Written]:
         keys = self._task_keys(cp.task_id).as_list()
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
@@ -600,59 +661,60 @@ class CheckpointCore:
         ):
             known = None
 
-        def request(h: _History | None) -> tuple[Call, Any, Any]:
+        def request(h: History | None) -> tuple[Call, Any, Any]:
             part = self._history_part(cp, h, upto, body)
             _, blobs_m, blobs_c = part
-            hash_m = _hashed(blobs_m, None if h is None else h.hash_m)
-            hash_c = _hashed(blobs_c, None if h is None else h.hash_c)
-            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c)
-            args = self._write_args(
-                cp, identity=identity, token=token, revision=expected, body=body, part=part, replace=replace
-            )
+            hash_m = hashed(blobs_m, None if h is None else h.hash_m)
+            hash_c = hashed(blobs_c, None if h is None else h.hash_c)
+            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c, claim[:1])
+            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim)
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)
         reply = yield call
-        if reply[0] == -5:
+        if reply[0] == Reply.RESEND_HISTORY:
             # Our cached view of the history was stale: send it whole; the script skips what it holds.
             # Nothing was written, so this send may carry the identity of the full lists.
             known = None
             call, hash_m, hash_c = request(None)
             reply = yield call
-        if reply[0] == -6:
+        if reply[0] == Reply.SHRINK:
             raise InvalidArgument(
                 f"checkpoint {cp.task_id!r} has fewer messages or cycles than are stored; "
                 "history is append-only (pass replace_history=True to rewrite it)",
                 task_id=cp.task_id,
                 revision=expected,
             )
-        if reply[0] not in (1, 2):
-            return False
-        if reply[0] == 2:
+        written = _Written(reply, known, None, body)
+        if reply[0] == Reply.DONE_BEFORE:
             # Applied already (a re-send): reply[1] is the epoch now, which may name a history rewritten since.
             self.history.drop(cp.task_id)
+        elif reply[0] != Reply.DONE:
+            pass
         elif replace:
-            entry = _History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
+            entry = History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
             self.history.put(cp.task_id, entry)
+            written.entry = entry
         elif known is not None:
             # Redis kept its own first n entries and appended ours after them. The
             # committed lists pass to the cache: the claimant is done with them, so
             # the next claim may take them without a copy.
-            messages = _committed(known.messages, known.n_m, cp.messages)
-            cycles = _committed(known.cycles, known.n_c, cp.cycles)
-            entry = _History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
+            messages = committed(known.messages, known.n_m, cp.messages)
+            cycles = committed(known.cycles, known.n_c, cp.cycles)
+            entry = History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
             self.history.put(cp.task_id, entry)
+            written.entry = entry
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)
-        return True
+        return written
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""
         _, keys = self._task(task_id)
         args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
         reply = yield Call(S.RENEW, keys.as_list(), args)
-        return int(reply[1]) if reply[0] == 1 else None
+        return int(reply[1]) if reply[0] == Reply.DONE else None
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> Op[bool]:
         tid, keys = self._task(task_id)
@@ -661,14 +723,48 @@ class CheckpointCore:
         # a re-send by anyone is recognised (the tombstone), a different revision is not.
         args = [f"ack:{expected}", expected, ACK_REMEMBER_MS]
         reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.as_list(), args)
-        if reply == 1:
+        if reply == Reply.DONE:
             self.history.drop(tid)
-        return bool(reply == 1)
+        return bool(reply == Reply.DONE)
 
     def delete(self, task_id: str) -> Op[None]:
         tid, keys = self._task(task_id)
         yield Call(S.DELETE, keys.as_list(), [])
         self.history.drop(tid)
+
+    #: Tasks per summary.lua call (one call per shard and chunk, all in one pipeline).
+    SUMMARY_CHUNK = 500
+
+    def summaries(self, task_ids: Sequence[str]) -> Op[tuple[int, builtins.list[dict[str, Any]]]]:
+        """Server time (ms) and one row of scalar fields per task, in ``task_ids`` order (no histories).
+
+        For operator tooling (``agentstate list``/``stats``). One pipeline of
+        ``summary.lua`` calls, one per shard (and chunk). A task whose fields
+        this library would not have written, or whose key is not a hash, is a
+        row with status ``corrupt`` and a ``corrupt`` reason (the scripts' own
+        check, ``bad_field``): one bad task does not hide the others. A task
+        deleted since it was listed has no row.
+        """
+        ids = [check_id(t, "task_id") for t in task_ids]
+        by_shard: dict[int, builtins.list[int]] = {}
+        for i, tid in enumerate(ids):
+            by_shard.setdefault(Keys.shard_of(tid), []).append(i)
+        chunks = [
+            idx[j : j + self.SUMMARY_CHUNK] for idx in by_shard.values() for j in range(0, len(idx), self.SUMMARY_CHUNK)
+        ]
+        calls = [Call(S.SUMMARY, [self._task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
+        if not calls:
+            (reply,) = yield Pipe([("TIME",)])
+            return _time_ms(reply), []
+        replies = yield Batch(calls)
+        now = int(replies[0][0])
+        rows: dict[int, dict[str, Any]] = {}
+        for chunk, reply in zip(chunks, replies, strict=True):
+            for n, i in enumerate(chunk):
+                row = _summary_row(ids[i], reply[1 + n * _SUMMARY_STRIDE : 1 + (n + 1) * _SUMMARY_STRIDE], now)
+                if row is not None:
+                    rows[i] = row
+        return now, [rows[i] for i in sorted(rows)]
 
     def list(self) -> Op[list[str]]:
         """Every task id, from the per-shard indexes, paged (never KEYS or SCAN)."""

@@ -28,7 +28,8 @@ per-key expiry check for ``count``. Keys written around this store (plain
 agent state belongs on a Redis with ``noeviction``.
 
 Batches (``get_many``, ``set_many``) are one pipeline: ``GET`` per key, and
-one ``EVAL`` of ``kv_set.lua`` per shard (per chunk) for ``set_many``.
+one ``EVALSHA`` of ``kv_set.lua`` per shard (per chunk) for ``set_many``
+(``_ops.Batch``; NOSCRIPT is handled there).
 """
 
 from __future__ import annotations
@@ -36,20 +37,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import scripts
-from ._ops import Call, Command, Op, Pipe, member_id
+from ._ops import Batch, Call, Command, Op, Pipe, member_id
 from ._validate import check_id, check_int
 from .errors import InvalidArgument
 from .keys import SHARDS, Keys
+from .scripts import KV_COUNT, KV_DELETE, KV_KEYS, KV_SCRIPTS, KV_SET
 
 __all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_VALUE_BYTES", "KV_SCRIPTS", "KvCore"]
-
-KV_SET = "kv_set"
-KV_DELETE = "kv_delete"
-KV_KEYS = "kv_keys"
-KV_COUNT = "kv_count"
-KV_SCRIPTS = (KV_SET, KV_DELETE, KV_KEYS, KV_COUNT)
-scripts.add_prelude(KV_SCRIPTS, "_kv")
 
 DEFAULT_MAX_KEY_BYTES = 512
 DEFAULT_MAX_VALUE_BYTES = 8 * 2**20
@@ -144,26 +138,25 @@ class KvCore:
         by_shard: dict[int, list[tuple[str, bytes]]] = {}
         for key, value in pairs:
             by_shard.setdefault(Keys.shard_of(key), []).append((key, value))
-        text = scripts.script_text(KV_SET)
-        commands: list[list[Any]] = []
+        calls: list[Call] = []
         for shard, group in by_shard.items():
             index = list(self.keys.kv_index(shard))
             chunk: list[tuple[str, bytes]] = []
             size = 0
             for key, value in group:
                 if chunk and (len(chunk) >= _BATCH_KEYS or size + len(value) > _BATCH_BYTES):
-                    commands.append(self._eval_set(text, index, chunk, ttl))
+                    calls.append(self._set_call(index, chunk, ttl))
                     chunk, size = [], 0
                 chunk.append((key, value))
                 size += len(value)
-            commands.append(self._eval_set(text, index, chunk, ttl))
-        if commands:
-            yield Pipe(commands)
+            calls.append(self._set_call(index, chunk, ttl))
+        if calls:
+            yield Batch(calls)
         return None
 
-    def _eval_set(self, text: str, index: list[str], chunk: list[tuple[str, bytes]], ttl: str) -> list[Any]:
+    def _set_call(self, index: list[str], chunk: list[tuple[str, bytes]], ttl: str) -> Call:
         value_keys = [self.keys.kv(k) for k, _ in chunk]
-        return ["EVAL", text, 2 + len(chunk), *index, *value_keys, ttl, *(v for _, v in chunk)]
+        return Call(KV_SET, [*index, *value_keys], [ttl, *(v for _, v in chunk)])
 
     def delete(self, key: str) -> Op[None]:
         yield Call(KV_DELETE, self._index(self._key(key)), [])
@@ -171,12 +164,11 @@ class KvCore:
 
     def keys_list(self) -> Op[list[str]]:
         """Every live key, sorted: pages of every shard's index, one pipeline per round."""
-        text = scripts.script_text(KV_KEYS)
         found: list[str] = []
         pending: dict[int, bytes] = {shard: b"-" for shard in range(SHARDS)}
         while pending:
             shards = list(pending)
-            replies = yield Pipe([("EVAL", text, 2, *self.keys.kv_index(s), pending[s], _KEYS_PAGE) for s in shards])
+            replies = yield Batch([Call(KV_KEYS, self.keys.kv_index(s), [pending[s], _KEYS_PAGE]) for s in shards])
             pending = {}
             for shard, page in zip(shards, replies, strict=True):
                 found.extend(member_id(k, self.keys.kv_index(shard)[0]) for k in page[1:])
@@ -186,6 +178,5 @@ class KvCore:
         return found
 
     def count(self) -> Op[int]:
-        text = scripts.script_text(KV_COUNT)
-        replies = yield Pipe([("EVAL", text, 2, *self.keys.kv_index(s)) for s in range(SHARDS)])
+        replies = yield Batch([Call(KV_COUNT, self.keys.kv_index(s), []) for s in range(SHARDS)])
         return sum(int(r) for r in replies)

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._validate import MAX_LEASE_MS, check_int
+from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
-from .models import Checkpoint
+from .models import AgentStatus, Checkpoint
 
 __all__ = [
     "DEFAULT_LEASE_MS",
@@ -242,7 +242,7 @@ class LeaseBase(Generic[S]):
         self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
         self._clock = clock or SYSTEM_CLOCK
         self.task_id = task_id
-        self.cycle_index = check_int(cycle_index, "cycle_index", 1, 2**32 - 1)
+        self.cycle_index = check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
         self.token = token if token is not None else new_token()
         self._store = store
         self._on_lost = on_lost
@@ -364,6 +364,39 @@ class LeaseBase(Generic[S]):
     def _write_args(self, replace_history: bool) -> dict[str, Any]:
         """A lease's commit and finalize are both the fenced commit of its claim."""
         return {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history}
+
+    def _can_continue(self, cp: Checkpoint) -> bool:
+        """Whether ``cp`` may be committed with the next cycle claimed in the same script.
+
+        Not when it is not runnable, or when the next claim would pass the
+        revision limit (the store would refuse it): then it is a plain commit.
+        """
+        return (
+            cp.status == AgentStatus.RUNNING
+            and cp.terminal_result is None
+            and self.cycle_index < MAX_CYCLE
+            and self.revision + 1 <= MAX_CLAIM_FROM_REVISION
+        )
+
+    def _continue_args(self, replace_history: bool, next_token: str | None) -> dict[str, Any]:
+        """``commit_and_claim``'s: this claim's fence, and a full lease for the next cycle."""
+        return {
+            "token": self.token,
+            "expected_revision": self.revision,
+            "lease_ms": self.timing.lease_ms,
+            "next_token": self.token if next_token is None else next_token,
+            "replace_history": replace_history,
+        }
+
+    def _successor_options(self) -> dict[str, Any]:
+        """The knobs a continued lease inherits (each shell adds its own)."""
+        return {
+            "lease_ms": self.timing.lease_ms,
+            "renew_interval_ms": self.timing.renew_interval_ms,
+            "renew_deadline_ms": self.timing.renew_deadline_ms,
+            "on_lost": self._on_lost,
+            "release_on_exit": self._release_on_exit,
+        }
 
     def _write_failed(self) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ from .clients import AsyncClient, RedisClient, SyncClient
 from .errors import AgentStateError, BackendError, BackendUnavailable, CorruptState, InvalidArgument
 from .keys import Keys, describe_key
 
-__all__ = ["Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
+__all__ = ["Batch", "Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -59,13 +59,25 @@ class Pipe:
 
 
 @dataclass(frozen=True, slots=True)
+class Batch:
+    """Independent script calls sent in one pipeline, as ``EVALSHA``; the reply is the list of their replies.
+
+    A script the server does not hold (NOSCRIPT: a ``SCRIPT FLUSH``, a
+    fail-over to a fresh node) is loaded and only the calls that missed it
+    are sent again, as redis-py's ``Script`` does for one call.
+    """
+
+    calls: Sequence[Call]
+
+
+@dataclass(frozen=True, slots=True)
 class Command:
     """One plain command sent on its own, e.g. a blocking ``XREAD`` (never pipelined)."""
 
     args: Sequence[Any]
 
 
-Request = Call | Pipe | Command
+Request = Call | Batch | Pipe | Command
 Op = Generator[Request, Any, T]
 
 #: Errors after which the request may or may not have applied. Every request
@@ -166,7 +178,7 @@ def _translate(exc: rex.RedisError) -> BackendError:
 
 #: The error-reply prefix of a script that found data it did not write (see above).
 CORRUPT_REPLY = "AGENTSTATE_CORRUPT"
-_OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key"}
+_OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key", "thread": "LangGraph thread"}
 
 
 class _PipeCommandError(rex.ResponseError):
@@ -202,6 +214,8 @@ def request_keys(req: Request) -> list[str]:
         return [_text(k) for k in req.keys]
     if isinstance(req, Command):
         return _command_keys(req.args)
+    if isinstance(req, Batch):
+        return [_text(k) for call in req.calls for k in call.keys]
     return [k for cmd in req.commands for k in _command_keys(cmd)]
 
 
@@ -254,9 +268,58 @@ def _raise_first_error(commands: Sequence[Sequence[Any]], replies: list[Any]) ->
     return replies
 
 
+def _evalsha(scripts: dict[str, Any], call: Call) -> tuple[Any, ...]:
+    return ("EVALSHA", scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+
+
+def _missed(req: Batch, replies: list[Any]) -> list[int]:
+    """Indexes of the calls of ``req`` that met NOSCRIPT."""
+    return [i for i, reply in enumerate(replies) if isinstance(reply, rex.NoScriptError)]
+
+
+def _send_batch_sync(client: SyncClient, scripts: dict[str, Any], req: Batch) -> list[Any]:
+    commands = [_evalsha(scripts, call) for call in req.calls]
+    pipe = client.pipeline(transaction=False)
+    for cmd in commands:
+        pipe.execute_command(*cmd)
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    missed = _missed(req, replies)
+    if missed:
+        for name in dict.fromkeys(req.calls[i].script for i in missed):
+            scripts[name].sha = client.script_load(scripts[name].script)
+        pipe = client.pipeline(transaction=False)
+        for i in missed:
+            commands[i] = _evalsha(scripts, req.calls[i])
+            pipe.execute_command(*commands[i])
+        for i, reply in zip(missed, pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    return _raise_first_error(commands, replies)
+
+
+async def _send_batch_async(client: AsyncClient, scripts: dict[str, Any], req: Batch) -> list[Any]:
+    commands = [_evalsha(scripts, call) for call in req.calls]
+    pipe = client.pipeline(transaction=False)
+    for cmd in commands:
+        pipe.execute_command(*cmd)
+    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    missed = _missed(req, replies)
+    if missed:
+        for name in dict.fromkeys(req.calls[i].script for i in missed):
+            scripts[name].sha = await client.script_load(scripts[name].script)
+        pipe = client.pipeline(transaction=False)
+        for i in missed:
+            commands[i] = _evalsha(scripts, req.calls[i])
+            pipe.execute_command(*commands[i])
+        for i, reply in zip(missed, await pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    return _raise_first_error(commands, replies)
+
+
 def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Batch):
+        return _send_batch_sync(client, scripts, req)
     if isinstance(req, Command):
         return client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)
@@ -268,6 +331,8 @@ def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any
 async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Batch):
+        return await _send_batch_async(client, scripts, req)
     if isinstance(req, Command):
         return await client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)

@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from . import scripts
 from ._ops import Call, Command, Op, list_indexes
 from ._validate import MAX_REVISION, check_id, check_int
 from .codec import decode, encode
@@ -50,27 +49,25 @@ from .pool_models import (
     WakeCondition,
     WakeRegistration,
 )
+from .scripts import (
+    POOL_GET,
+    POOL_JOIN,
+    POOL_LEAVE,
+    POOL_NEXT_EVENT_SEQUENCE,
+    POOL_OPEN,
+    POOL_RECORD_CREATED,
+    POOL_RECORD_MESSAGE,
+    POOL_RECORD_WAKE,
+    POOL_SCRIPTS,
+    POOL_SNAPSHOT,
+    POOL_WATCH,
+    PoolReply,
+)
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PAGE_SIZE", "POOL_SCRIPTS", "PoolCore"]
 
-POOL_OPEN = "pool_open"
-POOL_SNAPSHOT = "pool_snapshot"
-POOL_RECORD_CREATED = "pool_record_created"
-POOL_JOIN = "pool_join"
-POOL_LEAVE = "pool_leave"
-POOL_RECORD_MESSAGE = "pool_record_message"
-POOL_RECORD_WAKE = "pool_record_wake"
-POOL_NEXT_EVENT_SEQUENCE = "pool_next_event_sequence"
-POOL_WATCH = "pool_watch"
-POOL_GET = "pool_get"
-
-POOL_SCRIPTS = (
-    POOL_OPEN, POOL_SNAPSHOT, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE,
-    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
-)  # fmt: skip
 #: ARGV[1] of pool_get.lua: which of the pool's hashes to read (its KEYS index).
 _MESSAGE_DEDUPE, _WAKES, _WAKE_DEDUPE = 4, 5, 6
-scripts.add_prelude(POOL_SCRIPTS, "_pool")
 
 #: The largest record one write may send (its encoded state and payload).
 DEFAULT_MAX_RECORD_BYTES = 8 * 2**20
@@ -414,7 +411,7 @@ class PoolCore:
         return PoolNotOpen(f"agent pool {pid!r} is not open")
 
     def _cursor(self, reply: Sequence[Any], pid: str) -> Cursor:
-        if reply[0] == -1:
+        if reply[0] == PoolReply.NOT_OPEN:
             raise self._not_open(pid)
         try:
             return Cursor(int(reply[1]))
@@ -472,7 +469,7 @@ class PoolCore:
             self._take(state, page, keys)
             while any(page.cursors):
                 reply = yield Call(POOL_SNAPSHOT, keys.as_list(), [*page.cursors, self.page_size])
-                if reply[0] == -1:
+                if reply[0] == PoolReply.NOT_OPEN:
                     raise self._not_open(pid)
                 page = self._page(pid, keys, reply, 1)
                 self._take(state, page, keys)
@@ -485,7 +482,7 @@ class PoolCore:
                     replay = None
             if replay is None:
                 reply = yield Call(POOL_SNAPSHOT, keys.as_list(), ["0", "0", "0", self.page_size])
-                if reply[0] == -1:
+                if reply[0] == PoolReply.NOT_OPEN:
                     raise self._not_open(pid)
                 pos = 1
                 continue
@@ -527,7 +524,7 @@ class PoolCore:
         seq = start
         while seq < end:
             reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", min(self.page_size, end - seq)])
-            if reply[0] == -1:
+            if reply[0] == PoolReply.NOT_OPEN:
                 raise self._not_open(pid)
             head = int(reply[1])
             if head < end:
@@ -602,7 +599,7 @@ class PoolCore:
         c = check_config(config)
         blob = self._encode(_canonical(_config_map(c)), f"config of pool {pid!r}")
         reply = yield Call(POOL_OPEN, keys.as_list(), [pid, blob, self._maxlen, self.page_size])
-        if reply[0] != -1:
+        if reply[0] != PoolReply.CONFIG_CONFLICT:
             return (yield from self._assemble(pid, keys, reply, 1))
         stored = _read(reply[1], keys.state, "config", _config_of)
         if not _same(_config_map(stored), _config_map(c)):
@@ -613,7 +610,7 @@ class PoolCore:
     def snapshot(self, pool_id: str) -> Op[PoolSnapshot]:
         pid, keys = self._pool(pool_id)
         reply = yield Call(POOL_SNAPSHOT, keys.as_list(), ["0", "0", "0", self.page_size])
-        if reply[0] == -1:
+        if reply[0] == PoolReply.NOT_OPEN:
             raise self._not_open(pid)
         return (yield from self._assemble(pid, keys, reply, 1))
 
@@ -633,7 +630,7 @@ class PoolCore:
         pid, keys = self._pool(pool_id)
         rid = check_id(run_id, "run_id")
         reply = yield Call(POOL_LEAVE, keys.as_list(), [self._maxlen, self.remember_leaves, rid])
-        if reply[0] == -2:
+        if reply[0] == PoolReply.NOT_A_MEMBER:
             raise NotAMember(f"run {rid!r} is not a member of agent pool {pid!r}", key=keys.members)
         cursor = self._cursor(reply, pid)
         return _read(reply[2], keys.members, "member", _member_of), cursor
@@ -662,9 +659,9 @@ class PoolCore:
 
     def _get(self, pid: str, keys: PoolKeys, which: int, field: str) -> Op[bytes | None]:
         reply = yield Call(POOL_GET, keys.as_list(), [which, field])
-        if reply[0] == -1:
+        if reply[0] == PoolReply.NOT_OPEN:
             raise self._not_open(pid)
-        return reply[1] if reply[0] == 1 else None
+        return reply[1] if reply[0] == PoolReply.DONE else None
 
     def record_message(self, pool_id: str, message: RunMessage, receipt: MessageReceipt) -> Op[Cursor]:
         pid, keys = self._pool(pool_id)
@@ -674,7 +671,7 @@ class PoolCore:
         stored = self._encode({"message": _message_map(m), "receipt": receipt_map}, f"message {m.message_id!r}")
         args = [self._maxlen, m.message_id, m.idempotency_key, receipt_blob, stored]
         reply = yield Call(POOL_RECORD_MESSAGE, keys.as_list(), args)
-        if reply[0] == -3:
+        if reply[0] == PoolReply.MALFORMED_ENTRY:
             raise CorruptState(
                 f"dedupe entry {m.idempotency_key!r} at {keys.message_dedupe!r} is malformed", key=keys.message_dedupe
             )
@@ -693,7 +690,7 @@ class PoolCore:
         )
         args = [self._maxlen, c.condition_id, c.idempotency_key, reg_blob, stored]
         reply = yield Call(POOL_RECORD_WAKE, keys.as_list(), args)
-        if reply[0] == -3:
+        if reply[0] == PoolReply.MALFORMED_ENTRY:
             raise CorruptState(
                 f"dedupe entry {c.idempotency_key!r} at {keys.wake_dedupe!r} is malformed", key=keys.wake_dedupe
             )
@@ -768,7 +765,7 @@ class PoolCore:
             if end is not None:
                 n = min(n, end - seq)
             reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
-            if reply[0] == -1:
+            if reply[0] == PoolReply.NOT_OPEN:
                 raise self._not_open(pid)
             head = int(reply[1])
             if seq > head and out:

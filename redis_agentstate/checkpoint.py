@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
@@ -83,6 +84,35 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
             self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
 
+    def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Checkpoint | None:
+        """Commit the claimed cycle and claim the next one of the same task, in one round trip.
+
+        ``cp`` is written as ``commit`` writes it (fenced by ``token`` and
+        ``expected_revision``); then cycle ``cp.cycle_index + 1`` is claimed for
+        ``next_token`` (default: ``token``) under a lease of ``lease_ms``, and
+        that claim is returned, as ``claim`` would return it. None: fenced out,
+        nothing written. ``cp`` must be runnable (status running, no
+        ``terminal_result``), else InvalidArgument before anything is sent. A
+        re-send after a lost reply returns the same claim; a ``ClaimRejected``
+        (one of ``claim``'s) means the commit had applied but, after a lost
+        reply, the claim was taken by another worker since.
+        """
+        return self._run(
+            self._core.commit_and_claim(
+                cp, token=token, expected_revision=expected_revision, lease_ms=lease_ms, next_token=next_token,
+                replace_history=replace_history,
+            )
+        )  # fmt: skip
+
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
         return (
@@ -94,7 +124,13 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out.
+
+        For a task nobody holds a claim on (an operator closing it, say):
+        refused while any claim is held, and needs no token. A worker that
+        holds the cycle finishes it with :meth:`Lease.finalize` instead (or a
+        ``commit`` carrying ``terminal_result``), which is fenced by its token.
+        """
         return self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
@@ -104,6 +140,10 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         self._run(self._core.delete(task_id))
+
+    def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for the CLI (``CheckpointCore.summaries``)."""
+        return self._run(self._core.summaries(task_ids))
 
     def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
@@ -155,6 +195,24 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
             self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
         )
 
+    async def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Checkpoint | None:
+        """Commit the claimed cycle and claim the next one (see :meth:`CheckpointStore.commit_and_claim`)."""
+        return await self._run(
+            self._core.commit_and_claim(
+                cp, token=token, expected_revision=expected_revision, lease_ms=lease_ms, next_token=next_token,
+                replace_history=replace_history,
+            )
+        )  # fmt: skip
+
     async def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> bool:
         """Extend a live lease to ``lease_ms`` from now; False if it is no longer ours or expired."""
         return (
@@ -169,7 +227,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         )
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out."""
+        """Write a terminal checkpoint for an unclaimed task (see :meth:`CheckpointStore.finalize`)."""
         return await self._run(
             self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history)
         )
@@ -181,6 +239,10 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         await self._run(self._core.delete(task_id))
+
+    async def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+        """Server time and a summary row per task, for operator tooling (``CheckpointCore.summaries``)."""
+        return await self._run(self._core.summaries(task_ids))
 
     async def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""

@@ -43,7 +43,6 @@ import redis
 
 from .errors import AgentStateError, BackendUnavailable, InvalidArgument
 from .keys import Keys
-from .models import AgentStatus
 from .spec import StoreSpec, redact
 
 if TYPE_CHECKING:
@@ -157,75 +156,17 @@ def _namespace(args: argparse.Namespace) -> str:
 
 # ---- list / show / stats --------------------------------------------------------------------------
 
-_FIELDS = ("status", "cycle", "rev", "token", "claimed", "lease", "term")
-_STATUSES = {s.value for s in AgentStatus}
 _DIGITS = re.compile(r"[0-9]{1,16}")
 
 
-def _number(fields: dict[str, str], name: str, *, optional: bool = False) -> int | None:
-    raw = fields[name]
-    if optional and raw == "":
-        return None
-    if not _DIGITS.fullmatch(raw):
-        raise ValueError(f"malformed {name} {raw!r}")
-    return int(raw)
-
-
-def _task_row(tid: str, values: Any, now: int) -> dict[str, Any]:
-    """One row of ``task_rows``, or a row with status ``corrupt`` saying what in it is not ours."""
-    try:
-        if isinstance(values, Exception):  # e.g. WRONGTYPE: the key is not a hash
-            raise ValueError(str(values))
-        f = dict(zip(_FIELDS, (v.decode("utf-8") if v is not None else "" for v in values), strict=True))
-        if f["status"] not in _STATUSES:
-            raise ValueError(f"unknown status {f['status']!r}")
-        cycle, rev = _number(f, "cycle"), _number(f, "rev")
-        claimed, lease = _number(f, "claimed", optional=True), _number(f, "lease", optional=True)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {
-            "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
-            "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
-            "lease_state": None, "lease_remaining_ms": None,
-        }  # fmt: skip
-    return {
-        "task_id": tid,
-        "status": f["status"],
-        "cycle_index": cycle,
-        "revision": rev,
-        "terminal": f["term"] == "1",
-        "claim_token": f["token"] or None,
-        "claimed_cycle": claimed,
-        "lease_expires_at_ms": lease,
-        "lease_state": None if not f["token"] else ("live" if lease and lease > now else "expired"),
-        "lease_remaining_ms": (lease - now) if f["token"] and lease else None,
-    }
-
-
-def task_rows(
-    client: redis.Redis | RedisCluster, namespace: str, task_ids: Sequence[str]
-) -> tuple[int, list[dict[str, Any]]]:
-    """Server time (ms) and the scalar fields of each task, read in one pipeline (no histories).
+def task_rows(store: Any, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
+    """Server time (ms) and the scalar fields of each task (no histories): ``CheckpointCore.summaries``.
 
     A task whose fields this library would not have written (or whose key is
     not a hash) is a row with status ``corrupt`` and a ``corrupt`` reason: one
     bad task does not hide the others.
     """
-    keys = Keys(namespace)
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    for tid in task_ids:
-        pipe.hmget(keys.task(tid).checkpoint, *_FIELDS)
-    replies = pipe.execute(raise_on_error=False)
-    if isinstance(replies[0], Exception):
-        raise replies[0]
-    sec, usec = replies[0]
-    now = int(sec) * 1000 + int(usec) // 1000
-    rows = []
-    for tid, values in zip(task_ids, replies[1:], strict=True):
-        if not isinstance(values, Exception) and all(v is None for v in values):
-            continue  # deleted since it was listed
-        rows.append(_task_row(tid, values, now))
-    return now, rows
+    return store._summaries(task_ids)  # type: ignore[no-any-return]
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -241,7 +182,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.limit is not None and len(ids) > args.limit:
         hidden = len(ids) - args.limit
         ids = ids[: args.limit]
-    _, rows = task_rows(store.client, store.namespace, ids)
+    _, rows = task_rows(store, ids)
     if args.json:
         print(_dump(rows))
         return 0
@@ -330,7 +271,7 @@ def pool_sizes(
 
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
-    now, rows = task_rows(store.client, store.namespace, store.list())
+    now, rows = task_rows(store, store.list())
     by_status = Counter(r["status"] for r in rows)
     live = sum(1 for r in rows if r["lease_state"] == "live")
     expired = sum(1 for r in rows if r["lease_state"] == "expired")

@@ -11,6 +11,7 @@ Every exception the library raises on purpose derives from one root::
     │   ├── CycleConflict        it is at another cycle than the claim expects
     │   └── AlreadyClaimed       another token holds a live lease on it
     ├── LeaseLost                a lease keeper could not keep its lease
+    ├── ThreadBusy               another writer holds the LangGraph thread's lease
     ├── CursorExpired            retention trimmed the log past a watch cursor
     ├── PoolNotOpen              the pool was never opened
     ├── ConfigConflict           the pool is open with a different config
@@ -40,6 +41,7 @@ __all__ = [
     "NotAMember",
     "NotRunnable",
     "PoolNotOpen",
+    "ThreadBusy",
 ]
 
 
@@ -115,6 +117,11 @@ class AlreadyClaimed(ClaimRejected):
 
 class LeaseLost(AgentStateError):
     """A lease could not be kept; the work under it must stop."""
+
+
+class ThreadBusy(AgentStateError):
+    """Another writer holds the lease on this LangGraph thread (``task_id`` names the thread);
+    nothing was written."""
 
 
 class CursorExpired(AgentStateError):

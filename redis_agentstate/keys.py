@@ -5,7 +5,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:cp:<task_id>       hash   scalar fields + opaque msgpack body
     ns:{ns#SS}:msgs:<task_id>     list   one msgpack blob per message (append-only)
     ns:{ns#SS}:cycles:<task_id>   list   one msgpack blob per cycle record
-    ns:{ns#SS}:tomb:<task_id>     string nonce of the last acknowledge_terminal (TTL)
+    ns:{ns#SS}:tomb:<task_id>     string the write ring of an acknowledged task (TTL; see _common.lua)
     ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
@@ -29,6 +29,27 @@ Key/value seam (``SS`` is the shard of the key)::
     ns:{ns#SS}:kvkeys             zset   every key of shard SS (score 0, lex order)
     ns:{ns#SS}:kvttl              zset   keys of shard SS that have a TTL -> expiry (unix ms)
 
+LangGraph threads (``redis_agentstate.langgraph``; ``SS`` is the shard of the thread id;
+``<ns>`` is the checkpoint namespace, ``<cid>`` the checkpoint id, fields joined by NUL)::
+
+    ns:{ns#SS}:lgmeta:<thread_id>   hash   holder, exp: the thread's lease (absent when free)
+    ns:{ns#SS}:lgcp:<thread_id>     hash   <ns>\0<cid> -> the blob fields it reads + checkpoint record
+    ns:{ns#SS}:lgidx:<thread_id>    zset   <ns>\0<cid>, score 0 (lex order = newest last)
+    ns:{ns#SS}:lgblob:<thread_id>   hash   <ns>\0<channel>\0<version> -> channel value
+    ns:{ns#SS}:lgw:<thread_id>      hash   <ns>\0<cid> -> its pending writes, packed
+    ns:{ns#SS}:lgrun:<thread_id>    zset   <run_id>\0<ns>\0<cid>, score 0
+    ns:{ns#SS}:lgrel:<thread_id>    list   release notices for lease waiters (BLPOP)
+    ns:{ns#SS}:lgthreads            zset   every thread id of shard SS (score 0)
+    ns:{ns#SS}:lgruns               zset   <run_id>\0<thread_id> of shard SS (score 0)
+
+The fleet demo's bookkeeping (``agentstate demo`` only, never the library;
+outside the shard tags, so not matched by ``pattern()``)::
+
+    ns:demo:stats                 hash   counters (cycles, done, takeovers, ...)
+    ns:demo:busy                  hash   worker id -> "<task_id>:<cycle>" it is working on
+    ns:demo:acks                  list   one JSON record per acknowledged commit
+    ns:demo:ready                 hash   worker id -> pid, once the worker started
+
 ``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
 task id, so that the shard's indexes (``tasks``, ``ready``) share the slot of
 every task in it: each script then updates state and index atomically, on a
@@ -50,7 +71,17 @@ from dataclasses import dataclass
 
 from .errors import InvalidArgument
 
-__all__ = ["KEY_TYPES", "MAX_ID_BYTES", "SHARDS", "Keys", "PoolKeys", "TaskKeys", "describe_key", "validate_namespace"]
+__all__ = [
+    "KEY_TYPES",
+    "MAX_ID_BYTES",
+    "SHARDS",
+    "Keys",
+    "PoolKeys",
+    "TaskKeys",
+    "ThreadKeys",
+    "describe_key",
+    "validate_namespace",
+]
 
 SHARDS = 64
 MAX_ID_BYTES = 1024
@@ -64,14 +95,19 @@ KEY_TYPES = {
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
     "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
+    "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
+    "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
 }  # fmt: skip
+_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
+#: The keys of the fleet demo (``Keys.demo``).
+DEMO_KEYS = ("stats", "busy", "acks", "ready")
 
 
 def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
     """``(redis type, owner kind, owner id)`` of a key built here, e.g. ``("hash", "task", "t1")``.
 
-    The owner kind is ``"task"``, ``"pool"``, ``"key"`` (a key/value key) or
+    The owner kind is ``"task"``, ``"pool"``, ``"key"`` (a key/value key), ``"thread"`` (a LangGraph thread) or
     None for a shard's own keys (its indexes, its epoch counter); an unknown
     key gives ``(None, None, None)``. Used to name what corrupt data belongs to.
     """
@@ -88,6 +124,8 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "pool", ident
     if kind == "kv":
         return KEY_TYPES[kind], "key", ident
+    if kind in _THREAD_KINDS:
+        return KEY_TYPES[kind], "thread", ident
     return KEY_TYPES[kind], None, None
 
 
@@ -139,6 +177,25 @@ class PoolKeys:
                 self.wakes, self.wake_dedupe, self.log, self.pools, self.runs, self.left]  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadKeys:
+    """The keys of one LangGraph thread, in the order every ``lg_*`` script takes them."""
+
+    meta: str
+    records: str
+    index: str
+    blobs: str
+    writes: str
+    runs: str
+    released: str
+    shard_threads: str
+    shard_runs: str
+
+    def as_list(self) -> list[str]:
+        return [self.meta, self.records, self.index, self.blobs, self.writes,
+                self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
+
+
 class Keys:
     """Key builder for one namespace."""
 
@@ -188,6 +245,26 @@ class Keys:
             left=p + "pool-left:" + pool_id,
         )
 
+    def thread(self, thread_id: str) -> ThreadKeys:
+        p = self._shard_prefixes[self.shard_of(thread_id)]
+        return ThreadKeys(
+            meta=p + "lgmeta:" + thread_id,
+            records=p + "lgcp:" + thread_id,
+            index=p + "lgidx:" + thread_id,
+            blobs=p + "lgblob:" + thread_id,
+            writes=p + "lgw:" + thread_id,
+            runs=p + "lgrun:" + thread_id,
+            released=p + "lgrel:" + thread_id,
+            shard_threads=p + "lgthreads",
+            shard_runs=p + "lgruns",
+        )
+
+    def shard_threads(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "lgthreads"
+
+    def shard_runs(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "lgruns"
+
     def shard_pools(self, shard: int) -> str:
         return self._shard_prefixes[shard] + "pools"
 
@@ -199,6 +276,12 @@ class Keys:
         """``(kvkeys, kvttl)``: shard ``shard``'s key index and its expiry index."""
         p = self._shard_prefixes[shard]
         return p + "kvkeys", p + "kvttl"
+
+    def demo(self, name: str) -> str:
+        """A key of the fleet demo's bookkeeping, e.g. ``demo("stats")`` (see the layout above)."""
+        if name not in DEMO_KEYS:
+            raise InvalidArgument(f"unknown demo key {name!r}; one of {DEMO_KEYS}")
+        return f"{self.namespace}:demo:{name}"
 
     def pattern(self) -> str:
         """A glob matching every key of this namespace and no other (for ACL rules and tooling).

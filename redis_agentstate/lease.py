@@ -64,7 +64,7 @@ from ._lease_core import (
     log,
     monotonic,
 )
-from .errors import LeaseLost
+from .errors import ClaimRejected, LeaseLost
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -220,6 +220,9 @@ class Lease(LeaseBase["CheckpointStore"]):
 
         One fenced write: the claim ends and the task becomes terminal
         atomically, so no other worker can claim a further cycle in between.
+        It is a ``commit`` under this lease's token. Not the same operation as
+        :meth:`CheckpointStore.finalize`, which writes a terminal checkpoint
+        for a task that nobody holds a claim on (and is refused while one does).
         """
         self._write(cp, final=True, replace_history=replace_history)
 
@@ -232,6 +235,42 @@ class Lease(LeaseBase["CheckpointStore"]):
             raise
         self._after_write(applied, "finalized" if final else "committed")
         self._stop.set()
+
+    def commit_and_claim(
+        self, cp: Checkpoint, *, replace_history: bool = False, next_token: str | None = None
+    ) -> Lease | None:
+        """Commit the claimed cycle and claim the next one of the same task, in one round trip.
+
+        Ends this lease like :meth:`commit` (and raises :class:`LeaseLost` the
+        same way) and returns the next cycle's lease, claimed for
+        ``next_token`` (default: this lease's token) with this lease's knobs;
+        its keeper starts on ``with``. None when the cycle was committed but
+        the next was not claimed: ``cp`` is not runnable (a plain commit then),
+        or, after a lost reply, another worker has claimed it since.
+        """
+        if not self._can_continue(cp):
+            self.commit(cp, replace_history=replace_history)
+            return None
+        self._check_write(cp, final=False)
+        sent = self._clock.now()
+        try:
+            nxt = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
+        except ClaimRejected:
+            # Only a re-send raises it: the commit had applied, the claim was taken since.
+            nxt = None
+            self._after_write(True, "committed")
+        except BaseException:
+            self._write_failed()
+            raise
+        else:
+            self._after_write(nxt is not None, "committed")
+        self._stop.set()
+        if nxt is None:
+            return None
+        lease = Lease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
+                      clock=self._clock, **self._successor_options())  # fmt: skip
+        lease._adopt(nxt, sent)
+        return lease
 
     def release(self, *, after_ms: int = 1) -> bool:
         """Give the cycle up: it becomes claimable again after ``after_ms``. False if it was not ours any more."""
@@ -416,6 +455,35 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         self._after_write(applied, "finalized" if final else "committed")
         if self._stop is not None:
             self._stop.set()
+
+    async def commit_and_claim(
+        self, cp: Checkpoint, *, replace_history: bool = False, next_token: str | None = None
+    ) -> AsyncLease | None:
+        """Commit the claimed cycle and claim the next one (see :meth:`Lease.commit_and_claim`)."""
+        if not self._can_continue(cp):
+            await self.commit(cp, replace_history=replace_history)
+            return None
+        self._check_write(cp, final=False)
+        sent = self._clock.now()
+        try:
+            nxt = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
+        except ClaimRejected:
+            # Only a re-send raises it: the commit had applied, the claim was taken since.
+            nxt = None
+            self._after_write(True, "committed")
+        except BaseException:
+            self._write_failed()
+            raise
+        else:
+            self._after_write(nxt is not None, "committed")
+        if self._stop is not None:
+            self._stop.set()
+        if nxt is None:
+            return None
+        lease = AsyncLease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
+                           cancel_on_loss=self._cancel_on_loss, **self._successor_options())  # fmt: skip
+        lease._adopt(nxt, sent)
+        return lease
 
     async def release(self, *, after_ms: int = 1) -> bool:
         """Give the cycle up: claimable again after ``after_ms``. False if it was not ours any more."""

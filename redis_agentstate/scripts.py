@@ -1,14 +1,20 @@
 """Loads the Lua scripts shipped in ``redis_agentstate/lua`` (one file per operation).
 
-The file name, the constant below and the store method share one name. Each
-checkpoint script is prefixed with ``_common.lua`` (helpers and the key
-layout) before its SHA is computed; redis-py's ``Script`` objects handle
-NOSCRIPT by loading the text once and retrying, so a ``SCRIPT FLUSH`` or a
-fail-over to a fresh node is invisible to callers.
+The file name, the constant below and the store method share one name. The
+text sent to Redis for a script is, in this order: the constants rendered
+here from the Python side (``constants_prelude``: limits, statuses, reply
+codes, the checkpoint hash fields, so Python is their single source), the
+preludes ``PRELUDES`` lists for it (``_base.lua``, then its family's own:
+helpers and the key layout), and the script's own file. Its SHA is computed
+over that text; redis-py's ``Script`` objects handle NOSCRIPT by loading the
+text once and retrying, and the driver does the same for a pipeline of script
+calls (``_ops.Batch``), so a ``SCRIPT FLUSH`` or a fail-over to a fresh node
+is invisible to callers.
 """
 
 from __future__ import annotations
 
+import enum
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -16,18 +22,30 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .clients import RedisClient
 
+from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
+from .models import TERMINAL_STATUSES, AgentStatus
+
 __all__ = [
     "ACKNOWLEDGE_TERMINAL",
     "CHECKPOINT_SCRIPTS",
     "CLAIM",
     "CLAIM_NEXT",
     "COMMIT",
+    "COMMIT_AND_CLAIM",
     "CREATE",
     "DELETE",
     "FINALIZE",
+    "HASH_FIELDS",
+    "KV_SCRIPTS",
     "LOAD",
+    "POOL_SCRIPTS",
+    "PRELUDES",
+    "PoolReply",
     "RENEW",
     "SAVE",
+    "SUMMARY",
+    "Reply",
+    "constants_prelude",
     "register",
     "script_text",
 ]
@@ -38,17 +56,152 @@ LOAD = "load"
 CLAIM = "claim"
 CLAIM_NEXT = "claim_next"
 COMMIT = "commit"
+COMMIT_AND_CLAIM = "commit_and_claim"
 RENEW = "renew"
 FINALIZE = "finalize"
 ACKNOWLEDGE_TERMINAL = "acknowledge_terminal"
 DELETE = "delete"
+SUMMARY = "summary"
 
 CHECKPOINT_SCRIPTS = (
-    CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
+    CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
+    DELETE, SUMMARY,
 )  # fmt: skip
 
-#: Which prelude each script family is built on.
-_PRELUDES = {name: "_common" for name in CHECKPOINT_SCRIPTS}
+KV_SET = "kv_set"
+KV_DELETE = "kv_delete"
+KV_KEYS = "kv_keys"
+KV_COUNT = "kv_count"
+KV_SCRIPTS = (KV_SET, KV_DELETE, KV_KEYS, KV_COUNT)
+
+POOL_OPEN = "pool_open"
+POOL_SNAPSHOT = "pool_snapshot"
+POOL_RECORD_CREATED = "pool_record_created"
+POOL_JOIN = "pool_join"
+POOL_LEAVE = "pool_leave"
+POOL_RECORD_MESSAGE = "pool_record_message"
+POOL_RECORD_WAKE = "pool_record_wake"
+POOL_NEXT_EVENT_SEQUENCE = "pool_next_event_sequence"
+POOL_WATCH = "pool_watch"
+POOL_GET = "pool_get"
+POOL_SCRIPTS = (
+    POOL_OPEN, POOL_SNAPSHOT, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE,
+    POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
+)  # fmt: skip
+
+#: The LangGraph saver's scripts (``redis_agentstate.langgraph``; declared here with the
+#: rest, but only that extra's module registers them).
+LG_PUT = "lg_put"
+LG_PUT_WRITES = "lg_put_writes"
+LG_GET = "lg_get"
+LG_LIST = "lg_list"
+LG_DELETE_THREAD = "lg_delete_thread"
+LG_DELETE_RUNS = "lg_delete_runs"
+LG_PRUNE = "lg_prune"
+LG_DUMP = "lg_dump"
+LG_IMPORT = "lg_import"
+LG_LEASE = "lg_lease"
+LG_RENEW = "lg_renew"
+LG_RELEASE = "lg_release"
+LG_SCRIPTS = (
+    LG_PUT, LG_PUT_WRITES, LG_GET, LG_LIST, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE,
+    LG_DUMP, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
+)  # fmt: skip
+
+#: The preludes each script is built on, in order (after the rendered constants).
+PRELUDES: dict[str, tuple[str, ...]] = {
+    **{name: ("_base", "_common") for name in CHECKPOINT_SCRIPTS},
+    **{name: ("_base", "_kv") for name in KV_SCRIPTS},
+    **{name: ("_base", "_pool") for name in POOL_SCRIPTS},
+    **{name: ("_base", "_lg") for name in LG_SCRIPTS},
+}
+
+#: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),
+#: in the order ``read_checkpoint`` returns them. Besides these the hash holds
+#: 'applied' (the write ring, see ``_common.lua``), which is never returned.
+HASH_FIELDS = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch")
+
+
+class Reply(enum.IntEnum):
+    """The code a script's reply starts with (the prelude has each as ``REPLY_<NAME>``).
+
+    Not every script uses every code; each script's header says which it returns.
+    """
+
+    #: Applied: created, saved, claimed, committed, renewed.
+    DONE = 1
+    #: This very request applied already (a re-send after a lost reply).
+    DONE_BEFORE = 2
+    #: Not applied: missing, exists already, fenced out, a lost race.
+    REFUSED = 0
+    #: The task is terminal.
+    TERMINAL = -1
+    #: The task is not running (pending, wait_user, reconciliation_required).
+    NOT_RUNNING = -2
+    #: The task is not at the cycle before the one claimed.
+    CYCLE_CONFLICT = -3
+    #: Another live token holds the claim.
+    HELD = -4
+    #: The client's view of the history is stale: send the full lists.
+    RESEND_HISTORY = -5
+    #: A full list shorter than what is stored, without replace_history.
+    SHRINK = -6
+    #: The revision is too high for a claim's commit to be stored.
+    REVISION_EXHAUSTED = -7
+
+
+class PoolReply(enum.IntEnum):
+    """The code a pool script's reply starts with (the prelude has each as ``POOL_<NAME>``)."""
+
+    #: Applied now: opened, joined, left, recorded; or found (pool_get), read (snapshot, watch).
+    DONE = 1
+    #: It was so already, nothing written: opened with this config, this member joined, this run
+    #: left, this idempotency key (or pool_created) recorded.
+    DONE_BEFORE = 2
+    #: pool_get: no such field.
+    ABSENT = 0
+    #: The pool was never opened.
+    NOT_OPEN = -1
+    #: pool_leave: the run is not a member.
+    NOT_A_MEMBER = -2
+    #: A dedupe entry is not '<seq>:<blob>' (data this library did not write).
+    MALFORMED_ENTRY = -3
+    #: pool_open: the pool is open with other config bytes.
+    CONFIG_CONFLICT = -4
+
+
+def _lua_int(n: int) -> str:
+    # Lua 5.1 numbers are doubles: every constant rendered here must be exact in one.
+    if not -(2**53) <= n <= 2**53:
+        raise ValueError(f"{n} is not exact in a Lua number")
+    return str(int(n))
+
+
+def _lua_str(s: str) -> str:
+    if not all(c.isalnum() or c == "_" for c in s):
+        raise ValueError(f"{s!r} is not a plain identifier")
+    return f"'{s}'"
+
+
+def constants_prelude() -> str:
+    """The Lua ``local`` constants every script starts with, rendered from their Python source."""
+    statuses = ", ".join(f"{s.value} = true" for s in AgentStatus)
+    terminal = ", ".join(f"{s.value} = true" for s in sorted(TERMINAL_STATUSES, key=lambda s: s.value))
+    lines = [
+        "-- Rendered by scripts.py from _validate.py, models.py and scripts.Reply: Python is their",
+        "-- only source (tests/test_contracts.py checks the rendering).",
+        f"local MAX_REVISION = {_lua_int(MAX_REVISION)}",
+        f"local MAX_CYCLE = {_lua_int(MAX_CYCLE)}",
+        "-- The highest revision a claim may start from: it returns rev + 1 and the",
+        "-- commit of that claim stores rev + 2, which must not pass MAX_REVISION.",
+        f"local MAX_CLAIM_FROM_REV = {_lua_int(MAX_CLAIM_FROM_REVISION)}",
+        f"local STATUSES = {{ {statuses} }}",
+        f"local TERMINAL = {{ {terminal} }}",
+        f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
+        *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),
+        *(f"local POOL_{code.name} = {_lua_int(code.value)}" for code in PoolReply),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _read(name: str) -> str:
@@ -57,17 +210,9 @@ def _read(name: str) -> str:
 
 @cache
 def script_text(name: str) -> str:
-    """The full text sent to Redis for operation ``name`` (prelude included)."""
-    prelude = _PRELUDES.get(name)
-    body = _read(name)
-    return f"{_read(prelude)}\n{body}" if prelude else body
-
-
-def add_prelude(names: tuple[str, ...], prelude: str) -> None:
-    """Declare that scripts ``names`` are built on ``prelude`` (for other script families)."""
-    for name in names:
-        _PRELUDES[name] = prelude
-    script_text.cache_clear()
+    """The full text sent to Redis for operation ``name`` (constants and preludes included)."""
+    parts = [constants_prelude(), *(_read(p) for p in PRELUDES.get(name, ())), _read(name)]
+    return "\n".join(parts)
 
 
 def register(client: RedisClient, names: tuple[str, ...]) -> dict[str, Any]:

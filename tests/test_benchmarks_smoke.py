@@ -52,8 +52,12 @@ def _check(data: dict[str, Any]) -> None:
     assert meta["command"].startswith("python -m benchmarks")
 
     single = {r["name"]: r for r in figs["single"]["rows"]}
-    for name in ("floor_evalsha", "floor_raw_socket", "floor_shaped", "agentstate", "agentstate_lean", "redis_py_lock"):
+    for name in ("floor_evalsha", "floor_raw_socket", "floor_shaped", "agentstate", "agentstate_continue",
+                 "agentstate_lean", "redis_py_lock"):  # fmt: skip
         assert single[name]["us_per_cycle"]["median"] > 0, name
+    assert figs["single"]["ratios"]["lock_over_continue"]["median"] > 0
+    server = figs["single"]["server_us"]
+    assert server is None or (server["commit_and_claim_calls"] == 1 and server["claim_commit_calls"] == 2)
     # Every competitor has a row, measured or saying why not.
     for name in ("python_redis_lock", "pottery_redlock", "langgraph_redis"):
         row = single[name]
@@ -64,7 +68,7 @@ def _check(data: dict[str, Any]) -> None:
     assert len(hist) >= 2 and all(r["commit_us"]["median"] > 0 and r["task_keys_bytes"] > 0 for r in hist)
 
     conc = figs["concurrency"]["rows"]
-    assert {r["mode"] for r in conc} == {"async", "procs"}
+    assert {r["mode"] for r in conc} == {"async", "async_continued", "procs"}
     assert all(r["cycles_per_s"]["median"] > 0 and r["latency_us"]["p99"] > 0 and r["bottleneck"] for r in conc)
 
     pools = figs["pools"]
@@ -82,7 +86,10 @@ def _check(data: dict[str, Any]) -> None:
     prof = figs["profile"]
     assert prof["cprofile"]["areas"] and prof["micro_us"]
 
-    assert {t["id"] for t in data["targets"]} == {"single_vs_floor", "single_vs_lock", "history_growth"}
+    issue11 = {"continue_vs_lock", "single_vs_floor_issue11"}
+    if figs["single"]["server_us"] is not None:
+        issue11 |= {"claim_commit_us", "commit_and_claim_us"}
+    assert {t["id"] for t in data["targets"]} == {"single_vs_floor", "single_vs_lock", "history_growth", *issue11}
     for t in data["targets"]:
         assert t["measured"]["median"] > 0 and isinstance(t["met"], bool)
 
@@ -92,6 +99,20 @@ def test_harness_quick_round(tmp_path: Path) -> None:
     data = _run(tmp_path, "--quick", timeout=180)
     assert data["meta"]["quick"] is True
     _check(data)
+
+
+def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
+    """The opt-in LangGraph figure runs; every saver has a row, measured or saying why not."""
+    _need_redis_server()
+    data = _run(tmp_path, "--quick", "--only", "langgraph", timeout=300)
+    assert data["errors"] == {}
+    fig = data["figures"]["langgraph"]
+    rows = fig["contenders"]
+    ours = rows["redis_agentstate AgentStateSaver"]
+    assert ours["status"] == "ok" and ours["ms_first10"]["median"] > 0
+    assert ours["memory"][str(fig["steps"])]["own_keys"] > 0
+    assert rows["langgraph-checkpoint-redis RedisSaver"]["status"].startswith("not run")
+    assert all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows.values())
 
 
 @pytest.mark.benchmark

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,7 @@ class Fleet:
 
 def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
     commit_sha = hashlib.sha1(script_text("commit").encode()).hexdigest().encode()
+    continue_sha = hashlib.sha1(script_text("commit_and_claim").encode()).hexdigest().encode()
     plan = list(FAULTS)
     rng.shuffle(plan)
     while time.monotonic() < deadline:
@@ -173,7 +175,8 @@ def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
             with fleet.proxy.fault("delay", delay_s=rng.uniform(0.05, 0.3)):
                 time.sleep(rng.uniform(0.5, 1.5))
         elif kind == "lose_reply":
-            fleet.proxy.lose_next_reply(commit_sha)
+            # Either kind of commit: the plain one, or the one that also claims the next cycle.
+            fleet.proxy.lose_next_reply(rng.choice((commit_sha, continue_sha)))
         elif kind == "redis_restart":
             fleet.restart_redis()
 
@@ -255,6 +258,10 @@ def test_chaos_fleet() -> None:
         # The skewed worker did real work.
         skewed = [e for e in history if e["w"].startswith(f"w{SKEWED_WORKER}.") and e.get("op") == "commit"]
         assert any(e["type"] == "ok" for e in skewed)
+        # Both kinds of commit applied; commit_and_claim's claims are checked by rule 2 with the others.
+        via = Counter((e.get("via", "commit"), e["type"]) for e in history if e.get("op") == "commit")
+        assert via[("commit_and_claim", "ok")] > 100 and via[("commit", "ok")] > 20, via
+        assert any(e.get("via") == "commit_and_claim" for e in history if e.get("op") == "claim")
         # Progress: many commits, finalized tasks, and commits after the last fault.
         assert figures["acknowledged_commits"] > 200
         assert figures["tasks_finalized"] >= 8

@@ -132,6 +132,14 @@ class Task:
     def commit_replace(self) -> Any:
         return self.store.commit(self._next(), token="w", expected_revision=self.revision, replace_history=True)
 
+    def commit_and_claim(self) -> Any:
+        return self.store.commit_and_claim(self._next(), token="w", expected_revision=self.revision, lease_ms=60_000)
+
+    def commit_and_claim_replace(self) -> Any:
+        return self.store.commit_and_claim(
+            self._next(), token="w", expected_revision=self.revision, lease_ms=60_000, replace_history=True
+        )
+
     def finalize(self) -> Any:
         done = Checkpoint(TASK, status="completed", terminal_result={"ok": True}, messages=["m1", "m2"])
         return self.store.finalize(done, expected_revision=self.revision)
@@ -151,7 +159,7 @@ class Task:
 STATE = {
     "load": "fresh", "claim": "fresh", "claim_next": "fresh", "create": "fresh", "create_other": "fresh",
     "finalize": "fresh", "renew": "claimed", "commit": "claimed", "commit_replace": "claimed",
-    "acknowledge": "terminal",
+    "acknowledge": "terminal", "commit_and_claim": "claimed", "commit_and_claim_replace": "claimed",
 }  # fmt: skip
 
 #: Hash fields holding what the library would never write. None deletes the field.
@@ -237,13 +245,18 @@ class TestCheckpointFields:
 
 
 #: (TaskKeys attribute, its Redis type, the operations that must notice a foreign value there).
+CAC = ["commit_and_claim", "commit_and_claim_replace"]
 WRONG_TYPE_CASES = [
-    ("checkpoint", "hash", ["load", "claim", "claim_next", "renew", "commit", "finalize", "acknowledge", "create"]),
-    ("messages", "list", ["load", "claim", "claim_next", "commit", "commit_replace", "finalize", "acknowledge"]),
-    ("cycles", "list", ["load", "claim", "claim_next", "commit", "commit_replace", "finalize", "acknowledge"]),
-    ("ready", "zset", ["claim", "renew", "commit", "finalize", "acknowledge", "create_other"]),
-    ("tasks", "zset", ["claim_next", "commit", "finalize", "acknowledge", "create_other"]),
-    ("gen", "string", ["commit_replace", "create_other"]),
+    (
+        "checkpoint",
+        "hash",
+        ["load", "claim", "claim_next", "renew", "commit", "finalize", "acknowledge", "create", *CAC],
+    ),
+    ("messages", "list", ["load", "claim", "claim_next", "commit", "commit_replace", "finalize", "acknowledge", *CAC]),
+    ("cycles", "list", ["load", "claim", "claim_next", "commit", "commit_replace", "finalize", "acknowledge", *CAC]),
+    ("ready", "zset", ["claim", "renew", "commit", "finalize", "acknowledge", "create_other", *CAC]),
+    ("tasks", "zset", ["claim_next", "commit", "finalize", "acknowledge", "create_other", *CAC]),
+    ("gen", "string", ["commit_replace", "create_other", "commit_and_claim_replace"]),
     ("tomb", "string", ["acknowledge"]),
 ]
 WRONG_TYPE_PARAMS = [

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from redis_agentstate import InvalidArgument, _kv_core
 from redis_agentstate._kv_core import KvCore
-from redis_agentstate._ops import Call, Command, Pipe
+from redis_agentstate._ops import Batch, Call, Command, Pipe
 from redis_agentstate.keys import SHARDS, Keys
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import PoolConfig
@@ -138,13 +138,12 @@ class TestBatches:
         core = KvCore("ns", max_key_bytes=512, max_value_bytes=MIB)
         op = core.set_many({f"k{i}": b"v" for i in range(1000)})
         req = next(op)
-        assert isinstance(req, Pipe)
-        # One EVAL per shard (and chunk); every EVAL's keys share one slot.
-        assert len(req.commands) == SHARDS
-        for cmd in req.commands:
-            assert cmd[0] == "EVAL"
-            keys = cmd[3 : 3 + cmd[2]]
-            assert len({key_slot(k.encode()) for k in keys}) == 1
+        assert isinstance(req, Batch)
+        # One script call (EVALSHA) per shard (and chunk); every call's keys share one slot.
+        assert len(req.calls) == SHARDS
+        for call in req.calls:
+            assert call.script == "kv_set"
+            assert len({key_slot(k.encode()) for k in call.keys}) == 1
         with pytest.raises(StopIteration):
             op.send([1] * SHARDS)
         op = core.get_many([f"k{i}" for i in range(1000)])
@@ -155,8 +154,8 @@ class TestBatches:
         core = KvCore("ns", max_key_bytes=512, max_value_bytes=MIB)
         for op in (core.keys_list(), core.count()):
             req = next(op)
-            assert isinstance(req, Pipe)
-            assert {c[0] for c in req.commands} == {"EVAL"}
+            assert isinstance(req, Batch)
+            assert {c.script for c in req.calls} <= {"kv_keys", "kv_count"}
         for op in (core.get("k"), core.exists("k")):
             req = next(op)
             assert isinstance(req, Command) and req.args[0] in ("GET", "EXISTS")

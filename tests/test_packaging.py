@@ -39,7 +39,10 @@ def test_checkpoint_script_constants_match_files() -> None:
     for name in scripts.CHECKPOINT_SCRIPTS:
         assert getattr(scripts, name.upper()) == name
         assert f"{name}.lua" in lua_files()
-        assert scripts.script_text(name).startswith("-- _common.lua")
+        text = scripts.script_text(name)
+        # The rendered constants, then the preludes _base and _common, then the script itself.
+        assert text.startswith(scripts.constants_prelude())
+        assert 0 < text.index("-- _base.lua") < text.index("-- _common.lua") < text.index(f"-- {name}.lua")
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +157,25 @@ def test_mypy_checks_the_client_protocols_against_the_real_clients() -> None:
         assert client in text
     for client in ("redis.asyncio.Redis", "redis.asyncio.cluster.RedisCluster", "fakeredis.FakeAsyncRedis"):
         assert client in text
+
+
+def test_only_the_langgraph_subpackage_imports_langgraph() -> None:
+    """The core package works without the ``langgraph`` extra: no module outside
+    ``redis_agentstate/langgraph/`` imports LangGraph, and importing the package loads none of it."""
+    import ast
+
+    package = Path(redis_agentstate.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if "langgraph" in path.relative_to(package).parts[:-1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n.split(".")[0] in ("langgraph", "langchain_core") for n in names):
+                offenders.append(str(path.relative_to(package)))
+    assert offenders == []
+    probe = "import sys, redis_agentstate; print(sorted(m for m in sys.modules if m.startswith('lang')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

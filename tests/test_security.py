@@ -52,9 +52,10 @@ pytestmark = pytest.mark.real
 #: Every command the library sends, by the client or from its Lua scripts
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
-    "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hlen", "hmget", "hscan", "hset", "incr",
-    "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "xadd", "xlen", "xrange", "xread",
-    "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
+    "blpop", "del", "eval", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
+    "hlen", "hmget", "hscan", "hset", "hvals", "incr", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
+    "script|load", "set", "time", "type", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin",
+    "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
 )  # fmt: skip
 
 
@@ -96,7 +97,7 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
     found: set[str] = set()
     for lua in (_PKG / "lua").glob("*.lua"):
         found |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Z]+)['\"]", lua.read_text())}
-    for py in _PKG.glob("*.py"):
+    for py in [*_PKG.glob("*.py"), *(_PKG / "langgraph").glob("*.py")]:
         found |= {c.lower() for c in re.findall(r"[(\[]\s*\"([A-Z]+)\"", py.read_text()) if is_command(c)}
     # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT.
     return found | {"evalsha", "script|load"}
@@ -115,7 +116,7 @@ def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> 
 def test_readme_line() -> None:
     line = acl_setuser_line()
     assert line.startswith("ACL SETUSER agentstate reset on ><password> resetkeys ~agentstate:{agentstate#* ")
-    assert "resetchannels -@all +del +eval +evalsha" in line
+    assert "resetchannels -@all +blpop +del +eval +evalsha" in line
 
 
 # ---- ACL: least privilege ----------------------------------------------------
@@ -506,3 +507,25 @@ def test_pool_and_kv_namespaces_are_isolated(make: Callable[..., Any], namespace
     for pid in ids:
         assert ka.get(pid) == b"A"
         assert pa.snapshot(pid).message_policy == {"owner": "A"}
+
+
+def test_least_privilege_user_runs_the_langgraph_savers(tenant: AclTenant, admin: redis.Redis) -> None:
+    """LangGraph's conformance suite (every saver method, list(None), delete_for_runs' pipeline) and a
+    lease with a wait (BLPOP) as the least-privilege user: nothing refused."""
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+
+    from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver, ThreadBusy
+
+    admin.script_flush()
+
+    async def factory() -> Any:
+        yield AsyncAgentStateSaver(tenant.aio, namespace=tenant.namespace)
+
+    report = tenant.loop.run_until_complete(validate(checkpointer_test(name="acl")(factory)))
+    assert all(r.passed for r in report.results.values()), {n: r.failures for n, r in report.results.items()}
+    saver = AgentStateSaver(tenant.sync, namespace=tenant.namespace)
+    assert list(saver.list(None, limit=1))
+    other = AgentStateSaver(tenant.sync, namespace=tenant.namespace)
+    with saver.lease("leased", lease_ms=3000), pytest.raises(ThreadBusy), other.lease("leased", wait_ms=100):
+        pass
+    assert acl_log(admin) == [], "the LangGraph savers sent something the least-privilege user may not"

@@ -185,6 +185,14 @@ def test_the_cli_takes_a_sentinel_url(sentinel_setup: SentinelSetup, namespace: 
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
 
+def test_the_demo_runs_on_a_sentinel_url(sentinel_setup: SentinelSetup) -> None:
+    demo = [sys.executable, "-m", "redis_agentstate", "demo", "--url", sentinel_setup.url, "--json", "--no-chaos"]
+    out = subprocess.run([*demo, "--workers", "2", "--tasks", "4", "--cycles", "2"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["double_applied"] == 0 and report["lost_commits"] == 0, report
+
+
 def test_the_same_store_follows_a_failover(sentinel_setup: SentinelSetup, namespace: str) -> None:
     """Last in the module: after SENTINEL FAILOVER the replica is the primary, and the store writes there."""
     store = StoreSpec.redis(sentinel_setup.url, namespace=namespace).build()

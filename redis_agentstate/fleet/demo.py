@@ -43,9 +43,10 @@ from typing import IO, Any
 import redis
 
 from ..checkpoint import CheckpointStore
+from ..keys import DEMO_KEYS, Keys
 from ..models import AgentStatus, Checkpoint
 from ..runner import Runner, StepResult, current_lease
-from ..spec import redact
+from ..spec import StoreSpec, redact
 from .embedded import EmbeddedServer, start_embedded
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo", "run_worker", "verify"]
@@ -91,12 +92,8 @@ class DemoReport:
 
 
 def _keys(ns: str) -> dict[str, str]:
-    return {
-        "stats": f"{ns}:demo:stats",
-        "busy": f"{ns}:demo:busy",
-        "acks": f"{ns}:demo:acks",
-        "ready": f"{ns}:demo:ready",
-    }
+    keys = Keys(ns)
+    return {name: keys.demo(name) for name in DEMO_KEYS}
 
 
 # ---- verification (pure) -------------------------------------------------------------------------
@@ -163,7 +160,7 @@ def run_worker(url: str, namespace: str, worker_id: str, *, cycles: int, step_ms
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {worker_id} %(levelname)s %(message)s"
     )
-    client = redis.Redis.from_url(url)
+    client = StoreSpec.redis(url).client()  # redis://, rediss://, unix:// or redis+sentinel://
     store = CheckpointStore(client, namespace=namespace)
     keys = _keys(namespace)
     rng = random.Random()
@@ -332,7 +329,7 @@ def _run_demo(
     ns = namespace or f"demo-{os.urandom(3).hex()}"
     logdir = tempfile.mkdtemp(prefix="agentstate-demo-")
     procs: list[subprocess.Popen[bytes]] = []
-    client = redis.Redis.from_url(url)
+    client = StoreSpec.redis(url).client()  # redis://, rediss://, unix:// or redis+sentinel://
     store = CheckpointStore(client, namespace=ns)
     keys = _keys(ns)
     tids = [f"task-{i:03d}" for i in range(config.tasks)]

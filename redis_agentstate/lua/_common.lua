@@ -1,9 +1,9 @@
 -- _common.lua: prelude prepended to every checkpoint script (see scripts.py).
 --
--- Checkpoint key layout (keys.py builds these; every script takes all seven,
--- in this order, and they share one hash slot through the shard hash tag):
---   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  status cycle rev token claimed lease
---                                              term body epoch applied
+-- Checkpoint key layout (keys.py builds these; every script but summary.lua
+-- takes all seven, in this order, and they share one hash slot through the
+-- shard hash tag):
+--   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  HASH_FIELDS (scripts.py) and applied
 --   KEYS[2] - ns:{ns#SS}:msgs:<task>    list  one blob per message
 --   KEYS[3] - ns:{ns#SS}:cycles:<task>  list  one blob per cycle record
 --   KEYS[4] - ns:{ns#SS}:ready          zset  claimable task ids -> ms claimable since
@@ -25,54 +25,45 @@
 -- write that passes the fence has not applied at this revision (applying
 -- moves the revision on), even if an identical one did before a save or a
 -- re-create brought the revision back.
---
--- Numbers: revisions stay below 2^53 and are exact in Lua 5.1 doubles;
--- string.format('%d') avoids tostring()'s exponent notation.
 
-local TERMINAL = { completed = true, failed = true, max_cycles = true }
 local CHUNK = 1000
 
--- The task id is the verbatim suffix of KEYS[1] after '}:cp:' (the
--- namespace holds no braces, so the first '}' closes the shard tag).
-local function task_id_of(checkpoint_key)
-  local i = string.find(checkpoint_key, '}:cp:', 1, true)
-  return string.sub(checkpoint_key, i + 5)
+-- No cycle of a task can ever be claimed again (models.Checkpoint.is_terminal;
+-- TERMINAL is rendered from models.TERMINAL_STATUSES).
+local function is_terminal(status, term)
+  return term == '1' or TERMINAL[status] == true
 end
 
+local function task_id_of(checkpoint_key)
+  return id_after(checkpoint_key, '}:cp:')
+end
+
+-- The write ring ('applied'): the identities of the task's last writes.
 local APPLIED_MAX = 840
 
-local function was_applied(applied, id)
+local function ring_has(applied, id)
   return applied and string.find(applied, ' ' .. id .. ' ', 1, true) ~= nil
 end
 
-local function remember(applied, id)
+-- ``applied`` with ``id`` pushed in front, the oldest identities dropped past APPLIED_MAX bytes.
+-- The cut is found by stepping back from APPLIED_MAX to the nearest space (at most one
+-- identity's length): a pattern match over the whole ring cost 4 us per write.
+local function ring_push(applied, id)
   local ring = ' ' .. id .. (applied or ' ')
   if #ring > APPLIED_MAX then
-    ring = string.match(string.sub(ring, 1, APPLIED_MAX), '^(.* )')
+    local cut = APPLIED_MAX
+    while string.byte(ring, cut) ~= 32 do cut = cut - 1 end
+    ring = string.sub(ring, 1, cut)
   end
   return ring
 end
 
--- The highest revision a claim may start from: it returns rev + 1 and the
--- commit of that claim stores rev + 2, which must not pass 2^53 - 1 (the
--- client's MAX_REVISION; beyond it Lua's doubles lose integers).
-local MAX_CLAIM_FROM_REV = 9007199254740989
-
-local function fmt(n)
-  return string.format('%d', n)
-end
-
 -- ---- data this library did not write ------------------------------------
 -- Checked before a script writes anything. A malformed field gets the error
--- reply 'AGENTSTATE_CORRUPT <KEYS index> <field>'; a key of another Redis
+-- reply corrupt(<KEYS index>, <field>) (_base.lua); a key of another Redis
 -- type fails a probe with WRONGTYPE. The client turns either into a
 -- CorruptState naming the key and the task (_ops.py). Written for speed
 -- (no tables or closures built per call): every claim runs it.
-local MAX_REVISION, MAX_CYCLE = 9007199254740991, 4294967295
-
-local function corrupt(i, what)
-  return redis.error_reply('AGENTSTATE_CORRUPT ' .. i .. ' ' .. what)
-end
 
 -- The number ``v`` holds if it is one this library wrote: decimal digits
 -- only, in range. tonumber() alone takes '1e400', '-5', '2.5', ' 7', '0x10'.
@@ -87,10 +78,7 @@ end
 -- written, or nil. status, cycle and rev are always there; '' marks absent
 -- optional numbers.
 local function bad_field(h)
-  local s = h[1]
-  if not (s == 'running' or TERMINAL[s] or s == 'pending' or s == 'wait_user' or s == 'reconciliation_required') then
-    return 'status'
-  end
+  if not STATUSES[h[1]] then return 'status' end
   if not int_in(h[2], 0, MAX_CYCLE) then return 'cycle' end
   if not int_in(h[3], 0, MAX_REVISION) then return 'rev' end
   if h[5] and h[5] ~= '' and not int_in(h[5], 1, MAX_CYCLE) then return 'claimed' end
@@ -127,17 +115,10 @@ local function probe(...)
   end
 end
 
--- TIME is read once per script: Valkey freezes it for the whole script,
--- Redis 7 does not, and reading it twice could disagree with itself.
-local function server_now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 -- Keep the shard indexes in step with the hash (same slot, same script).
 local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now)
   redis.call('ZADD', tasks_key, 0, task_id)
-  if status == 'running' and term ~= '1' then
+  if status == 'running' and not is_terminal(status, term) then
     local at = now
     if token ~= '' then at = tonumber(lease) or now end
     redis.call('ZADD', ready_key, at, task_id)
@@ -159,8 +140,8 @@ end
 --   status cycle rev token claimed lease term body epoch
 --   n_msgs n_cycles from_msgs from_cycles k <k messages> <cycle records>
 -- History is sent from the caller's cached position when its epoch matches.
--- ``h`` may be passed when the caller already read (and updated) those fields.
-local HASH_FIELDS = { 'status', 'cycle', 'rev', 'token', 'claimed', 'lease', 'term', 'body', 'epoch' }
+-- ``h`` may be passed when the caller already read (and updated) those fields
+-- (HASH_FIELDS is rendered from scripts.HASH_FIELDS).
 local function read_checkpoint(keys, epoch, have_m, have_c, h)
   h = h or redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   local nm = redis.call('LLEN', keys[2])
@@ -186,43 +167,136 @@ local function read_checkpoint(keys, epoch, have_m, have_c, h)
   return out
 end
 
--- Writes the history part of a write operation. ARGV layout shared by
--- create/save/commit/finalize (see write_header in each file):
---   ARGV[8]  - epoch the client believes current ('' if unknown)
---   ARGV[9]  - base_m: messages the client knows are stored; -1 = full list sent
---   ARGV[10] - base_c: same for cycle records
---   ARGV[11] - '1' to replace the whole history, '0' to append
---   ARGV[14] - number of message blobs that follow; then the cycle blobs
--- ``now`` (server ms) makes a new epoch unique even if the shard counter was
--- lost (FLUSHALL, restart without persistence) while a client cache survived.
+-- Writes the history part of a write operation (create, save, commit, finalize):
+--   current_epoch - the epoch stored ('' for a new task: the history is replaced)
+--   now           - server ms: makes a new epoch unique even if the shard counter
+--                   was lost (FLUSHALL, restart without persistence) while a
+--                   client cache survived
+--   replace       - '1' to replace the whole history, '0' to append
+--   epoch         - the epoch the client believes current ('' if unknown)
+--   base_m        - messages the client knows are stored; -1 = full list sent
+--   base_c        - the same for cycle records
+--   blobs, first, n_m - blobs[first .. first + n_m - 1] are the message blobs,
+--                   blobs[first + n_m .. #blobs] the cycle blobs
+--   index         - nil, or a function that writes the shard indexes (KEYS[4], KEYS[5]):
+--                   called once every check has passed and before the history's
+--                   first write, so an index of another Redis type fails it with
+--                   nothing written and needs no probe (two commands fewer)
 -- Returns the epoch now current, or nil plus an error code:
 --   'resend' - the client's base does not match what is stored (send full lists)
 --   'shrink' - a full list shorter than what is stored, without replace
-local function write_history(keys, current_epoch, now)
-  local epoch, base_m, base_c = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
-  local replace, n_m = ARGV[11], tonumber(ARGV[14])
-  local first_m, last_m = 15, 14 + n_m
-  local first_c, last_c = last_m + 1, #ARGV
-  -- The first write of every caller; reindex() writes the indexes last.
-  probe(4, 5)
+-- Nothing is written when it returns an error code.
+-- write_history's refusal: an index of another Redis type is still reported first
+-- (as the probe did before ``index`` replaced it), with nothing written.
+local function refuse_history(index, why)
+  if index then probe(4, 5) end
+  return nil, why
+end
+
+local function write_history(keys, current_epoch, now, replace, epoch, base_m, base_c, blobs, first, n_m, index)
+  local first_m, last_m = first, first + n_m - 1
+  local first_c, last_c = last_m + 1, #blobs
   if replace == '1' or current_epoch == '' then
     probe(2, 3, 6)
+    -- The first write of every caller: without ``index`` the caller's reindex() comes last.
+    if index then index() else probe(4, 5) end
     redis.call('DEL', keys[2], keys[3])
-    push_range(keys[2], ARGV, first_m, last_m)
-    push_range(keys[3], ARGV, first_c, last_c)
+    push_range(keys[2], blobs, first_m, last_m)
+    push_range(keys[3], blobs, first_c, last_c)
     return fmt(redis.call('INCR', keys[6])) .. '.' .. fmt(now)
   end
   local nm = redis.call('LLEN', keys[2])
   local nc = redis.call('LLEN', keys[3])
   if base_m < 0 then
     -- Full lists sent: skip what is already stored.
-    if n_m < nm or (last_c - first_c + 1) < nc then return nil, 'shrink' end
+    if n_m < nm or (last_c - first_c + 1) < nc then return refuse_history(index, 'shrink') end
     first_m = first_m + nm
     first_c = first_c + nc
   elseif epoch ~= current_epoch or base_m ~= nm or base_c ~= nc then
-    return nil, 'resend'
+    return refuse_history(index, 'resend')
   end
-  push_range(keys[2], ARGV, first_m, last_m)
-  push_range(keys[3], ARGV, first_c, last_c)
+  -- The lists were type-checked by LLEN; this is the first write.
+  if index then index() else probe(4, 5) end
+  push_range(keys[2], blobs, first_m, last_m)
+  push_range(keys[3], blobs, first_c, last_c)
   return current_epoch
+end
+
+-- ---- the fenced writes (commit, finalize) ---------------------------------
+
+-- The reply of a fenced write whose fence refused it: REPLY_DONE_BEFORE if
+-- this very write applied already, whatever happened since (other workers
+-- claimed and wrote, or the task was acknowledged: deleted, the tombstone
+-- keeps the ring; maybe even created again), else REPLY_REFUSED.
+-- exists, applied, epoch: the hash's fields as read (exists false: no hash).
+local function refused(keys, exists, applied, epoch, id)
+  if exists and ring_has(applied, id) then return {REPLY_DONE_BEFORE, epoch} end
+  if ring_has(redis.call('GET', keys[7]), id) then return {REPLY_DONE_BEFORE, ''} end
+  return {REPLY_REFUSED}
+end
+
+-- Applies a fenced write that passed its fence: the indexes, its history, then
+-- the hash (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``). argv[at .. at + 4] are its history slots (replace, epoch,
+-- base_m, base_c, n_messages: see commit.lua), the blobs follow.
+-- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
+-- same HSET then also claims that next cycle (revision + 2, lease from now),
+-- and the reply carries the lease's expiry as a third entry.
+local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim)
+  local now = server_now_ms()
+  local rev, token, claimed, lease = expected + 1, '', '', ''
+  if claim then
+    rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
+  end
+  -- The indexes are written first (see write_history), the hash last: every key
+  -- was read or written before it, so nothing can fail half-way.
+  local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
+    tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]),
+    function() reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now) end)
+  if not epoch then
+    if err == 'resend' then return {REPLY_RESEND_HISTORY} end
+    return {REPLY_SHRINK}
+  end
+  redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
+    'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
+    'epoch', epoch, 'applied', ring_push(applied, id))
+  if claim then return {REPLY_DONE, epoch, lease} end
+  return {REPLY_DONE, epoch}
+end
+
+-- ---- the claim of one cycle (claim, commit_and_claim) ----------------------
+
+-- Claims cycle ``cycle_arg`` (a decimal string) of the task for ``token`` under
+-- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
+-- are the caller's cached history (as load.lua). The reply is claim.lua's
+-- (its header lists it); nothing is written unless it starts with REPLY_DONE.
+local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c)
+  local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
+  if not present(h) then return {REPLY_REFUSED} end
+  local bad = bad_field(h)
+  if bad then return corrupt(1, bad) end
+  local status, current_cycle, rev = h[1], tonumber(h[2]), tonumber(h[3])
+  local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
+
+  if is_terminal(status, h[7]) then return {REPLY_TERMINAL, status} end
+  if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
+  if current_cycle ~= tonumber(cycle_arg) - 1 then return {REPLY_CYCLE_CONFLICT, h[2]} end
+
+  local now = server_now_ms()
+  if held_by ~= '' and lease > now then
+    if held_by ~= token or claimed ~= cycle_arg then return {REPLY_HELD, h[6]} end
+    local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+    table.insert(out, 1, REPLY_DONE_BEFORE)
+    return out
+  end
+  if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
+  -- Read before writing: a history list of another Redis type fails here,
+  -- with nothing written (and the index is written before the hash).
+  local out = read_checkpoint(keys, epoch, have_m, have_c, h)
+  local expires = now + lease_ms
+  redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
+  redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', cycle_arg, 'lease', fmt(expires))
+  out[3], out[4], out[5], out[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+  table.insert(out, 1, REPLY_DONE)
+  return out
 end

@@ -14,20 +14,9 @@
 
 local PRUNE = 100
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- The user's key is the verbatim suffix after '}:kv:' (the namespace holds
--- no braces, so the first '}' closes the shard tag).
+-- The user's key is the verbatim suffix of its value key.
 local function user_key(value_key)
-  local i = string.find(value_key, '}:kv:', 1, true)
-  return string.sub(value_key, i + 5)
+  return id_after(value_key, '}:kv:')
 end
 
 -- Drop up to PRUNE index entries whose key has expired.

@@ -29,10 +29,6 @@
 -- again, a leave of a run that already left, a second record_created. Leaves
 -- are remembered for the pool's last few (ARGV), so both keys stay bounded.
 
-local function fmt(n)
-  return string.format('%d', n)
-end
-
 -- Append one record to the log and return its sequence. maxlen > 0 trims
 -- the log to the newest maxlen records (exactly, so retention is predictable).
 local function append(kind, blob, maxlen)
@@ -55,6 +51,23 @@ local function split_seq(value)
   local i = string.find(value, ':', 1, true)
   if not i then return nil end
   return string.sub(value, 1, i - 1), string.sub(value, i + 1)
+end
+
+-- Store `stored` under `id` in items_key and append its record, unless the
+-- idempotency `key` is in dedupe_key already: then nothing is written and
+-- the first record's seq is returned (record_message and record_wake).
+local function record_once(kind, items_key, dedupe_key, id, key, dedupe_blob, stored, maxlen)
+  if not is_open() then return { POOL_NOT_OPEN } end
+  local first = redis.call('HGET', dedupe_key, key)
+  if first then
+    local seq = split_seq(first)
+    if not seq then return { POOL_MALFORMED_ENTRY } end
+    return { POOL_DONE_BEFORE, seq }
+  end
+  local seq = append(kind, stored, maxlen)
+  redis.call('HSET', items_key, id, stored)
+  redis.call('HSET', dedupe_key, key, fmt(seq) .. ':' .. dedupe_blob)
+  return { POOL_DONE, seq }
 end
 
 -- Appends one bounded page of the snapshot to out:
@@ -98,12 +111,9 @@ end
 -- state field this library would not have written gets the error reply
 -- 'AGENTSTATE_CORRUPT <KEYS index> <field>', a key of another Redis type
 -- fails with WRONGTYPE, and the client turns either into a CorruptState
--- naming the key and the pool (_ops.py). The probes cover the keys some
--- script writes before it reads them (the log, the message and wake hashes,
--- the run and leave indexes).
-local function corrupt(i, what)
-  return redis.error_reply('AGENTSTATE_CORRUPT ' .. i .. ' ' .. what)
-end
+-- naming the key and the pool (_ops.py; corrupt() is in _base.lua). The
+-- probes cover the keys some script writes before it reads them (the log,
+-- the message and wake hashes, the run and leave indexes).
 
 do
   local h = redis.call('HMGET', KEYS[1], 'seq', 'evt', 'created')

@@ -1,12 +1,13 @@
 -- acknowledge_terminal.lua: delete a terminal checkpoint at the expected revision.
 --   KEYS[1..7] - the task's keys (see _common.lua)
---   ARGV[1]    - identity of this acknowledgement ('ack:<revision>'); kept in
+--   ARGV[1]    - identity: of this acknowledgement ('ack:<revision>'); kept in
 --                the tombstone KEYS[7] for ARGV[3] ms so that a re-send (by
---                anyone) still returns 1
---   ARGV[2]    - expected revision
---   ARGV[3]    - how long the tombstone is kept, in ms
--- Returns 1 deleted (or this revision acknowledged already); 0 otherwise.
-local id, expected, remember_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+--                anyone) still returns REPLY_DONE
+--   ARGV[2]    - expected_revision
+--   ARGV[3]    - tomb_ms: how long the tombstone is kept, in ms
+-- Returns REPLY_DONE deleted (or this revision acknowledged already);
+-- REPLY_REFUSED otherwise.
+local id, expected, tomb_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
 -- Deleting comes first: a task created again since an earlier acknowledgement
@@ -22,10 +23,10 @@ if h[1] and tonumber(h[1]) == expected and h[2] == '1' then
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)
   -- The tombstone keeps the task's write ring, so a re-sent commit/finalize is still recognised.
-  redis.call('SET', KEYS[7], remember(h[3], id), 'PX', remember_ms)
-  return 1
+  redis.call('SET', KEYS[7], ring_push(h[3], id), 'PX', tomb_ms)
+  return REPLY_DONE
 end
 -- Nothing to delete now: an acknowledgement of this revision that applied
 -- already (the task may have been created again since) is recognised.
-if was_applied(redis.call('GET', KEYS[7]), id) then return 1 end
-return 0
+if ring_has(redis.call('GET', KEYS[7]), id) then return REPLY_DONE end
+return REPLY_REFUSED

@@ -3,9 +3,11 @@
 --   KEYS[1..7] - the candidate task's keys (see _common.lua); KEYS[4] is the
 --                ready index of its shard, so every key is declared and in
 --                the shard's slot
---   ARGV[1]    - claim token (non-empty)
---   ARGV[2]    - lease duration in ms
---   ARGV[3..5] - cached history epoch, messages, cycle records (as load.lua)
+--   ARGV[1]    - token: the claim token (non-empty)
+--   ARGV[2]    - lease_ms: lease duration in ms
+--   ARGV[3]    - have_epoch: cached history epoch (as load.lua)
+--   ARGV[4]    - have_m: cached messages
+--   ARGV[5]    - have_c: cached cycle records
 --
 -- The client picks the candidate with one pipelined peek at the head of each
 -- shard's ready index (ZRANGE 0 0, the oldest score: FIFO). Between the peek
@@ -15,11 +17,11 @@
 -- scripts never leave behind) is repaired here, then treated as a lost race.
 --
 -- Returns
---   {1, checkpoint...}  claimed cycle_index + 1 (revision bumped, lease set)
---   {2, checkpoint...}  this token already holds it with a live lease (a
---                       re-sent claim_next after a lost reply)
---   {0, now}            not due any more; the shard has nothing else due
---   {0, now, head_id, head_score}  not due any more; the shard's head now
+--   {REPLY_DONE, checkpoint...}  claimed cycle_index + 1 (revision bumped, lease set)
+--   {REPLY_DONE_BEFORE, checkpoint...}  this token already holds it with a
+--                       live lease (a re-sent claim_next after a lost reply)
+--   {REPLY_REFUSED, now}  not due any more; the shard has nothing else due
+--   {REPLY_REFUSED, now, head_id, head_score}  not due any more; the shard's head now
 --   an AGENTSTATE_CORRUPT error reply: the hash holds a field this library
 --   would not have written (nothing is written)
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
@@ -29,8 +31,8 @@ local now = server_now_ms()
 
 local function lost_race()
   local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  if head[1] then return {0, fmt(now), head[1], head[2]} end
-  return {0, fmt(now)}
+  if head[1] then return {REPLY_REFUSED, fmt(now), head[1], head[2]} end
+  return {REPLY_REFUSED, fmt(now)}
 end
 
 local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
@@ -51,11 +53,11 @@ local next_cycle = cycle + 1
 -- A re-send of a claim_next whose reply was lost: the claim is ours already.
 if held_by == token and lease > now and claimed == fmt(next_cycle) then
   local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
-  table.insert(out, 1, 2)
+  table.insert(out, 1, REPLY_DONE_BEFORE)
   return out
 end
 
-if h[7] == '1' or status ~= 'running' or next_cycle > 4294967295 then
+if is_terminal(status, h[7]) or status ~= 'running' or next_cycle > MAX_CYCLE then
   -- Not claimable at all: it must not be in the index.
   if score then redis.call('ZREM', KEYS[4], task_id) end
   return lost_race()
@@ -83,5 +85,5 @@ redis.call('ZADD', KEYS[4], expires, task_id)
 redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
   'claimed', fmt(next_cycle), 'lease', fmt(expires))
 out[3], out[4], out[5], out[6] = fmt(rev + 1), token, fmt(next_cycle), fmt(expires)
-table.insert(out, 1, 1)
+table.insert(out, 1, REPLY_DONE)
 return out

@@ -4,7 +4,7 @@
 -- Returns the number of values that existed.
 -- Fails with WRONGTYPE before the first DEL if the key index is not ours.
 redis.call('ZCARD', KEYS[1])
-prune(now_ms())
+prune(server_now_ms())
 local n = 0
 for i = 3, #KEYS do
   local member = user_key(KEYS[i])

@@ -7,7 +7,7 @@
 -- Keys whose expiry has passed on the server clock are left out.
 local start, limit = ARGV[1], tonumber(ARGV[2])
 
-local now = now_ms()
+local now = server_now_ms()
 local page = redis.call('ZRANGEBYLEX', KEYS[1], start, '+', 'LIMIT', 0, limit)
 local out = { '' }
 if #page == limit then out[1] = page[#page] end

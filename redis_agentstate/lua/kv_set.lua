@@ -6,7 +6,7 @@
 -- Returns the number of values set.
 local ttl = ARGV[1]
 
-prune(now_ms())
+prune(server_now_ms())
 for i = 3, #KEYS do
   local member = user_key(KEYS[i])
   redis.call('ZADD', KEYS[1], 0, member)

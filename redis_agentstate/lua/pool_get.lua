@@ -3,10 +3,10 @@
 --   KEYS[1..10] - the pool's keys (see _pool.lua)
 --   ARGV[1]    - which hash: 4 (message dedupe), 5 (wakes) or 6 (wake dedupe)
 --   ARGV[2]    - the field
--- Returns {-1} never opened; {0} no such field; {1, value}.
+-- Returns {POOL_NOT_OPEN}; {POOL_ABSENT} no such field; {POOL_DONE, value}.
 local which, field = tonumber(ARGV[1]), ARGV[2]
 
-if not is_open() then return { -1 } end
+if not is_open() then return { POOL_NOT_OPEN } end
 local value = redis.call('HGET', KEYS[which], field)
-if not value then return { 0 } end
-return { 1, value }
+if not value then return { POOL_ABSENT } end
+return { POOL_DONE, value }

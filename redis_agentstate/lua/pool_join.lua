@@ -7,16 +7,17 @@
 --   ARGV[1]     - max records to keep in the log (0 = all)
 --   ARGV[2]     - run id of the member
 --   ARGV[3]     - member blob (also the record's payload)
--- Returns {-1} never opened; {1, seq} joined; {2, seq} this member was joined already.
+-- Returns {POOL_NOT_OPEN}; {POOL_DONE, seq} joined; {POOL_DONE_BEFORE, seq} this
+-- member was joined already.
 local maxlen, run_id, member = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 
-if not is_open() then return { -1 } end
+if not is_open() then return { POOL_NOT_OPEN } end
 if redis.call('HGET', KEYS[2], run_id) == member then
   local joined = redis.call('HGET', KEYS[9], run_id)
-  if joined and not string.find(joined, ':', 1, true) then return { 2, joined } end
+  if joined and not string.find(joined, ':', 1, true) then return { POOL_DONE_BEFORE, joined } end
 end
 redis.call('HSET', KEYS[2], run_id, member)
 local seq = append('member_joined', member, maxlen)
 redis.call('HSET', KEYS[9], run_id, fmt(seq))
 redis.call('ZREM', KEYS[10], run_id)
-return { 1, seq }
+return { POOL_DONE, seq }

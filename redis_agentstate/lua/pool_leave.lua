@@ -7,19 +7,19 @@
 --   ARGV[1]     - max records to keep in the log (0 = all)
 --   ARGV[2]     - how many of the pool's latest leaves to remember (>= 1)
 --   ARGV[3]     - run id of the member
--- Returns {-1} never opened; {-2} not a member; {1, seq, member blob} left;
--- {2, seq, member blob} this run had left already (nothing written).
+-- Returns {POOL_NOT_OPEN}; {POOL_NOT_A_MEMBER}; {POOL_DONE, seq, member blob} left;
+-- {POOL_DONE_BEFORE, seq, member blob} this run had left already (nothing written).
 local maxlen, keep, run_id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 
-if not is_open() then return { -1 } end
+if not is_open() then return { POOL_NOT_OPEN } end
 local member = redis.call('HGET', KEYS[2], run_id)
 if not member then
   local last = redis.call('HGET', KEYS[9], run_id)
   if last then
     local seq, blob = split_seq(last)
-    if seq then return { 2, seq, blob } end
+    if seq then return { POOL_DONE_BEFORE, seq, blob } end
   end
-  return { -2 }
+  return { POOL_NOT_A_MEMBER }
 end
 redis.call('HDEL', KEYS[2], run_id)
 local seq = append('member_left', member, maxlen)
@@ -29,4 +29,4 @@ if redis.call('ZCARD', KEYS[10]) > keep then
   local oldest = redis.call('ZPOPMIN', KEYS[10])
   redis.call('HDEL', KEYS[9], oldest[1])
 end
-return { 1, seq, member }
+return { POOL_DONE, seq, member }

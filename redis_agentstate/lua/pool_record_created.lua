@@ -4,13 +4,14 @@
 --   KEYS[1..10] - the pool's keys (see _pool.lua)
 --   ARGV[1]     - max records to keep in the log (0 = all)
 --   ARGV[2]     - payload blob of the record (an encoded nil)
--- Returns {-1} never opened; {1, seq} recorded; {2, seq} recorded before (nothing written).
+-- Returns {POOL_NOT_OPEN}; {POOL_DONE, seq} recorded; {POOL_DONE_BEFORE, seq}
+-- recorded before (nothing written).
 local maxlen, blob = tonumber(ARGV[1]), ARGV[2]
 
-if not is_open() then return { -1 } end
+if not is_open() then return { POOL_NOT_OPEN } end
 local first = redis.call('HGET', KEYS[1], 'created_seq')
-if first then return { 2, first } end
+if first then return { POOL_DONE_BEFORE, first } end
 redis.call('HSET', KEYS[1], 'created', '1')
 local seq = append('pool_created', blob, maxlen)
 redis.call('HSET', KEYS[1], 'created_seq', fmt(seq))
-return { 1, seq }
+return { POOL_DONE, seq }

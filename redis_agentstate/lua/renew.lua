@@ -1,24 +1,24 @@
 -- renew.lua: extend a live lease held by this token at this revision.
 --   KEYS[1..7] - the task's keys (see _common.lua)
---   ARGV[1]    - claim token
---   ARGV[2]    - expected revision (the one the claim returned)
---   ARGV[3]    - new lease duration in ms, counted from now on the server clock
+--   ARGV[1]    - token: the claim token
+--   ARGV[2]    - expected_revision: the one the claim returned
+--   ARGV[3]    - lease_ms: the new lease duration, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
 -- claim, and the holder must treat its lease as lost.
--- Returns {1, lease_expires_at_ms} renewed; {0} not renewed; an
+-- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_REFUSED} not renewed; an
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
-if not h[1] then return {0} end
+if not h[1] then return {REPLY_REFUSED} end
 if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if h[3] and h[3] ~= '' and not int_in(h[3], 0, MAX_REVISION) then return corrupt(1, 'lease') end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
-  return {0}
+  return {REPLY_REFUSED}
 end
 local expires = now + lease_ms
 -- The index first: if it is of another Redis type, nothing is written.
 redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'lease', fmt(expires))
-return {1, fmt(expires)}
+return {REPLY_DONE, fmt(expires)}

@@ -1,18 +1,30 @@
 -- save.lua: store a checkpoint unconditionally (admin / import), replacing
 -- whatever the task held, history included.
---   KEYS[1..7], ARGV[1..14+] - exactly as create.lua
--- Returns {1, epoch} saved; {2, epoch} this nonce saved already (a re-send writes
--- nothing: it must not clobber what other workers wrote since).
+--   KEYS[1..7] - the task's keys (see _common.lua)
+--   ARGV[1]    - nonce: of this call
+--   ARGV[2]    - token: claim_token to store ('' for none)
+--   ARGV[3]    - revision: to store
+--   ARGV[4]    - cycle_index
+--   ARGV[5]    - status
+--   ARGV[6]    - term: '1' if the body carries a terminal_result
+--   ARGV[7]    - body: blob (shared_state, terminal_result, budget_usage)
+--   ARGV[8]    - claimed_cycle: ('' for none)
+--   ARGV[9]    - lease_expires_at_ms: ('' for none)
+--   ARGV[10]   - n_messages: number of message blobs
+--   ARGV[11..] - blobs: the message blobs, then the cycle blobs (the whole history)
+-- Returns {REPLY_DONE, epoch} saved; {REPLY_DONE_BEFORE, epoch} this nonce saved
+-- already (a re-send writes nothing: it must not clobber what other workers
+-- wrote since).
 local nonce, token, revision, cycle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
-local claimed, lease = ARGV[12], ARGV[13]
+local claimed, lease, n_m = ARGV[8], ARGV[9], tonumber(ARGV[10])
 
 local now = server_now_ms()
 local h = redis.call('HMGET', KEYS[1], 'applied', 'epoch')
-if was_applied(h[1], nonce) then return {2, h[2]} end
-local epoch = write_history(KEYS, '', now)
+if ring_has(h[1], nonce) then return {REPLY_DONE_BEFORE, h[2]} end
+local epoch = write_history(KEYS, '', now, '1', '', -1, -1, ARGV, 11, n_m)
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-  'epoch', epoch, 'applied', remember(h[1], nonce))
+  'epoch', epoch, 'applied', ring_push(h[1], nonce))
 reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, now)
-return {1, epoch}
+return {REPLY_DONE, epoch}

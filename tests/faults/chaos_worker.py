@@ -4,6 +4,9 @@ Run by ``tests/test_chaos.py`` (never by hand)::
 
     python chaos_worker.py --port P --namespace NS --history FILE --worker W [--skew-s S]
 
+The Runner goes on with a task through ``commit_and_claim`` (recorded as a
+commit and, when it applies, a claim) for up to 1, 3 or 8 cycles in a row
+(chosen per process by its seed), so plain commits stay in the mix.
 The handler appends ``{"cycle": n, "token": t}`` to the task's messages, and
 records one pool message with idempotency key ``"<task>#<cycle>"``; after
 ``--done-at`` cycles it finalizes the task. The store is wrapped so that the
@@ -41,7 +44,15 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from redis_agentstate import AgentStateError, AgentStatus, BackendError, Checkpoint, CheckpointStore, RetryPolicy
+from redis_agentstate import (
+    AgentStateError,
+    AgentStatus,
+    BackendError,
+    Checkpoint,
+    CheckpointStore,
+    ClaimRejected,
+    RetryPolicy,
+)
 from redis_agentstate.pool_models import MessageReceipt, RunMessage
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.runner import Runner, StepResult, current_lease
@@ -96,6 +107,45 @@ class RecordingStore(CheckpointStore):
             raise
         self.history.write(type="ok" if ok else "fail", **base)
         return ok
+
+    def commit_and_claim(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        lease_ms: int,
+        next_token: str | None = None,
+        replace_history: bool = False,
+    ) -> Checkpoint | None:
+        """A commit (recorded as such) that, when it applies, is also a claim of the next cycle."""
+        op_id = uuid.uuid4().hex[:12]
+        last = cp.messages[-1] if cp.messages else None
+        attempt = last.get("attempt") if isinstance(last, dict) else None
+        base = {"op": "commit", "id": op_id, "task": cp.task_id, "cycle": cp.cycle_index, "token": token,
+                "attempt": attempt, "via": "commit_and_claim"}  # fmt: skip
+        t0 = time.monotonic()
+        self.history.write(type="invoke", rev=expected_revision, final=False, **base)
+        try:
+            nxt = super().commit_and_claim(
+                cp, token=token, expected_revision=expected_revision, lease_ms=lease_ms, next_token=next_token,
+                replace_history=replace_history,
+            )  # fmt: skip
+        except BackendError as exc:
+            self.history.write(type="unknown", error=type(exc).__name__, **base)
+            raise
+        except ClaimRejected as exc:
+            # Raised only for a re-send whose commit had applied; the claim was taken since.
+            self.history.write(type="ok", claim_error=type(exc).__name__, **base)
+            raise
+        except AgentStateError as exc:
+            self.history.write(type="fail", error=type(exc).__name__, **base)
+            raise
+        self.history.write(type="ok" if nxt is not None else "fail", **base)
+        if nxt is not None:
+            self.history.write(op="claim", type="ok", task=nxt.task_id, cycle=nxt.claimed_cycle, rev=nxt.revision,
+                               token=nxt.claim_token, t0=t0, via="commit_and_claim")  # fmt: skip
+        return nxt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runner = Runner(
         store, handler, lease_ms=args.lease_ms, idle_min_ms=20, idle_max_ms=200, failure_delay_ms=50,
-        worker_id=args.worker, handle_signals=True,
+        worker_id=args.worker, handle_signals=True, max_consecutive_cycles=rng.choice((1, 3, 8)),
     )  # fmt: skip
     stats = runner.run()
     history.write(op="stop", type="ok", **vars(stats))

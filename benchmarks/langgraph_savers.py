@@ -1,0 +1,266 @@
+"""Figure 7 (opt-in, ``--only langgraph``): LangGraph checkpointers on plain Redis, one growing thread.
+
+The workload of issue 10: a thread whose ``messages`` channel (an ``operator.add``
+list) grows by 2 messages of ~90 B per step (the user's, as the input, and the
+node's answer), next to 1 KiB of other state, one step per ``invoke``. Each
+saver runs a fresh thread of ``STEPS`` invokes per round, the savers in a
+shuffled order per round; every invoke is timed. Memory per thread is the
+server's ``used_memory`` delta across the thread's first 100 and all 400 steps
+(the server runs nothing else; for ``AgentStateSaver`` the ``MEMORY USAGE`` of the
+thread's own keys is reported too). Contenders:
+
+* ``redis_agentstate`` ``AgentStateSaver``;
+* ``langgraph-checkpoint-plainredis`` ``RedisSaver`` (plain Redis, no modules);
+* ``langgraph-checkpoint-aws`` ``ValkeySaver`` (valkey-glide client; plain Redis works);
+* ``langgraph-checkpoint-redis``: needs RedisJSON + RediSearch, reported as not run on a server without them.
+
+A contender whose package is missing is reported in its row.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
+
+from ._util import Settings, server_modules, summary
+
+STEPS = 400
+MEMORY_AT = (100, 400)
+MESSAGE = 90
+
+
+class State(TypedDict):
+    messages: Annotated[list[str], operator.add]
+    other: str
+
+
+def _answer(state: State) -> dict[str, Any]:
+    n = len(state["messages"])
+    return {"messages": [f"assistant {n:05d} " + "a" * (MESSAGE - 16)]}
+
+
+def _graph(saver: Any) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    b = StateGraph(State)
+    b.add_node("answer", _answer)
+    b.add_edge(START, "answer")
+    b.add_edge("answer", END)
+    return b.compile(checkpointer=saver)
+
+
+def _ours(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+    from redis_agentstate.keys import Keys
+    from redis_agentstate.langgraph import AgentStateSaver
+
+    client = settings.client()
+    ns = settings.ns("langgraph")
+    saver = AgentStateSaver(client, namespace=ns)
+
+    def own_keys(thread_id: str) -> int | None:
+        return sum(int(client.memory_usage(k, samples=0) or 0) for k in Keys(ns).thread(thread_id).as_list())
+
+    return saver, own_keys
+
+
+def _plainredis(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+    from langgraph_checkpoint_plainredis import RedisSaver
+
+    return RedisSaver(settings.client(), prefix=settings.ns("plainredis")), lambda _t: None
+
+
+def _valkey(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+    from langgraph_checkpoint_aws import ValkeySaver
+    from valkey import Valkey
+
+    client = Valkey.from_url(settings.url)
+    return ValkeySaver(client), lambda _t: None
+
+
+def _redis_checkpoint(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+    modules = {m.lower() for m in server_modules(settings.client())}
+    if not {"rejson", "search"} <= modules and not {"redisjson", "search"} <= modules:
+        raise RuntimeError("needs RedisJSON+RediSearch (server has none)")
+    from langgraph.checkpoint.redis import RedisSaver
+
+    saver = RedisSaver(redis_url=settings.url)
+    saver.setup()
+    return saver, lambda _t: None
+
+
+CONTENDERS: dict[str, Callable[[Settings], tuple[Any, Callable[[str], int | None]]]] = {
+    "redis_agentstate AgentStateSaver": _ours,
+    "langgraph-checkpoint-plainredis RedisSaver": _plainredis,
+    "langgraph-checkpoint-aws ValkeySaver": _valkey,
+    "langgraph-checkpoint-redis RedisSaver": _redis_checkpoint,
+}
+VERSIONS = {
+    "redis_agentstate AgentStateSaver": "redis-agentstate",
+    "langgraph-checkpoint-plainredis RedisSaver": "langgraph-checkpoint-plainredis",
+    "langgraph-checkpoint-aws ValkeySaver": "langgraph-checkpoint-aws",
+    "langgraph-checkpoint-redis RedisSaver": "langgraph-checkpoint-redis",
+}
+
+
+def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Callable[[str], int | None]) -> dict[str, Any]:
+    config = {"configurable": {"thread_id": thread_id}}
+    times_ms: list[float] = []
+    memory: dict[int, dict[str, int | None]] = {}
+    before = int(client.info("memory")["used_memory"])
+    other = "o" * 1024
+    for step in range(1, steps + 1):
+        text = f"user {step:05d} " + "u" * (MESSAGE - 11)
+        payload: dict[str, Any] = {"messages": [text]}
+        if step == 1:
+            payload["other"] = other
+        t0 = time.perf_counter()
+        graph.invoke(payload, config)
+        times_ms.append((time.perf_counter() - t0) * 1000)
+        if step in MEMORY_AT or step == steps:
+            memory[step] = {
+                "used_memory_delta": int(client.info("memory")["used_memory"]) - before,
+                "own_keys": own(thread_id),
+            }
+    values = graph.get_state(config).values
+    assert len(values["messages"]) == 2 * steps and values["other"] == other
+    return {"times_ms": times_ms, "memory": memory}
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    from importlib import metadata
+
+    steps = 20 if settings.quick else STEPS
+    rounds = 1 if settings.quick else max(1, min(settings.rounds, 3))
+    rng = random.Random(settings.seed + 7)
+    client = settings.client()
+    built: dict[str, tuple[Any, Callable[[str], int | None]]] = {}
+    status: dict[str, str] = {}
+    for name, factory in CONTENDERS.items():
+        try:
+            saver, own = factory(settings)
+            built[name] = (_graph(saver), own)
+            status[name] = "ok"
+        except Exception as exc:  # a missing package or module: reported in its row
+            status[name] = f"not run: {type(exc).__name__}: {exc}"
+    for graph, own in built.values():
+        # Warm-up: scripts loaded, connections open, so the memory figures count the thread only.
+        _thread(graph, client, f"bench-warmup-{settings.run_id}", 2, own)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
+    for r in range(rounds):
+        order = list(built)
+        rng.shuffle(order)
+        for name in order:
+            graph, own = built[name]
+            runs[name].append(_thread(graph, client, f"bench-thread-{settings.run_id}-{r}", steps, own))
+    out: dict[str, Any] = {"steps": steps, "rounds": rounds, "message_bytes": MESSAGE, "contenders": {}}
+    for name in CONTENDERS:
+        try:
+            version = metadata.version(VERSIONS[name])
+        except metadata.PackageNotFoundError:
+            version = None
+        row: dict[str, Any] = {"status": status[name], "version": version}
+        if name in runs:
+            first = [sum(t["times_ms"][:10]) / 10 for t in runs[name]]
+            last = [sum(t["times_ms"][-10:]) / 10 for t in runs[name]]
+            row["ms_first10"] = summary(first)
+            row["ms_last10"] = summary(last)
+            row["last_over_first"] = summary([b / a for a, b in zip(first, last, strict=True)])
+            row["memory"] = {
+                str(step): {
+                    "used_memory_delta": summary(
+                        [float(t["memory"][step]["used_memory_delta"] or 0) for t in runs[name]], 0
+                    ),
+                    "own_keys": runs[name][0]["memory"][step]["own_keys"],
+                }
+                for step in sorted(runs[name][0]["memory"])
+            }
+        out["contenders"][name] = row
+    return out
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 / 10 else f"{n / 1024:.0f} KiB"
+
+
+def markdown(fig: dict[str, Any]) -> str:
+    steps = fig["steps"]
+    marks = [str(s) for s in (100, steps) if s <= steps]
+    lines = [
+        f"{fig['rounds']} round(s) of one fresh thread of {steps} invokes per saver; "
+        f"messages ~{fig['message_bytes']} B, "
+        "2 per step, 1 KiB of other state. Memory: the server's used_memory delta over the thread "
+        "(own keys' MEMORY USAGE in brackets where the saver's keys are known).",
+        "",
+        "| saver | ms/invoke, steps 1-10 | ms/invoke, last 10 steps | last / first | "
+        + " | ".join(f"memory per thread, {m} steps" for m in marks)
+        + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in marks) + " |",
+    ]
+    for name, row in fig["contenders"].items():
+        label = f"{name} {row['version']}" if row.get("version") else name
+        if row["status"] != "ok":
+            lines.append(f"| {label} | {row['status']} | - | - | " + " | ".join("-" for _ in marks) + " |")
+            continue
+        mem = []
+        for m in marks:
+            entry = row["memory"].get(m)
+            if entry is None:
+                mem.append("-")
+                continue
+            cell = _mib(entry["used_memory_delta"]["median"])
+            if entry["own_keys"]:
+                cell += f" ({_mib(entry['own_keys'])})"
+            mem.append(cell)
+        f, last, ratio = row["ms_first10"], row["ms_last10"], row["last_over_first"]
+        lines.append(
+            f"| {label} | {f['median']:.2f} ({f['p10']:.2f}-{f['p90']:.2f}) | "
+            f"{last['median']:.2f} ({last['p10']:.2f}-{last['p90']:.2f}) | {ratio['median']:.2f}x | "
+            + " | ".join(mem)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def readme_block(results: dict[str, Any]) -> str:
+    """The LangGraph section of benchmarks/README.md: run facts, the table, and the issue's targets."""
+    meta, fig = results["meta"], results["figures"]["langgraph"]
+    git = meta.get("git") or {}
+    lines = [
+        f"Run of {meta['started']} (`{meta['command']}`, code at commit {git.get('commit', '?')}"
+        f"{' + local changes' if git.get('dirty') else ''}); server: {meta['server']['kind']} redis-server "
+        f"{meta['versions'].get('redis-server')}, modules: {', '.join(meta['server']['modules']) or 'none'}; "
+        f"{meta['machine'].get('cores')} shared cores.",
+        "",
+        markdown(fig),
+        "",
+    ]
+    lines += [f"- {t}" for t in targets(fig)]
+    return "\n".join(lines)
+
+
+def targets(fig: dict[str, Any]) -> list[str]:
+    """The issue's targets, each with its measured figure (medians over rounds)."""
+    rows = fig["contenders"]
+    ours = rows.get("redis_agentstate AgentStateSaver")
+    if not ours or ours["status"] != "ok":
+        return ["our saver did not run"]
+    steps = str(fig["steps"])
+    peers = {n: r for n, r in rows.items() if r is not ours and r["status"] == "ok"}
+    out = []
+    mem = ours["memory"][steps]["used_memory_delta"]["median"]
+    out.append(f"memory per thread after {steps} steps: {mem / 2**20:.2f} MiB (target: at most 1 MiB)")
+    if peers:
+        best = min(r["memory"][steps]["used_memory_delta"]["median"] for r in peers.values())
+        out.append(f"memory, best peer / ours: {best / max(mem, 1):.0f}x (target: at least 50x)")
+    ratio = ours["last_over_first"]["median"]
+    out.append(f"ms per invoke, last 10 steps / steps 1-10: {ratio:.2f}x (target: at most 1.2x)")
+    for n, r in peers.items():
+        first = r["ms_first10"]["median"] / ours["ms_first10"]["median"]
+        last = r["ms_last10"]["median"] / ours["ms_last10"]["median"]
+        out.append(
+            f"{n} / ours, ms per invoke: {first:.2f}x at steps 1-10, {last:.2f}x at the last 10 (target: above 1)"
+        )
+    return out

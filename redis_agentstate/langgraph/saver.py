@@ -1,0 +1,484 @@
+"""``AgentStateSaver`` and ``AsyncAgentStateSaver``: LangGraph checkpointers, thin I/O shells over ``SaverCore``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from .._lease_core import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
+from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from ..clients import RedisClient
+from ..errors import LeaseLost
+from ._core import LG_SCRIPTS, SaverCore
+
+__all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "ThreadLease"]
+
+log = logging.getLogger("redis_agentstate.langgraph")
+
+
+class _Savers(StoreShell[SaverCore], BaseCheckpointSaver[str]):
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        namespace: str = "agentstate",
+        serde: SerializerProtocol | None = None,
+        ttl: float | timedelta | None = None,
+        refresh_on_read: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        BaseCheckpointSaver.__init__(self, serde=serde)
+        core = SaverCore(namespace, self.serde, ttl, refresh_on_read)
+        StoreShell.__init__(self, client, core, LG_SCRIPTS, retry)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> Any:
+        """The base class's shallow clone with a stricter serde (``StateGraph.compile`` calls this).
+
+        The clone's core serializes with the clone's serde, and shares this saver's lease
+        tokens and list cache: a lease taken on this saver fences the compiled graph's writes.
+        """
+        clone = super().with_allowlist(extra_allowlist)
+        if isinstance(clone, _Savers) and clone is not self:
+            clone._core = dataclasses.replace(self._core, serde=clone.serde)
+        return clone
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        return SaverCore.next_version(current)
+
+    def _slice_ms(self) -> int | None:
+        return block_slice_ms(self._client)
+
+
+class AgentStateSaver(_Savers, SyncShell[SaverCore]):
+    """A LangGraph checkpointer on a ``redis.Redis`` or ``RedisCluster`` client.
+
+    ``ttl`` (seconds or a ``timedelta``) expires every key of a thread that long after
+    its last write (set by the same script as the write; ``refresh_on_read`` also
+    refreshes it on ``get_tuple``). ``lease(thread_id)`` makes this saver the thread's
+    one writer. The ``a``-prefixed methods run the blocking ones in the default
+    executor, so the saver also serves ``graph.ainvoke``.
+    """
+
+    # ---- the BaseCheckpointSaver interface --------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._run(self._core.get_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        lister = self._core.lister(config, filter=filter, before=before, limit=limit)
+        while (page := self._run(lister.next_page())) is not None:
+            yield from page
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._run(self._core.put(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        self._run(self._core.put_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._run(self._core.delete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._run(self._core.delete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._run(self._core.copy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        skipped = self._run(self._core.prune(thread_ids, strategy=strategy))
+        if skipped:
+            log.info("prune left %d leased thread(s) alone: %s", len(skipped), skipped)
+
+    # ---- the async twins, on the default executor ----------------------
+
+    async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kwargs))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        result: CheckpointTuple | None = await self._in_thread(self.get_tuple, config)
+        return result
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        lister = self._core.lister(config, filter=filter, before=before, limit=limit)
+        while (page := await self._in_thread(self._run, lister.next_page())) is not None:
+            for item in page:
+                yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        result: RunnableConfig = await self._in_thread(self.put, config, checkpoint, metadata, new_versions)
+        return result
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await self._in_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._in_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._in_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._in_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._in_thread(self.prune, thread_ids, strategy=strategy)
+
+    # ---- one writer per thread -------------------------------------------
+
+    def lease(self, thread_id: str, *, lease_ms: int = 30_000, wait_ms: int = 0) -> ThreadLease:
+        """Claim ``thread_id`` for this saver (``with saver.lease(tid): graph.invoke(...)``).
+
+        While held, this saver's writes to the thread are fenced in Redis (``LeaseLost``
+        once another holder took over) and every other writer's are refused
+        (``ThreadBusy``). A held thread makes this raise ``ThreadBusy`` after ``wait_ms``
+        (0: at once); a waiter is woken by the release, not by polling.
+        """
+        return ThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+
+
+class ThreadLease:
+    """A claimed thread, kept alive by a background thread until the ``with`` block ends."""
+
+    def __init__(self, saver: AgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+        self._saver = saver
+        self.thread_id = thread_id
+        self.timing = LeaseTiming(lease_ms)
+        self.wait_ms = wait_ms
+        self.token = new_token()
+        self._state: LeaseState | None = None
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self._state is not None and self._state.is_lost(monotonic())
+
+    def __enter__(self) -> ThreadLease:
+        core = self._saver._core
+        sent = monotonic()
+        expires = self._saver._run(
+            core.acquire(self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms())
+        )
+        self._state = LeaseState(self.timing, sent_at=sent, expires_at_ms=expires)
+        self._keeper = threading.Thread(target=self._keep, name=f"lease-{self.thread_id}", daemon=True)
+        self._keeper.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def release(self) -> bool:
+        """Give the thread up and wake one waiter; False if it was not ours any more."""
+        state = self._state
+        if state is None or state.ended is not None:
+            return False
+        state.end("released")
+        self._stop.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(timeout=state.time_left(monotonic()))
+        return self._saver._run(self._saver._core.release(self.thread_id, self.token))
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if the keeper could not keep the lease."""
+        state = self._state
+        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
+            raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
+
+    def _keep(self) -> None:
+        state = self._state
+        assert state is not None
+        core = self._saver._core
+        while True:
+            step, delay = state.next_step(monotonic())
+            if step in (STOP, LOST):
+                if step == LOST:
+                    log.error("lease on thread %r lost: %s", self.thread_id, state.loss_reason(monotonic()))
+                return
+            if step == WAIT:
+                self._stop.wait(delay)
+                continue
+            sent = monotonic()
+            try:
+                expires = self._saver._run(core.renew(self.thread_id, self.token, self.timing.lease_ms))
+            except Exception as exc:
+                if (reason := state.renew_failed(monotonic(), exc)) is not None:
+                    state.lose(reason)
+                continue
+            if (reason := state.renewed(sent, monotonic(), expires)) is not None:
+                state.lose(reason)
+
+
+class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
+    """The asyncio twin of :class:`AgentStateSaver` (``redis.asyncio`` clients).
+
+    As ``AsyncPostgresSaver``: the sync methods may be called from another thread
+    than the event loop's (they run the coroutine there); on the loop's own thread
+    they raise ``asyncio.InvalidStateError``.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        namespace: str = "agentstate",
+        serde: SerializerProtocol | None = None,
+        ttl: float | timedelta | None = None,
+        refresh_on_read: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__(
+            client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry
+        )
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._bind()
+        return await self._run(self._core.get_tuple(config))
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        self._bind()
+        lister = self._core.lister(config, filter=filter, before=before, limit=limit)
+        while (page := await self._run(lister.next_page())) is not None:
+            for item in page:
+                yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        self._bind()
+        return await self._run(self._core.put(config, checkpoint, metadata, new_versions))
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        self._bind()
+        await self._run(self._core.put_writes(config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        self._bind()
+        await self._run(self._core.delete_thread(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._bind()
+        await self._run(self._core.delete_for_runs(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._bind()
+        await self._run(self._core.copy_thread(source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._bind()
+        skipped = await self._run(self._core.prune(thread_ids, strategy=strategy))
+        if skipped:
+            log.info("prune left %d leased thread(s) alone: %s", len(skipped), skipped)
+
+    def _bind(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+
+    # ---- sync faces, run on the saver's loop from another thread ------------
+
+    def _sync(self, coro: Any) -> Any:
+        loop = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            coro.close()
+            raise asyncio.InvalidStateError(
+                "Synchronous calls to AsyncAgentStateSaver are only allowed from a thread other than the "
+                "event loop's. From the loop, use the async interface, e.g. `await checkpointer.aget_tuple(...)` "
+                "or `await graph.ainvoke(...)`."
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        result: CheckpointTuple | None = self._sync(self.aget_tuple(config))
+        return result
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._sync(collect())
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        result: RunnableConfig = self._sync(self.aput(config, checkpoint, metadata, new_versions))
+        return result
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        self._sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._sync(self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
+    # ---- one writer per thread -------------------------------------------
+
+    def lease(self, thread_id: str, *, lease_ms: int = 30_000, wait_ms: int = 0) -> AsyncThreadLease:
+        """``async with saver.lease(tid): await graph.ainvoke(...)``: see :meth:`AgentStateSaver.lease`."""
+        return AsyncThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+
+
+class AsyncThreadLease:
+    """The asyncio twin of :class:`ThreadLease`: the keeper is a task."""
+
+    def __init__(self, saver: AsyncAgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+        self._saver = saver
+        self.thread_id = thread_id
+        self.timing = LeaseTiming(lease_ms)
+        self.wait_ms = wait_ms
+        self.token = new_token()
+        self._state: LeaseState | None = None
+        self._stop: asyncio.Event | None = None
+        self._keeper: asyncio.Task[None] | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self._state is not None and self._state.is_lost(monotonic())
+
+    async def __aenter__(self) -> AsyncThreadLease:
+        self._saver._bind()
+        core = self._saver._core
+        sent = monotonic()
+        expires = await self._saver._run(
+            core.acquire(self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms())
+        )
+        self._state = LeaseState(self.timing, sent_at=sent, expires_at_ms=expires)
+        self._stop = asyncio.Event()
+        self._keeper = asyncio.get_running_loop().create_task(self._keep())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
+
+    async def release(self) -> bool:
+        """Give the thread up and wake one waiter; False if it was not ours any more."""
+        state = self._state
+        if state is None or state.ended is not None:
+            return False
+        state.end("released")
+        if self._stop is not None:
+            self._stop.set()
+        if self._keeper is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._keeper, timeout=state.time_left(monotonic()))
+        return await self._saver._run(self._saver._core.release(self.thread_id, self.token))
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if the keeper could not keep the lease."""
+        state = self._state
+        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
+            raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
+
+    async def _keep(self) -> None:
+        state = self._state
+        stop = self._stop
+        assert state is not None and stop is not None
+        core = self._saver._core
+        while True:
+            step, delay = state.next_step(monotonic())
+            if step in (STOP, LOST):
+                if step == LOST:
+                    log.error("lease on thread %r lost: %s", self.thread_id, state.loss_reason(monotonic()))
+                return
+            if step == WAIT:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                continue
+            sent = monotonic()
+            try:
+                expires = await self._saver._run(core.renew(self.thread_id, self.token, self.timing.lease_ms))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if (reason := state.renew_failed(monotonic(), exc)) is not None:
+                    state.lose(reason)
+                continue
+            if (reason := state.renewed(sent, monotonic(), expires)) is not None:
+                state.lose(reason)

@@ -1,0 +1,12 @@
+-- lg_delete_thread.lua: delete every checkpoint, blob and write of a thread.
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
+--   ARGV[1]     - thread id
+--   ARGV[2]     - lease token of the caller ('' = it holds no lease)
+-- Returns {DONE} deleted; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing deleted).
+local tid, token = ARGV[1], ARGV[2]
+
+probe()
+local refused = fence(token, server_now_ms())
+if refused ~= '' then return {REPLY_REFUSED, refused} end
+drop_thread(tid)
+return {REPLY_DONE}

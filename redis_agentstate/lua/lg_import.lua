@@ -1,0 +1,34 @@
+-- lg_import.lua: add another thread's dump to this thread (the target side of copy_thread).
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
+--   ARGV[1]     - thread id
+--   ARGV[2]     - lease token of the writer ('' = it holds no lease)
+--   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
+--   ARGV[4..7]  - how many ARGV entries each part of the dump takes (records,
+--                 blobs, writes: field/value pairs; runs: members)
+--   ARGV[8..]   - the parts, in that order (see lg_dump.lua)
+-- Returns {DONE} copied; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
+local tid, token, ttl = ARGV[1], ARGV[2], ARGV[3]
+
+probe()
+local refused = fence(token, server_now_ms())
+if refused ~= '' then return {REPLY_REFUSED, refused} end
+local i = 8
+local function pairs_into(n, key, index)
+  for j = i, i + n - 1, 2 do
+    redis.call('HSET', key, ARGV[j], ARGV[j + 1])
+    if index then redis.call('ZADD', index, 0, ARGV[j]) end
+  end
+  i = i + n
+end
+local n_records = tonumber(ARGV[4])
+pairs_into(n_records, KEYS[2], KEYS[3])
+pairs_into(tonumber(ARGV[5]), KEYS[4], nil)
+pairs_into(tonumber(ARGV[6]), KEYS[5], nil)
+for j = i, i + tonumber(ARGV[7]) - 1 do
+  local m = ARGV[j]
+  redis.call('ZADD', KEYS[6], 0, m)
+  redis.call('ZADD', KEYS[9], 0, string.sub(m, 1, string.find(m, SEP, 1, true) - 1) .. SEP .. tid)
+end
+if n_records > 0 then redis.call('ZADD', KEYS[8], 0, tid) end
+touch(ttl)
+return {REPLY_DONE}

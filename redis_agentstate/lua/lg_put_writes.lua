@@ -1,0 +1,30 @@
+-- lg_put_writes.lua: store the pending writes of one task against one checkpoint.
+--   KEYS[1..9] - the thread's keys (see _lg.lua)
+--   ARGV[1]     - thread id
+--   ARGV[2]     - lease token of the writer ('' = it holds no lease)
+--   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
+--   ARGV[4]     - <ns>\0<cid>
+--   ARGV[5..]   - triples: <task_id>\0<idx>, '1' to replace an existing write ('0' keeps
+--                 the first: a resent write is a no-op), write
+-- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
+local tid, token, ttl, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+probe()
+local refused = fence(token, server_now_ms())
+if refused ~= '' then return {REPLY_REFUSED, refused} end
+local entries = unpack_writes(redis.call('HGET', KEYS[5], member) or '')
+local at = {}
+for j, e in ipairs(entries) do at[e[1]] = j end
+for i = 5, #ARGV, 3 do
+  local j = at[ARGV[i]]
+  if not j then
+    entries[#entries + 1] = {ARGV[i], ARGV[i + 2]}
+    at[ARGV[i]] = #entries
+  elseif ARGV[i + 1] == '1' then
+    entries[j][2] = ARGV[i + 2]
+  end
+end
+redis.call('HSET', KEYS[5], member, pack_writes(entries))
+redis.call('ZADD', KEYS[8], 0, tid)
+touch(ttl)
+return {REPLY_DONE}

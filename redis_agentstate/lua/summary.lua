@@ -1,0 +1,37 @@
+-- summary.lua: the scalar fields of some tasks of one shard, without their
+-- histories (read-only; `agentstate list` and `stats`).
+--   KEYS[1..] - checkpoints: KEYS[1] of the task's keys (see _common.lua), of
+--               tasks of one shard
+-- Returns {now, <SUMMARY_STRIDE entries per key>}, now in server ms; per key
+--   'ok', status, cycle, rev, token, claimed, lease, term   as stored
+--   'missing'                                                no such task (deleted since it was listed)
+--   'corrupt', what                                          data this library would not have written
+-- each padded with '' to SUMMARY_STRIDE entries. One corrupt task does not
+-- hide the others: it is a row of its own.
+local SUMMARY_STRIDE = 8
+local out = { fmt(server_now_ms()) }
+local n = 1
+for i = 1, #KEYS do
+  local h = redis.pcall('HMGET', KEYS[i], unpack(HASH_FIELDS, 1, 7))
+  local kind, what = 'ok', nil
+  if h.err then
+    kind, what = 'corrupt', h.err
+  elseif not present(h) then
+    kind = 'missing'
+  else
+    local bad = bad_field(h)
+    if bad then kind, what = 'corrupt', 'malformed ' .. bad end
+  end
+  out[n + 1] = kind
+  for j = 1, 7 do
+    if kind == 'ok' then
+      out[n + 1 + j] = h[j] or ''
+    elseif j == 1 and what then
+      out[n + 1 + j] = what
+    else
+      out[n + 1 + j] = ''
+    end
+  end
+  n = n + SUMMARY_STRIDE
+end
+return out

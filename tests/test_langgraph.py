@@ -1,0 +1,648 @@
+"""redis_agentstate.langgraph beyond the conformance suite: real graphs, storage shape, leases, bad input.
+
+Every test runs on fakeredis, a real redis-server and the local Redis Cluster, for the
+sync saver and the async one (graphs through ``invoke``/``ainvoke`` respectively).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import operator
+import threading
+import time
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, Interrupt, interrupt
+
+from redis_agentstate import CorruptState, InvalidArgument, LeaseLost
+from redis_agentstate.keys import Keys
+from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver, ThreadBusy
+
+
+class State(TypedDict):
+    messages: Annotated[list[str], operator.add]
+    count: int
+    blob: str
+
+
+def _step(state: State) -> dict[str, Any]:
+    n = state["count"]
+    return {"messages": [f"user {n} " + "x" * 80, f"ai {n} " + "y" * 80], "count": n + 1}
+
+
+def _ask(state: State) -> dict[str, Any]:
+    answer = interrupt(f"approve {state['count']}?")
+    return {"messages": [f"answer:{answer}"]}
+
+
+def _graph(saver: BaseCheckpointSaver[Any]) -> Any:
+    sub = StateGraph(State)
+    sub.add_node("ask", _ask)
+    sub.add_edge(START, "ask")
+    sub.add_edge("ask", END)
+    b = StateGraph(State)
+    b.add_node("step", _step)
+    b.add_node("review", sub.compile())
+    b.add_edge(START, "step")
+    b.add_edge("step", "review")
+    b.add_edge("review", END)
+    return b.compile(checkpointer=saver)
+
+
+def _plain_graph(saver: BaseCheckpointSaver[Any]) -> Any:
+    b = StateGraph(State)
+    b.add_node("step", _step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    return b.compile(checkpointer=saver)
+
+
+class Driver:
+    """One face over a graph for both flavors: the async saver's graph is driven with a-methods."""
+
+    def __init__(self, graph: Any, flavor: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.graph, self.flavor, self.loop = graph, flavor, loop
+
+    def _go(self, name: str, *args: Any, **kw: Any) -> Any:
+        if self.flavor == "sync":
+            return getattr(self.graph, name)(*args, **kw)
+        return self.loop.run_until_complete(getattr(self.graph, "a" + name)(*args, **kw))
+
+    def invoke(self, *a: Any, **k: Any) -> Any:
+        return self._go("invoke", *a, **k)
+
+    def get_state(self, *a: Any, **k: Any) -> Any:
+        return self._go("get_state", *a, **k)
+
+    def update_state(self, *a: Any, **k: Any) -> Any:
+        return self._go("update_state", *a, **k)
+
+    def history(self, config: Any) -> list[Any]:
+        if self.flavor == "sync":
+            return list(self.graph.get_state_history(config))
+
+        async def collect() -> list[Any]:
+            return [s async for s in self.graph.aget_state_history(config)]
+
+        return self.loop.run_until_complete(collect())
+
+
+@pytest.fixture
+def saver(backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop) -> Any:
+    if flavor == "sync":
+        return AgentStateSaver(backend.sync_client(), namespace=namespace)
+
+    async def build() -> AsyncAgentStateSaver:
+        return AsyncAgentStateSaver(backend.async_client(), namespace=namespace)
+
+    return twin_loop.run_until_complete(build())
+
+
+def _call(saver: Any, loop: asyncio.AbstractEventLoop, name: str, *a: Any, **k: Any) -> Any:
+    """A saver method, sync or (on the async saver) awaited."""
+    if isinstance(saver, AsyncAgentStateSaver):
+        if name == "list":
+
+            async def collect() -> list[Any]:
+                return [t async for t in saver.alist(*a, **k)]
+
+            return loop.run_until_complete(collect())
+        return loop.run_until_complete(getattr(saver, "a" + name)(*a, **k))
+    result = getattr(saver, name)(*a, **k)
+    return list(result) if name == "list" else result
+
+
+def _scenario(d: Driver) -> list[Any]:
+    """invoke, interrupt in a subgraph, resume, update_state, history: everything observable."""
+    seen: list[Any] = []
+    cfg = {"configurable": {"thread_id": "thread-1"}}
+    seen.append(d.invoke({"messages": ["hi"], "count": 0, "blob": "b" * 1024}, cfg))
+    state = d.get_state(cfg, subgraphs=True)
+    seen.append((state.next, [i.value for i in state.tasks[0].interrupts], state.tasks[0].state.values))
+    sub_ns = state.tasks[0].state.config["configurable"]["checkpoint_ns"]
+    assert sub_ns.startswith("review:")  # the subgraph's own checkpoints: a non-empty checkpoint_ns
+    seen.append(d.invoke(Command(resume="yes"), cfg))
+    seen.append(d.get_state(cfg).values)
+    d.update_state(cfg, {"messages": ["edited"], "count": 10})
+    seen.append(d.get_state(cfg).values)
+    seen.append(d.invoke({"messages": ["again"]}, cfg))
+    seen.append(d.invoke(Command(resume="no"), cfg))
+    history = d.history(cfg)
+    seen.append([(h.values, h.next, h.metadata["step"], h.metadata["source"]) for h in history])
+    # Each checkpoint's parent is the one listed after it (the chain is linear).
+    for newer, older in itertools.pairwise(history):
+        assert newer.parent_config["configurable"]["checkpoint_id"] == older.config["configurable"]["checkpoint_id"]
+    # Time travel: replay from the first checkpoint after the update.
+    updated = next(h for h in history if h.metadata["source"] == "update")
+    seen.append(d.invoke(None, updated.config))
+    seen.append(d.get_state(cfg).values)
+    return seen
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with each Interrupt reduced to its payload (their ids hash time-based checkpoint ids)."""
+    if isinstance(value, Interrupt):
+        return ("interrupt", value.value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def test_state_graph_matches_the_in_memory_saver(saver: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop):
+    ours = _plain(_scenario(Driver(_graph(saver), flavor, twin_loop)))
+    reference = _plain(_scenario(Driver(_graph(InMemorySaver()), flavor, twin_loop)))
+    assert ours == reference
+    assert ours[3]["messages"][-1] == "answer:yes"
+    # The subgraph's checkpoints are stored under their namespace.
+    namespaces = {
+        t.config["configurable"]["checkpoint_ns"]
+        for t in _call(saver, twin_loop, "list", {"configurable": {"thread_id": "thread-1"}})
+    }
+    assert "" in namespaces and any(ns.startswith("review:") for ns in namespaces)
+
+
+def _raw(backend: Any) -> Any:
+    return backend.sync_client()
+
+
+def test_list_channel_is_stored_as_tails_and_rebuilt_exactly(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "long"}}
+    first = {"messages": [], "count": 0, "blob": "z" * 1024}
+    for i in range(80):
+        assert d.invoke(first if i == 0 else {"messages": []}, cfg) == ref.invoke(
+            first if i == 0 else {"messages": []}, cfg
+        )
+    ours = [(h.values, h.metadata["step"]) for h in d.history(cfg)]
+    assert ours == [(h.values, h.metadata["step"]) for h in ref.history(cfg)]
+    assert len(ours[0][0]["messages"]) == 160
+    blobs = _raw(backend).hgetall(Keys(namespace).thread("long").blobs)
+    messages = {f: v for f, v in blobs.items() if f.split(b"\0")[1] == b"messages"}
+    tails = [v for v in messages.values() if v[:1] == b"T"]
+    fulls = [v for v in messages.values() if v[:1] == b"F"]
+    # Every version of the list is stored, as its new items only (small tails, and anchors that reach
+    # back to the previous anchor), never in full again: about twice the list in all, not once per step.
+    assert len(tails) >= 150 and len(fulls) == 1
+    final = len(saver.serde.dumps_typed(ours[0][0]["messages"])[1])
+    assert sum(len(v) for v in messages.values()) < 3 * final
+    # The 1 KiB channel that never changes is stored once, not once per checkpoint.
+    assert sum(1 for f in blobs if f.split(b"\0")[1] == b"blob") == 1
+
+
+def test_tail_whose_base_is_gone_is_stored_in_full(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "p"}}
+    for driver in (d, ref):
+        driver.invoke({"messages": ["a"], "count": 0, "blob": ""}, cfg)
+        driver.invoke({"messages": ["b"]}, cfg)
+    # Another saver deletes the thread: this one still remembers the list it last wrote.
+    _call(_second(backend, flavor, namespace, twin_loop), twin_loop, "delete_thread", "p")
+    ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
+    for driver in (d, ref):
+        # The same list again: a tail of the deleted version would be a dangling base.
+        driver.invoke({"messages": ["a", "user 0 " + "x" * 80, "ai 0 " + "y" * 80, "b"], "count": 1, "blob": ""}, cfg)
+    assert d.get_state(cfg).values == ref.get_state(cfg).values
+    assert [h.values for h in d.history(cfg)] == [h.values for h in ref.history(cfg)]
+
+
+def test_prune_keep_latest_keeps_the_tail_chain(saver: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "k"}}
+    for i in range(5):
+        d.invoke({"messages": [f"in{i}"], "count": i, "blob": ""} if i == 0 else {"messages": [f"in{i}"]}, cfg)
+    before = d.get_state(cfg).values
+    _call(saver, twin_loop, "prune", ["k"], strategy="keep_latest")
+    assert len(d.history(cfg)) == 1
+    assert d.get_state(cfg).values == before
+    d.invoke({"messages": ["after"]}, cfg)  # and the thread goes on from there
+    assert d.get_state(cfg).values["messages"][: len(before["messages"])] == before["messages"]
+
+
+def test_put_is_one_round_trip_and_stores_only_new_versions(saver: Any, backend: Any, namespace: str, twin_loop):
+    cfg1 = _call(
+        saver,
+        twin_loop,
+        "put",
+        generate_config("t"),
+        generate_checkpoint(channel_values={"a": "x", "b": "y"}, channel_versions={"a": 1, "b": 1}),
+        generate_metadata(),
+        {"a": 1, "b": 1},
+    )
+    cfg = generate_config("t")
+    cfg["configurable"]["checkpoint_id"] = cfg1["configurable"]["checkpoint_id"]
+    _call(
+        saver,
+        twin_loop,
+        "put",
+        cfg,
+        generate_checkpoint(channel_values={"a": "x2", "b": "y"}, channel_versions={"a": 2, "b": 1}),
+        generate_metadata(step=1),
+        {"a": 2},
+    )
+    assert _raw(backend).hlen(Keys(namespace).thread("t").blobs) == 3
+
+
+def test_list_across_threads_pages_through_the_shard_indexes(saver: Any, twin_loop: asyncio.AbstractEventLoop):
+    for t in range(5):
+        parent = None
+        for _ in range(3 if t else 130):  # one thread longer than a page
+            cfg = generate_config(f"thread-{t}")
+            if parent:
+                cfg["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+            parent = _call(saver, twin_loop, "put", cfg, generate_checkpoint(), generate_metadata(), {})
+    every = _call(saver, twin_loop, "list", None)
+    assert len(every) == 130 + 4 * 3
+    assert {t.config["configurable"]["thread_id"] for t in every} == {f"thread-{t}" for t in range(5)}
+    long = [t.checkpoint["id"] for t in every if t.config["configurable"]["thread_id"] == "thread-0"]
+    assert long == sorted(long, reverse=True)
+    assert len(_call(saver, twin_loop, "list", None, limit=7)) == 7
+    assert len(_call(saver, twin_loop, "list", None, filter={"source": "input"})) == 0
+
+
+def test_ttl_is_set_on_every_data_key_by_each_write(backend: Any, flavor: str, namespace: str, twin_loop):
+    if flavor == "sync":
+        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60)
+    else:
+
+        async def build() -> Any:
+            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, ttl=60)
+
+        saver = twin_loop.run_until_complete(build())
+    stored = _call(
+        saver,
+        twin_loop,
+        "put",
+        generate_config("t", checkpoint_ns=""),
+        generate_checkpoint(channel_values={"a": [1]}, channel_versions={"a": 1}),
+        generate_metadata(run_id="r1"),
+        {"a": 1},
+    )
+    _call(saver, twin_loop, "put_writes", stored, [("a", 2)], "task-1")
+    raw = _raw(backend)
+    k = Keys(namespace).thread("t")
+    for key in (k.records, k.index, k.blobs, k.writes, k.runs):
+        assert 0 < raw.pttl(key) <= 60_000, key
+
+
+def test_bad_input_raises_typed_errors_and_writes_nothing(saver: Any, backend: Any, namespace: str, twin_loop):
+    raw = _raw(backend)
+    with pytest.raises(InvalidArgument, match="thread_id"):
+        _call(saver, twin_loop, "put", {"configurable": {}}, generate_checkpoint(), generate_metadata(), {})
+    with pytest.raises(InvalidArgument):
+        _call(saver, twin_loop, "get_tuple", {"configurable": {"thread_id": "a\0b"}})
+    with pytest.raises(InvalidArgument):
+        _call(saver, twin_loop, "prune", ["t"], strategy="everything")
+    k = Keys(namespace).thread("t")
+    assert [key for key in k.as_list() if raw.exists(key)] == []  # (KEYS would see one cluster node only)
+    # Data of another Redis type under one of the thread's keys: CorruptState naming it, nothing written.
+    raw.set(k.blobs, "not a hash")
+    with pytest.raises(CorruptState) as err:
+        _call(
+            saver,
+            twin_loop,
+            "put",
+            generate_config("t"),
+            generate_checkpoint(channel_values={"a": 1}, channel_versions={"a": 1}),
+            generate_metadata(),
+            {"a": 1},
+        )
+    assert err.value.key == k.blobs and "LangGraph thread 't'" in str(err.value)
+    assert [key for key in k.as_list() if raw.exists(key)] == [k.blobs]
+
+
+# ---- one writer per thread --------------------------------------------------
+
+
+def _put(saver: Any, loop: Any, tid: str, parent: Any = None) -> Any:
+    cfg = generate_config(tid)
+    if parent:
+        cfg["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    return _call(saver, loop, "put", cfg, generate_checkpoint(), generate_metadata(), {})
+
+
+def _count(saver: Any, loop: Any, tid: str) -> int:
+    return len(_call(saver, loop, "list", generate_config(tid)))
+
+
+class _Holder:
+    """Enter/exit a saver's lease whatever its flavor."""
+
+    def __init__(self, saver: Any, loop: asyncio.AbstractEventLoop, tid: str, **kw: Any) -> None:
+        self.lease = saver.lease(tid, **kw)
+        self.loop = loop
+
+    def __enter__(self) -> Any:
+        if hasattr(self.lease, "__aenter__"):
+            return self.loop.run_until_complete(self.lease.__aenter__())
+        return self.lease.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if hasattr(self.lease, "__aexit__"):
+            self.loop.run_until_complete(self.lease.__aexit__(*exc))
+        else:
+            self.lease.__exit__(*exc)
+
+
+def _second(backend: Any, flavor: str, namespace: str, loop: asyncio.AbstractEventLoop) -> Any:
+    if flavor == "sync":
+        return AgentStateSaver(backend.sync_client(), namespace=namespace)
+
+    async def build() -> Any:
+        return AsyncAgentStateSaver(backend.async_client(), namespace=namespace)
+
+    return loop.run_until_complete(build())
+
+
+def test_a_leased_thread_refuses_every_other_writer(saver: Any, backend: Any, flavor: str, namespace: str, twin_loop):
+    other = _second(backend, flavor, namespace, twin_loop)
+    _put(other, twin_loop, "free")  # a thread never leased: written as any saver would
+    with _Holder(saver, twin_loop, "t"):
+        first = _put(saver, twin_loop, "t")
+        with pytest.raises(ThreadBusy):
+            _put(other, twin_loop, "t", first)
+        with pytest.raises(ThreadBusy):
+            _call(other, twin_loop, "put_writes", first, [("a", 1)], "task")
+        with pytest.raises(ThreadBusy):
+            _call(other, twin_loop, "delete_thread", "t")
+        with pytest.raises(ThreadBusy), _Holder(other, twin_loop, "t", wait_ms=0):
+            pass
+        _call(other, twin_loop, "prune", ["t"], strategy="delete")  # left alone: it is leased
+        assert _count(saver, twin_loop, "t") == 1
+        _put(saver, twin_loop, "t", first)
+        assert _call(saver, twin_loop, "get_tuple", first).pending_writes == []
+    assert _count(saver, twin_loop, "t") == 2
+    _put(other, twin_loop, "t")  # released: anyone writes again
+    assert _count(other, twin_loop, "t") == 3
+
+
+def test_a_holder_taken_over_after_expiry_writes_nothing(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop
+):
+    other = _second(backend, flavor, namespace, twin_loop)
+    first = _put(saver, twin_loop, "t")
+    # A holder that froze: its lease (300 ms) runs out and nobody renews it.
+    _call_op(saver, twin_loop, saver._core.acquire("t", "frozen-token", 300, 0, None))
+    time.sleep(0.4)
+    with _Holder(other, twin_loop, "t"):
+        with pytest.raises(LeaseLost):
+            _put(saver, twin_loop, "t", first)
+        with pytest.raises(LeaseLost):
+            _call(saver, twin_loop, "put_writes", first, [("a", 1)], "task")
+        _put(other, twin_loop, "t", first)
+    assert _count(saver, twin_loop, "t") == 2
+
+
+def _call_op(saver: Any, loop: asyncio.AbstractEventLoop, op: Any) -> Any:
+    if isinstance(saver, AsyncAgentStateSaver):
+        return loop.run_until_complete(saver._run(op))
+    return saver._run(op)
+
+
+def test_a_waiter_is_woken_by_the_release(backend: Any, namespace: str):
+    holder = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    waiter = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    got: list[float] = []
+    with holder.lease("t", lease_ms=30_000):
+
+        def wait() -> None:
+            with waiter.lease("t", wait_ms=10_000):
+                got.append(time.monotonic())
+
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.3)
+        assert not got
+        released = time.monotonic()
+    t.join(10)
+    # Woken by the release, long before the holder's 30 s lease would have run out.
+    assert got and got[0] - released < 2.0
+    with holder.lease("t"), pytest.raises(ThreadBusy), waiter.lease("t", wait_ms=200):
+        pass
+
+
+async def test_async_waiter_is_woken_by_the_release(backend: Any, namespace: str):
+    holder = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    waiter = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    try:
+        async with holder.lease("t"):
+
+            async def wait() -> float:
+                async with waiter.lease("t", wait_ms=10_000):
+                    return time.monotonic()
+
+            task = asyncio.create_task(wait())
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            released = time.monotonic()
+        assert await asyncio.wait_for(task, 10) - released < 2.0
+    finally:
+        await holder.client.aclose()
+        await waiter.client.aclose()
+
+
+# ---- retention and serialization ------------------------------------------
+
+
+def _delta_reducer(state: list[Any], writes: list[list[Any]]) -> list[Any]:
+    out = list(state)
+    for w in writes:
+        out.extend(w)
+    return out
+
+
+class DeltaState(TypedDict):
+    items: Annotated[list[Any], DeltaChannel(_delta_reducer, snapshot_frequency=3)]
+
+
+def _delta_step(state: DeltaState) -> dict[str, Any]:
+    return {"items": [len(state["items"])]}
+
+
+def test_prune_keep_latest_keeps_what_a_delta_channel_replays(saver: Any, flavor: str, twin_loop):
+    b = StateGraph(DeltaState)
+    b.add_node("step", _delta_step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    d = Driver(b.compile(checkpointer=saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "delta"}}
+    for _ in range(4):
+        d.invoke({"items": ["in"]}, cfg)
+    before = d.get_state(cfg).values
+    assert before["items"] == ["in", 1, "in", 3, "in", 5, "in", 7]
+    _call(saver, twin_loop, "prune", ["delta"], strategy="keep_latest")
+    # A naive keep_latest rebuilds the channel as [] (the base class's warning).
+    assert d.get_state(cfg).values == before
+    assert 1 < len(d.history(cfg)) < 4 * 3 + 1  # ancestors back to the snapshot only
+
+
+class _XorCipher:
+    """A stand-in for AES in tests (EncryptedSerializer only needs encrypt/decrypt)."""
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "xor", bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "xor"
+        return bytes(b ^ 0x5A for b in ciphertext)
+
+
+def test_encrypted_serializer(backend: Any, flavor: str, namespace: str, twin_loop):
+    serde = EncryptedSerializer(_XorCipher())
+    if flavor == "sync":
+        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
+    else:
+
+        async def build() -> Any:
+            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
+
+        saver = twin_loop.run_until_complete(build())
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "secret"}}
+    for i in range(3):
+        d.invoke({"messages": ["top secret"], "count": 0, "blob": "classified"} if i == 0 else {"messages": []}, cfg)
+    assert d.get_state(cfg).values["messages"][0] == "top secret"
+    assert len(d.get_state(cfg).values["messages"]) == 7
+    raw = _raw(backend)
+    k = Keys(namespace).thread("secret")
+    stored = b"".join(raw.hvals(k.blobs)) + b"".join(raw.hvals(k.records))
+    assert b"top secret" not in stored and b"classified" not in stored
+    assert b"+xor" in stored
+
+
+def test_the_keeper_renews_the_lease(backend: Any, namespace: str):
+    holder = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    other = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    with holder.lease("t", lease_ms=400) as lease:
+        time.sleep(1.2)  # three leases long: only renewals keep it
+        assert not lease.lost
+        with pytest.raises(ThreadBusy):
+            _put(other, None, "t")
+        _put(holder, None, "t")
+    _put(other, None, "t")
+
+
+class Note(TypedDict):
+    notes: Annotated[list[dict[str, Any]], operator.add]
+
+
+def test_an_old_item_changed_in_place_is_not_lost_to_a_tail(saver: Any, flavor: str, twin_loop):
+    """A node that edits an earlier list item in place: the stored list must carry the edit."""
+
+    def add(state: Note) -> dict[str, Any]:
+        return {"notes": [{"text": f"note {len(state['notes'])}"}]}
+
+    def edit(state: Note) -> dict[str, Any]:
+        state["notes"][0]["text"] = f"edited at {len(state['notes'])}"  # the object the last checkpoint holds
+        return {"notes": [{"text": "edit"}]}
+
+    def build(s: Any) -> Any:
+        b = StateGraph(Note)
+        b.add_node("add", add)
+        b.add_node("edit", edit)
+        b.add_edge(START, "add")
+        b.add_edge("add", "edit")
+        b.add_edge("edit", END)
+        return b.compile(checkpointer=s)
+
+    ours, ref = Driver(build(saver), flavor, twin_loop), Driver(build(InMemorySaver()), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "inplace"}}
+    # durability="sync": each checkpoint is stored before the next step runs. (With LangGraph's default
+    # "async", a put still in flight can see the next node's in-place edit, whatever the saver.)
+    for _ in range(3):
+        assert ours.invoke({"notes": []}, cfg, durability="sync") == ref.invoke({"notes": []}, cfg, durability="sync")
+    assert ours.get_state(cfg).values["notes"][0]["text"] == "edited at 5"
+    assert [h.values for h in ours.history(cfg)] == [h.values for h in ref.history(cfg)]
+
+
+def test_refresh_on_read_extends_the_ttl(backend: Any, namespace: str):
+    raw = _raw(backend)
+    keys = Keys(namespace).thread("t")
+    plain = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60)
+    refreshing = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60, refresh_on_read=True)
+    stored = _put(plain, None, "t")
+    raw.pexpire(keys.records, 5_000)
+    plain.get_tuple(stored)
+    assert raw.pttl(keys.records) <= 5_000  # a read leaves the expiry alone by default
+    refreshing.get_tuple(stored)
+    assert raw.pttl(keys.records) > 50_000
+    with pytest.raises(InvalidArgument):
+        AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=-1)
+
+
+def test_anchors_and_full_copies_rebuild_exactly(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop, monkeypatch: pytest.MonkeyPatch
+):
+    import redis_agentstate.langgraph._core as core
+
+    monkeypatch.setattr(core, "TAIL_CHAIN", 3)  # an anchor every 3rd version, a full copy every 3rd anchor
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "anchors"}}
+    for i in range(15):
+        payload = {"messages": [f"in {i}"], "count": 0, "blob": ""} if i == 0 else {"messages": [f"in {i}"]}
+        assert d.invoke(payload, cfg) == ref.invoke(payload, cfg)
+    assert [h.values for h in d.history(cfg)] == [h.values for h in ref.history(cfg)]
+    blobs = _raw(backend).hgetall(Keys(namespace).thread("anchors").blobs)
+    kinds = [v[:1] for f, v in blobs.items() if f.split(b"\0")[1] == b"messages"]
+    assert kinds.count(b"F") >= 2 and kinds.count(b"T") >= 20
+    _call(saver, twin_loop, "prune", ["anchors"], strategy="keep_latest")  # keeps the chain the head reads
+    assert d.get_state(cfg).values == ref.get_state(cfg).values
+
+
+def test_the_compiled_graph_uses_the_allowlisted_serde_and_shares_leases(backend: Any, namespace: str):
+    serde = JsonPlusSerializer(allowed_msgpack_modules=[("collections", "OrderedDict")])
+    saver = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
+    clone = saver.with_allowlist({("tests", "test_langgraph", "State")})  # what StateGraph.compile may ask
+    assert clone is not saver and clone.serde is not saver.serde
+    assert clone._core.serde is clone.serde and clone._core.tokens is saver._core.tokens
+    graph = _plain_graph(clone)
+    cfg = {"configurable": {"thread_id": "shared"}}
+    other = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    with saver.lease("shared"):  # leased on the saver: the clone's writes carry its token
+        graph.invoke({"messages": ["a"], "count": 0, "blob": ""}, cfg)
+        with pytest.raises(ThreadBusy):
+            _plain_graph(other).invoke({"messages": ["b"]}, cfg)
+    assert graph.get_state(cfg).values["messages"][0] == "a"
+
+
+def test_list_by_checkpoint_id_without_a_namespace(saver: Any, twin_loop):
+    first = _put(saver, twin_loop, "t")
+    _put(saver, twin_loop, "t", first)
+    cid = first["configurable"]["checkpoint_id"]
+    found = _call(saver, twin_loop, "list", {"configurable": {"thread_id": "t", "checkpoint_id": cid}})
+    assert [t.checkpoint["id"] for t in found] == [cid]
+    assert len(_call(saver, twin_loop, "list", {"configurable": {"thread_id": "t"}}, limit=1)) == 1
+
+
+def test_a_tail_chain_that_loops_is_corrupt_state(saver: Any, backend: Any, namespace: str, twin_loop):
+    stored = _call(
+        saver,
+        twin_loop,
+        "put",
+        generate_config("loop"),
+        generate_checkpoint(channel_values={"a": [1]}, channel_versions={"a": "v1"}),
+        generate_metadata(),
+        {"a": "v1"},
+    )
+    k = Keys(namespace).thread("loop")
+    _raw(backend).hset(k.blobs, "\0a\0v1", b"T2:v1" + b"\x92\xa4json\xc4\x02[]")  # its own base
+    with pytest.raises(CorruptState) as err:
+        _call(saver, twin_loop, "get_tuple", stored)
+    assert err.value.key == k.blobs
