@@ -196,11 +196,13 @@ class TestKeysAndTtl:
     def test_expired_keys_are_never_reported(self, kv: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(_kv_core, "_KEYS_PAGE", 2)
         kv.set_many({f"live{i}": b"v" for i in range(5)})
-        kv.set("short", b"x", ttl_ms=150)
-        kv.set_many({f"short{i}": b"x" for i in range(5)}, ttl_ms=150)
+        # 1 s, not less: on a loaded 2-core CI (nox sessions side by side) the writes and the
+        # paged count below took longer than 150 ms and the short keys expired before it.
+        kv.set("short", b"x", ttl_ms=1000)
+        kv.set_many({f"short{i}": b"x" for i in range(5)}, ttl_ms=1000)
         kv.set("long", b"y", ttl_ms=60_000)
         assert kv.count() == 12 and len(list(kv.keys())) == 12 and kv.get("short") == b"x"
-        time.sleep(0.3)
+        time.sleep(1.2)
         assert kv.get("short") is None and kv.exists("short") is False
         assert sorted(kv.keys()) == sorted([*(f"live{i}" for i in range(5)), "long"])
         assert kv.count() == 6

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+import sys
 import threading
 import time
 from typing import Annotated, Any, TypedDict
@@ -159,7 +160,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def test_state_graph_matches_the_in_memory_saver(saver: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop):
+def test_state_graph_matches_the_in_memory_saver(
+    saver: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest
+):
+    # LangGraph's interrupt() reads its config from a contextvar that asyncio hands to the node's
+    # task only from Python 3.11 on, so before 3.11 an async graph that interrupts fails inside
+    # LangGraph ("Called get_config outside of a runnable context"), whatever the checkpointer.
+    request.applymarker(
+        pytest.mark.xfail(
+            flavor == "async" and sys.version_info < (3, 11),
+            reason="LangGraph: interrupt() in an async graph needs Python 3.11",
+            raises=RuntimeError,
+            strict=True,
+        )
+    )
     ours = _plain(_scenario(Driver(_graph(saver), flavor, twin_loop)))
     reference = _plain(_scenario(Driver(_graph(InMemorySaver()), flavor, twin_loop)))
     assert ours == reference

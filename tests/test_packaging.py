@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 import zipfile
+from email.parser import HeaderParser
 from importlib import resources
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 import redis_agentstate
 from redis_agentstate import scripts
@@ -42,7 +45,9 @@ def test_checkpoint_script_constants_match_files() -> None:
         assert 0 < text.index("-- _base.lua") < text.index("-- _common.lua") < text.index(f"-- {name}.lua")
 
 
-def test_wheel_ships_scripts_and_py_typed(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [
             sys.executable,
@@ -53,18 +58,59 @@ def test_wheel_ships_scripts_and_py_typed(tmp_path: Path) -> None:
             "--no-deps",
             "--no-build-isolation",
             "-w",
-            str(tmp_path),
+            str(out),
             str(ROOT),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("*.whl")
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_wheel_ships_scripts_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "redis_agentstate/py.typed" in names
     for lua in lua_files():
         assert f"redis_agentstate/lua/{lua}" in names
     assert redis_agentstate.__version__ in wheel.name
+
+
+def noxfile_constant(name: str) -> object:
+    """A module-level constant of noxfile.py, read without importing nox."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text("utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"noxfile.py defines no {name}")
+
+
+def test_every_supported_python_is_classified_tested_and_run_in_ci(wheel: Path) -> None:
+    """requires-python, the wheel's classifiers, the nox sessions and .ci/run name the same Pythons."""
+    with zipfile.ZipFile(wheel) as zf:
+        (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = HeaderParser().parsestr(zf.read(meta_name).decode("utf-8"))
+    classified = [
+        c.rsplit(" :: ", 1)[1]
+        for c in meta.get_all("Classifier", [])
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    pythons = noxfile_constant("PYTHONS")
+    assert isinstance(pythons, list)
+    assert classified == pythons, "pyproject classifiers and noxfile.PYTHONS disagree"
+
+    minors = [int(v.split(".")[1]) for v in pythons]
+    assert minors == list(range(minors[0], minors[-1] + 1)), "a version is missing between the oldest and newest"
+    requires = SpecifierSet(meta["Requires-Python"])
+    assert all(requires.contains(f"{v}.0") for v in pythons)
+    assert not requires.contains(f"3.{minors[0] - 1}.99"), "requires-python admits a Python no session tests"
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in pythons, "this interpreter is not a supported one"
+
+    full = noxfile_constant("FULL")
+    ci = (ROOT / ".ci" / "run").read_text("utf-8")
+    assert set(re.findall(r"\btests-(3\.\d+)\b", ci)) == set(pythons) - {full}, (
+        ".ci/run runs the full suite on noxfile.FULL and the nox session of every other version"
+    )
 
 
 #: Modules of the package root that are not the library core: the CLI (which registers the demo's

@@ -322,18 +322,31 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
+# Python 3.13's default context verifies with VERIFY_X509_STRICT: a CA needs its key usage and a
+# leaf its authority key identifier, as a real CA's certificates have them.
+CA_EXTENSIONS = ("-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+SERVER_EXTENSIONS = """\
+subjectAltName=DNS:localhost,IP:127.0.0.1
+basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectKeyIdentifier=hash
+authorityKeyIdentifier=keyid,issuer
+"""
+
+
 def make_certs(d: Path) -> dict[str, Path]:
     """A throwaway CA, and a server certificate it signed for localhost / 127.0.0.1."""
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "1", "-subj", "/CN=agentstate test CA", cwd=d)  # fmt: skip
+             "-days", "1", "-subj", "/CN=agentstate test CA", *CA_EXTENSIONS, cwd=d)  # fmt: skip
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
              "-subj", "/CN=localhost", cwd=d)  # fmt: skip
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    (d / "server.cnf").write_text(SERVER_EXTENSIONS)
     _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "server.crt", "-days", "1", "-extfile", "san.cnf", cwd=d)  # fmt: skip
+             "-out", "server.crt", "-days", "1", "-extfile", "server.cnf", cwd=d)  # fmt: skip
     # A second, unrelated CA: a client trusting only it must be refused.
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.crt",
-             "-days", "1", "-subj", "/CN=rogue CA", cwd=d)  # fmt: skip
+             "-days", "1", "-subj", "/CN=rogue CA", *CA_EXTENSIONS, cwd=d)  # fmt: skip
     return {name: d / f"{name}.crt" for name in ("ca", "server", "rogue")} | {"key": d / "server.key"}
 
 
