@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
-from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .clients import RedisClient
 
 __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
@@ -20,9 +20,11 @@ class _KeyValues(StoreShell[KvCore]):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         *,
         retry: RetryPolicy | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        super().__init__(client, core, KV_SCRIPTS, retry)
+        super().__init__(client, core, KV_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
 
 
 class KeyValueStore(_KeyValues, SyncShell[KvCore]):

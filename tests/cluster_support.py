@@ -106,13 +106,16 @@ class LocalCluster:
     # ---- lifecycle ------------------------------------------------------
 
     @classmethod
-    def start(cls, primaries: int = 3, *, node_timeout_ms: int = 2000, timeout: float = 30.0) -> LocalCluster:
+    def start(
+        cls, primaries: int = 3, *, replicas: int = 0, node_timeout_ms: int = 2000, timeout: float = 30.0
+    ) -> LocalCluster:
+        """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster-replicas``)."""
         server, cli = require_cluster_tools()
         used: set[int] = set()
         nodes: list[ClusterNode] = []
         cluster = cls(nodes=nodes, cli=cli)
         try:
-            for _ in range(primaries):
+            for _ in range(primaries * (1 + replicas)):
                 port, bus = _free_port(used), _free_port(used)
                 d = tempfile.mkdtemp(prefix="agentstate-cluster-")
                 args = [
@@ -125,8 +128,9 @@ class LocalCluster:
                 nodes.append(ClusterNode(port=port, bus_port=bus, dir=d, proc=proc))
             for node in nodes:
                 cluster._wait_ping(node, timeout)
+            addrs = [n.addr for n in nodes]
             out = subprocess.run(
-                [cli, "--cluster", "create", *(n.addr for n in nodes), "--cluster-replicas", "0", "--cluster-yes"],
+                [cli, "--cluster", "create", *addrs, "--cluster-replicas", str(replicas), "--cluster-yes"],
                 capture_output=True,
                 text=True,
                 timeout=timeout,

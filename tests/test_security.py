@@ -53,8 +53,8 @@ pytestmark = pytest.mark.real
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
     "del", "eval", "evalsha", "exists", "get", "hdel", "hget", "hincrby", "hlen", "hmget", "hscan", "hset", "incr",
-    "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "xadd", "xlen", "xrange", "xread",
-    "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
+    "info", "llen", "lrange", "pexpiretime", "rpush", "script|load", "set", "time", "type", "wait", "xadd", "xlen",
+    "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zscore",
 )  # fmt: skip
 
 
