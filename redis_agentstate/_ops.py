@@ -430,7 +430,9 @@ class ReplicaAck:
         Raises ``ReplicationUnsafe`` (nothing written yet) when a primary could never give
         ``replicas`` acknowledgements: every write would time out.
         """
-        aof = bool(infos)
+        if not infos:
+            raise ReplicationUnsafe(f"wait_replicas={self.replicas}: the client knows no primary to check")
+        aof = True
         for node, info in infos.items():
             role = _text(info.get("role", "?"))
             if role != "master":
@@ -541,6 +543,9 @@ def _learn_sync(client: SyncClient, ack: ReplicaAck) -> None:
 
 async def _learn_async(client: AsyncClient, ack: ReplicaAck) -> None:
     infos: dict[str, dict[str, Any]] = {}
+    if _is_cluster(client):
+        # An asyncio RedisCluster learns its nodes on first use; the routing of WAITs needs them now.
+        await cast(Any, client).initialize()
     try:
         for node in _info_targets(client):
             options = {} if node is None else {"target_nodes": node}

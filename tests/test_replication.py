@@ -9,10 +9,13 @@ fakeredis has neither WAIT nor INFO, so the option refuses it at construction.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
+import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ import redis
 import redis.asyncio as aioredis
 from conftest import RedisServerProcess, Twin
 from flows import checkpoint_flow, kv_flow, pool_flow
-from replication_support import Replicated
+from replication_support import Replicated, online_replicas, wait_until
 
 import redis_agentstate
 from redis_agentstate import (
@@ -274,3 +277,101 @@ class TestUnsafeSetup:
         store = make("checkpoint", pair.replicas[0].port, namespace, wait_replicas=1)
         with pytest.raises(ReplicationUnsafe, match="is a slave"):
             store.create(Checkpoint("t"))
+
+
+# ---- Redis Cluster with a replica per primary -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster() -> Iterator[Any]:
+    from cluster_support import LocalCluster
+
+    try:
+        cluster = LocalCluster.start(3, replicas=1)
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        pytest.skip(f"local Redis Cluster with replicas did not start: {exc}")
+    try:
+        primaries = [n for n in cluster.nodes if n.client().info("replication")["role"] == "master"]
+        assert len(primaries) == 3
+        for node in primaries:
+            wait_until(f"the replica of {node.port} online", lambda node=node: online_replicas(node.port) == 1)
+            # A replica of a cluster just formed may still be settling (a second sync) after it shows
+            # online: wait until it acknowledges a write, so the test measures the library, not that.
+            wait_until(f"the replica of {node.port} acknowledging", lambda node=node: _acks(cluster, node.port))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _acks(cluster: Any, port: int) -> bool:
+    """A write on the primary at ``port`` is acknowledged by its replica."""
+    key = next(k for k in (f"settle{i}" for i in range(10_000)) if _owner(cluster, k) == port)
+    with redis.Redis(port=port) as c:
+        c.execute_command("INCR", key)
+        return bool(c.execute_command("WAIT", 1, 200) == 1)
+
+
+def _owner(cluster: Any, key: str) -> int:
+    return int(cluster.owner_of_slot(redis.cluster.key_slot(key.encode())).port)
+
+
+def _replica_of(port: int, cluster: Any) -> Any:
+    with redis.Redis(port=port) as c:
+        replica_port = int(c.info("replication")["slave0"]["port"])
+    return cluster.node_by_port(replica_port)
+
+
+def _cluster_stores(cluster: Any, flavor: str, loop: asyncio.AbstractEventLoop, namespace: str, **kw: Any) -> Any:
+    if flavor == "sync":
+        return CheckpointStore(cluster.sync_client(), namespace, **kw), KeyValueStore(
+            cluster.sync_client(), namespace, **kw
+        )
+    client = cluster.async_client()
+    return Twin(AsyncCheckpointStore(client, namespace, **kw), loop), Twin(
+        AsyncKeyValueStore(client, namespace, **kw), loop
+    )
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_on_a_cluster_each_wait_goes_to_the_primary_that_owns_the_write(
+    replicated_cluster: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    cluster = replicated_cluster
+    store, kv = _cluster_stores(cluster, flavor, twin_loop, namespace, wait_replicas=1, wait_timeout_ms=300)
+    checkpoint_flow(store, ["t1", "a:b"])
+    kv_flow(kv)
+    key = Keys(namespace).task("t").checkpoint
+    owner = cluster.owner_of_slot(redis.cluster.key_slot(key.encode()))
+    others = [n for n in cluster.nodes if n.port != owner.port]
+    assert store.create(Checkpoint("warm")) in (True, False)
+    before = {n.port: _waits(n.port) for n in cluster.nodes}
+    assert store.create(Checkpoint("t"))
+    after = {n.port: _waits(n.port) for n in cluster.nodes}
+    assert after[owner.port] == before[owner.port] + 1
+    assert all(after[n.port] == before[n.port] for n in others)
+    # Its replica frozen: the write is not acknowledged; another primary's replica frozen: it is.
+    cp = store.claim("t", 1, token="w", lease_ms=60_000)
+    cp.cycle_index = 1
+    with pytest.raises(WriteNotReplicated) as info, _frozen(_replica_of(owner.port, cluster)):
+        store.commit(cp, token="w", expected_revision=cp.revision)
+    assert info.value.task_id == "t"
+    assert store.commit(cp, token="w", expected_revision=cp.revision) is True  # the re-send, recognised
+    other_primary = next(n for n in others if n.client().info("replication")["role"] == "master")
+    with _frozen(_replica_of(other_primary.port, cluster)):
+        cp = store.claim("t", 2, token="w", lease_ms=60_000)
+        assert cp is not None and cp.claimed_cycle == 2
+    # A batch over many shards (so several primaries): one WAIT per primary it wrote to.
+    before = {n.port: _waits(n.port) for n in cluster.nodes}
+    kv.set_many({f"k{i}": b"v" for i in range(40)})
+    after = {n.port: _waits(n.port) for n in cluster.nodes}
+    assert sorted(after[p] - before[p] for p in after) == [0, 0, 0, 1, 1, 1]
+
+
+@contextmanager
+def _frozen(node: Any) -> Iterator[None]:
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
