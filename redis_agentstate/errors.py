@@ -155,10 +155,13 @@ class WriteNotReplicated(BackendError):
     that a failover can take back is what this option exists to avoid. Re-send the same call
     (same token, same ``expected_revision``, same checkpoint) once replicas are back: every
     write is recognised by its write identity, so a re-send of a write that did apply answers
-    as if it were the first: ``commit``/``finalize``/``create`` return True, ``claim`` with the
-    same token returns the same claim (same revision and lease), a pool write returns the same
-    receipt. If the write was lost in a failover, the re-send applies it now (or is refused
-    like any fenced write if someone else moved the task on meanwhile).
+    as if it were the first: ``commit``/``finalize`` return True, ``claim`` with the same token
+    returns the same claim (same revision and lease), ``acknowledge_terminal`` True, a pool
+    message or wake with an idempotency key its first receipt, ``open`` with the same config,
+    ``join`` and ``leave`` their result; key/value writes and ``delete`` are idempotent. Only
+    ``create`` is first-wins: its re-send returns False (load and compare). If the write was
+    lost in a failover, the re-send applies it now (or is refused like any fenced write if
+    someone else moved the task on meanwhile).
 
     ``acknowledged`` is how many replicas did acknowledge (the lowest over the nodes the call
     wrote to), ``required`` the store's ``wait_replicas``.

@@ -1,0 +1,284 @@
+"""Chaos across Sentinel failover: what ``wait_replicas`` changes when the primary is SIGKILLed.
+
+Setup (every server private, loopback, started here): 1 primary and 2 replicas with
+``min-replicas-to-write 1``, 3 Sentinels (quorum 2). Worker processes
+(``faults/chaos_worker.py``) run the Runner through a Sentinel-managed client, with
+``wait_replicas`` 0 or 1. The nemesis, every ``FAILOVER_EVERY_S``: ``kill -9`` the current
+primary, waits until the Sentinels promote a replica, and brings the old primary back (same
+port, no data) as a replica of the new one. At the end the history checker
+(``faults/checker.py``) holds what the workers were told against the final state, and the
+violations are sorted into: acknowledged commits lost, cycles applied twice, stale claims or
+commits that won. The gap between the last acknowledged commit before each kill and the first
+after it is the failover time the workers saw.
+
+* ``test_sentinel_failover_bounded`` (normal suite, ~25 s per setting): one failover;
+  with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
+* ``test_sentinel_failover_long`` (marker ``chaos``): ``FAILOVER_RUNS`` runs of
+  ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
+  (see docs/durability.md for the command and the figures).
+
+Not covered here (issue 12 asks for them too): the split-brain nemesis (the primary cut off
+from clients by the fault proxy while it keeps running) and the Cluster setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import RedisServerProcess, free_port
+from faults.checker import FinalTask, check, read_histories
+from replication_support import Replicated, online_replicas, wait_until
+
+from redis_agentstate import Checkpoint, CheckpointStore
+from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
+from redis_agentstate.pools import PoolStore
+
+WORKER = Path(__file__).parent / "faults" / "chaos_worker.py"
+SERVICE = "agentstate-failover"
+SERVER_ARGS = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+LEASE_MS = 1000
+WAIT_TIMEOUT_MS = 500
+
+
+@dataclass
+class SentinelFleet:
+    dir: Path
+    ns: str
+    wait_replicas: int
+    servers: dict[int, RedisServerProcess]
+    sentinel_ports: list[int] = field(default_factory=list)
+    sentinels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    failovers: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, base: Path, wait_replicas: int) -> SentinelFleet:
+        setup = Replicated.start(2, *SERVER_ARGS)
+        servers = {s.port: s for s in (setup.primary, *setup.replicas)}
+        fleet = cls(base, f"failover-{uuid.uuid4().hex[:6]}", wait_replicas, servers)
+        try:
+            for i in range(3):
+                port = free_port()
+                folder = base / f"sentinel-{i}"
+                folder.mkdir()
+                (folder / "sentinel.conf").write_text(
+                    f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder}/sentinel.log\n"
+                    f"sentinel monitor {SERVICE} 127.0.0.1 {setup.primary.port} 2\n"
+                    f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+                    f"sentinel failover-timeout {SERVICE} 4000\nsentinel parallel-syncs {SERVICE} 2\n"
+                )
+                fleet.sentinel_ports.append(port)
+                fleet.sentinels.append(
+                    subprocess.Popen(
+                        [str(shutil.which("redis-server")), str(folder / "sentinel.conf"), "--sentinel"],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+            for port in fleet.sentinel_ports:
+                wait_until("the sentinels to know each other and both replicas", lambda p=port: fleet._sees(p))
+        except BaseException:
+            fleet.stop()
+            raise
+        return fleet
+
+    def ask(self, *command: Any, port: int | None = None) -> Any:
+        with redis.Redis(port=port or self.sentinel_ports[0], socket_timeout=2) as s:
+            return s.execute_command(*command)
+
+    def _sees(self, port: int) -> bool:
+        return (
+            len(self.ask("SENTINEL", "SENTINELS", SERVICE, port=port)) == 2
+            and len(self.ask("SENTINEL", "REPLICAS", SERVICE, port=port)) >= 2
+        )
+
+    def primary_port(self) -> int:
+        return int(self.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
+
+    def spawn(self, i: int) -> None:
+        args = [
+            sys.executable, str(WORKER), "--sentinels", ",".join(map(str, self.sentinel_ports)),
+            "--service", SERVICE, "--namespace", self.ns, "--history", str(self.dir / f"history-{i}.jsonl"),
+            "--worker", f"w{i}", "--lease-ms", str(LEASE_MS), "--seed", str(i),
+            "--wait-replicas", str(self.wait_replicas), "--wait-timeout-ms", str(WAIT_TIMEOUT_MS),
+        ]  # fmt: skip
+        log = open(self.dir / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.workers.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+
+    def fail_over(self) -> dict[str, float]:
+        """kill -9 the primary, wait for the promotion, bring the old primary back as a replica."""
+        old = self.primary_port()
+        killed_at = time.monotonic()
+        self.servers[old].proc.send_signal(signal.SIGKILL)
+        self.servers[old].proc.wait()
+        wait_until("a promotion", lambda: self.primary_port() != old, timeout=30)
+        new = self.primary_port()
+        with redis.Redis(port=new, socket_timeout=2) as c:
+            wait_until("the new primary", lambda: c.execute_command("ROLE")[0] == b"master", timeout=30)
+        promoted_at = time.monotonic()
+        self.servers[old].stop()
+        self.servers[old] = RedisServerProcess.start(
+            "--repl-diskless-sync-delay", "0", *SERVER_ARGS, "--replicaof", "127.0.0.1", str(new), port=old
+        )
+        wait_until("both replicas online again", lambda: online_replicas(new) == 2, timeout=30)
+        event = {"killed_at": killed_at, "promotion_s": promoted_at - killed_at, "old": old, "new": new}
+        self.failovers.append(event)
+        return event
+
+    def stop(self) -> None:
+        for p in (*self.workers, *self.sentinels):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for s in self.servers.values():
+            s.stop()
+
+
+def _final_state(client: Any, ns: str, tids: list[str]) -> tuple[dict[str, FinalTask], list[str]]:
+    store = CheckpointStore(client, namespace=ns)
+    final = {}
+    for tid in tids:
+        cp = store.load(tid)
+        if cp is None:  # the task's creation itself was lost: every commit of it then counts as lost
+            final[tid] = FinalTask(tid, 0, 0, [], False)
+            continue
+        final[tid] = FinalTask(tid, cp.cycle_index, cp.revision, cp.messages, cp.terminal_result is not None)
+    records = PoolStore(client, namespace=ns).watch("chaos-pool", Cursor(0))
+    keys = [r.payload.message.idempotency_key for r in records if isinstance(r.payload, StoredMessage)]
+    return final, keys
+
+
+def classify(violations: list[str]) -> dict[str, int]:
+    """The checker's violations, by what they mean after a failover."""
+    out = {"lost_acknowledged": 0, "applied_twice": 0, "stale_won": 0, "other": 0}
+    for v in violations:
+        if "acknowledged" in v and "missing" in v:
+            out["lost_acknowledged"] += 1
+        elif "more than once" in v or "times" in v:
+            out["applied_twice"] += 1
+        elif "granted to more than one claim" in v or "finished before" in v or "rejected commit" in v:
+            out["stale_won"] += 1
+        else:
+            out["other"] += 1
+    return out
+
+
+def failover_gaps(history: list[dict[str, Any]], failovers: list[dict[str, float]]) -> list[float]:
+    """Per failover: first acknowledged commit after the kill minus the last one before it (s)."""
+    oks = sorted(e["t"] for e in history if e.get("op") == "commit" and e.get("type") == "ok")
+    gaps = []
+    for f in failovers:
+        before = [t for t in oks if t <= f["killed_at"]]
+        after = [t for t in oks if t > f["killed_at"]]
+        if before and after:
+            gaps.append(round(after[0] - before[-1], 2))
+    return gaps
+
+
+def run_once(wait_replicas: int, seconds: float, every_s: float, workers: int = 4) -> dict[str, Any]:
+    """One run: the figures of ``classify`` and ``failover_gaps``, and the checker's own."""
+    base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
+    fleet = SentinelFleet.start(base, wait_replicas)
+    ok = False
+    try:
+        with redis.Redis(port=fleet.primary_port(), socket_timeout=10) as admin:
+            store = CheckpointStore(admin, namespace=fleet.ns)
+            tids = [f"long-{i:02d}" for i in range(24)] + [f"short-{i:02d}" for i in range(8)]
+            for tid in tids:
+                assert store.create(Checkpoint(tid))
+            PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
+            assert admin.execute_command("WAIT", 2, 5000) == 2
+        for i in range(workers):
+            fleet.spawn(i)
+        t0 = time.monotonic()
+        next_at = t0 + every_s
+        while time.monotonic() < t0 + seconds:
+            if time.monotonic() >= next_at:
+                fleet.fail_over()
+                next_at = time.monotonic() + every_s
+            time.sleep(0.05)
+        for p in fleet.workers:
+            p.send_signal(signal.SIGTERM)
+        for p in fleet.workers:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        elapsed = time.monotonic() - t0
+        with redis.Redis(port=fleet.primary_port(), socket_timeout=10) as admin:
+            final, pool_keys = _final_state(admin, fleet.ns, tids)
+        history = read_histories(sorted(base.glob("history-*.jsonl")))
+        report = check(history, final, pool_keys)
+        figures: dict[str, Any] = {
+            "wait_replicas": wait_replicas,
+            "seconds": round(elapsed, 1),
+            "failovers": len(fleet.failovers),
+            "promotion_s": [round(f["promotion_s"], 2) for f in fleet.failovers],
+            "gap_s": failover_gaps(history, fleet.failovers),
+            **classify(report.violations),
+            "acknowledged_commits": report.figures()["acknowledged_commits"],
+            "unknown_commits": report.figures()["unknown_commits"],
+            "not_replicated_errors": sum(1 for e in history if e.get("error") == "WriteNotReplicated"),
+            "violations_sample": report.violations[:5],
+        }
+        ok = True
+        return figures
+    finally:
+        fleet.stop()
+        if ok:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"failover run kept for inspection in {base}")
+
+
+def _need_redis() -> None:
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but redis-server is not on PATH")
+        pytest.skip("redis-server not on PATH")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+def test_sentinel_failover_bounded(wait_replicas: int) -> None:
+    _need_redis()
+    figures = run_once(wait_replicas, seconds=14.0, every_s=5.0)
+    print("\nFAILOVER REPORT " + json.dumps(figures, sort_keys=True))
+    assert figures["failovers"] >= 1 and figures["gap_s"], figures  # a failover happened, work went on after
+    assert figures["acknowledged_commits"] > 20, figures
+    assert figures["other"] == 0, figures
+    if wait_replicas:
+        assert figures["lost_acknowledged"] == 0 and figures["applied_twice"] == 0, figures
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+@pytest.mark.real
+def test_sentinel_failover_long() -> None:
+    _need_redis()
+    runs = int(os.environ.get("FAILOVER_RUNS", "10"))
+    seconds = float(os.environ.get("FAILOVER_SECONDS", "60"))
+    every = float(os.environ.get("FAILOVER_EVERY_S", "15"))
+    results = [run_once(w, seconds, every) for _ in range(runs) for w in (0, 1)]
+    text = json.dumps(results, indent=1, sort_keys=True)
+    print("\nFAILOVER REPORT " + text)
+    if os.environ.get("FAILOVER_REPORT"):
+        Path(os.environ["FAILOVER_REPORT"]).write_text(text + "\n")
+    for r in results:
+        assert r["failovers"] >= 1 and r["other"] == 0, r
