@@ -43,7 +43,12 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     page). ``max_payload_bytes`` caps what one write may send; ``history_cache``
     is how many tasks' decoded histories are kept so reads fetch only new
     entries; ``retry`` bounds retries of connection errors (every operation is
-    safe to re-send).
+    safe to re-send). ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def create(self, cp: Checkpoint) -> bool:

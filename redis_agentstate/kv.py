@@ -34,7 +34,12 @@ class KeyValueStore(_KeyValues, SyncShell[KvCore]):
     values any bytes up to ``max_value_bytes``; anything else raises
     ``InvalidArgument`` before a byte is sent. Batches are pipelined;
     ``keys()`` and ``count()`` read per-shard indexes (never ``KEYS`` or
-    ``SCAN``) and never report an expired key.
+    ``SCAN``) and never report an expired key. ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def get(self, key: str) -> bytes | None:

@@ -56,7 +56,12 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     write; ``retry`` bounds retries of connection errors (every write is safe
     to re-send); ``page_size`` is the most records (``watch``) or fields per
     hash (``snapshot``) one script reads, so no call blocks Redis for long
-    whatever the pool's size.
+    whatever the pool's size. ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:
