@@ -490,6 +490,7 @@ class ReplicaAck:
         """Raise ``WriteNotReplicated`` unless every node acknowledged (``replies``: the waits' replies, in order)."""
         per_node = len(self.waits())
         acknowledged = self.replicas
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
         for i in range(len(routes)):
             got = replies[i * per_node : (i + 1) * per_node]
             count = got[0] if isinstance(got[0], int) and not isinstance(got[0], bool) else 0
@@ -508,7 +509,8 @@ class ReplicaAck:
         what = f"{_OWNER_LABELS[kind]} {ident!r}" if kind is not None and ident is not None else "a write"
         raise WriteNotReplicated(
             f"{what}: {acknowledged} of {self.replicas} replica(s) acknowledged within {self.timeout_ms} ms"
-            f"{' (or the AOF fsync did not)' if self.aof else ''}; the write may still have applied: "
+            f"{' (or the AOF fsync did not)' if self.aof else ''}"
+            f"{f' (WAIT failed: {failed})' if failed is not None else ''}; the write may still have applied: "
             f"re-send it to learn its outcome",
             acknowledged=acknowledged,
             required=self.replicas,
