@@ -82,6 +82,14 @@ class ClusterNode:
     bus_port: int
     dir: str
     proc: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Start the node again with its arguments and data dir (its ``nodes.conf``: it rejoins)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def client(self, **kw: Any) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kw)
@@ -107,9 +115,16 @@ class LocalCluster:
 
     @classmethod
     def start(
-        cls, primaries: int = 3, *, replicas: int = 0, node_timeout_ms: int = 2000, timeout: float = 30.0
+        cls,
+        primaries: int = 3,
+        *,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+        timeout: float = 30.0,
+        extra: tuple[str, ...] = (),
     ) -> LocalCluster:
-        """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster-replicas``)."""
+        """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster-replicas``);
+        ``extra``: more arguments for every node."""
         server, cli = require_cluster_tools()
         used: set[int] = set()
         nodes: list[ClusterNode] = []
@@ -122,10 +137,10 @@ class LocalCluster:
                     server, "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
                     "--cluster-enabled", "yes", "--cluster-port", str(bus),
                     "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout_ms),
-                    "--save", "", "--appendonly", "no", "--logfile", os.path.join(d, "redis.log"),
+                    "--save", "", "--appendonly", "no", "--logfile", os.path.join(d, "redis.log"), *extra,
                 ]  # fmt: skip
                 proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                nodes.append(ClusterNode(port=port, bus_port=bus, dir=d, proc=proc))
+                nodes.append(ClusterNode(port=port, bus_port=bus, dir=d, proc=proc, args=args))
             for node in nodes:
                 cluster._wait_ping(node, timeout)
             addrs = [n.addr for n in nodes]

@@ -11,14 +11,18 @@ violations are sorted into: acknowledged commits lost, cycles applied twice, sta
 commits that won. The gap between the last acknowledged commit before each kill and the first
 after it is the failover time the workers saw.
 
-* ``test_sentinel_failover_bounded`` (normal suite, ~25 s per setting): one failover;
-  with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
-* ``test_sentinel_failover_long`` (marker ``chaos``): ``FAILOVER_RUNS`` runs of
+A second setup, ``cluster``: a local Redis Cluster of 3 primaries with a replica each; the
+nemesis kills one primary per round (in turn), the cluster promotes its replica, and the old
+primary restarts on its data dir (``nodes.conf``) and rejoins as a replica.
+
+* ``test_failover_bounded`` (normal suite, ~25 s per setup and setting): failovers every 5 s
+  for 14 s; with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
+* ``test_failover_long`` (marker ``chaos``): ``FAILOVER_RUNS`` runs of
   ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
   (see docs/durability.md for the command and the figures).
 
-Not covered here (issue 12 asks for them too): the split-brain nemesis (the primary cut off
-from clients by the fault proxy while it keeps running) and the Cluster setup.
+Not covered here (issue 12 asks for it too): the split-brain nemesis (the primary cut off
+from clients by the fault proxy while it keeps running).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.cluster
 from conftest import RedisServerProcess, free_port
 from faults.checker import FinalTask, check, read_histories
 from replication_support import Replicated, online_replicas, wait_until
@@ -108,6 +113,9 @@ class SentinelFleet:
     def primary_port(self) -> int:
         return int(self.ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
 
+    def admin(self) -> redis.Redis:
+        return redis.Redis(port=self.primary_port(), socket_timeout=10)
+
     def spawn(self, i: int) -> None:
         args = [
             sys.executable, str(WORKER), "--sentinels", ",".join(map(str, self.sentinel_ports)),
@@ -146,6 +154,102 @@ class SentinelFleet:
                 p.wait()
         for s in self.servers.values():
             s.stop()
+
+
+@dataclass
+class ClusterFleet:
+    """3 primaries with a replica each; ``fail_over`` kills a primary and lets its replica take over."""
+
+    dir: Path
+    ns: str
+    wait_replicas: int
+    cluster: Any
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    failovers: list[dict[str, float]] = field(default_factory=list)
+    _victim: int = 0
+
+    @classmethod
+    def start(cls, base: Path, wait_replicas: int) -> ClusterFleet:
+        from cluster_support import LocalCluster
+
+        cluster = LocalCluster.start(3, replicas=1, extra=("--repl-diskless-sync-delay", "0", *SERVER_ARGS))
+        fleet = cls(base, f"failover-{uuid.uuid4().hex[:6]}", wait_replicas, cluster)
+        try:
+            fleet.settle()
+        except BaseException:
+            fleet.stop()
+            raise
+        return fleet
+
+    def live(self) -> list[Any]:
+        return [n for n in self.cluster.nodes if n.proc.poll() is None]
+
+    def primaries(self) -> list[Any]:
+        out = []
+        for n in self.live():
+            try:
+                with n.client() as c:
+                    if c.execute_command("ROLE")[0] == b"master":
+                        out.append(n)
+            except redis.RedisError:
+                pass
+        return out
+
+    def settle(self) -> None:
+        """Until 3 primaries each have their replica online and acknowledging a write."""
+        wait_until("3 primaries", lambda: len(self.primaries()) == 3, timeout=30)
+        for node in self.primaries():
+            wait_until(f"the replica of {node.port}", lambda node=node: online_replicas(node.port) == 1, timeout=30)
+
+    def admin(self) -> Any:
+        return redis.cluster.RedisCluster(host="127.0.0.1", port=self.live()[0].port, socket_timeout=10)
+
+    def spawn(self, i: int) -> None:
+        node = self.live()[i % len(self.live())]
+        args = [
+            sys.executable, str(WORKER), "--cluster-port", str(node.port),
+            "--namespace", self.ns, "--history", str(self.dir / f"history-{i}.jsonl"),
+            "--worker", f"w{i}", "--lease-ms", str(LEASE_MS), "--seed", str(i),
+            "--wait-replicas", str(self.wait_replicas), "--wait-timeout-ms", str(WAIT_TIMEOUT_MS),
+        ]  # fmt: skip
+        log = open(self.dir / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.workers.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+
+    def _owner_of(self, slot: int, via: Any) -> int:
+        with via.client() as c:
+            for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1])
+        return -1
+
+    def fail_over(self) -> dict[str, float]:
+        primaries = sorted(self.primaries(), key=lambda n: n.port)
+        victim = primaries[self._victim % len(primaries)]
+        self._victim += 1
+        with victim.client() as c:
+            slot = int(next(e for e in c.execute_command("CLUSTER", "SLOTS") if int(e[2][1]) == victim.port)[0])
+        witness = next(n for n in primaries if n is not victim)
+        killed_at = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        wait_until(
+            "the replica's promotion", lambda: self._owner_of(slot, witness) not in (victim.port, -1), timeout=30
+        )
+        new = self._owner_of(slot, witness)
+        promoted_at = time.monotonic()
+        victim.restart()  # its nodes.conf makes it rejoin; the cluster makes it a replica of `new`
+        wait_until("the old primary back as a replica", lambda: online_replicas(new) == 1, timeout=30)
+        event = {"killed_at": killed_at, "promotion_s": promoted_at - killed_at, "old": victim.port, "new": new}
+        self.failovers.append(event)
+        return event
+
+    def stop(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.cluster.stop()
 
 
 def _final_state(client: Any, ns: str, tids: list[str]) -> tuple[dict[str, FinalTask], list[str]]:
@@ -189,19 +293,21 @@ def failover_gaps(history: list[dict[str, Any]], failovers: list[dict[str, float
     return gaps
 
 
-def run_once(wait_replicas: int, seconds: float, every_s: float, workers: int = 4) -> dict[str, Any]:
+def run_once(
+    wait_replicas: int, seconds: float, every_s: float, workers: int = 4, setup: str = "sentinel"
+) -> dict[str, Any]:
     """One run: the figures of ``classify`` and ``failover_gaps``, and the checker's own."""
     base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
-    fleet = SentinelFleet.start(base, wait_replicas)
+    fleet: Any = (SentinelFleet if setup == "sentinel" else ClusterFleet).start(base, wait_replicas)
     ok = False
     try:
-        with redis.Redis(port=fleet.primary_port(), socket_timeout=10) as admin:
+        with fleet.admin() as admin:
             store = CheckpointStore(admin, namespace=fleet.ns)
             tids = [f"long-{i:02d}" for i in range(24)] + [f"short-{i:02d}" for i in range(8)]
             for tid in tids:
                 assert store.create(Checkpoint(tid))
             PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
-            assert admin.execute_command("WAIT", 2, 5000) == 2
+        time.sleep(0.5)  # replicated (loopback) before the first kill
         for i in range(workers):
             fleet.spawn(i)
         t0 = time.monotonic()
@@ -220,11 +326,12 @@ def run_once(wait_replicas: int, seconds: float, every_s: float, workers: int = 
                 p.kill()
                 p.wait()
         elapsed = time.monotonic() - t0
-        with redis.Redis(port=fleet.primary_port(), socket_timeout=10) as admin:
+        with fleet.admin() as admin:
             final, pool_keys = _final_state(admin, fleet.ns, tids)
         history = read_histories(sorted(base.glob("history-*.jsonl")))
         report = check(history, final, pool_keys)
         figures: dict[str, Any] = {
+            "setup": setup,
             "wait_replicas": wait_replicas,
             "seconds": round(elapsed, 1),
             "failovers": len(fleet.failovers),
@@ -256,9 +363,10 @@ def _need_redis() -> None:
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("wait_replicas", [0, 1])
-def test_sentinel_failover_bounded(wait_replicas: int) -> None:
+@pytest.mark.parametrize("setup", ["sentinel", pytest.param("cluster", marks=pytest.mark.cluster)])
+def test_failover_bounded(setup: str, wait_replicas: int) -> None:
     _need_redis()
-    figures = run_once(wait_replicas, seconds=14.0, every_s=5.0)
+    figures = run_once(wait_replicas, seconds=14.0, every_s=5.0, setup=setup)
     print("\nFAILOVER REPORT " + json.dumps(figures, sort_keys=True))
     assert figures["failovers"] >= 1 and figures["gap_s"], figures  # a failover happened, work went on after
     assert figures["acknowledged_commits"] > 20, figures
@@ -270,12 +378,13 @@ def test_sentinel_failover_bounded(wait_replicas: int) -> None:
 @pytest.mark.chaos
 @pytest.mark.slow
 @pytest.mark.real
-def test_sentinel_failover_long() -> None:
+@pytest.mark.parametrize("setup", ["sentinel", pytest.param("cluster", marks=pytest.mark.cluster)])
+def test_failover_long(setup: str) -> None:
     _need_redis()
     runs = int(os.environ.get("FAILOVER_RUNS", "10"))
     seconds = float(os.environ.get("FAILOVER_SECONDS", "60"))
     every = float(os.environ.get("FAILOVER_EVERY_S", "15"))
-    results = [run_once(w, seconds, every) for _ in range(runs) for w in (0, 1)]
+    results = [run_once(w, seconds, every, setup=setup) for _ in range(runs) for w in (0, 1)]
     text = json.dumps(results, indent=1, sort_keys=True)
     print("\nFAILOVER REPORT " + text)
     if os.environ.get("FAILOVER_REPORT"):

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zombie", action="store_true", help="also commit straight to the store, ignoring the lease")
     p.add_argument("--sentinels", default="", help="comma-separated Sentinel ports: reach the primary through them")
     p.add_argument("--service", default="agentstate-primary", help="the Sentinel service name")
+    p.add_argument("--cluster-port", type=int, default=0, help="a Redis Cluster node: use a RedisCluster client")
     p.add_argument("--wait-replicas", type=int, default=0, help="the stores' wait_replicas")
     p.add_argument("--wait-timeout-ms", type=int, default=500, help="the stores' wait_timeout_ms")
     args = p.parse_args(argv)
@@ -133,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
         client = Sentinel(sentinels, socket_timeout=0.5).master_for(
             args.service, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
+        )
+    elif args.cluster_port:
+        from redis.cluster import RedisCluster
+
+        timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
+        client = RedisCluster(
+            host="127.0.0.1", port=args.cluster_port, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
         )
     else:
         client = redis.Redis(port=args.port, socket_timeout=1.0, socket_connect_timeout=1.0, retry=retry)
