@@ -288,6 +288,8 @@ class LocalCluster:
         for node in self.nodes:
             if node.port not in (source.port, target.port):
                 with node.client() as c:
+                    if c.execute_command("ROLE")[0] != b"master":
+                        continue  # a replica takes the slot map from the primaries (and refuses SETSLOT)
                     c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         self.wait_ok()
         return moved

@@ -420,3 +420,27 @@ def test_valkey_with_aof_adds_waitaof_and_without_aof_does_not(
         make.close()
         with_aof.stop()
         without.stop()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_on_a_cluster_a_write_redirected_by_moved_counts_as_not_acknowledged(
+    replicated_cluster: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    """The WAIT went to the old owner; the write, redirected, ran on the new one without its WAIT."""
+    cluster = replicated_cluster
+    store, _ = _cluster_stores(cluster, flavor, twin_loop, namespace, wait_replicas=1)
+    assert store.create(Checkpoint("t"))  # the client now knows the slot's owner
+    slot = redis.cluster.key_slot(Keys(namespace).task("t").checkpoint.encode())
+    source = cluster.owner_of_slot(slot)
+    primaries = [n for n in cluster.nodes if n.client().execute_command("ROLE")[0] == b"master"]
+    target = next(n for n in primaries if n.port != source.port)
+    wait_until("the target's replica online", lambda: online_replicas(target.port) == 1)
+    assert cluster.move_slot(slot, target) > 0
+    with pytest.raises(WriteNotReplicated) as info:
+        store.claim("t", 1, token="w", lease_ms=60_000)
+    assert info.value.acknowledged == 0
+    again = store.claim("t", 1, token="w", lease_ms=60_000)  # the re-send goes to the new owner, with its WAIT
+    assert again is not None and again.claimed_cycle == 1
+    with redis.Redis(port=target.port) as c:
+        assert c.exists(Keys(namespace).task("t").checkpoint)
