@@ -7,7 +7,9 @@ Every server is a ``conftest.RedisServerProcess`` started here and stopped by
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from conftest import RedisServerProcess
+from conftest import RedisServerProcess, free_port
 
 
 def wait_until(what: str, ok: Callable[[], Any], timeout: float = 20.0) -> None:
@@ -75,3 +77,34 @@ class Replicated:
     def stop(self) -> None:
         for server in (*self.replicas, self.primary):
             server.stop()
+
+
+def start_sentinel(
+    folder: str,
+    service: str,
+    primary_port: int,
+    *,
+    quorum: int = 1,
+    down_after_ms: int = 1000,
+    failover_timeout_ms: int = 5000,
+    parallel_syncs: int = 1,
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """A private Sentinel monitoring ``service`` at ``primary_port``; its port and process.
+
+    Sentinel rewrites its config file, so it lives in ``folder`` (a temp dir the caller removes).
+    """
+    port = free_port()
+    conf = os.path.join(folder, "sentinel.conf")
+    with open(conf, "w") as f:
+        f.write(
+            f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder}/sentinel.log\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+            f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {service} {parallel_syncs}\n"
+        )
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server not on PATH")
+    proc = subprocess.Popen([binary, conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return port, proc

@@ -43,9 +43,9 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from conftest import RedisServerProcess, free_port
+from conftest import RedisServerProcess
 from faults.checker import FinalTask, check, read_histories
-from replication_support import Replicated, online_replicas, wait_until
+from replication_support import Replicated, online_replicas, start_sentinel, wait_until
 
 from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate.keys import Keys
@@ -77,23 +77,13 @@ class SentinelFleet:
         fleet = cls(base, f"failover-{uuid.uuid4().hex[:6]}", wait_replicas, servers)
         try:
             for i in range(3):
-                port = free_port()
                 folder = base / f"sentinel-{i}"
                 folder.mkdir()
-                (folder / "sentinel.conf").write_text(
-                    f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder}/sentinel.log\n"
-                    f"sentinel monitor {SERVICE} 127.0.0.1 {setup.primary.port} 2\n"
-                    f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-                    f"sentinel failover-timeout {SERVICE} 4000\nsentinel parallel-syncs {SERVICE} 2\n"
+                port, proc = start_sentinel(
+                    str(folder), SERVICE, setup.primary.port, quorum=2, failover_timeout_ms=4000, parallel_syncs=2
                 )
                 fleet.sentinel_ports.append(port)
-                fleet.sentinels.append(
-                    subprocess.Popen(
-                        [str(shutil.which("redis-server")), str(folder / "sentinel.conf"), "--sentinel"],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                )
+                fleet.sentinels.append(proc)
             for port in fleet.sentinel_ports:
                 wait_until("the sentinels to know each other and both replicas", lambda p=port: fleet._sees(p))
         except BaseException:
