@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from conftest import RedisServerProcess
+from conftest import RedisServerProcess, free_port
 from faults.checker import FinalTask, check, read_histories
 from replication_support import Replicated, online_replicas, start_sentinel, wait_until
 
@@ -57,6 +59,8 @@ SERVICE = "agentstate-failover"
 SERVER_ARGS = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
 LEASE_MS = 1000
 WAIT_TIMEOUT_MS = 500
+#: How long the split-brain nemesis keeps the old primary cut off from Sentinels and replicas.
+ISOLATE_S = 6.0
 
 
 @dataclass
@@ -145,6 +149,96 @@ class SentinelFleet:
                 p.wait()
         for s in self.servers.values():
             s.stop()
+
+
+@dataclass
+class SplitFleet(SentinelFleet):
+    """The split-brain nemesis: the primary cut off from Sentinels and replicas, still serving clients.
+
+    Each server sits behind two fault proxies: one the Sentinels and the replicas use (servers
+    announce it with ``replica-announce-port``, so Sentinel names it), one the workers use (they
+    remap the port Sentinel names to it, ``chaos_worker --remap``). ``fail_over`` blackholes the
+    primary's first proxy for ``ISOLATE_S``: the Sentinels promote a replica, while workers still
+    connected to the old primary keep writing there (it accepts writes until ``min-replicas-max-lag``
+    after its replicas left). Healing lets the Sentinels turn it into a replica of the new primary,
+    which discards what it took meanwhile.
+    """
+
+    inner: dict[int, Any] = field(default_factory=dict)  # announced port -> proxy for sentinels/replicas
+    outer: dict[int, Any] = field(default_factory=dict)  # announced port -> proxy for clients
+
+    @classmethod
+    def start(cls, base: Path, wait_replicas: int) -> SplitFleet:
+        from faults import FaultProxy
+
+        ports = [free_port() for _ in range(3)]
+        inner = {p: FaultProxy(p) for p in ports}
+        announced = {p: inner[p].port for p in ports}
+        fleet = cls(base, f"split-{uuid.uuid4().hex[:6]}", wait_replicas, {})
+        fleet.inner = {announced[p]: inner[p] for p in ports}
+        fleet.outer = {announced[p]: FaultProxy(p) for p in ports}
+        try:
+            common = ("--repl-diskless-sync-delay", "0", *SERVER_ARGS, "--replica-announce-ip", "127.0.0.1")
+            primary = ports[0]
+            for p in ports:
+                role = () if p == primary else ("--replicaof", "127.0.0.1", str(announced[primary]))
+                fleet.servers[p] = RedisServerProcess.start(
+                    *common, "--replica-announce-port", str(announced[p]), *role, port=p
+                )
+            wait_until("2 replicas online", lambda: online_replicas(primary) == 2)
+            for i in range(3):
+                folder = base / f"sentinel-{i}"
+                folder.mkdir()
+                port, proc = start_sentinel(
+                    str(folder), SERVICE, announced[primary], quorum=2, failover_timeout_ms=4000, parallel_syncs=2
+                )
+                fleet.sentinel_ports.append(port)
+                fleet.sentinels.append(proc)
+            for port in fleet.sentinel_ports:
+                wait_until("the sentinels to know each other and both replicas", lambda p=port: fleet._sees(p))
+        except BaseException:
+            fleet.stop()
+            raise
+        return fleet
+
+    def real_port(self, announced: int) -> int:
+        return int(self.inner[announced].target[1])
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis(port=self.real_port(self.primary_port()), socket_timeout=10)
+
+    def spawn(self, i: int) -> None:
+        remap = ",".join(f"{a}:{proxy.port}" for a, proxy in self.outer.items())
+        args = [
+            sys.executable, str(WORKER), "--sentinels", ",".join(map(str, self.sentinel_ports)),
+            "--service", SERVICE, "--namespace", self.ns, "--history", str(self.dir / f"history-{i}.jsonl"),
+            "--worker", f"w{i}", "--lease-ms", str(LEASE_MS), "--seed", str(i), "--remap", remap,
+            "--wait-replicas", str(self.wait_replicas), "--wait-timeout-ms", str(WAIT_TIMEOUT_MS),
+        ]  # fmt: skip
+        log = open(self.dir / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.workers.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+
+    def fail_over(self) -> dict[str, Any]:
+        old = self.primary_port()
+        killed_at = time.monotonic()
+        self.inner[old].set_mode("blackhole")
+        try:
+            wait_until("a promotion", lambda: self.primary_port() != old, timeout=30)
+            promoted_at = time.monotonic()
+            time.sleep(max(0.0, ISOLATE_S - (promoted_at - killed_at)))
+        finally:
+            self.inner[old].set_mode("pass")
+        new = self.primary_port()
+        wait_until("the old primary back as a replica", lambda: online_replicas(self.real_port(new)) == 2, timeout=60)
+        event = {"killed_at": killed_at, "promotion_s": promoted_at - killed_at, "old": old, "new": new}
+        self.failovers.append(event)
+        return event
+
+    def stop(self) -> None:
+        super().stop()
+        for proxy in (*self.inner.values(), *self.outer.values()):
+            proxy.stop()
 
 
 @dataclass
@@ -262,11 +356,25 @@ def _final_state(client: Any, ns: str, tids: list[str]) -> tuple[dict[str, Final
 
 
 def classify(violations: list[str]) -> dict[str, int]:
-    """The checker's violations, by what they mean after a failover."""
-    out = {"lost_acknowledged": 0, "applied_twice": 0, "stale_won": 0, "other": 0}
+    """The checker's violations, by what they mean after a failover.
+
+    ``lost_acknowledged``: a commit that returned True is not in the final state;
+    ``lost_pool_messages``: the same for an acknowledged pool message; ``lost_claims``: a
+    granted claim's revision is above the task's final one (the claim was rolled back);
+    ``applied_twice``: a cycle committed, or a pool message recorded, more than once;
+    ``stale_won``: two claims granted the same revision, a later claim granted a lower one,
+    or a commit reported fenced out is present.
+    """
+    out = dict.fromkeys(
+        ("lost_acknowledged", "lost_pool_messages", "lost_claims", "applied_twice", "stale_won", "other"), 0
+    )
     for v in violations:
-        if "acknowledged" in v and "missing" in v:
+        if "acknowledged commit" in v and "missing" in v:
             out["lost_acknowledged"] += 1
+        elif "acknowledged pool message" in v and "missing" in v:
+            out["lost_pool_messages"] += 1
+        elif "a claim saw revision" in v:
+            out["lost_claims"] += 1
         elif "more than once" in v or "times" in v:
             out["applied_twice"] += 1
         elif "granted to more than one claim" in v or "finished before" in v or "rejected commit" in v:
@@ -304,7 +412,8 @@ def run_once(
 ) -> dict[str, Any]:
     """One run: the figures of ``classify`` and ``failover_gaps``, and the checker's own."""
     base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
-    fleet: Any = (SentinelFleet if setup == "sentinel" else ClusterFleet).start(base, wait_replicas)
+    kinds = {"sentinel": SentinelFleet, "split": SplitFleet, "cluster": ClusterFleet}
+    fleet: Any = kinds[setup].start(base, wait_replicas)
     ok = False
     try:
         with fleet.admin() as admin:
@@ -347,7 +456,7 @@ def run_once(
             "acknowledged_commits": report.figures()["acknowledged_commits"],
             "unknown_commits": report.figures()["unknown_commits"],
             "not_replicated_errors": sum(1 for e in history if e.get("error") == "WriteNotReplicated"),
-            "violations_sample": report.violations[:5],
+            "violation_kinds": dict(Counter(re.sub(r"[0-9a-f]{12}|\d+|'[^']*'", "#", v) for v in report.violations)),
         }
         ok = True
         return figures
@@ -369,7 +478,7 @@ def _need_redis() -> None:
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("wait_replicas", [0, 1])
-@pytest.mark.parametrize("setup", ["sentinel", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize("setup", ["sentinel", "split", pytest.param("cluster", marks=pytest.mark.cluster)])
 def test_failover_bounded(setup: str, wait_replicas: int) -> None:
     _need_redis()
     figures = run_once(wait_replicas, seconds=14.0, every_s=5.0, setup=setup)
@@ -384,7 +493,7 @@ def test_failover_bounded(setup: str, wait_replicas: int) -> None:
 @pytest.mark.chaos
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.parametrize("setup", ["sentinel", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize("setup", ["sentinel", "split", pytest.param("cluster", marks=pytest.mark.cluster)])
 def test_failover_long(setup: str) -> None:
     _need_redis()
     runs = int(os.environ.get("FAILOVER_RUNS", "10"))

@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentinels", default="", help="comma-separated Sentinel ports: reach the primary through them")
     p.add_argument("--service", default="agentstate-primary", help="the Sentinel service name")
     p.add_argument("--cluster-port", type=int, default=0, help="a Redis Cluster node: use a RedisCluster client")
+    p.add_argument("--remap", default="", help="'from:to,...': ports the Sentinel names, reached at other ports")
     p.add_argument("--wait-replicas", type=int, default=0, help="the stores' wait_replicas")
     p.add_argument("--wait-timeout-ms", type=int, default=500, help="the stores' wait_timeout_ms")
     args = p.parse_args(argv)
@@ -130,9 +131,18 @@ def main(argv: list[str] | None = None) -> int:
         from redis.sentinel import Sentinel
 
         sentinels = [("127.0.0.1", int(port)) for port in args.sentinels.split(",")]
+        remap = {int(a): int(b) for a, b in (pair.split(":") for pair in args.remap.split(",") if pair)}
+
+        class RemappedSentinel(Sentinel):
+            """The primary the Sentinels name, reached through the client-side proxy in front of it."""
+
+            def discover_master(self, service_name: str) -> tuple[str, int]:
+                host, port = super().discover_master(service_name)
+                return host, remap.get(int(port), int(port))
+
         # A read timeout above two waits (WAIT, then WAITAOF) of wait_timeout_ms, as the stores require.
         timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
-        client = Sentinel(sentinels, socket_timeout=0.5).master_for(
+        client = RemappedSentinel(sentinels, socket_timeout=0.5).master_for(
             args.service, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
         )
     elif args.cluster_port:
