@@ -468,6 +468,26 @@ def run_once(
             print(f"failover run kept for inspection in {base}")
 
 
+def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (setup, wait_replicas) over the runs: sums of the counts, medians of the times."""
+    rows = []
+    for key in sorted({(r["setup"], r["wait_replicas"]) for r in results}):
+        runs = [r for r in results if (r["setup"], r["wait_replicas"]) == key]
+        promotions = sorted(x for r in runs for x in r["promotion_s"])
+        gaps = sorted(x for r in runs for x in r["gap_s"])
+        row: dict[str, Any] = {"setup": key[0], "wait_replicas": key[1], "runs": len(runs)}
+        for name in ("failovers", "acknowledged_commits", "lost_acknowledged", "lost_pool_messages", "lost_claims",
+                     "applied_twice", "stale_won", "other", "not_replicated_errors", "unknown_commits"):  # fmt: skip
+            row[name] = sum(r[name] for r in runs)
+        row["min_failovers_per_run"] = min(r["failovers"] for r in runs)
+        row["runs_with_loss"] = sum(1 for r in runs if r["lost_acknowledged"] or r["applied_twice"])
+        row["promotion_s_median"] = promotions[len(promotions) // 2] if promotions else None
+        row["gap_s_median"] = gaps[len(gaps) // 2] if gaps else None
+        row["gap_s_max"] = gaps[-1] if gaps else None
+        rows.append(row)
+    return rows
+
+
 def _need_redis() -> None:
     if shutil.which("redis-server") is None:
         if os.environ.get("CI", "").lower() == "true":
@@ -506,5 +526,6 @@ def test_failover_long(setup: str) -> None:
             if os.environ.get("FAILOVER_REPORT"):  # after every run: a long series interrupted keeps its figures
                 Path(os.environ["FAILOVER_REPORT"]).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print("\nFAILOVER REPORT " + json.dumps(results, indent=1, sort_keys=True))
+    print("FAILOVER SUMMARY " + json.dumps(summarise(results), indent=1))
     for r in results:
         assert r["failovers"] >= 1 and r["other"] == 0, r
