@@ -1,28 +1,31 @@
-"""Chaos across Sentinel failover: what ``wait_replicas`` changes when the primary is SIGKILLed.
+"""Chaos across failover: what ``wait_replicas`` changes when the primary goes away.
 
-Setup (every server private, loopback, started here): 1 primary and 2 replicas with
-``min-replicas-to-write 1``, 3 Sentinels (quorum 2). Worker processes
-(``faults/chaos_worker.py``) run the Runner through a Sentinel-managed client, with
-``wait_replicas`` 0 or 1. The nemesis, every ``FAILOVER_EVERY_S``: ``kill -9`` the current
-primary, waits until the Sentinels promote a replica, and brings the old primary back (same
-port, no data) as a replica of the new one. At the end the history checker
-(``faults/checker.py``) holds what the workers were told against the final state, and the
-violations are sorted into: acknowledged commits lost, cycles applied twice, stale claims or
-commits that won. The gap between the last acknowledged commit before each kill and the first
-after it is the failover time the workers saw.
+Every server is private, on loopback, started here. Worker processes
+(``faults/chaos_worker.py``) run the Runner with ``wait_replicas`` 0 or 1; every
+``FAILOVER_EVERY_S`` the nemesis strikes. At the end the history checker
+(``faults/checker.py``) holds what the workers were told against the final state, and
+``classify`` sorts its violations into acknowledged commits lost, acknowledged pool messages
+lost, claims rolled back, cycles applied twice, stale claims or commits that won. The gap
+between the last acknowledged commit before each strike and the first after it is the
+failover time the workers saw. Three setups (``setup``):
 
-A second setup, ``cluster``: a local Redis Cluster of 3 primaries with a replica each; the
-nemesis kills one primary per round (in turn), the cluster promotes its replica, and the old
-primary restarts on its data dir (``nodes.conf``) and rejoins as a replica.
+* ``sentinel``: 1 primary and 2 replicas with ``min-replicas-to-write 1``, 3 Sentinels
+  (quorum 2), workers on a Sentinel client; the nemesis ``kill -9``s the primary, waits for
+  the promotion, and brings the old primary back (same port, no data) as a replica.
+* ``split``: the same servers, each behind two fault proxies (one for Sentinels and
+  replicas, one for clients); the nemesis cuts the primary off from Sentinels and replicas
+  for ``ISOLATE_S`` while workers still reach it: split brain (see ``SplitFleet``).
+* ``cluster``: a local Redis Cluster of 3 primaries with a replica each; the nemesis kills
+  one primary per round (in turn), the cluster promotes its replica, and the old primary
+  restarts on its data dir (``nodes.conf``) and rejoins as a replica.
 
 * ``test_failover_bounded`` (normal suite, ~25 s per setup and setting): failovers every 5 s
   for 14 s; with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
 * ``test_failover_long`` (marker ``chaos``): ``FAILOVER_RUNS`` runs of
   ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
-  (see docs/durability.md for the command and the figures).
+  (see docs/durability.md for the commands and the figures).
 
-Not covered here (issue 12 asks for it too): the split-brain nemesis (the primary cut off
-from clients by the fault proxy while it keeps running).
+Not covered: split brain on the cluster (its bus would need proxying too).
 """
 
 from __future__ import annotations
