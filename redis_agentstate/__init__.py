@@ -21,6 +21,8 @@ from .errors import (
     NotAMember,
     NotRunnable,
     PoolNotOpen,
+    ReplicationUnsafe,
+    WriteNotReplicated,
 )
 from .kv import AsyncKeyValueStore, KeyValueStore
 from .lease import AsyncLease, Lease, LeaseTiming
@@ -83,6 +85,7 @@ __all__ = [
     "PoolRecordKind",
     "PoolSnapshot",
     "PoolStore",
+    "ReplicationUnsafe",
     "RetryPolicy",
     "RunMessage",
     "Runner",
@@ -93,6 +96,7 @@ __all__ = [
     "StoredWake",
     "WakeCondition",
     "WakeRegistration",
+    "WriteNotReplicated",
     "__version__",
     "current_lease",
 ]

@@ -34,10 +34,18 @@ from tenacity.stop import stop_base
 
 from . import scripts
 from .clients import AsyncClient, RedisClient, SyncClient
-from .errors import AgentStateError, BackendError, BackendUnavailable, CorruptState, InvalidArgument
+from .errors import (
+    AgentStateError,
+    BackendError,
+    BackendUnavailable,
+    CorruptState,
+    InvalidArgument,
+    ReplicationUnsafe,
+    WriteNotReplicated,
+)
 from .keys import Keys, describe_key
 
-__all__ = ["Batch", "Call", "Command", "Op", "Pipe", "RetryPolicy", "run_async", "run_sync"]
+__all__ = ["Batch", "Call", "Command", "Op", "Pipe", "ReplicaAck", "RetryPolicy", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -53,7 +61,10 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Pipe:
-    """Independent read commands sent in one pipeline (one round trip per node)."""
+    """Independent read commands sent in one pipeline (one round trip per node).
+
+    Reads only: every write is a script, declared in ``scripts.WRITES``.
+    """
 
     commands: Sequence[Sequence[Any]]
 
@@ -72,7 +83,7 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One plain command sent on its own, e.g. a blocking ``XREAD`` (never pipelined)."""
+    """One plain read command sent on its own, e.g. a blocking ``XREAD`` (never pipelined)."""
 
     args: Sequence[Any]
 
@@ -277,49 +288,315 @@ def _missed(req: Batch, replies: list[Any]) -> list[int]:
     return [i for i, reply in enumerate(replies) if isinstance(reply, rex.NoScriptError)]
 
 
-def _send_batch_sync(client: SyncClient, scripts: dict[str, Any], req: Batch) -> list[Any]:
-    commands = [_evalsha(scripts, call) for call in req.calls]
+def _pipeline_sync(client: SyncClient, entries: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> list[Any]:
     pipe = client.pipeline(transaction=False)
-    for cmd in commands:
-        pipe.execute_command(*cmd)
-    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for cmd, options in entries:
+        pipe.execute_command(*cmd, **options)
+    return cast(list[Any], pipe.execute(raise_on_error=False))
+
+
+async def _pipeline_async(client: AsyncClient, entries: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for cmd, options in entries:
+        pipe.execute_command(*cmd, **options)
+    return cast(list[Any], await pipe.execute(raise_on_error=False))
+
+
+def _send_batch_sync(
+    client: SyncClient, scripts: dict[str, Any], req: Batch, ack: ReplicaAck | None = None
+) -> tuple[list[Any], list[Any]]:
+    """The replies of ``req``'s calls, and of the waits ``ack`` adds after them (see ``ReplicaAck``)."""
+    commands = [_evalsha(scripts, call) for call in req.calls]
+    routes, owners = ack.routes(client, req.calls) if ack else ([], [])
+    waits = ack.entries(routes) if ack else []
+    replies = _pipeline_sync(client, [*((cmd, {}) for cmd in commands), *waits])
+    replies, waited = replies[: len(commands)], replies[len(commands) :]
     missed = _missed(req, replies)
     if missed:
         for name in dict.fromkeys(req.calls[i].script for i in missed):
             scripts[name].sha = client.script_load(scripts[name].script)
-        pipe = client.pipeline(transaction=False)
         for i in missed:
             commands[i] = _evalsha(scripts, req.calls[i])
-            pipe.execute_command(*commands[i])
-        for i, reply in zip(missed, pipe.execute(raise_on_error=False), strict=True):
+        if ack and len(missed) < len(commands):
+            # The calls that ran the first time were waited for by that pipeline's waits
+            # (the re-send may use another connection, whose WAIT would not cover them).
+            ack.verify(client, req.calls, routes, owners, waited)
+        again = _pipeline_sync(client, [*((commands[i], {}) for i in missed), *waits])
+        for i, reply in zip(missed, again, strict=False):
             replies[i] = reply
-    return _raise_first_error(commands, replies)
+        waited = again[len(missed) :]
+    replies = _raise_first_error(commands, replies)
+    if ack:
+        ack.verify(client, req.calls, routes, owners, waited)
+    return replies, waited
 
 
-async def _send_batch_async(client: AsyncClient, scripts: dict[str, Any], req: Batch) -> list[Any]:
+async def _send_batch_async(
+    client: AsyncClient, scripts: dict[str, Any], req: Batch, ack: ReplicaAck | None = None
+) -> tuple[list[Any], list[Any]]:
     commands = [_evalsha(scripts, call) for call in req.calls]
-    pipe = client.pipeline(transaction=False)
-    for cmd in commands:
-        pipe.execute_command(*cmd)
-    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    routes, owners = ack.routes(client, req.calls) if ack else ([], [])
+    waits = ack.entries(routes) if ack else []
+    replies = await _pipeline_async(client, [*((cmd, {}) for cmd in commands), *waits])
+    replies, waited = replies[: len(commands)], replies[len(commands) :]
     missed = _missed(req, replies)
     if missed:
         for name in dict.fromkeys(req.calls[i].script for i in missed):
             scripts[name].sha = await client.script_load(scripts[name].script)
-        pipe = client.pipeline(transaction=False)
         for i in missed:
             commands[i] = _evalsha(scripts, req.calls[i])
-            pipe.execute_command(*commands[i])
-        for i, reply in zip(missed, await pipe.execute(raise_on_error=False), strict=True):
+        if ack and len(missed) < len(commands):
+            # The calls that ran the first time were waited for by that pipeline's waits
+            # (the re-send may use another connection, whose WAIT would not cover them).
+            ack.verify(client, req.calls, routes, owners, waited)
+        again = await _pipeline_async(client, [*((commands[i], {}) for i in missed), *waits])
+        for i, reply in zip(missed, again, strict=False):
             replies[i] = reply
-    return _raise_first_error(commands, replies)
+        waited = again[len(missed) :]
+    replies = _raise_first_error(commands, replies)
+    if ack:
+        ack.verify(client, req.calls, routes, owners, waited)
+    return replies, waited
+
+
+# ---- replica acknowledgement (wait_replicas) -----------------------------------
+#
+# A write of a store with ``wait_replicas=n`` goes out as one pipeline: its
+# EVALSHA(s), then ``WAIT n timeout`` (and ``WAITAOF 1 0 timeout`` where the
+# server has it and the primary's AOF is on) on the same connection, so WAIT
+# waits for exactly the replication offset the write reached. On Redis Cluster
+# a keyless WAIT would go to a random node: each is sent with ``target_nodes``
+# set to the primary owning the write's slot, and redis-py's cluster pipeline
+# runs a node's commands in order on one connection. Which requests are writes
+# is ``scripts.WRITES``; the rest is sent as before.
+
+#: Default ``wait_timeout_ms``. Replicas on a healthy network acknowledge within a
+#: few ms; 1 s absorbs a replica's fork or a GC-like stall without failing the write.
+#: WAITAOF does not wait for the next ``everysec`` tick (measured well under 1 ms on
+#: Valkey 8.1, see docs/durability.md). Worst case a write
+#: blocks 2 s (WAIT, then WAITAOF), inside redis-py's default 5 s read timeout, so the
+#: client never gives up on the reply (and re-sends the write) before WAIT answers.
+DEFAULT_WAIT_TIMEOUT_MS = 1000
+
+#: The first server version with WAITAOF (Valkey 8 reports redis_version 7.2.4).
+_WAITAOF_SINCE = (7, 2)
+
+
+def _is_cluster(client: object) -> bool:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))
+
+
+def _version(text: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in _text(text).split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+class ReplicaAck:
+    """A store's ``wait_replicas``/``wait_timeout_ms``, and what its first write learnt of the server.
+
+    The checks are pure (``learn``, ``verify``); the drivers only fetch ``INFO`` and send.
+    """
+
+    def __init__(self, client: object, replicas: int, timeout_ms: int) -> None:
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise InvalidArgument(f"ReplicaAck needs wait_replicas >= 1, got {replicas!r}")
+        if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms < 1:
+            # WAIT's timeout 0 blocks forever: never what a worker holding a lease wants.
+            raise InvalidArgument(f"wait_timeout_ms must be an int >= 1, got {timeout_ms!r}")
+        if type(client).__module__.startswith("fakeredis"):
+            raise ReplicationUnsafe(
+                f"wait_replicas={replicas} needs a Redis server with replicas; fakeredis has no WAIT or replication"
+            )
+        socket_timeout = effective_socket_timeout(client)
+        if socket_timeout is not None and 2 * timeout_ms >= socket_timeout * 1000:
+            raise InvalidArgument(
+                f"wait_timeout_ms={timeout_ms} needs the client's socket_timeout above {2 * timeout_ms / 1000:g} s "
+                f"(it is {socket_timeout:g} s): a write waits up to twice wait_timeout_ms (WAIT, then WAITAOF), "
+                f"and a read timeout first would re-send the write"
+            )
+        self.replicas = replicas
+        self.timeout_ms = timeout_ms
+        self.checked = False
+        #: Also ``WAITAOF 1 0``: the server has it and every primary has its AOF on.
+        self.aof = False
+
+    def learn(self, infos: dict[str, dict[str, Any]]) -> None:
+        """Check the setup from each primary's ``INFO server replication persistence`` (node name -> dict).
+
+        Raises ``ReplicationUnsafe`` (nothing written yet) when a primary could never give
+        ``replicas`` acknowledgements: every write would time out.
+        """
+        if not infos:
+            raise ReplicationUnsafe(f"wait_replicas={self.replicas}: the client knows no primary to check")
+        aof = True
+        for node, info in infos.items():
+            role = _text(info.get("role", "?"))
+            if role != "master":
+                raise ReplicationUnsafe(
+                    f"wait_replicas={self.replicas}: {node} is a {role}, not a primary; nothing was written"
+                )
+            online = sum(
+                1
+                for name, value in info.items()
+                if _text(name).startswith("slave") and isinstance(value, dict) and _text(value.get("state")) == "online"
+            )
+            if online < self.replicas:
+                raise ReplicationUnsafe(
+                    f"wait_replicas={self.replicas}, but {node} has {online} replica(s) online "
+                    f"(connected_slaves={info.get('connected_slaves', 0)}): every write would time out waiting "
+                    f"for them; nothing was written. Add replicas or lower wait_replicas."
+                )
+            aof = aof and _version(info.get("redis_version", "0")) >= _WAITAOF_SINCE and info.get("aof_enabled") == 1
+        self.aof = aof
+        self.checked = True
+
+    def waits(self) -> list[tuple[Any, ...]]:
+        """The commands that follow a write on its node."""
+        waits: list[tuple[Any, ...]] = [("WAIT", self.replicas, self.timeout_ms)]
+        if self.aof:
+            waits.append(("WAITAOF", 1, 0, self.timeout_ms))
+        return waits
+
+    def routes(self, client: object, calls: Sequence[Call]) -> tuple[list[Any], list[str | None]]:
+        """Where the waits go, and each call's node at send time.
+
+        One node: ``[None]``. A cluster: each primary owning a call's slot (one WAIT per node).
+        """
+        if not _is_cluster(client):
+            return [None], [None] * len(calls)
+        nodes: dict[str, Any] = {}
+        owners: list[str | None] = []
+        for call in calls:
+            node = cast(Any, client).get_node_from_key(call.keys[0])
+            nodes.setdefault(node.name, node)
+            owners.append(node.name)
+        return list(nodes.values()), owners
+
+    def entries(self, routes: list[Any]) -> list[tuple[Sequence[Any], dict[str, Any]]]:
+        """The waits that follow a write's EVALSHAs in its pipeline, each with its pipeline options."""
+        out: list[tuple[Sequence[Any], dict[str, Any]]] = []
+        for node in routes:
+            options = {} if node is None else {"target_nodes": node}
+            out.extend((wait, options) for wait in self.waits())
+        return out
+
+    def verify(
+        self, client: object, calls: Sequence[Call], routes: list[Any], owners: list[str | None], replies: list[Any]
+    ) -> None:
+        """Raise ``WriteNotReplicated`` unless every node acknowledged (``replies``: the waits' replies, in order)."""
+        per_node = len(self.waits())
+        acknowledged = self.replicas
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        for i in range(len(routes)):
+            got = replies[i * per_node : (i + 1) * per_node]
+            count = got[0] if isinstance(got[0], int) and not isinstance(got[0], bool) else 0
+            if per_node == 2 and not (isinstance(got[1], list) and got[1] and got[1][0] == 1):
+                count = 0  # WAITAOF's [local, replicas]: the primary did not fsync in time
+            acknowledged = min(acknowledged, count)
+        if _is_cluster(client):
+            for call, owner in zip(calls, owners, strict=True):
+                if cast(Any, client).get_node_from_key(call.keys[0]).name != owner:
+                    # A redirect (MOVED/ASK) re-sent this write to another node, without its WAIT.
+                    acknowledged = 0
+        if acknowledged >= self.replicas:
+            return
+        key = _text(calls[0].keys[0]) if calls and calls[0].keys else None
+        kind, ident = describe_key(key)[1:] if key is not None else (None, None)
+        what = f"{_OWNER_LABELS[kind]} {ident!r}" if kind is not None and ident is not None else "a write"
+        raise WriteNotReplicated(
+            f"{what}: {acknowledged} of {self.replicas} replica(s) acknowledged within {self.timeout_ms} ms"
+            f"{' (or the AOF fsync did not)' if self.aof else ''}"
+            f"{f' (WAIT failed: {failed})' if failed is not None else ''}; the write may still have applied: "
+            f"re-send it to learn its outcome",
+            acknowledged=acknowledged,
+            required=self.replicas,
+            task_id=ident if kind == "task" else None,
+            key=key,
+        )
+
+
+#: The INFO sections ``ReplicaAck.learn`` reads.
+_INFO = ("INFO", "server", "replication", "persistence")
+
+
+def _info_targets(client: object) -> list[Any]:
+    return list(cast(Any, client).get_primaries()) if _is_cluster(client) else [None]
+
+
+def _learn_sync(client: SyncClient, ack: ReplicaAck) -> None:
+    infos: dict[str, dict[str, Any]] = {}
+    try:
+        for node in _info_targets(client):
+            options = {} if node is None else {"target_nodes": node}
+            infos["the primary" if node is None else f"primary {node.name}"] = cast(Any, client).execute_command(
+                *_INFO, **options
+            )
+    except rex.ResponseError as exc:
+        raise ReplicationUnsafe(
+            f"wait_replicas={ack.replicas}: could not read the server's replication state ({exc}); "
+            f"the client needs the INFO command; nothing was written"
+        ) from exc
+    ack.learn(infos)
+
+
+async def _learn_async(client: AsyncClient, ack: ReplicaAck) -> None:
+    infos: dict[str, dict[str, Any]] = {}
+    if _is_cluster(client):
+        # An asyncio RedisCluster learns its nodes on first use; the routing of WAITs needs them now.
+        await cast(Any, client).initialize()
+    try:
+        for node in _info_targets(client):
+            options = {} if node is None else {"target_nodes": node}
+            infos["the primary" if node is None else f"primary {node.name}"] = await cast(Any, client).execute_command(
+                *_INFO, **options
+            )
+    except rex.ResponseError as exc:
+        raise ReplicationUnsafe(
+            f"wait_replicas={ack.replicas}: could not read the server's replication state ({exc}); "
+            f"the client needs the INFO command; nothing was written"
+        ) from exc
+    ack.learn(infos)
+
+
+def _write_calls(req: Request) -> list[Call] | None:
+    """The script calls of ``req`` if it is a write (``scripts.WRITES``), else None."""
+    if isinstance(req, Call):
+        return [req] if req.script in scripts.WRITES else None
+    if isinstance(req, Batch) and any(call.script in scripts.WRITES for call in req.calls):
+        return list(req.calls)
+    return None
+
+
+def _send_acked_sync(client: SyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck) -> Any:
+    calls = _write_calls(req)
+    if calls is None:
+        return _send_sync(client, scripts, req)
+    if not ack.checked:
+        _learn_sync(client, ack)
+    replies, _ = _send_batch_sync(client, scripts, Batch(calls), ack)
+    return replies[0] if isinstance(req, Call) else replies
+
+
+async def _send_acked_async(client: AsyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck) -> Any:
+    calls = _write_calls(req)
+    if calls is None:
+        return await _send_async(client, scripts, req)
+    if not ack.checked:
+        await _learn_async(client, ack)
+    replies, _ = await _send_batch_async(client, scripts, Batch(calls), ack)
+    return replies[0] if isinstance(req, Call) else replies
 
 
 def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
-        return _send_batch_sync(client, scripts, req)
+        return _send_batch_sync(client, scripts, req)[0]
     if isinstance(req, Command):
         return client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)
@@ -332,7 +609,7 @@ async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request
     if isinstance(req, Call):
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
-        return await _send_batch_async(client, scripts, req)
+        return (await _send_batch_async(client, scripts, req))[0]
     if isinstance(req, Command):
         return await client.execute_command(*req.args)
     pipe = client.pipeline(transaction=False)
@@ -341,14 +618,24 @@ async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request
     return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False))
 
 
-def _send_retrying_sync(client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+def _send_one_sync(client: SyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck | None) -> Any:
+    return _send_sync(client, scripts, req) if ack is None else _send_acked_sync(client, scripts, req, ack)
+
+
+async def _send_one_async(client: AsyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck | None) -> Any:
+    return await (_send_async(client, scripts, req) if ack is None else _send_acked_async(client, scripts, req, ack))
+
+
+def _send_retrying_sync(
+    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request, ack: ReplicaAck | None = None
+) -> Any:
     # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
     # the deadline counts from its start all the same (redis-py's own retries and
     # connect timeouts inside it are within max_delay_s, not on top of it).
     started = time.monotonic()
     failed: BaseException | None = None
     try:
-        return _send_sync(client, scripts, req)
+        return _send_one_sync(client, scripts, req, ack)
     except retry.retry_on as exc:
         failed = exc
     for attempt in retry.sync(started):
@@ -357,17 +644,19 @@ def _send_retrying_sync(client: SyncClient, scripts: dict[str, Any], retry: Retr
                 # tenacity's attempt 1 is the failure above: it decides from there whether to wait and re-send.
                 first, failed = failed, None
                 raise first
-            return _send_sync(client, scripts, req)
+            return _send_one_sync(client, scripts, req, ack)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
-def run_sync(client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
-    """Drive ``op`` to completion with blocking I/O."""
+def run_sync(
+    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+) -> T:
+    """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write."""
     try:
         req = next(op)
         while True:
             try:
-                reply = _send_retrying_sync(client, scripts, retry, req)
+                reply = _send_retrying_sync(client, scripts, retry, req, ack)
             except rex.RedisError as exc:
                 # Thrown into the op, which may recover (claim_next skips a corrupt task).
                 req = op.throw(_caused(_error_sync(client, scripts, req, exc), exc))
@@ -401,11 +690,13 @@ async def _error_async(
         return _translate(exc)
 
 
-async def _send_retrying_async(client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request) -> Any:
+async def _send_retrying_async(
+    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request, ack: ReplicaAck | None = None
+) -> Any:
     started = time.monotonic()
     failed: BaseException | None = None
     try:
-        return await _send_async(client, scripts, req)
+        return await _send_one_async(client, scripts, req, ack)
     except retry.retry_on as exc:
         failed = exc
     async for attempt in retry.asyncio(started):
@@ -413,17 +704,19 @@ async def _send_retrying_async(client: AsyncClient, scripts: dict[str, Any], ret
             if failed is not None:
                 first, failed = failed, None
                 raise first
-            return await _send_async(client, scripts, req)
+            return await _send_one_async(client, scripts, req, ack)
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
 
-async def run_async(client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T]) -> T:
-    """Drive ``op`` to completion on the running event loop."""
+async def run_async(
+    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+) -> T:
+    """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write."""
     try:
         req = next(op)
         while True:
             try:
-                reply = await _send_retrying_async(client, scripts, retry, req)
+                reply = await _send_retrying_async(client, scripts, retry, req, ack)
             except rex.RedisError as exc:
                 req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
                 continue
@@ -637,12 +930,27 @@ class StoreShell(Generic[C]):
 
     _client: RedisClient
 
-    def __init__(self, client: RedisClient, core: C, script_names: tuple[str, ...], retry: RetryPolicy | None) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        core: C,
+        script_names: tuple[str, ...],
+        retry: RetryPolicy | None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+    ) -> None:
         check_client(client, want_asyncio=self._ASYNCIO)
+        if not isinstance(wait_replicas, int) or isinstance(wait_replicas, bool) or wait_replicas < 0:
+            raise InvalidArgument(f"wait_replicas must be an int >= 0, got {wait_replicas!r}")
+        if not isinstance(wait_timeout_ms, int) or isinstance(wait_timeout_ms, bool) or wait_timeout_ms < 1:
+            # WAIT's timeout 0 blocks forever: never what a worker holding a lease wants.
+            raise InvalidArgument(f"wait_timeout_ms must be an int >= 1, got {wait_timeout_ms!r}")
         self._core: C = core
         self._client = client
         self._scripts: dict[str, Any] = scripts.register(client, script_names)
         self._retry = retry or RetryPolicy()
+        #: None: writes are not followed by WAIT (``wait_replicas=0``).
+        self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
 
     @property
     def namespace(self) -> str:
@@ -659,7 +967,7 @@ class SyncShell(StoreShell[C]):
     _client: SyncClient  # checked in __init__
 
     def _run(self, op: Op[T]) -> T:
-        return run_sync(self._client, self._scripts, self._retry, op)
+        return run_sync(self._client, self._scripts, self._retry, op, self._ack)
 
 
 class AsyncShell(StoreShell[C]):
@@ -667,4 +975,4 @@ class AsyncShell(StoreShell[C]):
     _client: AsyncClient  # checked in __init__
 
     async def _run(self, op: Op[T]) -> T:
-        return await run_async(self._client, self._scripts, self._retry, op)
+        return await run_async(self._client, self._scripts, self._retry, op, self._ack)

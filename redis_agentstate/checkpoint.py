@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .clients import RedisClient
 from .models import Checkpoint
 
@@ -29,9 +29,11 @@ class _Checkpoints(StoreShell[CheckpointCore]):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         history_cache: int = 1024,
         retry: RetryPolicy | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
-        super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry)
+        super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
 
 
 class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
@@ -41,7 +43,12 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     page). ``max_payload_bytes`` caps what one write may send; ``history_cache``
     is how many tasks' decoded histories are kept so reads fetch only new
     entries; ``retry`` bounds retries of connection errors (every operation is
-    safe to re-send).
+    safe to re-send). ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def create(self, cp: Checkpoint) -> bool:

@@ -16,8 +16,10 @@ Every exception the library raises on purpose derives from one root::
     ├── PoolNotOpen              the pool was never opened
     ├── ConfigConflict           the pool is open with a different config
     ├── NotAMember               the run is not a member of the pool
+    ├── ReplicationUnsafe        wait_replicas asks for more replicas than the primary has
     └── BackendError             Redis answered with an error we did not expect
-        └── BackendUnavailable   Redis could not be reached (after bounded retries)
+        ├── BackendUnavailable   Redis could not be reached (after bounded retries)
+        └── WriteNotReplicated   a write too few replicas acknowledged in time (wait_replicas)
 
 Errors from redis-py are translated where the library calls Redis and chained
 (``raise ... from exc``), so the original is always in ``__cause__``.
@@ -42,6 +44,8 @@ __all__ = [
     "NotRunnable",
     "PoolNotOpen",
     "ThreadBusy",
+    "ReplicationUnsafe",
+    "WriteNotReplicated",
 ]
 
 
@@ -146,3 +150,40 @@ class BackendError(AgentStateError):
 
 class BackendUnavailable(BackendError):
     """Redis could not be reached, even after the bounded retries."""
+
+
+class WriteNotReplicated(BackendError):
+    """A write the primary answered, but fewer than ``wait_replicas`` replicas acknowledged
+    within ``wait_timeout_ms`` (``WAIT``; or the primary did not fsync it to its AOF in time,
+    ``WAITAOF``, where the server has it and AOF is on).
+
+    The write **may still have applied**: the primary ran it, and it may reach the replicas
+    later, or be lost if the primary fails over first. Its reply is withheld, because a reply
+    that a failover can take back is what this option exists to avoid. Re-send the same call
+    (same token, same ``expected_revision``, same checkpoint) once replicas are back: every
+    write is recognised by its write identity, so a re-send of a write that did apply answers
+    as if it were the first: ``commit``/``finalize`` return True, ``claim`` with the same token
+    returns the same claim (same revision and lease), ``acknowledge_terminal`` True, a pool
+    message or wake with an idempotency key its first receipt, ``open`` with the same config,
+    ``join`` and ``leave`` their result; key/value writes and ``delete`` are idempotent. Only
+    ``create`` is first-wins: its re-send returns False (load and compare). If the write was
+    lost in a failover, the re-send applies it now (or is refused like any fenced write if
+    someone else moved the task on meanwhile).
+
+    ``acknowledged`` is how many replicas did acknowledge (the lowest over the nodes the call
+    wrote to), ``required`` the store's ``wait_replicas``.
+    """
+
+    def __init__(
+        self, message: str, *, acknowledged: int, required: int, task_id: str | None = None, key: str | None = None
+    ) -> None:
+        super().__init__(message, task_id=task_id, key=key)
+        self.acknowledged = acknowledged
+        self.required = required
+
+
+class ReplicationUnsafe(AgentStateError):
+    """A store was given ``wait_replicas=n`` but its server cannot give n acknowledgements:
+    the primary has fewer than n replicas online, the server is a replica, or the client has no
+    ``WAIT`` (fakeredis). Raised by the store's first write, before anything is written;
+    every write would otherwise time out."""

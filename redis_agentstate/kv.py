@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 
 from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
-from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .clients import RedisClient
 
 __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
@@ -20,9 +20,11 @@ class _KeyValues(StoreShell[KvCore]):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         *,
         retry: RetryPolicy | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        super().__init__(client, core, KV_SCRIPTS, retry)
+        super().__init__(client, core, KV_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
 
 
 class KeyValueStore(_KeyValues, SyncShell[KvCore]):
@@ -32,7 +34,12 @@ class KeyValueStore(_KeyValues, SyncShell[KvCore]):
     values any bytes up to ``max_value_bytes``; anything else raises
     ``InvalidArgument`` before a byte is sent. Batches are pipelined;
     ``keys()`` and ``count()`` read per-shard indexes (never ``KEYS`` or
-    ``SCAN``) and never report an expired key.
+    ``SCAN``) and never report an expired key. ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def get(self, key: str) -> bytes | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ._pool_core import DEFAULT_MAX_RECORD_BYTES, DEFAULT_PAGE_SIZE, POOL_SCRIPTS, PoolCore
 from .clients import RedisClient
 from .pool_models import (
@@ -33,9 +33,11 @@ class _Pools(StoreShell[PoolCore]):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         retry: RetryPolicy | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes, page_size=page_size)
-        super().__init__(client, core, POOL_SCRIPTS, retry)
+        super().__init__(client, core, POOL_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
         self._slice_ms = block_slice_ms(client)
 
     @property
@@ -54,7 +56,12 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     write; ``retry`` bounds retries of connection errors (every write is safe
     to re-send); ``page_size`` is the most records (``watch``) or fields per
     hash (``snapshot``) one script reads, so no call blocks Redis for long
-    whatever the pool's size.
+    whatever the pool's size. ``wait_replicas=n``
+    follows every write with ``WAIT n wait_timeout_ms`` (and ``WAITAOF`` where the
+    server has it and AOF is on) in the same round trip, raising
+    ``WriteNotReplicated`` when fewer acknowledged; the first write raises
+    ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
+    docs/durability.md).
     """
 
     def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:

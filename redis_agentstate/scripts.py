@@ -41,10 +41,12 @@ __all__ = [
     "POOL_SCRIPTS",
     "PRELUDES",
     "PoolReply",
+    "READS",
     "RENEW",
     "SAVE",
     "SUMMARY",
     "Reply",
+    "WRITES",
     "constants_prelude",
     "register",
     "script_text",
@@ -107,6 +109,24 @@ LG_SCRIPTS = (
     LG_PUT, LG_PUT_WRITES, LG_GET, LG_LIST, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE,
     LG_DUMP, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
 )  # fmt: skip
+
+#: The scripts that change state a caller relies on: the one place that says which
+#: requests are writes. A store with ``wait_replicas`` follows each call of one of
+#: these with ``WAIT`` (and ``WAITAOF``) in the same round trip; reads are sent as
+#: they are. Every script is in exactly one of ``WRITES`` and ``READS``
+#: (tests/test_replication.py checks it, so a new script must be declared here).
+#: kv_keys/kv_count drop index entries of expired keys (housekeeping the next
+#: read redoes), so they count as reads. Plain commands (``_ops.Pipe``,
+#: ``_ops.Command``) are reads only: every write is a script.
+WRITES = frozenset({
+    CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
+    KV_SET, KV_DELETE,
+    POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
+    POOL_NEXT_EVENT_SEQUENCE,
+    LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
+})  # fmt: skip
+#: The scripts that only read (see ``WRITES``).
+READS = frozenset({LOAD, SUMMARY, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP})
 
 #: The preludes each script is built on, in order (after the rendered constants).
 PRELUDES: dict[str, tuple[str, ...]] = {

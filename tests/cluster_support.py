@@ -82,6 +82,14 @@ class ClusterNode:
     bus_port: int
     dir: str
     proc: subprocess.Popen[bytes]
+    args: list[str] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Start the node again with its arguments and data dir (its ``nodes.conf``: it rejoins)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def client(self, **kw: Any) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, **kw)
@@ -106,27 +114,38 @@ class LocalCluster:
     # ---- lifecycle ------------------------------------------------------
 
     @classmethod
-    def start(cls, primaries: int = 3, *, node_timeout_ms: int = 2000, timeout: float = 30.0) -> LocalCluster:
+    def start(
+        cls,
+        primaries: int = 3,
+        *,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+        timeout: float = 30.0,
+        extra: tuple[str, ...] = (),
+    ) -> LocalCluster:
+        """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster-replicas``);
+        ``extra``: more arguments for every node."""
         server, cli = require_cluster_tools()
         used: set[int] = set()
         nodes: list[ClusterNode] = []
         cluster = cls(nodes=nodes, cli=cli)
         try:
-            for _ in range(primaries):
+            for _ in range(primaries * (1 + replicas)):
                 port, bus = _free_port(used), _free_port(used)
                 d = tempfile.mkdtemp(prefix="agentstate-cluster-")
                 args = [
                     server, "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
                     "--cluster-enabled", "yes", "--cluster-port", str(bus),
                     "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout_ms),
-                    "--save", "", "--appendonly", "no", "--logfile", os.path.join(d, "redis.log"),
+                    "--save", "", "--appendonly", "no", "--logfile", os.path.join(d, "redis.log"), *extra,
                 ]  # fmt: skip
                 proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                nodes.append(ClusterNode(port=port, bus_port=bus, dir=d, proc=proc))
+                nodes.append(ClusterNode(port=port, bus_port=bus, dir=d, proc=proc, args=args))
             for node in nodes:
                 cluster._wait_ping(node, timeout)
+            addrs = [n.addr for n in nodes]
             out = subprocess.run(
-                [cli, "--cluster", "create", *(n.addr for n in nodes), "--cluster-replicas", "0", "--cluster-yes"],
+                [cli, "--cluster", "create", *addrs, "--cluster-replicas", str(replicas), "--cluster-yes"],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -269,6 +288,8 @@ class LocalCluster:
         for node in self.nodes:
             if node.port not in (source.port, target.port):
                 with node.client() as c:
+                    if c.execute_command("ROLE")[0] != b"master":
+                        continue  # a replica takes the slot map from the primaries (and refuses SETSLOT)
                     c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         self.wait_ok()
         return moved

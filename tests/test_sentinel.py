@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServerProcess, Twin, free_port
+from conftest import RedisServerProcess, Twin
 from flows import checkpoint_flow, kv_flow, pool_flow
+from replication_support import start_sentinel
 
 from redis_agentstate import AsyncKeyValueStore, Checkpoint, InvalidArgument, KeyValueStore
 from redis_agentstate.keys import Keys
@@ -116,18 +117,8 @@ def sentinel_setup() -> Iterator[SentinelSetup]:
         pytest.skip("redis-server not on PATH")
     primary = RedisServerProcess.start()
     replica = RedisServerProcess.start("--replicaof", "127.0.0.1", str(primary.port))
-    port = free_port()
     folder = tempfile.mkdtemp(prefix="agentstate-sentinel-")
-    conf = os.path.join(folder, "sentinel.conf")
-    with open(conf, "w") as f:  # sentinel rewrites its config file: it lives in our temp dir
-        f.write(
-            f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder}/sentinel.log\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 1\n"
-            f"sentinel down-after-milliseconds {SERVICE} 1000\nsentinel failover-timeout {SERVICE} 5000\n"
-        )
-    proc = subprocess.Popen(
-        [str(shutil.which("redis-server")), conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    port, proc = start_sentinel(folder, SERVICE, primary.port)
     setup = SentinelSetup(primary, replica, port, proc, folder)
     try:
         _wait("the sentinel to see the replica", lambda: len(setup.ask("SENTINEL", "REPLICAS", SERVICE)) == 1)

@@ -150,7 +150,7 @@ class RecordingStore(CheckpointStore):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, default=0)
     p.add_argument("--namespace", required=True)
     p.add_argument("--history", required=True)
     p.add_argument("--worker", required=True)
@@ -160,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skew-s", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--zombie", action="store_true", help="also commit straight to the store, ignoring the lease")
+    p.add_argument("--sentinels", default="", help="comma-separated Sentinel ports: reach the primary through them")
+    p.add_argument("--service", default="agentstate-primary", help="the Sentinel service name")
+    p.add_argument("--cluster-port", type=int, default=0, help="a Redis Cluster node: use a RedisCluster client")
+    p.add_argument("--remap", default="", help="'from:to,...': ports the Sentinel names, reached at other ports")
+    p.add_argument("--wait-replicas", type=int, default=0, help="the stores' wait_replicas")
+    p.add_argument("--wait-timeout-ms", type=int, default=500, help="the stores' wait_timeout_ms")
     args = p.parse_args(argv)
 
     if args.skew_s:
@@ -169,16 +175,40 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     history = History(args.history, args.worker)
-    client = redis.Redis(
-        port=args.port,
-        socket_timeout=1.0,
-        socket_connect_timeout=1.0,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2),
-    )
+    retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2)
+    client: Any
+    if args.sentinels:
+        from redis.sentinel import Sentinel
+
+        sentinels = [("127.0.0.1", int(port)) for port in args.sentinels.split(",")]
+        remap = {int(a): int(b) for a, b in (pair.split(":") for pair in args.remap.split(",") if pair)}
+
+        class RemappedSentinel(Sentinel):
+            """The primary the Sentinels name, reached through the client-side proxy in front of it."""
+
+            def discover_master(self, service_name: str) -> tuple[str, int]:
+                host, port = super().discover_master(service_name)
+                return host, remap.get(int(port), int(port))
+
+        # A read timeout above two waits (WAIT, then WAITAOF) of wait_timeout_ms, as the stores require.
+        timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
+        client = RemappedSentinel(sentinels, socket_timeout=0.5).master_for(
+            args.service, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
+        )
+    elif args.cluster_port:
+        from redis.cluster import RedisCluster
+
+        timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
+        client = RedisCluster(
+            host="127.0.0.1", port=args.cluster_port, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
+        )
+    else:
+        client = redis.Redis(port=args.port, socket_timeout=1.0, socket_connect_timeout=1.0, retry=retry)
     policy = RetryPolicy(attempts=3, max_wait_s=0.2, max_delay_s=2.0)
-    store = RecordingStore(client, namespace=args.namespace, retry=policy)
+    waits = {"wait_replicas": args.wait_replicas, "wait_timeout_ms": args.wait_timeout_ms}
+    store = RecordingStore(client, namespace=args.namespace, retry=policy, **waits)
     store.history = history
-    pools = PoolStore(client, namespace=args.namespace, retry=policy)
+    pools = PoolStore(client, namespace=args.namespace, retry=policy, **waits)
     history.write(op="start", type="ok", skew_s=args.skew_s, wall=time.time())
 
     def handler(cp: Checkpoint) -> StepResult:
