@@ -21,7 +21,7 @@ failover time the workers saw. Three setups (``setup``):
 
 * ``test_failover_bounded`` (normal suite, ~25 s per setup and setting): failovers every 5 s
   for 14 s; with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
-* ``test_failover_long`` (marker ``chaos``): ``FAILOVER_RUNS`` runs of
+* ``test_failover_long`` (markers ``chaos`` and ``benchmark``: only with ``--benchmarks``): ``FAILOVER_RUNS`` runs of
   ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
   (see docs/durability.md for the commands and the figures).
 
@@ -513,6 +513,7 @@ def test_failover_bounded(setup: str, wait_replicas: int) -> None:
         assert figures["lost_acknowledged"] == 0 and figures["applied_twice"] == 0, figures
 
 
+@pytest.mark.benchmark  # a measurement of many minutes: opt-in with --benchmarks, as the benchmarks are
 @pytest.mark.chaos
 @pytest.mark.slow
 @pytest.mark.real
