@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._lease_core import (
@@ -378,28 +378,16 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._work = None  # from here on, a loss cancels nothing
-        delivered = isinstance(exc, asyncio.CancelledError)
-        try:
-            await self.close()
-            if self._cancelled_work and not delivered:
-                # Our cancel may still be pending if the body finished without awaiting: take it here.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError as cancel:
-            if not self._cancelled_work or delivered:
-                raise
-            delivered = True
-            exc = exc or cancel
-        if not self._cancelled_work:
-            return
-        task = asyncio.current_task()
-        if delivered and task is not None and hasattr(task, "uncancel"):
-            task.uncancel()
-        if exc is None or isinstance(exc, asyncio.CancelledError):
-            raise LeaseLost(
+        await exit_after_cancel(
+            self.close,
+            exc,
+            lambda: self._cancelled_work,
+            lambda: LeaseLost(
                 self._describe(f"lease lost, work cancelled: {self.lost_reason}"),
                 task_id=self.task_id,
                 revision=self.revision,
-            ) from exc
+            ),
+        )
 
     async def close(self) -> None:
         """Stop the keeper; release the claim if it was neither written nor lost."""
@@ -530,3 +518,31 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             # Logged (with the traceback) and turned into a lost lease, which cancels the work.
             log.error("%s", self._describe("lease keeper task crashed"), exc_info=exc)
             self._lose(f"lease keeper task crashed: {exc!r}")
+
+
+async def exit_after_cancel(
+    close: Callable[[], Awaitable[Any]],
+    exc: BaseException | None,
+    cancelled_work: Callable[[], bool],
+    lost: Callable[[], LeaseLost],
+) -> None:
+    """Leave an ``async with`` whose keeper may have cancelled the body on loss: ``close()``, then turn
+    our own cancellation into ``lost()`` (uncancelling the task), and let anyone else's through."""
+    delivered = isinstance(exc, asyncio.CancelledError)
+    try:
+        await close()
+        if cancelled_work() and not delivered:
+            # Our cancel may still be pending if the body finished without awaiting: take it here.
+            await asyncio.sleep(0)
+    except asyncio.CancelledError as cancel:
+        if not cancelled_work() or delivered:
+            raise
+        delivered = True
+        exc = exc or cancel
+    if not cancelled_work():
+        return
+    task = asyncio.current_task()
+    if delivered and task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+    if exc is None or isinstance(exc, asyncio.CancelledError):
+        raise lost() from exc

@@ -471,6 +471,46 @@ async def test_async_waiter_is_woken_by_the_release(backend: Any, namespace: str
         await waiter.client.aclose()
 
 
+async def test_losing_an_async_thread_lease_cancels_the_work(backend: Any, namespace: str):
+    holder = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    thief = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    reached_end = False
+    try:
+        with pytest.raises(LeaseLost, match="work cancelled"):
+            async with holder.lease("t", lease_ms=400) as lease:
+                # Someone releases the claim under the holder's token (an operator, a bug): the next
+                # renewal is refused, and the body must be stopped, not left to run on unfenced.
+                assert await thief._run(thief._core.release("t", lease.token))
+                await asyncio.sleep(3)
+                reached_end = True
+        assert not reached_end
+        assert lease.lost
+        async with thief.lease("t", wait_ms=0):  # nobody holds it any more
+            pass
+    finally:
+        await holder.client.aclose()
+        await thief.client.aclose()
+
+
+async def test_an_async_thread_lease_body_cancelled_from_outside_stays_cancelled(backend: Any, namespace: str):
+    holder = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    try:
+
+        async def work() -> None:
+            async with holder.lease("t", lease_ms=2_000):
+                await asyncio.sleep(30)
+
+        task = asyncio.create_task(work())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with holder.lease("t", wait_ms=0):  # released on the way out
+            pass
+    finally:
+        await holder.client.aclose()
+
+
 # ---- retention and serialization ------------------------------------------
 
 

@@ -23,9 +23,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .._lease_core import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
-from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from .._ops import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ..clients import RedisClient
 from ..errors import LeaseLost
+from ..lease import exit_after_cancel
 from ._core import LG_SCRIPTS, SaverCore
 
 __all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "ThreadLease"]
@@ -183,30 +184,89 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
         return ThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
 
 
-class ThreadLease:
-    """A claimed thread, kept alive by a background thread until the ``with`` block ends."""
+class _ThreadLeaseBase:
+    """What both thread leases share, with no I/O: the acquire/renew/release steps and the lease state."""
 
-    def __init__(self, saver: AgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+    def __init__(self, saver: _Savers, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
         self._saver = saver
         self.thread_id = thread_id
         self.timing = LeaseTiming(lease_ms)
         self.wait_ms = wait_ms
         self.token = new_token()
         self._state: LeaseState | None = None
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
 
     @property
     def lost(self) -> bool:
         return self._state is not None and self._state.is_lost(monotonic())
 
-    def __enter__(self) -> ThreadLease:
-        core = self._saver._core
-        sent = monotonic()
-        expires = self._saver._run(
-            core.acquire(self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms())
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if the keeper could not keep the lease."""
+        state = self._state
+        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
+            raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
+
+    def _acquire_op(self) -> Op[int]:
+        return self._saver._core.acquire(
+            self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms()
         )
+
+    def _acquired(self, sent: float, expires: int | None) -> None:
         self._state = LeaseState(self.timing, sent_at=sent, expires_at_ms=expires)
+
+    def _begin_release(self) -> LeaseState | None:
+        """End the lease as released; its state, or None if it had already ended (nothing to release)."""
+        state = self._state
+        if state is None or state.ended is not None:
+            return None
+        state.end("released")
+        return state
+
+    def _release_op(self) -> Op[bool]:
+        return self._saver._core.release(self.thread_id, self.token)
+
+    def _renew_op(self) -> Op[int | None]:
+        return self._saver._core.renew(self.thread_id, self.token, self.timing.lease_ms)
+
+    def _next_step(self) -> tuple[str, float]:
+        """The keeper's next step (``STOP``, ``LOST``, ``WAIT`` or renew) and how long to wait first."""
+        state = self._state
+        assert state is not None
+        step, delay = state.next_step(monotonic())
+        if step == LOST:
+            reason = state.loss_reason(monotonic()) or "renew deadline passed"
+            if state.lose(reason):
+                self._lost(reason)
+        return step, delay
+
+    def _renew_failed(self, exc: Exception) -> None:
+        state = self._state
+        assert state is not None
+        if (reason := state.renew_failed(monotonic(), exc)) is not None and state.lose(reason):
+            self._lost(reason)
+
+    def _renewed(self, sent: float, expires: int | None) -> None:
+        state = self._state
+        assert state is not None
+        if (reason := state.renewed(sent, monotonic(), expires)) is not None and state.lose(reason):
+            self._lost(reason)
+
+    def _lost(self, reason: str) -> None:
+        """The lease was just lost (once): say so loudly."""
+        log.error("lease on thread %r lost: %s", self.thread_id, reason)
+
+
+class ThreadLease(_ThreadLeaseBase):
+    """A claimed thread, kept alive by a background thread until the ``with`` block ends."""
+
+    def __init__(self, saver: AgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+        self._sync_saver = saver
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    def __enter__(self) -> ThreadLease:
+        sent = monotonic()
+        self._acquired(sent, self._sync_saver._run(self._acquire_op()))
         self._keeper = threading.Thread(target=self._keep, name=f"lease-{self.thread_id}", daemon=True)
         self._keeper.start()
         return self
@@ -216,43 +276,29 @@ class ThreadLease:
 
     def release(self) -> bool:
         """Give the thread up and wake one waiter; False if it was not ours any more."""
-        state = self._state
-        if state is None or state.ended is not None:
+        state = self._begin_release()
+        if state is None:
             return False
-        state.end("released")
         self._stop.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(timeout=state.time_left(monotonic()))
-        return self._saver._run(self._saver._core.release(self.thread_id, self.token))
-
-    def check(self) -> None:
-        """Raise ``LeaseLost`` if the keeper could not keep the lease."""
-        state = self._state
-        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
-            raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
+        return self._sync_saver._run(self._release_op())
 
     def _keep(self) -> None:
-        state = self._state
-        assert state is not None
-        core = self._saver._core
         while True:
-            step, delay = state.next_step(monotonic())
+            step, delay = self._next_step()
             if step in (STOP, LOST):
-                if step == LOST:
-                    log.error("lease on thread %r lost: %s", self.thread_id, state.loss_reason(monotonic()))
                 return
             if step == WAIT:
                 self._stop.wait(delay)
                 continue
             sent = monotonic()
             try:
-                expires = self._saver._run(core.renew(self.thread_id, self.token, self.timing.lease_ms))
+                expires = self._sync_saver._run(self._renew_op())
             except Exception as exc:
-                if (reason := state.renew_failed(monotonic(), exc)) is not None:
-                    state.lose(reason)
+                self._renew_failed(exc)
                 continue
-            if (reason := state.renewed(sent, monotonic(), expires)) is not None:
-                state.lose(reason)
+            self._renewed(sent, expires)
 
 
 class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
@@ -405,67 +451,62 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
         return AsyncThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
 
 
-class AsyncThreadLease:
-    """The asyncio twin of :class:`ThreadLease`: the keeper is a task."""
+class AsyncThreadLease(_ThreadLeaseBase):
+    """The asyncio twin of :class:`ThreadLease`: the keeper is a task, and losing the lease
+    cancels the task that entered ``async with`` (it sees ``LeaseLost``), as ``AsyncLease`` does."""
 
     def __init__(self, saver: AsyncAgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
-        self._saver = saver
-        self.thread_id = thread_id
-        self.timing = LeaseTiming(lease_ms)
-        self.wait_ms = wait_ms
-        self.token = new_token()
-        self._state: LeaseState | None = None
+        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+        self._async_saver = saver
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
-
-    @property
-    def lost(self) -> bool:
-        return self._state is not None and self._state.is_lost(monotonic())
+        self._work: asyncio.Task[Any] | None = None
+        self._cancelled_work = False
 
     async def __aenter__(self) -> AsyncThreadLease:
-        self._saver._bind()
-        core = self._saver._core
+        self._async_saver._bind()
         sent = monotonic()
-        expires = await self._saver._run(
-            core.acquire(self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms())
-        )
-        self._state = LeaseState(self.timing, sent_at=sent, expires_at_ms=expires)
+        self._acquired(sent, await self._async_saver._run(self._acquire_op()))
         self._stop = asyncio.Event()
+        self._work = asyncio.current_task()
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.release()
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._work = None  # from here on, a loss cancels nothing
+        await exit_after_cancel(self.release, exc, lambda: self._cancelled_work, self._lost_error)
+
+    def _lost_error(self) -> LeaseLost:
+        state = self._state
+        reason = (state.loss_reason(monotonic()) if state is not None else None) or "lease lost"
+        return LeaseLost(f"lease on thread {self.thread_id!r} lost, work cancelled: {reason}", task_id=self.thread_id)
 
     async def release(self) -> bool:
         """Give the thread up and wake one waiter; False if it was not ours any more."""
-        state = self._state
-        if state is None or state.ended is not None:
+        state = self._begin_release()
+        if state is None:
             return False
-        state.end("released")
         if self._stop is not None:
             self._stop.set()
-        if self._keeper is not None:
+        keeper = self._keeper
+        if keeper is not None and keeper is not asyncio.current_task():
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._keeper, timeout=state.time_left(monotonic()))
-        return await self._saver._run(self._saver._core.release(self.thread_id, self.token))
+                await asyncio.wait_for(keeper, timeout=state.time_left(monotonic()))
+        return await self._async_saver._run(self._release_op())
 
-    def check(self) -> None:
-        """Raise ``LeaseLost`` if the keeper could not keep the lease."""
-        state = self._state
-        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
-            raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
+    def _lost(self, reason: str) -> None:
+        super()._lost(reason)
+        work = self._work
+        if work is not None and not work.done():
+            self._cancelled_work = True
+            work.cancel(f"lease on thread {self.thread_id!r} lost: {reason}")
 
     async def _keep(self) -> None:
-        state = self._state
         stop = self._stop
-        assert state is not None and stop is not None
-        core = self._saver._core
+        assert stop is not None
         while True:
-            step, delay = state.next_step(monotonic())
+            step, delay = self._next_step()
             if step in (STOP, LOST):
-                if step == LOST:
-                    log.error("lease on thread %r lost: %s", self.thread_id, state.loss_reason(monotonic()))
                 return
             if step == WAIT:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -473,12 +514,10 @@ class AsyncThreadLease:
                 continue
             sent = monotonic()
             try:
-                expires = await self._saver._run(core.renew(self.thread_id, self.token, self.timing.lease_ms))
+                expires = await self._async_saver._run(self._renew_op())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if (reason := state.renew_failed(monotonic(), exc)) is not None:
-                    state.lose(reason)
+                self._renew_failed(exc)
                 continue
-            if (reason := state.renewed(sent, monotonic(), expires)) is not None:
-                state.lose(reason)
+            self._renewed(sent, expires)
