@@ -233,6 +233,11 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         from .pool_scale import markdown as scale_markdown
 
         lines.extend(scale_markdown(scale))
+    scale = figs.get("scale")
+    if scale:
+        from .scale import markdown as scale_paper_markdown
+
+        lines.extend(scale_paper_markdown(scale))
     payload = figs.get("payload")
     if payload:
         add(f"#### 5. {payload['title']}")

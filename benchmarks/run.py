@@ -34,6 +34,7 @@ from . import (
     pools,
     profile_hot,
     report,
+    scale,
     single,
 )
 from ._util import Settings, git_state, machine_info, server_modules, server_pid_of, versions
@@ -55,6 +56,7 @@ FIGURES: dict[str, Callable[[Settings], dict[str, Any]]] = {
 OPT_IN: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pool_scale": pool_scale.run,
     "langgraph": langgraph_savers.run,
+    "scale": scale.run,
 }
 
 

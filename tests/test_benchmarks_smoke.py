@@ -6,6 +6,7 @@ run is marked ``benchmark`` and only runs with ``pytest --benchmarks``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -113,6 +114,31 @@ def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
     assert ours["memory"][str(fig["steps"])]["own_keys"] > 0
     assert rows["langgraph-checkpoint-redis RedisSaver"]["status"].startswith("not run")
     assert all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows.values())
+
+
+def test_scale_figure_quick_round(tmp_path: Path) -> None:
+    """The opt-in scale figure measures server CPU per cycle on every path and derives the spread."""
+    _need_redis_server()
+    data = _run(tmp_path, "--quick", "--only", "scale", timeout=300)
+    assert data["errors"] == {}
+    fig = data["figures"]["scale"]
+    for row in fig["rows"]:
+        assert row["server_cpu_us_per_cycle"]["median"] > row["script_us_per_cycle"]["median"] > 0, row
+        assert row["agents_per_primary_at_70"] > 0
+    spread = {(r["shards"], r["primaries"]): r for r in fig["spread"]}
+    assert set(spread) == {(s, p) for s in (64, 256, 1024) for p in (3, 6, 12)}
+    assert all(r["hottest_over_fair"]["median"] >= 1.0 for r in spread.values())
+
+
+def test_even_slot_ranges_match_redis_cli() -> None:
+    from benchmarks.scale import even_ranges
+
+    # redis-cli --cluster create's ranges for 3 primaries, as the test suite's cluster reports them.
+    assert even_ranges(3) == [(0, 5460), (5461, 10922), (10923, 16383)]
+    for n in (6, 12):
+        ranges = even_ranges(n)
+        assert ranges[0][0] == 0 and ranges[-1][1] == 16383
+        assert all(b + 1 == c for (_, b), (c, _) in itertools.pairwise(ranges))
 
 
 @pytest.mark.benchmark
