@@ -208,7 +208,7 @@ def _text(value: Any) -> str:
 def _command_keys(args: Sequence[Any]) -> list[str]:
     """The keys of one of the commands this library sends (the ACL list in the README is all of them)."""
     name = _text(args[0]).upper()
-    if name in ("EVAL", "EVALSHA"):
+    if name == "EVALSHA":  # never EVAL: scripts go by SHA (and SCRIPT LOAD after a NOSCRIPT)
         return [_text(k) for k in args[3 : 3 + int(args[2])]]
     if name == "XREAD":
         streams = [_text(a).upper() for a in args].index("STREAMS")

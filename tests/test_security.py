@@ -52,7 +52,7 @@ pytestmark = pytest.mark.real
 #: Every command the library sends, by the client or from its Lua scripts
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
-    "blpop", "del", "eval", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
+    "blpop", "del", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
     "hlen", "hmget", "hscan", "hset", "hvals", "incr", "info", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
     "script|load", "set", "time", "type", "wait", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount",
     "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
@@ -116,7 +116,7 @@ def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> 
 def test_readme_line() -> None:
     line = acl_setuser_line()
     assert line.startswith("ACL SETUSER agentstate reset on ><password> resetkeys ~agentstate:{agentstate#* ")
-    assert "resetchannels -@all +blpop +del +eval +evalsha" in line
+    assert "resetchannels -@all +blpop +del +evalsha +exists" in line
 
 
 # ---- ACL: least privilege ----------------------------------------------------
