@@ -11,11 +11,12 @@ are described in ``lease.py``'s module docstring.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -219,6 +220,14 @@ class LeaseState:
             self.ended = how
 
 
+@dataclass
+class Written:
+    """What a fenced write's I/O reported: whether it applied, and the next cycle's claim if any."""
+
+    applied: bool = False
+    next: Checkpoint | None = None
+
+
 S = TypeVar("S")
 
 
@@ -401,6 +410,25 @@ class LeaseBase(Generic[S]):
     def _write_failed(self) -> None:
         with self._lock:
             self._require().writing = False
+
+    @contextlib.contextmanager
+    def _fenced_write(self, how: str, *, continuing: bool = False) -> Iterator[Written]:
+        """Around a commit's (or commit_and_claim's) I/O: the body sets ``applied`` (and ``next``);
+        on the way out the lease ends as ``how``, or is lost to the fence (``LeaseLost``). An error
+        leaves it claimed and re-raises; for ``continuing``, ``ClaimRejected`` can only come from a
+        re-send whose commit had applied while the next claim was taken since: committed, no successor."""
+        out = Written()
+        try:
+            yield out
+        except ClaimRejected:
+            if not continuing:
+                self._write_failed()
+                raise
+            out.applied, out.next = True, None
+        except BaseException:
+            self._write_failed()
+            raise
+        self._after_write(out.applied, how)
 
     def _after_write(self, applied: bool, how: str) -> None:
         state = self._require()

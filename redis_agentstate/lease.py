@@ -64,7 +64,7 @@ from ._lease_core import (
     log,
     monotonic,
 )
-from .errors import ClaimRejected, LeaseLost
+from .errors import LeaseLost
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -228,12 +228,8 @@ class Lease(LeaseBase["CheckpointStore"]):
 
     def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
         self._check_write(cp, final=final)
-        try:
-            applied = self._store.commit(cp, **self._write_args(replace_history))
-        except BaseException:
-            self._write_failed()
-            raise
-        self._after_write(applied, "finalized" if final else "committed")
+        with self._fenced_write("finalized" if final else "committed") as out:
+            out.applied = self._store.commit(cp, **self._write_args(replace_history))
         self._stop.set()
 
     def commit_and_claim(
@@ -253,17 +249,10 @@ class Lease(LeaseBase["CheckpointStore"]):
             return None
         self._check_write(cp, final=False)
         sent = self._clock.now()
-        try:
-            nxt = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-        except ClaimRejected:
-            # Only a re-send raises it: the commit had applied, the claim was taken since.
-            nxt = None
-            self._after_write(True, "committed")
-        except BaseException:
-            self._write_failed()
-            raise
-        else:
-            self._after_write(nxt is not None, "committed")
+        with self._fenced_write("committed", continuing=True) as out:
+            out.next = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
+            out.applied = out.next is not None
+        nxt = out.next
         self._stop.set()
         if nxt is None:
             return None
@@ -435,12 +424,8 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
     async def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
         self._check_write(cp, final=final)
-        try:
-            applied = await self._store.commit(cp, **self._write_args(replace_history))
-        except BaseException:
-            self._write_failed()
-            raise
-        self._after_write(applied, "finalized" if final else "committed")
+        with self._fenced_write("finalized" if final else "committed") as out:
+            out.applied = await self._store.commit(cp, **self._write_args(replace_history))
         if self._stop is not None:
             self._stop.set()
 
@@ -453,17 +438,10 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             return None
         self._check_write(cp, final=False)
         sent = self._clock.now()
-        try:
-            nxt = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-        except ClaimRejected:
-            # Only a re-send raises it: the commit had applied, the claim was taken since.
-            nxt = None
-            self._after_write(True, "committed")
-        except BaseException:
-            self._write_failed()
-            raise
-        else:
-            self._after_write(nxt is not None, "committed")
+        with self._fenced_write("committed", continuing=True) as out:
+            out.next = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
+            out.applied = out.next is not None
+        nxt = out.next
         if self._stop is not None:
             self._stop.set()
         if nxt is None:
