@@ -130,6 +130,20 @@ def test_scale_figure_quick_round(tmp_path: Path) -> None:
     assert all(r["hottest_over_fair"]["median"] >= 1.0 for r in spread.values())
 
 
+def test_functions_ab_runs(tmp_path: Path) -> None:
+    """The EVALSHA-against-FCALL measurement loads its Function library and measures both."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.functions_ab", "--rounds", "2", "--cycles", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "EVALSHA: median" in proc.stdout and "FCALL: median" in proc.stdout and "x" in proc.stdout
+
+
 def test_even_slot_ranges_match_redis_cli() -> None:
     from benchmarks.scale import even_ranges
 
