@@ -47,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (``--dist loadgroup`` in pyproject) the fault-injection runs share one
+    # worker, one after another: each starts a fleet of processes and servers and kills some, and
+    # two side by side on two cores starve each other's replicas and sentinels.
+    for item in items:
+        if "chaos" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("chaos"))
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")
