@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ import pytest
 import redis
 import redis.asyncio.cluster as aiocluster
 import redis.cluster
+from redis._parsers import AsyncCommandsParser, CommandsParser
 
 __all__ = [
     "ClusterBackend",
@@ -45,6 +47,7 @@ __all__ = [
     "LocalCluster",
     "cluster_backend",
     "key_for_slot_owned_by",
+    "port_taken",
     "redis_cluster",
     "require_cluster_tools",
 ]
@@ -110,6 +113,12 @@ class LocalCluster:
     nodes: list[ClusterNode]
     cli: str
     _clients: list[Any] = field(default_factory=list)
+    # The nodes' COMMAND table, which every new RedisCluster client fetches and parses
+    # (about 2,000 entries: 0.1-0.3 s a client, the bulk of a cluster test's cost). The
+    # table is fixed for a given server binary, so each flavour reads it from the nodes
+    # once and later clients start from a copy; everything else they fetch as usual.
+    _sync_commands: dict[str, Any] | None = None
+    _async_commands: dict[str, Any] = field(default_factory=dict)
 
     # ---- lifecycle ------------------------------------------------------
 
@@ -125,6 +134,20 @@ class LocalCluster:
     ) -> LocalCluster:
         """``primaries`` primaries, each with ``replicas`` replicas (``redis-cli --cluster-replicas``);
         ``extra``: more arguments for every node."""
+        # A free port is only free when asked: another xdist worker may bind it first. Such a
+        # node exits at once, and the whole cluster is started again on other ports.
+        for attempt in range(3):
+            try:
+                return cls._start_once(primaries, replicas, node_timeout_ms, timeout, extra)
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(
+        cls, primaries: int, replicas: int, node_timeout_ms: int, timeout: float, extra: tuple[str, ...]
+    ) -> LocalCluster:
         server, cli = require_cluster_tools()
         used: set[int] = set()
         nodes: list[ClusterNode] = []
@@ -153,8 +176,11 @@ class LocalCluster:
             if out.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}\n{out.stderr}")
             cluster.wait_ok(timeout)
-        except BaseException:
+        except BaseException as exc:
+            taken = isinstance(exc, RuntimeError) and any(port_taken(n.dir) for n in nodes)
             cluster.stop()
+            if taken:
+                raise _PortTaken(str(exc)) from exc
             raise
         return cluster
 
@@ -166,10 +192,12 @@ class LocalCluster:
                 raise RuntimeError(f"cluster node exited with {node.proc.returncode}; see {node.dir}/redis.log")
             try:
                 with node.client(socket_connect_timeout=0.5) as c:
-                    if c.ping():
+                    # The node answering must be this one, not a server that took the port first.
+                    if c.info("server")["process_id"] == node.proc.pid:
                         return
-            except redis.ConnectionError:
-                time.sleep(0.05)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+            time.sleep(0.05)
         raise TimeoutError(f"cluster node on port {node.port} did not answer PING")
 
     def wait_ok(self, timeout: float = 30.0) -> None:
@@ -222,13 +250,24 @@ class LocalCluster:
         """A ``redis.cluster.RedisCluster`` (binary replies) on this cluster."""
         host, port = self.startup
         kw.setdefault("socket_timeout", 5)
-        return redis.cluster.RedisCluster(host=host, port=port, **kw)
+        if self._sync_commands is None:
+            client = redis.cluster.RedisCluster(host=host, port=port, **kw)
+            self._sync_commands = client.commands_parser.commands
+            return client
+        with _parser_swap:  # the client builds its parser from this module global in __init__
+            redis.cluster.CommandsParser = _known_sync_commands(self._sync_commands)  # type: ignore[misc]
+            try:
+                return redis.cluster.RedisCluster(host=host, port=port, **kw)
+            finally:
+                redis.cluster.CommandsParser = CommandsParser  # type: ignore[misc]
 
     def async_client(self, **kw: Any) -> aiocluster.RedisCluster:
         """A ``redis.asyncio.cluster.RedisCluster`` on this cluster (initialises on first use)."""
         host, port = self.startup
         kw.setdefault("socket_timeout", 5)
-        return aiocluster.RedisCluster(host=host, port=port, **kw)
+        client = aiocluster.RedisCluster(host=host, port=port, **kw)
+        client.commands_parser = _KnownAsyncCommands(self._async_commands)
+        return client
 
     # ---- inspection and slot moves ---------------------------------------
 
@@ -310,6 +349,48 @@ class LocalCluster:
             raise RuntimeError(f"redis-cli --cluster reshard failed: {out.stdout[-2000:]}\n{out.stderr}")
         self.wait_ok()
         return out.stdout
+
+
+_parser_swap = threading.Lock()
+
+
+class _PortTaken(RuntimeError):
+    """A node exited because another process bound its port first."""
+
+
+def port_taken(dir: str) -> bool:
+    """Whether the server logged in ``dir`` (its ``redis.log``) exited because its port was bound already."""
+    try:
+        with open(os.path.join(dir, "redis.log"), encoding="utf-8", errors="replace") as log:
+            return "Address already in use" in log.read()
+    except OSError:
+        return False
+
+
+def _known_sync_commands(table: dict[str, Any]) -> Any:
+    """A ``CommandsParser`` factory whose parsers start from ``table`` instead of sending COMMAND."""
+
+    class KnownCommands(CommandsParser):
+        def initialize(self, r: Any) -> None:
+            self.commands = dict(table)
+
+    return KnownCommands
+
+
+class _KnownAsyncCommands(AsyncCommandsParser):
+    """An ``AsyncCommandsParser`` that sends COMMAND only while ``table`` (shared per cluster) is empty."""
+
+    def __init__(self, table: dict[str, Any]) -> None:
+        super().__init__()
+        self._table = table
+
+    async def initialize(self, node: Any = None) -> None:
+        if node:
+            self.node = node
+        if not self._table:
+            await super().initialize()
+            self._table.update(self.commands)
+        self.commands = dict(self._table)
 
 
 def key_for_slot_owned_by(prefix_keys: list[str], owner_port: int, cluster: LocalCluster) -> str | None:

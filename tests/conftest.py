@@ -3,7 +3,8 @@
 The backends are fakeredis, a real redis-server and a real local Redis Cluster
 (3 primaries, ``cluster_support.py``). The real server is, in order: ``REDIS_URL`` if set (tests then use unique
 namespaces and never flush it); else a private ``redis-server`` started on a
-free port in a temp dir for the session; else a ``testcontainers`` Redis where
+free port in a temp dir for the session (for each xdist worker: pyproject's
+addopts run the suite on ``-n auto`` workers, each with its own servers); else a ``testcontainers`` Redis where
 a Docker engine answers; else the real-backend tests skip with the reason,
 except under ``CI=true`` where a missing real server fails them.
 
@@ -36,7 +37,7 @@ import fakeredis
 import pytest
 import redis
 import redis.asyncio as aioredis
-from cluster_support import cluster_backend, redis_cluster  # noqa: F401 - redis_cluster is a fixture
+from cluster_support import cluster_backend, port_taken, redis_cluster  # noqa: F401 - redis_cluster is a fixture
 
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 
@@ -46,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (``--dist loadgroup`` in pyproject) the fault-injection runs share one
+    # worker, one after another: each starts a fleet of processes and servers and kills some, and
+    # two side by side on two cores starve each other's replicas and sentinels.
+    for item in items:
+        if "chaos" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("chaos"))
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")
@@ -81,14 +88,25 @@ class RedisServerProcess:
         binary = binary or shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server not on PATH")
-        port = port or free_port()
-        dir = dir or tempfile.mkdtemp(prefix="agentstate-redis-")
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", dir,
-                "--save", "", "--appendonly", "no", "--logfile", os.path.join(dir, "redis.log"), *extra]  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        server = cls(port=port, dir=dir, proc=proc, args=args)
-        server.wait_ready()
-        return server
+        # free_port() is only free when asked: another xdist worker (or process) may bind it
+        # first, and the server then exits. A port of our own choosing is chosen again.
+        for attempt in range(1 if port else 3):
+            chosen = port or free_port()
+            where = dir or tempfile.mkdtemp(prefix="agentstate-redis-")
+            log = os.path.join(where, "redis.log")
+            args = [binary, "--port", str(chosen), "--bind", "127.0.0.1", "--dir", where,
+                    "--save", "", "--appendonly", "no", "--logfile", log, *extra]  # fmt: skip
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            server = cls(port=chosen, dir=where, proc=proc, args=args)
+            try:
+                server.wait_ready()
+            except RuntimeError:
+                if port or attempt == 2 or not port_taken(where):
+                    raise
+                server.stop(remove=dir is None)
+                continue
+            return server
+        raise AssertionError("unreachable")
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -96,10 +114,13 @@ class RedisServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.dir}/redis.log")
             try:
-                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.05)
+                with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+                    # The server answering must be this one, not one that took the port first.
+                    if client.info("server")["process_id"] == self.proc.pid:
+                        return
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+            time.sleep(0.05)
         raise TimeoutError(f"redis-server on port {self.port} did not answer PING")
 
     def stop(self, *, remove: bool = True) -> None:

@@ -248,10 +248,11 @@ def langgraph_contract_flow(client: Any, namespace: str) -> None:
     from redis_agentstate.langgraph import AgentStateSaver
 
     saver = AgentStateSaver(client, namespace=namespace)
-    with saver.lease("lg-t", lease_ms=300) as lease:
+    # 1 s, not less: a 300 ms lease was lost to a stall of a loaded two-core CI run.
+    with saver.lease("lg-t", lease_ms=1000) as lease:
         cfg = saver.put(generate_config("lg-t"), generate_checkpoint(), generate_metadata(run_id="r1"), {})
         saver.put_writes(cfg, [("channel", 1)], "task-1")
-        time.sleep(0.35)  # longer than the lease: only the keeper's renewals keep it
+        time.sleep(1.1)  # longer than the lease: only the keeper's renewals keep it
         assert not lease.lost
     assert saver.get_tuple(cfg) is not None
     assert list(saver.list(generate_config("lg-t")))
