@@ -7,7 +7,7 @@ Every server is private, on loopback, started here. Worker processes
 ``classify`` sorts its violations into acknowledged commits lost, acknowledged pool messages
 lost, claims rolled back, cycles applied twice, stale claims or commits that won. The gap
 between the last acknowledged commit before each strike and the first after it is the
-failover time the workers saw. Three setups (``setup``):
+failover time the workers saw. Four setups (``setup``):
 
 * ``sentinel``: 1 primary and 2 replicas with ``min-replicas-to-write 1``, 3 Sentinels
   (quorum 2), workers on a Sentinel client; the nemesis ``kill -9``s the primary, waits for
@@ -18,14 +18,16 @@ failover time the workers saw. Three setups (``setup``):
 * ``cluster``: a local Redis Cluster of 3 primaries with a replica each; the nemesis kills
   one primary per round (in turn), the cluster promotes its replica, and the old primary
   restarts on its data dir (``nodes.conf``) and rejoins as a replica.
+* ``cluster-split``: the same cluster shape, each node on its own loopback address behind
+  proxies for its client and bus ports; the nemesis cuts one primary (in turn) off from the
+  other nodes' bus and from its replica for ``ISOLATE_S`` while workers still reach it: split
+  brain on the cluster (see ``ClusterSplitFleet``).
 
-* ``test_failover_bounded`` (normal suite, ~25 s per setup and setting): failovers every 5 s
+* ``test_failover_bounded`` (normal suite, ~25-35 s per setup and setting): failovers every 5 s
   for 14 s; with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
 * ``test_failover_long`` (markers ``chaos`` and ``benchmark``: only with ``--benchmarks``): ``FAILOVER_RUNS`` runs of
   ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
   (see docs/durability.md for the commands and the figures).
-
-Not covered: split brain on the cluster (its bus would need proxying too).
 """
 
 from __future__ import annotations
