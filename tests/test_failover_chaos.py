@@ -7,7 +7,7 @@ Every server is private, on loopback, started here. Worker processes
 ``classify`` sorts its violations into acknowledged commits lost, acknowledged pool messages
 lost, claims rolled back, cycles applied twice, stale claims or commits that won. The gap
 between the last acknowledged commit before each strike and the first after it is the
-failover time the workers saw. Three setups (``setup``):
+failover time the workers saw. Four setups (``setup``):
 
 * ``sentinel``: 1 primary and 2 replicas with ``min-replicas-to-write 1``, 3 Sentinels
   (quorum 2), workers on a Sentinel client; the nemesis ``kill -9``s the primary, waits for
@@ -18,23 +18,27 @@ failover time the workers saw. Three setups (``setup``):
 * ``cluster``: a local Redis Cluster of 3 primaries with a replica each; the nemesis kills
   one primary per round (in turn), the cluster promotes its replica, and the old primary
   restarts on its data dir (``nodes.conf``) and rejoins as a replica.
+* ``cluster-split``: the same cluster shape, each node on its own loopback address behind
+  proxies for its client and bus ports; the nemesis cuts one primary (in turn) off from the
+  other nodes' bus and from its replica for ``ISOLATE_S`` while workers still reach it: split
+  brain on the cluster (see ``ClusterSplitFleet``).
 
-* ``test_failover_bounded`` (normal suite, ~25 s per setup and setting): failovers every 5 s
+* ``test_failover_bounded`` (normal suite, ~25-35 s per setup and setting): failovers every 5 s
   for 14 s; with ``wait_replicas=1`` nothing acknowledged may be lost or applied twice.
 * ``test_failover_long`` (markers ``chaos`` and ``benchmark``: only with ``--benchmarks``): ``FAILOVER_RUNS`` runs of
   ``FAILOVER_SECONDS`` each per setting, figures printed and written to ``$FAILOVER_REPORT``
   (see docs/durability.md for the commands and the figures).
-
-Not covered: split brain on the cluster (its bus would need proxying too).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -344,6 +348,251 @@ class ClusterFleet:
         self.cluster.stop()
 
 
+def _free_port_on(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def _online_on(host: str, port: int) -> int:
+    """How many replicas the server at ``host``:``port`` sees in state ``online``."""
+    with redis.Redis(host=host, port=port, socket_timeout=2) as c:
+        info = c.info("replication")
+    return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v["state"] == "online")
+
+
+@dataclass
+class SplitNode:
+    """One cluster node on its own loopback address, and the three proxies in front of it."""
+
+    ip: str
+    port: int
+    bus_port: int
+    dir: str
+    proc: subprocess.Popen[bytes]
+    inner: Any  # client port, as announced to the cluster: replication goes through it
+    inner_bus: Any  # bus port, as announced: every other node's bus links to this node
+    outer: Any  # client port for the workers (address_remap from ``inner``)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=self.ip, port=self.port, socket_timeout=5)
+
+    @property
+    def announced(self) -> int:
+        return int(self.inner.port)
+
+
+@dataclass
+class ClusterSplitFleet:
+    """Split brain on a Redis Cluster: a primary cut off from the other nodes and its replica, still serving clients.
+
+    3 primaries with a replica each. Every node has its own loopback address (``--bind`` and
+    ``--bind-source-addr``: the connections it opens carry that source address) and sits behind
+    an inner proxy for its client port and one for its bus port, which it announces
+    (``cluster-announce-ip/port/bus-port``): every bus link and every replication link runs
+    through a proxy, and a proxy can tell which node opened a connection by its source address.
+    Workers reach the nodes through outer proxies (``RedisCluster(address_remap=...)``).
+
+    ``fail_over`` isolates a primary for ``ISOLATE_S``: its own inner proxies blackhole everything
+    (the others' bus links to it, its replica's replication link), and every other node's inner
+    bus proxy blackholes what comes from its address (its own bus links out). Redis 7 counts data
+    received on either link of a pair before it flags a node PFAIL, so cutting one direction is not
+    enough. The others flag it FAIL and elect its replica; workers connected to it keep writing
+    there until it finds itself in the minority (CLUSTERDOWN after ``cluster-node-timeout``) or
+    ``min-replicas-max-lag`` runs out. Healing resets the blackholed links; the old primary sees the
+    newer config epoch of its slots and turns into a replica of the promoted one, dropping what it took.
+    """
+
+    dir: Path
+    ns: str
+    wait_replicas: int
+    nodes: list[SplitNode] = field(default_factory=list)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    _victim: int = 0
+
+    @classmethod
+    def start(cls, base: Path, wait_replicas: int) -> ClusterSplitFleet:
+        from faults import FaultProxy
+
+        server = shutil.which("redis-server")
+        if server is None:
+            raise FileNotFoundError("redis-server not on PATH")
+        fleet = cls(base, f"csplit-{uuid.uuid4().hex[:6]}", wait_replicas)
+        # A random 127.x.y.0/24 of our own: no clash with another run's addresses (all of 127/8 is local).
+        prefix = f"127.{random.randint(2, 254)}.{random.randint(0, 254)}"
+        try:
+            for i in range(6):
+                ip = f"{prefix}.{11 + i}"
+                port, bus = _free_port_on(ip), _free_port_on(ip)
+                inner, inner_bus, outer = FaultProxy(port, ip), FaultProxy(bus, ip), FaultProxy(port, ip)
+                d = tempfile.mkdtemp(prefix="agentstate-csplit-", dir=base)
+                args = [
+                    server, "--port", str(port), "--bind", ip, "--bind-source-addr", ip, "--dir", d,
+                    "--cluster-enabled", "yes", "--cluster-port", str(bus), "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000", "--cluster-announce-ip", "127.0.0.1",
+                    "--cluster-announce-port", str(inner.port), "--cluster-announce-bus-port", str(inner_bus.port),
+                    "--save", "", "--appendonly", "no", "--logfile", os.path.join(d, "redis.log"),
+                    "--repl-diskless-sync-delay", "0", *SERVER_ARGS,
+                ]  # fmt: skip
+                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                fleet.nodes.append(SplitNode(ip, port, bus, d, proc, inner, inner_bus, outer))
+            fleet._form()
+            fleet.settle()
+        except BaseException:
+            fleet.stop()
+            raise
+        return fleet
+
+    def _form(self) -> None:
+        """What ``redis-cli --cluster create`` does, but meeting at the announced (proxied) addresses."""
+        for n in self.nodes:
+            wait_until(f"node {n.ip}:{n.port}", lambda n=n: n.client().ping())
+        primaries, replicas = self.nodes[:3], self.nodes[3:]
+        bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for epoch, n in enumerate(self.nodes, start=1):
+            with n.client() as c:
+                c.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
+        for n, (lo, hi) in zip(primaries, bounds, strict=True):
+            with n.client() as c:
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        first = self.nodes[0]
+        for n in self.nodes[1:]:
+            with n.client() as c:
+                c.execute_command("CLUSTER", "MEET", "127.0.0.1", first.inner.port, first.inner_bus.port)
+
+        def all_known() -> bool:
+            for n in self.nodes:
+                with n.client() as c:
+                    lines = c.execute_command("CLUSTER", "NODES").decode().splitlines()
+                if len(lines) != 6 or any("handshake" in line or "noaddr" in line for line in lines):
+                    return False
+            return True
+
+        wait_until("6 nodes that know each other", all_known, timeout=30)
+        for r, p in zip(replicas, primaries, strict=True):
+            with p.client() as c:
+                primary_id = c.execute_command("CLUSTER", "MYID").decode()
+            with r.client() as c:
+                c.execute_command("CLUSTER", "REPLICATE", primary_id)
+
+    def node(self, announced: int) -> SplitNode:
+        return next(n for n in self.nodes if n.announced == announced)
+
+    def primaries(self) -> list[SplitNode]:
+        out = []
+        for n in self.nodes:
+            try:
+                with n.client() as c:
+                    if c.execute_command("ROLE")[0] == b"master":
+                        out.append(n)
+            except redis.RedisError:
+                pass
+        return out
+
+    def settle(self) -> None:
+        """Until every node says ``cluster_state:ok`` and 3 primaries each have their replica online."""
+
+        def ok() -> bool:
+            for n in self.nodes:
+                with n.client() as c:
+                    if b"cluster_state:ok" not in c.execute_command("CLUSTER", "INFO"):
+                        return False
+            primaries = self.primaries()
+            return len(primaries) == 3 and all(_online_on(p.ip, p.port) == 1 for p in primaries)
+
+        wait_until("cluster_state ok, 3 primaries with a replica each", ok, timeout=60)
+
+    def _direct(self, addr: tuple[str, int]) -> tuple[str, int]:
+        n = next((n for n in self.nodes if n.announced == int(addr[1])), None)
+        return (n.ip, n.port) if n is not None else addr
+
+    def admin(self) -> Any:
+        first = self.nodes[0]
+        return redis.cluster.RedisCluster(host=first.ip, port=first.port, socket_timeout=10, address_remap=self._direct)
+
+    def spawn(self, i: int) -> None:
+        remap = ",".join(f"{n.announced}:{n.outer.port}" for n in self.nodes)
+        args = [
+            sys.executable, str(WORKER), "--cluster-port", str(self.nodes[i % 3].outer.port), "--remap", remap,
+            "--namespace", self.ns, "--history", str(self.dir / f"history-{i}.jsonl"),
+            "--worker", f"w{i}", "--lease-ms", str(LEASE_MS), "--seed", str(i),
+            "--wait-replicas", str(self.wait_replicas), "--wait-timeout-ms", str(WAIT_TIMEOUT_MS),
+        ]  # fmt: skip
+        log = open(self.dir / f"worker-{i}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.workers.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+
+    def _owner_of(self, slot: int, via: SplitNode) -> int:
+        """The announced port of ``slot``'s primary, as ``via`` sees it."""
+        with via.client() as c:
+            for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1])
+        return -1
+
+    def _cut(self, victim: SplitNode, cut: bool) -> None:
+        for proxy in (victim.inner, victim.inner_bus):
+            proxy.set_mode("blackhole" if cut else "pass")
+        for n in self.nodes:
+            if n is not victim:
+                if cut:
+                    n.inner_bus.isolate_source(victim.ip)
+                else:
+                    n.inner_bus.heal_source(victim.ip)
+
+    def fail_over(self) -> dict[str, Any]:
+        primaries = sorted(self.primaries(), key=lambda n: n.ip)
+        victim = primaries[self._victim % len(primaries)]
+        self._victim += 1
+        with victim.client() as c:
+            ranges = [
+                (int(e[0]), int(e[1]))
+                for e in c.execute_command("CLUSTER", "SLOTS")
+                if int(e[2][1]) == victim.announced
+            ]
+        slot = ranges[0][0]
+        witness = next(n for n in primaries if n is not victim)
+        killed_at = time.monotonic()
+        self._cut(victim, True)
+        try:
+            wait_until(
+                "the replica's promotion",
+                lambda: self._owner_of(slot, witness) not in (victim.announced, -1),
+                timeout=30,
+            )
+            promoted_at = time.monotonic()
+            time.sleep(max(0.0, ISOLATE_S - (promoted_at - killed_at)))
+        finally:
+            self._cut(victim, False)
+        new = self.node(self._owner_of(slot, witness))
+
+        def rejoined() -> bool:
+            with victim.client() as c:
+                role = c.execute_command("ROLE")
+            return role[0] == b"slave" and int(role[2]) == new.announced and _online_on(new.ip, new.port) == 1
+
+        wait_until("the old primary back as a replica", rejoined, timeout=60)
+        self.settle()
+        event = {"killed_at": killed_at, "promotion_s": promoted_at - killed_at, "old": victim.announced,
+                 "new": new.announced, "ranges": ranges}  # fmt: skip
+        self.failovers.append(event)
+        return event
+
+    def stop(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for n in self.nodes:
+            if n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait()
+            for proxy in (n.inner, n.inner_bus, n.outer):
+                proxy.stop()
+            shutil.rmtree(n.dir, ignore_errors=True)
+
+
 def _final_state(client: Any, ns: str, tids: list[str]) -> tuple[dict[str, FinalTask], list[str]]:
     store = CheckpointStore(client, namespace=ns)
     final = {}
@@ -415,7 +664,8 @@ def run_once(
 ) -> dict[str, Any]:
     """One run: the figures of ``classify`` and ``failover_gaps``, and the checker's own."""
     base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
-    kinds = {"sentinel": SentinelFleet, "split": SplitFleet, "cluster": ClusterFleet}
+    kinds = {"sentinel": SentinelFleet, "split": SplitFleet, "cluster": ClusterFleet,
+             "cluster-split": ClusterSplitFleet}  # fmt: skip
     fleet: Any = kinds[setup].start(base, wait_replicas)
     ok = False
     try:
@@ -501,7 +751,15 @@ def _need_redis() -> None:
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("wait_replicas", [0, 1])
-@pytest.mark.parametrize("setup", ["sentinel", "split", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "sentinel",
+        "split",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        pytest.param("cluster-split", marks=pytest.mark.cluster),
+    ],
+)
 def test_failover_bounded(setup: str, wait_replicas: int) -> None:
     _need_redis()
     figures = run_once(wait_replicas, seconds=14.0, every_s=5.0, setup=setup)
@@ -517,7 +775,15 @@ def test_failover_bounded(setup: str, wait_replicas: int) -> None:
 @pytest.mark.chaos
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.parametrize("setup", ["sentinel", "split", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "sentinel",
+        "split",
+        pytest.param("cluster", marks=pytest.mark.cluster),
+        pytest.param("cluster-split", marks=pytest.mark.cluster),
+    ],
+)
 def test_failover_long(setup: str) -> None:
     _need_redis()
     runs = int(os.environ.get("FAILOVER_RUNS", "10"))

@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentinels", default="", help="comma-separated Sentinel ports: reach the primary through them")
     p.add_argument("--service", default="agentstate-primary", help="the Sentinel service name")
     p.add_argument("--cluster-port", type=int, default=0, help="a Redis Cluster node: use a RedisCluster client")
-    p.add_argument("--remap", default="", help="'from:to,...': ports the Sentinel names, reached at other ports")
+    p.add_argument(
+        "--remap", default="", help="'from:to,...': ports the Sentinel or the cluster names, reached at other ports"
+    )
     p.add_argument("--wait-replicas", type=int, default=0, help="the stores' wait_replicas")
     p.add_argument("--wait-timeout-ms", type=int, default=500, help="the stores' wait_timeout_ms")
     args = p.parse_args(argv)
@@ -199,9 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         from redis.cluster import RedisCluster
 
         timeout = max(1.0, 2.5 * args.wait_timeout_ms / 1000)
+        ports = {int(a): int(b) for a, b in (pair.split(":") for pair in args.remap.split(",") if pair)}
+
+        def address_remap(address: tuple[str, int]) -> tuple[str, int]:
+            """A node the cluster announces, reached through the client-side proxy in front of it."""
+            return address[0], ports.get(int(address[1]), int(address[1]))
+
         client = RedisCluster(
-            host="127.0.0.1", port=args.cluster_port, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry
-        )
+            host="127.0.0.1", port=args.cluster_port, socket_timeout=timeout, socket_connect_timeout=1.0, retry=retry,
+            address_remap=address_remap,
+        )  # fmt: skip
     else:
         client = redis.Redis(port=args.port, socket_timeout=1.0, socket_connect_timeout=1.0, retry=retry)
     policy = RetryPolicy(attempts=3, max_wait_s=0.2, max_delay_s=2.0)

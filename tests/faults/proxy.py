@@ -14,6 +14,13 @@ Modes (switch at any time with ``set_mode``):
 ``delay``
     every chunk is forwarded ``delay_s`` late, in order.
 
+Per source address, whatever the mode: ``isolate_source(ip)`` blackholes every
+connection, live or new, whose peer address is ``ip`` (a process that binds its
+outgoing sockets to its own loopback address, e.g. ``redis-server
+--bind-source-addr 127.0.0.12``, is told apart from the others that way);
+``heal_source(ip)`` forwards again and resets the connections that were
+blackholed, as leaving ``blackhole`` does.
+
 And one targeted fault, the one that makes retries dangerous:
 ``lose_next_reply(match)`` lets the next request containing ``match`` reach
 the server, waits until the server's reply arrives, then throws the reply
@@ -57,9 +64,10 @@ def _rst(sock: socket.socket) -> None:
 
 
 class _Conn:
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    def __init__(self, client: socket.socket, server: socket.socket, source: str = "") -> None:
         self.client = client
         self.server = server
+        self.source = source
         self.lose_reply = False
         self.then: Callable[[], object] | None = None
         self.blackholed = False
@@ -91,6 +99,7 @@ class FaultProxy:
         self._watch: dict[bytes, int] = {}
         self._lose: list[tuple[bytes | None, Callable[[], object] | None]] = []
         self._conns: set[_Conn] = set()
+        self._isolated: set[str] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name=f"proxy-{self.port}", daemon=True)
@@ -114,6 +123,20 @@ class FaultProxy:
             for c in conns:
                 if c.blackholed:
                     self._kill(c, "reset_after_blackhole")
+
+    def isolate_source(self, ip: str) -> None:
+        """Forward nothing, either way, on connections from ``ip`` (live and new) until ``heal_source``."""
+        with self._lock:
+            self._isolated.add(ip)
+        self.stats["isolate_source"] += 1
+
+    def heal_source(self, ip: str) -> None:
+        """Forward ``ip``'s connections again; those that were blackholed are reset (their peers reconnect)."""
+        with self._lock:
+            self._isolated.discard(ip)
+            conns = [c for c in self._conns if c.source == ip and c.blackholed]
+        for c in conns:
+            self._kill(c, "reset_after_isolation")
 
     @contextlib.contextmanager
     def fault(self, mode: str, *, delay_s: float | None = None) -> Iterator[FaultProxy]:
@@ -186,7 +209,7 @@ class FaultProxy:
     def _accept_loop(self) -> None:
         while not self._stopped.is_set():
             try:
-                client, _ = self._listener.accept()
+                client, peer = self._listener.accept()
             except OSError:
                 return
             self.stats["connections"] += 1
@@ -203,7 +226,7 @@ class FaultProxy:
                 continue
             for s in (client, server):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(client, server)
+            conn = _Conn(client, server, str(peer[0]))
             with self._lock:
                 self._conns.add(conn)
             threading.Thread(target=self._upstream, args=(conn,), daemon=True).start()
@@ -212,7 +235,7 @@ class FaultProxy:
     def _gate(self, conn: _Conn) -> bool:
         """Apply the current mode to a chunk: True to forward it."""
         mode, delay = self.mode, self.delay_s
-        if mode == "blackhole":
+        if mode == "blackhole" or conn.source in self._isolated:
             conn.blackholed = True
             self.stats["chunks_blackholed"] += 1
             return False
