@@ -41,7 +41,7 @@ from .keys import SHARDS, Keys, TaskKeys
 from .models import AgentStatus, Checkpoint
 from .scripts import Reply
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BLOCK_MS", "CheckpointCore", "ClaimNextFound"]
 
 logger = logging.getLogger("redis_agentstate")
 
@@ -128,6 +128,20 @@ class _Written:
     def applied(self) -> bool:
         """Applied now or before (a re-send)."""
         return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
+
+
+#: The longest ``block_ms`` of ``claim_next`` (a day; a Runner loops shorter blocks anyway).
+MAX_BLOCK_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNextFound:
+    """One claim_next attempt, for a blocked caller: the claim (or None), the ms until the
+    earliest ready entry not yet due (None: the index is empty), and whether more was due."""
+
+    checkpoint: Checkpoint | None
+    wait_ms: int | None
+    more_due: bool
 
 
 class CheckpointCore:
@@ -457,14 +471,27 @@ class CheckpointCore:
         """
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
+        found = yield from self.claim_next_probe(token, lease_ms)
+        return found.checkpoint
+
+    def check_block_ms(self, block_ms: object) -> int:
+        """``claim_next``'s ``block_ms``: an int of ms, 0 (do not block) up to ``MAX_BLOCK_MS``."""
+        return check_int(block_ms, "block_ms", 0, MAX_BLOCK_MS)
+
+    def claim_next_probe(self, token: str, lease_ms: int) -> Op[ClaimNextFound]:
+        """``claim_next`` (arguments checked already), also reporting what a blocked caller times itself by."""
         heads = [("ZRANGE", self.keys.shard_ready(s), 0, 0, "WITHSCORES") for s in range(SHARDS)]
+        wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
             replies = yield Pipe([("TIME",), *heads])
             now = _time_ms(replies[0])
-            heads_read = (_zset_head(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True))
+            heads_read = [_zset_head(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True)]
             due = [head for head in heads_read if head is not None and head[1] <= now]
+            later = [head[1] for head in heads_read if head is not None and head[1] > now]
+            # The earliest head not yet due: a lapsing lease or a delayed release, which publish nothing.
+            wait_ms = max(1, int(min(later) - now)) if later else None
             if not due:
-                return None
+                return ClaimNextFound(None, wait_ms, False)
             # Oldest first fleet-wide (FIFO across shards too); shuffle only the few oldest to spread a fleet.
             due.sort(key=lambda head: head[1])
             spread = due[: self.CLAIM_NEXT_SPREAD]
@@ -472,8 +499,9 @@ class CheckpointCore:
             due[: self.CLAIM_NEXT_SPREAD] = spread
             cp = yield from self._claim_due(due, now, token, lease_ms)
             if cp is not None:
-                return cp
-        return None
+                return ClaimNextFound(cp, wait_ms, len(due) > 1)
+        # Others won every race: there was work, so a blocked caller tries again at once.
+        return ClaimNextFound(None, 0, True)
 
     #: Fresh peeks claim_next makes before answering None while others keep winning the races.
     CLAIM_NEXT_ROUNDS = 8

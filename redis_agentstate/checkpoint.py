@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
+from ._waker import AsyncWaker, SyncWaker
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .clients import RedisClient
 from .models import Checkpoint
@@ -34,6 +36,11 @@ class _Checkpoints(StoreShell[CheckpointCore]):
     ) -> None:
         core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
         super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
+        self._waker: Any = None
+
+    def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
+        core = self._core
+        return core._token(token), core._lease(lease_ms), None if block_ms is None else core.check_block_ms(block_ms)
 
 
 class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
@@ -67,9 +74,26 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
-    def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
-        return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
+    def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due.
+
+        ``block_ms``: with nothing due, wait up to that long for work to become due (woken by Redis
+        through the store's one shared subscription, see ``_waker``) instead of answering None at once.
+        """
+        return self._claim_next_sent(token, lease_ms, block_ms)[0]
+
+    def _claim_next_sent(
+        self, token: object, lease_ms: object, block_ms: object, now: Callable[[], float] = time.monotonic
+    ) -> tuple[Checkpoint | None, float]:
+        """``claim_next``, and when (``now()``) the attempt that claimed was sent (a lease counts from it)."""
+        tok, lease, block = self._claim_args(token, lease_ms, block_ms)
+        if block is None:
+            sent = now()
+            return self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
+        if self._waker is None:
+            self._waker = SyncWaker(self._client, self._core.keys)
+        found, sent = self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
+        return found.checkpoint, sent
 
     def lease(
         self,
@@ -176,9 +200,22 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
-    async def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
-        return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
+    async def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task; ``block_ms``: wait that long for one (see the sync twin)."""
+        return (await self._claim_next_sent(token, lease_ms, block_ms))[0]
+
+    async def _claim_next_sent(
+        self, token: object, lease_ms: object, block_ms: object, now: Callable[[], float] = time.monotonic
+    ) -> tuple[Checkpoint | None, float]:
+        """``claim_next``, and when (``now()``) the attempt that claimed was sent."""
+        tok, lease, block = self._claim_args(token, lease_ms, block_ms)
+        if block is None:
+            sent = now()
+            return await self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
+        if self._waker is None:
+            self._waker = AsyncWaker(self._client, self._core.keys)
+        found, sent = await self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
+        return found.checkpoint, sent
 
     def lease(
         self,

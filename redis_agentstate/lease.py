@@ -148,14 +148,15 @@ class Lease(LeaseBase["CheckpointStore"]):
         on_lost: Callable[[Lease], None] | None = None,
         release_on_exit: bool = True,
         clock: Clock | None = None,
+        block_ms: int | None = None,
     ) -> Lease | None:
         """Claim the next runnable cycle of any task (``claim_next``); None when nothing is due.
 
-        The returned lease is claimed; its keeper starts on ``__enter__``.
+        ``block_ms``: wait up to that long for work (``claim_next``'s). The returned lease is
+        claimed; its keeper starts on ``__enter__``.
         """
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
-        sent = (clock or SYSTEM_CLOCK).now()
-        cp = store.claim_next(token=token, lease_ms=granted)
+        cp, sent = store._claim_next_sent(token, granted, block_ms, (clock or SYSTEM_CLOCK).now)
         if cp is None:
             return None
         lease = cls(
@@ -349,11 +350,11 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         on_lost: Callable[[AsyncLease], None] | None = None,
         release_on_exit: bool = True,
         cancel_on_loss: bool = True,
+        block_ms: int | None = None,
     ) -> AsyncLease | None:
         """Claim the next runnable cycle of any task; None when nothing is due (see :meth:`Lease.next`)."""
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
-        sent = SYSTEM_CLOCK.now()
-        cp = await store.claim_next(token=token, lease_ms=granted)
+        cp, sent = await store._claim_next_sent(token, granted, block_ms, SYSTEM_CLOCK.now)
         if cp is None:
             return None
         lease = cls(
