@@ -259,7 +259,7 @@ class SyncWaker:
         pubsub = conn.pubsub()
         try:
             # One slot per SSUBSCRIBE on a cluster; one command for all on a single server.
-            for group in ([chans] if not _is_cluster(self._client) else [[c] for c in chans]):
+            for group in [chans] if not _is_cluster(self._client) else [[c] for c in chans]:
                 pubsub.ssubscribe(*group)
             confirmed = 0
             deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
@@ -446,7 +446,7 @@ class AsyncWaker:
     async def _subscribe(self, conn: Any, chans: list[str]) -> Any:
         pubsub = conn.pubsub()
         try:
-            for group in ([chans] if not _is_cluster(self._client) else [[c] for c in chans]):
+            for group in [chans] if not _is_cluster(self._client) else [[c] for c in chans]:
                 await pubsub.ssubscribe(*group)
             confirmed = 0
             deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._waker import AsyncWaker, SyncWaker
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
 from .models import Checkpoint
 

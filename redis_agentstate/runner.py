@@ -200,6 +200,14 @@ class _RunnerBase(Generic[S, H]):
             "renew_deadline_ms": self.timing.renew_deadline_ms,
         }
 
+    def _block_ms(self, stop_when_idle: bool) -> int | None:
+        """How long one ``claim_next`` blocks while idle: ``idle_max_ms``, so a stop is seen that soon.
+
+        Blocking costs the server nothing while no work becomes due (the store's one subscription
+        wakes a blocked worker when a task is due; see ``_waker``), so idle workers no longer poll.
+        """
+        return None if stop_when_idle else self.idle_max_ms
+
     def _idle_delay(self, idle_polls: int) -> float:
         """Full-jitter exponential backoff between ``idle_min_ms`` and ``idle_max_ms`` (seconds)."""
         cap = min(self.idle_max_ms, self.idle_min_ms * 2 ** min(idle_polls, 30))
@@ -279,8 +287,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
     """Runs ``handler`` on claimable cycles with ``concurrency`` worker threads (see module docstring).
 
     ``lease_ms`` / ``renew_*_ms``: the lease kept per cycle (:class:`LeaseTiming`).
-    ``idle_min_ms`` / ``idle_max_ms``: jittered exponential backoff while there is
-    no work. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
+    While there is no work a worker blocks in ``claim_next(block_ms=idle_max_ms)``,
+    woken when a task becomes due; ``idle_min_ms`` / ``idle_max_ms`` also bound the
+    jittered backoff after a failed claim. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
     could not be committed because the lease was lost (``checkpoint`` is None
     if the handler had not returned); ``on_written(lease, checkpoint, done)``
     after each successful commit or finalize. ``max_consecutive_cycles``: how many
@@ -345,14 +354,13 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         idle = 0
         while not self._stop.is_set():
             try:
-                lease = Lease.next(self.store, **self._lease_kwargs())
+                lease = Lease.next(self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs())
             except AgentStateError as exc:
                 self._stop.wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
                 if stop_when_idle:
                     return
-                self._stop.wait(self._idle_delay(idle))
                 idle += 1
                 continue
             idle = 0
@@ -470,14 +478,15 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         assert self._stop is not None
         while not self._stop.is_set():
             try:
-                lease = await AsyncLease.next(self.store, **self._lease_kwargs())
+                lease = await AsyncLease.next(
+                    self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs()
+                )
             except AgentStateError as exc:
                 await self._wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
                 if stop_when_idle:
                     return
-                await self._wait(self._idle_delay(idle))
                 idle += 1
                 continue
             idle = 0

@@ -1,0 +1,206 @@
+"""Idle cost and wake-up latency of ``claim_next(block_ms=...)`` against the polling Runner loop it replaced.
+
+Opt-in, on a private ``redis-server`` (never a shared one)::
+
+    python -m benchmarks.blocking                 # ~2 min
+    python -m benchmarks.blocking --window 5 --rounds 1 --samples 40   # quick
+
+Measured side by side in one run, alternating per round:
+
+* **idle**: 200 idle async workers in one process (one ``AsyncCheckpointStore``), for ``--window`` s:
+  *polling* is the Runner's former idle loop (``claim_next`` without blocking, then a jittered
+  exponential sleep of 50..2000 ms); *blocking* is today's (``claim_next(block_ms=2000)`` in a
+  loop). Server CPU is the ``used_cpu_sys + used_cpu_user`` delta of ``INFO CPU`` over the window,
+  as % of one core.
+* **latency**: 20 blocked workers; a second client creates one task every 50 ms; the time from
+  just before ``create`` to the ``claim_next`` that returns it (same process, monotonic clock).
+* **server us per claim_next when due**: ``INFO commandstats`` total ``usec`` over N non-blocking
+  ``claim_next`` calls with a task due each time, divided by N (the peek and the script together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
+
+from ._util import percentile
+
+__all__ = ["main"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _server_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _running(tid: str) -> Checkpoint:
+    return Checkpoint(task_id=tid, cycle_index=0, status=AgentStatus.RUNNING)
+
+
+async def _idle(url: str, mode: str, workers: int, window: float) -> float:
+    """Server CPU (% of a core) of ``workers`` idle workers over ``window`` seconds."""
+    client = aioredis.Redis.from_url(url)
+    store = AsyncCheckpointStore(client, namespace=f"idle{uuid.uuid4().hex[:8]}")
+    probe = redis.Redis.from_url(url)
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        polls = 0
+        while not stop.is_set():
+            if mode == "blocking":
+                await store.claim_next(token=uuid.uuid4().hex, lease_ms=30_000, block_ms=2_000)
+            else:
+                await store.claim_next(token=uuid.uuid4().hex, lease_ms=30_000)
+                cap = min(2_000, 50 * 2 ** min(polls, 30))
+                polls += 1
+                try:
+                    await asyncio.wait_for(stop.wait(), random.uniform(50, cap) / 1000)
+                except asyncio.TimeoutError:
+                    pass
+
+    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+    await asyncio.sleep(3)  # warm up: connections made, backoffs at their cap, subscription up
+    cpu0, t0 = _server_cpu(probe), time.monotonic()
+    await asyncio.sleep(window)
+    cpu1, t1 = _server_cpu(probe), time.monotonic()
+    stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()
+    probe.close()
+    return 100 * (cpu1 - cpu0) / (t1 - t0)
+
+
+async def _latency(url: str, mode: str, samples: int) -> list[float]:
+    """ms from create to claimed, ``samples`` tasks, 20 workers."""
+    client = aioredis.Redis.from_url(url)
+    ns = f"lat{uuid.uuid4().hex[:8]}"
+    store = AsyncCheckpointStore(client, namespace=ns)
+    peer = AsyncCheckpointStore(aioredis.Redis.from_url(url), namespace=ns)
+    created: dict[str, float] = {}
+    took: list[float] = []
+
+    async def worker() -> None:
+        polls = 0
+        while True:
+            if mode == "blocking":
+                cp = await store.claim_next(token=uuid.uuid4().hex, lease_ms=60_000, block_ms=2_000)
+            else:
+                cp = await store.claim_next(token=uuid.uuid4().hex, lease_ms=60_000)
+                if cp is None:
+                    cap = min(2_000, 50 * 2 ** min(polls, 30))
+                    polls += 1
+                    await asyncio.sleep(random.uniform(50, cap) / 1000)
+                    continue
+            if cp is not None:
+                polls = 0
+                took.append((time.monotonic() - created[cp.task_id]) * 1000)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(20)]
+    await asyncio.sleep(3)
+    for i in range(samples):
+        tid = f"t{i}"
+        created[tid] = time.monotonic()
+        await peer.create(_running(tid))
+        await asyncio.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while len(took) < samples and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()
+    await peer._client.aclose()
+    return took
+
+
+def _server_us_per_claim(url: str, n: int) -> float:
+    client = redis.Redis.from_url(url)
+    store = CheckpointStore(client, namespace=f"us{uuid.uuid4().hex[:8]}")
+    for i in range(n):
+        store.create(_running(f"t{i}"))
+    store.claim_next(token="warm", lease_ms=60_000)  # scripts loaded
+    client.config_resetstat()
+    for _ in range(n - 1):
+        assert store.claim_next(token=uuid.uuid4().hex, lease_ms=60_000) is not None
+    stats = client.info("commandstats")
+    total = sum(float(v["usec"]) for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info"))
+    client.close()
+    return total / (n - 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=100)
+    args = parser.parse_args(argv)
+    server = shutil.which("redis-server")
+    if server is None:
+        sys.exit("redis-server must be on PATH")
+    port = _free_port()
+    tmp = tempfile.mkdtemp(prefix="agentstate-bench-")
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        idle: dict[str, list[float]] = {"polling": [], "blocking": []}
+        latency: dict[str, list[float]] = {"polling": [], "blocking": []}
+        for _ in range(args.rounds):
+            for mode in random.sample(["polling", "blocking"], 2):
+                idle[mode].append(asyncio.run(_idle(url, mode, args.workers, args.window)))
+            for mode in random.sample(["polling", "blocking"], 2):
+                latency[mode].extend(asyncio.run(_latency(url, mode, args.samples)))
+        us = _server_us_per_claim(url, 500)
+        out: dict[str, Any] = {
+            "idle_server_cpu_pct": {m: [round(v, 3) for v in vs] for m, vs in idle.items()},
+            "idle_ratio_polling_over_blocking": [
+                round(p / b, 1) if b > 0 else None for p, b in zip(idle["polling"], idle["blocking"], strict=True)
+            ],
+            "create_to_claimed_ms": {
+                m: {"n": len(v), "p50": round(percentile(v, 50), 2), "p99": round(percentile(v, 99), 2)}
+                for m, v in latency.items()
+                if v
+            },
+            "claim_next_server_us_when_due": round(us, 1),
+        }
+        print(json.dumps(out, indent=2))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

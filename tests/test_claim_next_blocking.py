@@ -1,0 +1,267 @@
+"""claim_next(block_ms=...): blocks while nothing is due, woken by Redis when work becomes due."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from conftest import later
+from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore, InvalidArgument
+from redis_agentstate.keys import SHARDS, Keys
+
+LONG = 20_000  # a block no test waits out: a claim before it ends was woken, not timed out
+
+
+def running(tid: str) -> Checkpoint:
+    return Checkpoint(task_id=tid, cycle_index=0, status=AgentStatus.RUNNING)
+
+
+def other(backend: Any, namespace: str) -> CheckpointStore:
+    """A second worker (its own client) on the same namespace."""
+    return CheckpointStore(backend.sync_client(), namespace=namespace)
+
+
+class TestBlocking:
+    @pytest.fixture(autouse=True)
+    def _setup(self, backend: Any, namespace: str, store: Any) -> None:
+        self.backend, self.namespace, self.store = backend, namespace, store
+        self.peer = other(backend, namespace)
+
+    def timed(self, **kw: Any) -> tuple[Checkpoint | None, float]:
+        t0 = time.monotonic()
+        cp = self.store.claim_next(token=uuid.uuid4().hex, **kw)
+        return cp, time.monotonic() - t0
+
+    @pytest.mark.parametrize("bad", [-1, 1.5, "100", True, 86_400_001])
+    def test_bad_block_ms(self, bad: Any) -> None:
+        with pytest.raises(InvalidArgument):
+            self.store.claim_next(token="t", lease_ms=1000, block_ms=bad)
+
+    def test_none_after_block_ms_when_nothing_due(self) -> None:
+        cp, took = self.timed(lease_ms=1000, block_ms=300)
+        assert cp is None
+        assert took >= 0.29
+        cp, _ = self.timed(lease_ms=1000, block_ms=0)
+        assert cp is None
+
+    def test_due_work_is_claimed_at_once(self) -> None:
+        self.peer.create(running("t1"))
+        cp, _ = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1" and cp.claimed_cycle == 1
+
+    def test_wakes_on_create(self) -> None:
+        with later(0.3, lambda: self.peer.create(running("t1"))):
+            cp, took = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1"
+        assert took < LONG / 1000 / 2
+
+    def test_wakes_on_runnable_commit(self) -> None:
+        self.peer.create(running("t1"))
+        held = self.peer.claim_next(token="w1", lease_ms=60_000)
+        assert held is not None
+
+        def commit() -> None:
+            done = Checkpoint(task_id="t1", cycle_index=1, status=AgentStatus.RUNNING, shared_state={"n": 1})
+            assert self.peer.commit(done, token="w1", expected_revision=held.revision)
+
+        with later(0.3, commit):
+            cp, took = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1" and cp.claimed_cycle == 2
+        assert cp.shared_state == {"n": 1}
+        assert took < LONG / 1000 / 2
+
+    def test_wakes_on_release(self) -> None:
+        self.peer.create(running("t1"))
+        held = self.peer.claim_next(token="w1", lease_ms=60_000)
+        assert held is not None
+        release = lambda: self.peer.renew("t1", token="w1", expected_revision=held.revision, lease_ms=1)  # noqa: E731
+        with later(0.3, release):
+            cp, took = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1" and cp.claimed_cycle == 1 and cp.claim_token != "w1"
+        assert took < LONG / 1000 / 2
+
+    def test_finds_a_lapsed_lease(self) -> None:
+        # A lapse publishes nothing: the waiter times itself by the lease's expiry.
+        self.peer.create(running("t1"))
+        assert self.peer.claim_next(token="w1", lease_ms=700) is not None
+        cp, took = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1" and cp.claimed_cycle == 1
+        assert 0.5 <= took < LONG / 1000 / 2
+
+    def test_block_longer_than_the_clients_socket_timeout(self) -> None:
+        # The fixtures build clients with from_url: redis-py 8 reads with a 5 s timeout.
+        if self.backend.kind == "fake":
+            pytest.skip("fakeredis has no socket")
+        with later(5.8, lambda: self.peer.create(running("t1"))):
+            cp, took = self.timed(lease_ms=60_000, block_ms=LONG)
+        assert cp is not None and cp.task_id == "t1"
+        assert took >= 5.7
+
+
+def test_no_lost_wakeup_sync_threads(backend: Any, namespace: str) -> None:
+    """Many blocked threads on one store, many creates: every task claimed exactly once."""
+    store = CheckpointStore(backend.sync_client(), namespace=namespace)
+    peer = other(backend, namespace)
+    n_tasks, n_workers = 60, 12
+    claimed: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        while not stop.is_set():
+            cp = store.claim_next(token=f"w{i}-{uuid.uuid4().hex}", lease_ms=120_000, block_ms=300)
+            if cp is not None:
+                with lock:
+                    claimed.append(cp.task_id)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_workers)]
+    for t in threads:
+        t.start()
+    for i in range(n_tasks):
+        peer.create(running(f"t{i}"))
+        if i % 7 == 0:
+            time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while len(claimed) < n_tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join()
+    counts = Counter(claimed)
+    assert sorted(counts) == sorted(f"t{i}" for i in range(n_tasks))
+    assert set(counts.values()) == {1}
+
+
+def test_no_lost_wakeup_async_many_waiters(backend: Any, namespace: str) -> None:
+    """200 blocked coroutines on one store; tasks created in bursts are each claimed exactly once."""
+
+    async def main() -> None:
+        client = backend.new_async_client()
+        store = AsyncCheckpointStore(client, namespace=namespace)
+        peer = other(backend, namespace)
+        claimed: list[str] = []
+        n_tasks = 80
+
+        async def worker(i: int) -> None:
+            while len(claimed) < n_tasks:
+                cp = await store.claim_next(token=f"w{i}-{uuid.uuid4().hex}", lease_ms=120_000, block_ms=LONG)
+                if cp is not None:
+                    claimed.append(cp.task_id)
+
+        workers = [asyncio.create_task(worker(i)) for i in range(200)]
+        await asyncio.sleep(0.3)
+        for i in range(n_tasks):
+            await asyncio.to_thread(peer.create, running(f"t{i}"))
+        try:
+            await asyncio.wait_for(_until(lambda: len(claimed) >= n_tasks), 30)
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            assert not store._waker.state.waiters  # cancelled waiters unregistered
+            await client.aclose()
+        counts = Counter(claimed)
+        assert sorted(counts) == sorted(f"t{i}" for i in range(n_tasks))
+        assert set(counts.values()) == {1}
+
+    asyncio.run(main())
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.02)
+
+
+def test_cancelled_async_waiter_leaves_nothing_stuck(backend: Any, namespace: str) -> None:
+    async def main() -> None:
+        client = backend.new_async_client()
+        store = AsyncCheckpointStore(client, namespace=namespace)
+        waiter = asyncio.create_task(store.claim_next(token="a", lease_ms=60_000, block_ms=LONG))
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not store._waker.state.waiters
+        # The store still works, blocking included, and the next create wakes the next caller.
+        await asyncio.to_thread(other(backend, namespace).create, running("t1"))
+        cp = await asyncio.wait_for(store.claim_next(token="b", lease_ms=60_000, block_ms=LONG), 10)
+        assert cp is not None and cp.task_id == "t1"
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def _subscribers(node_client: Any) -> int:
+    """Connections of a node subscribed to any sharded channel (CLIENT LIST ``ssub=``)."""
+    listed = node_client.execute_command("CLIENT", "LIST")
+    text = listed.decode() if isinstance(listed, bytes) else str(listed)
+    return sum(1 for line in text.splitlines() if "ssub=" in line and "ssub=0" not in line)
+
+
+def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, namespace: str) -> None:
+    cluster = redis_cluster
+    nodes = [n.client() for n in cluster.nodes]
+    before = [_subscribers(c) for c in nodes]
+
+    async def main() -> None:
+        client = cluster.async_client()
+        store = AsyncCheckpointStore(client, namespace=namespace)
+        waiters = [
+            asyncio.create_task(store.claim_next(token=f"w{i}", lease_ms=60_000, block_ms=LONG)) for i in range(50)
+        ]
+        await asyncio.sleep(1.0)
+        during = [_subscribers(c) for c in nodes]
+        for b, d in zip(before, during, strict=True):
+            assert d - b <= 1
+        keys = Keys(namespace)
+        for s in range(SHARDS):
+            channel = keys.shard_due(s)
+            owner = cluster.sync_client().get_node_from_key(channel)
+            numsub = owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+            assert int(numsub[1]) == 1, channel
+        sync_peer = CheckpointStore(cluster.sync_client(), namespace=namespace)
+        await asyncio.to_thread(sync_peer.create, running("t1"))
+        done, _ = await asyncio.wait(waiters, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert [t.result().task_id for t in done] == ["t1"]
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await client.aclose()
+
+    asyncio.run(main())
+    for c in nodes:
+        c.close()
+
+
+def test_runner_is_woken(backend: Any, namespace: str) -> None:
+    """An idle Runner blocks in claim_next and picks up a created task."""
+    from redis_agentstate import Runner, StepResult
+
+    store = CheckpointStore(backend.sync_client(), namespace=namespace)
+    seen: list[str] = []
+
+    def handler(cp: Checkpoint) -> StepResult:
+        seen.append(cp.task_id)
+        cp.terminal_result = {"ok": True}
+        cp.status = AgentStatus.COMPLETED
+        return StepResult(cp, done=True)
+
+    runner = Runner(store, handler, concurrency=3, handle_signals=False, idle_max_ms=3_000)
+    t = threading.Thread(target=runner.run)
+    t.start()
+    try:
+        time.sleep(0.5)
+        other(backend, namespace).create(running("t1"))
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        runner.stop()
+        t.join()
+    assert seen == ["t1"]
