@@ -54,7 +54,7 @@ pytestmark = pytest.mark.real
 ACL_COMMANDS = (
     "blpop", "del", "eval", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
     "hlen", "hmget", "hscan", "hset", "hvals", "incr", "info", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
-    "script|load", "set", "time", "type", "wait", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount",
+    "script|load", "set", "spublish", "ssubscribe", "time", "type", "wait", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount",
     "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
 )  # fmt: skip
 
@@ -72,7 +72,8 @@ def key_pattern(namespace: str) -> str:
 
 def acl_rules(namespace: str, password: str) -> list[str]:
     return [
-        "reset", "on", f">{password}", "resetkeys", f"~{key_pattern(namespace)}", "resetchannels", "-@all",
+        "reset", "on", f">{password}", "resetkeys", f"~{key_pattern(namespace)}", "resetchannels",
+        f"&{key_pattern(namespace)}", "-@all",
         *(f"+{c}" for c in ACL_COMMANDS),
     ]  # fmt: skip
 
@@ -99,8 +100,8 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
         found |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Z]+)['\"]", lua.read_text())}
     for py in [*_PKG.glob("*.py"), *(_PKG / "langgraph").glob("*.py")]:
         found |= {c.lower() for c in re.findall(r"[(\[]\s*\"([A-Z]+)\"", py.read_text()) if is_command(c)}
-    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT.
-    return found | {"evalsha", "script|load"}
+    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT; its PubSub.ssubscribe (_waker.py).
+    return found | {"evalsha", "script|load", "ssubscribe"}
 
 
 def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> None:
@@ -116,7 +117,7 @@ def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> 
 def test_readme_line() -> None:
     line = acl_setuser_line()
     assert line.startswith("ACL SETUSER agentstate reset on ><password> resetkeys ~agentstate:{agentstate#* ")
-    assert "resetchannels -@all +blpop +del +eval +evalsha" in line
+    assert "resetchannels &agentstate:{agentstate#* -@all +blpop +del +eval +evalsha" in line
 
 
 # ---- ACL: least privilege ----------------------------------------------------
