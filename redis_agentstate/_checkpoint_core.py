@@ -11,6 +11,7 @@ import functools
 import hashlib
 import heapq
 import logging
+import math
 import random
 import threading
 import time
@@ -107,6 +108,16 @@ class _Candidates:
         with self._lock:
             if tid not in self._queued and time.monotonic() - self._at < self.MAX_AGE_S:
                 heapq.heappush(self._heap, (score, tid))
+                self._queued.add(tid)
+
+    def announce(self, tid: str) -> None:
+        """A task announced due now (``notify_due``): a candidate behind those a peek saw."""
+        with self._lock:
+            if time.monotonic() - self._at >= self.MAX_AGE_S:
+                self._heap, self._queued = [], set()
+                self._at = time.monotonic()
+            if tid not in self._queued:
+                heapq.heappush(self._heap, (math.inf, tid))
                 self._queued.add(tid)
 
     def discard(self, tid: str) -> None:
@@ -558,6 +569,10 @@ class CheckpointCore:
             if len(reply) >= 4 and float(reply[3]) <= int(reply[1]):
                 self._candidates.add(member_id(reply[2], keys.ready), float(reply[3]))
         return None
+
+    def announced(self, task_id: str) -> None:
+        """``task_id`` was announced due (the store's wake-up subscription): the next claim tries it first."""
+        self._candidates.announce(task_id)
 
     def claim_next_probe(self, token: str, lease_ms: int) -> Op[ClaimNextFound]:
         """``claim_next`` (arguments checked already), also reporting what a blocked caller times itself by."""

@@ -180,13 +180,17 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
-def _delay(message: dict[str, Any]) -> int | None:
+def _parse(message: dict[str, Any]) -> tuple[int, str | None] | None:
+    """``(ms until due, task id)`` of a ``notify_due`` message; None for another kind of message."""
     if message.get("type") not in ("smessage", b"smessage"):
         return None
+    data = message.get("data")
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+    delay, _, task_id = text.partition(" ")
     try:
-        return int(message["data"])
-    except (TypeError, ValueError):
-        return 0
+        return int(delay), task_id or None
+    except ValueError:
+        return 0, None
 
 
 # ---- threads --------------------------------------------------------------------------
@@ -195,9 +199,10 @@ def _delay(message: dict[str, Any]) -> int | None:
 class SyncWaker:
     """The subscriber of a sync store: a listener thread per connection (one, or one per cluster primary)."""
 
-    def __init__(self, client: Any, keys: Keys) -> None:
+    def __init__(self, client: Any, keys: Keys, on_due: Callable[[str], None] | None = None) -> None:
         self._client = client
         self._channels = channels(keys)
+        self._on_due = on_due
         self.state = WakeState()
         self.lock = threading.Lock()
         self._running = False
@@ -289,9 +294,12 @@ class SyncWaker:
         self.signal(woken)
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        delay = _delay(message)
-        if delay is None:
+        parsed = _parse(message)
+        if parsed is None:
             return
+        delay, task_id = parsed
+        if delay <= 0 and task_id is not None and self._on_due is not None:
+            self._on_due(task_id)
         with self.lock:
             woken = self.state.announced(delay, time.monotonic())
         self.signal(woken)
@@ -382,9 +390,10 @@ class SyncWaker:
 class AsyncWaker:
     """The asyncio twin of :class:`SyncWaker`: listener tasks on the event loop of the first blocked caller."""
 
-    def __init__(self, client: Any, keys: Keys) -> None:
+    def __init__(self, client: Any, keys: Keys, on_due: Callable[[str], None] | None = None) -> None:
         self._client = client
         self._channels = channels(keys)
+        self._on_due = on_due
         self.state = WakeState()
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: asyncio.Future[None] | None = None
@@ -473,9 +482,13 @@ class AsyncWaker:
         self.signal(self.state.lost())
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        delay = _delay(message)
-        if delay is not None:
-            self.signal(self.state.announced(delay, time.monotonic()))
+        parsed = _parse(message)
+        if parsed is None:
+            return
+        delay, task_id = parsed
+        if delay <= 0 and task_id is not None and self._on_due is not None:
+            self._on_due(task_id)
+        self.signal(self.state.announced(delay, time.monotonic()))
 
     async def _listen(self, pubsub: Any, generation: int) -> None:
         try:

@@ -91,7 +91,7 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
             sent = now()
             return self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
         if self._waker is None:
-            self._waker = SyncWaker(self._client, self._core.keys)
+            self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
         found, sent = self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
         return found.checkpoint, sent
 
@@ -213,7 +213,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
             sent = now()
             return await self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
         if self._waker is None:
-            self._waker = AsyncWaker(self._client, self._core.keys)
+            self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
         found, sent = await self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
         return found.checkpoint, sent
 

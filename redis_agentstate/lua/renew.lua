@@ -23,5 +23,5 @@ local expires = now + lease_ms
 redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'lease', fmt(expires))
 -- A release (a lease shortened to after_ms) makes the task due sooner: wake a waiter.
-if expires < tonumber(h[3]) then notify_due(KEYS[4], lease_ms) end
+if expires < tonumber(h[3]) then notify_due(KEYS[4], lease_ms, task_id_of(KEYS[1])) end
 return {REPLY_DONE, fmt(expires)}
