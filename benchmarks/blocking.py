@@ -14,8 +14,10 @@ Measured side by side in one run, alternating per round:
   as % of one core.
 * **latency**: 20 blocked workers; a second client creates one task every 50 ms; the time from
   just before ``create`` to the ``claim_next`` that returns it (same process, monotonic clock).
-* **server us per claim_next when due**: ``INFO commandstats`` total ``usec`` over N non-blocking
-  ``claim_next`` calls with a task due each time, divided by N (the peek and the script together).
+* **claim_next when due** (100 and 10,000 due tasks): server us per call from ``INFO commandstats``
+  (see ``_server_us``) and client p50, for the candidate path (today: one script) against the peek
+  path (forced: 64 shard heads, then a script), and a no-op EVALSHA as the floor.
+* **no_workers**: the idle server's own CPU over the same window (its cron), for reference.
 """
 
 from __future__ import annotations
@@ -140,19 +142,69 @@ async def _latency(url: str, mode: str, samples: int) -> list[float]:
     return took
 
 
-def _server_us_per_claim(url: str, n: int) -> float:
+def _server_us(stats: dict[str, Any], calls: int) -> float:
+    """Server us per call from ``INFO commandstats`` over ``calls`` claim_next calls.
+
+    Redis 7 also counts the commands a script runs under their own names, and EVALSHA's usec
+    already includes them: so EVALSHA's usec, plus ZRANGE's (only the peek sends it here: a
+    claim's script needs none when it wins), plus the client's TIME (one per peek; every
+    script reads TIME once, and those are inside EVALSHA's usec).
+    """
+    evalsha = stats.get("cmdstat_evalsha", {"usec": 0, "calls": 0})
+    zrange = stats.get("cmdstat_zrange", {"usec": 0, "calls": 0})
+    time_ = stats.get("cmdstat_time", {"usec": 0, "calls": 0})
+    client_time = max(0, int(time_["calls"]) - int(evalsha["calls"]))
+    time_us = float(time_["usec"]) / max(1, int(time_["calls"])) * client_time
+    return (float(evalsha["usec"]) + float(zrange["usec"]) + time_us) / calls
+
+
+def _busy(url: str, n_tasks: int, calls: int, rounds: int) -> dict[str, Any]:
+    """claim_next with work due: the candidate path (today) against the peek path (forced), a no-op floor.
+
+    Interleaved per round on one connection; per round: server us per call and client p50 ms.
+    """
     client = redis.Redis.from_url(url)
     store = CheckpointStore(client, namespace=f"us{uuid.uuid4().hex[:8]}")
-    for i in range(n):
+    for i in range(n_tasks):
         store.create(_running(f"t{i}"))
-    store.claim_next(token="warm", lease_ms=60_000)  # scripts loaded
-    client.config_resetstat()
-    for _ in range(n - 1):
-        assert store.claim_next(token=uuid.uuid4().hex, lease_ms=60_000) is not None
-    stats = client.info("commandstats")
-    total = sum(float(v["usec"]) for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info"))
+    noop = client.register_script("return 1")
+    noop()
+    out: dict[str, dict[str, list[float]]] = {
+        k: {"server_us": [], "p50_ms": [], "round_trips": []} for k in ("candidates", "peek", "noop_evalsha")
+    }
+    core: Any = store._core  # the one knob: forcing the peek path for the side-by-side row
+    for _ in range(rounds):
+        for mode in random.sample(list(out), 3):
+            core._candidates.MAX_AGE_S = 0.0 if mode == "peek" else 1.0
+            store.claim_next(token="warm", lease_ms=600_000)  # a peek: candidates fresh for the next calls
+            client.config_resetstat()
+            lat = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                if mode == "noop_evalsha":
+                    noop()
+                else:
+                    assert store.claim_next(token=uuid.uuid4().hex, lease_ms=600_000) is not None
+                lat.append((time.perf_counter() - t0) * 1000)
+            stats = client.info("commandstats")
+            out[mode]["server_us"].append(round(_server_us(stats, calls), 1))
+            out[mode]["p50_ms"].append(round(percentile(lat, 50), 3))
+            pipelines = int(stats.get("cmdstat_time", {"calls": 0})["calls"]) - int(
+                stats.get("cmdstat_evalsha", {"calls": 0})["calls"]
+            )
+            out[mode]["round_trips"].append(round(1 + max(0, pipelines) / calls, 2) if mode != "noop_evalsha" else 1)
+    core._candidates.MAX_AGE_S = 1.0
     client.close()
-    return total / (n - 1)
+    return {"tasks": n_tasks, "calls_per_round": calls, **out}
+
+
+async def _baseline(url: str, window: float) -> float:
+    probe = redis.Redis.from_url(url)
+    cpu0, t0 = _server_cpu(probe), time.monotonic()
+    await asyncio.sleep(window)
+    cpu1, t1 = _server_cpu(probe), time.monotonic()
+    probe.close()
+    return 100 * (cpu1 - cpu0) / (t1 - t0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,14 +231,17 @@ def main(argv: list[str] | None = None) -> None:
                 break
             except redis.ConnectionError:
                 time.sleep(0.05)
-        idle: dict[str, list[float]] = {"polling": [], "blocking": []}
+        idle: dict[str, list[float]] = {"polling": [], "blocking": [], "no_workers": []}
         latency: dict[str, list[float]] = {"polling": [], "blocking": []}
         for _ in range(args.rounds):
-            for mode in random.sample(["polling", "blocking"], 2):
-                idle[mode].append(asyncio.run(_idle(url, mode, args.workers, args.window)))
+            for mode in random.sample(["polling", "blocking", "no_workers"], 3):
+                if mode == "no_workers":
+                    idle[mode].append(asyncio.run(_baseline(url, args.window)))
+                else:
+                    idle[mode].append(asyncio.run(_idle(url, mode, args.workers, args.window)))
             for mode in random.sample(["polling", "blocking"], 2):
                 latency[mode].extend(asyncio.run(_latency(url, mode, args.samples)))
-        us = _server_us_per_claim(url, 500)
+        busy = [_busy(url, n, 300, args.rounds) for n in (100, 10_000)]
         out: dict[str, Any] = {
             "idle_server_cpu_pct": {m: [round(v, 3) for v in vs] for m, vs in idle.items()},
             "idle_ratio_polling_over_blocking": [
@@ -197,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
                 for m, v in latency.items()
                 if v
             },
-            "claim_next_server_us_when_due": round(us, 1),
+            "claim_next_when_due": busy,
         }
         print(json.dumps(out, indent=2))
     finally:
