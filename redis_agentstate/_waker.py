@@ -251,6 +251,13 @@ class SyncWaker:
                 target=self._listen, args=(pubsub, generation), name="agentstate-waker", daemon=True
             ).start()
 
+    def close(self) -> None:
+        """Stop the listeners (each exits within ``LISTEN_S``); a later blocked caller subscribes again."""
+        with self.lock:
+            self._generation += 1
+            self._running = False
+            self.state.subscribed = False
+
     def _groups(self) -> list[tuple[Any, list[str]]]:
         if not _is_cluster(self._client):
             return [(self._client, self._channels)]
@@ -427,15 +434,24 @@ class AsyncWaker:
             groups = await self._groups()
             subs = []
             for conn, chans in groups:
-                subs.append(await self._subscribe(conn, chans))
+                subs.append((await self._subscribe(conn, chans), conn if conn is not self._client else None))
         except (rex.RedisError, OSError) as exc:
             self._down(generation, exc)
             self._starting.set_result(None)
             return
         self.state.subscribed = True
         self.state.seq += 1
-        self._tasks = [loop.create_task(self._listen(p, generation), name="agentstate-waker") for p in subs]
+        self._tasks = [loop.create_task(self._listen(p, c, generation), name="agentstate-waker") for p, c in subs]
         self._starting.set_result(None)
+
+    async def aclose(self) -> None:
+        """Cancel the listeners and close their connections; a later blocked caller subscribes again."""
+        self._generation += 1
+        self.state.subscribed = False
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _groups(self) -> list[tuple[Any, list[str]]]:
         if not _is_cluster(self._client):
@@ -490,7 +506,8 @@ class AsyncWaker:
             self._on_due(task_id)
         self.signal(self.state.announced(delay, time.monotonic()))
 
-    async def _listen(self, pubsub: Any, generation: int) -> None:
+    async def _listen(self, pubsub: Any, own: Any, generation: int) -> None:
+        """Read ``pubsub`` until the listener lingers out or fails; ``own``: a per-node client to close then."""
         try:
             while generation == self._generation:
                 if not self.state.waiters and time.monotonic() - self.state.last_busy > LINGER_S:
@@ -504,11 +521,17 @@ class AsyncWaker:
                     self._on_message(message)
         except asyncio.CancelledError:
             raise
+        except GeneratorExit:
+            # The event loop closed with the listener pending: nothing may be awaited any more.
+            pubsub, own = None, None
+            raise
         except Exception as exc:
             self._down(generation, exc)
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(pubsub.aclose())
+            for closing in (pubsub, own):
+                if closing is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(closing.aclose())
 
     async def claim(
         self, attempt: Callable[[], Any], block_ms: int, now: Callable[[], float]

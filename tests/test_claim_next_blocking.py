@@ -7,11 +7,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from conftest import later
+
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore, InvalidArgument
 from redis_agentstate.keys import SHARDS, Keys
 
@@ -27,11 +28,25 @@ def other(backend: Any, namespace: str) -> CheckpointStore:
     return CheckpointStore(backend.sync_client(), namespace=namespace)
 
 
+def close_waker(store: Any, loop: Any) -> None:
+    """Stop a store's listeners before its event loop closes (the Twin's loop outlives no test)."""
+    inner = getattr(store, "wrapped", store)
+    waker = inner._waker
+    if waker is None:
+        return
+    if isinstance(inner, AsyncCheckpointStore):
+        loop.run_until_complete(waker.aclose())
+    else:
+        waker.close()
+
+
 class TestBlocking:
     @pytest.fixture(autouse=True)
-    def _setup(self, backend: Any, namespace: str, store: Any) -> None:
+    def _setup(self, backend: Any, namespace: str, store: Any, twin_loop: Any) -> Iterator[None]:
         self.backend, self.namespace, self.store = backend, namespace, store
         self.peer = other(backend, namespace)
+        yield
+        close_waker(store, twin_loop)
 
     def timed(self, **kw: Any) -> tuple[Checkpoint | None, float]:
         t0 = time.monotonic()
@@ -165,6 +180,7 @@ def test_no_lost_wakeup_async_many_waiters(backend: Any, namespace: str) -> None
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             assert not store._waker.state.waiters  # cancelled waiters unregistered
+            await store._waker.aclose()
             await client.aclose()
         counts = Counter(claimed)
         assert sorted(counts) == sorted(f"t{i}" for i in range(n_tasks))
@@ -192,6 +208,7 @@ def test_cancelled_async_waiter_leaves_nothing_stuck(backend: Any, namespace: st
         await asyncio.to_thread(other(backend, namespace).create, running("t1"))
         cp = await asyncio.wait_for(store.claim_next(token="b", lease_ms=60_000, block_ms=LONG), 10)
         assert cp is not None and cp.task_id == "t1"
+        await store._waker.aclose()
         await client.aclose()
 
     asyncio.run(main())
@@ -232,6 +249,7 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
         for w in waiters:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+        await store._waker.aclose()
         await client.aclose()
 
     asyncio.run(main())
@@ -265,3 +283,21 @@ def test_runner_is_woken(backend: Any, namespace: str) -> None:
         runner.stop()
         t.join()
     assert seen == ["t1"]
+
+
+@pytest.mark.benchmark
+def test_blocking_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m benchmarks.blocking`` and ``benchmarks.shard_spread`` in a tiny configuration."""
+    import json
+
+    from benchmarks import blocking, shard_spread
+
+    blocking.main(["--window", "1", "--rounds", "1", "--samples", "5", "--workers", "10"])
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["idle_server_cpu_pct"]) == {"polling", "blocking", "no_workers"}
+    assert out["create_to_claimed_ms"]["blocking"]["n"] == 5
+    assert [row["tasks"] for row in out["claim_next_when_due"]] == [100, 10_000]
+    shard_spread.main(["--namespaces", "50"])
+    spread = json.loads(capsys.readouterr().out)
+    assert spread["distinct_slots_agentstate"] == 64
+    assert sum(int(c) for c in spread["3_primaries"]["agentstate"].split()) == 64
