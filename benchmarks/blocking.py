@@ -17,6 +17,8 @@ Measured side by side in one run, alternating per round:
 * **claim_next when due** (100 and 10,000 due tasks): server us per call from ``INFO commandstats``
   (see ``_server_us``) and client p50, for the candidate path (today: one script) against the peek
   path (forced: 64 shard heads, then a script), and a no-op EVALSHA as the floor.
+* **cycle_server_us_1kib**: server us per cycle of one task with 1 KiB of state, claim + commit and
+  commit_and_claim (the inputs of the scale derivation in benchmarks/README.md).
 * **no_workers**: the idle server's own CPU over the same window (its cron), for reference.
 """
 
@@ -41,7 +43,7 @@ import redis.asyncio as aioredis
 
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
 
-from ._util import percentile
+from ._util import make_state, percentile
 
 __all__ = ["main"]
 
@@ -199,6 +201,34 @@ def _busy(url: str, n_tasks: int, calls: int, rounds: int) -> dict[str, Any]:
     return {"tasks": n_tasks, "calls_per_round": calls, **out}
 
 
+def _cycle_costs(url: str, cycles: int, rounds: int) -> dict[str, list[float]]:
+    """Server us per cycle of one task with 1 KiB of state: claim + commit, and commit_and_claim (part 5)."""
+    client = redis.Redis.from_url(url)
+    store = CheckpointStore(client, namespace=f"cyc{uuid.uuid4().hex[:8]}")
+    out: dict[str, list[float]] = {"claim_plus_commit": [], "commit_and_claim": []}
+    for r in range(rounds):
+        for mode in random.sample(list(out), 2):
+            tid = f"{mode}-{r}"
+            store.create(_running(tid))
+            cp = store.claim(tid, 1, token="w", lease_ms=60_000)
+            assert cp is not None
+            client.config_resetstat()
+            for _ in range(cycles):
+                cp.cycle_index = cp.claimed_cycle or 0
+                cp.shared_state = make_state(1024, seed=cp.cycle_index)
+                if mode == "commit_and_claim":
+                    nxt = store.commit_and_claim(cp, token="w", expected_revision=cp.revision, lease_ms=60_000)
+                else:
+                    assert store.commit(cp, token="w", expected_revision=cp.revision)
+                    nxt = store.claim(tid, cp.cycle_index + 1, token="w", lease_ms=60_000)
+                assert nxt is not None
+                cp = nxt
+            stats = client.info("commandstats")
+            out[mode].append(round(_server_us(stats, cycles), 1))
+    client.close()
+    return out
+
+
 async def _baseline(url: str, window: float) -> float:
     probe = redis.Redis.from_url(url)
     cpu0, t0 = _server_cpu(probe), time.monotonic()
@@ -243,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             for mode in random.sample(["polling", "blocking"], 2):
                 latency[mode].extend(asyncio.run(_latency(url, mode, args.samples)))
         busy = [_busy(url, n, 300, args.rounds) for n in (100, 10_000)]
+        cycle = _cycle_costs(url, 300, args.rounds)
         out: dict[str, Any] = {
             "idle_server_cpu_pct": {m: [round(v, 3) for v in vs] for m, vs in idle.items()},
             "idle_ratio_polling_over_blocking": [
@@ -254,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
                 if v
             },
             "claim_next_when_due": busy,
+            "cycle_server_us_1kib": cycle,
         }
         print(json.dumps(out, indent=2))
     finally:
