@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -210,6 +211,7 @@ class SyncWaker:
         self._ready = threading.Event()
         #: After a failed subscription, when to try again (callers poll meanwhile).
         self._retry_at = 0.0
+        self._pid = os.getpid()
 
     def signal(self, waiters: list[Waiter]) -> None:
         for waiter in waiters:
@@ -218,6 +220,8 @@ class SyncWaker:
     def ensure_started(self) -> None:
         """Subscribe (once; again after the listener lingered out or lost its connection), and
         return once the subscription is confirmed or failed (then callers poll)."""
+        if self._pid != os.getpid():
+            self._forked()
         with self.lock:
             if self._running or time.monotonic() < self._retry_at:
                 ready = self._ready
@@ -231,11 +235,11 @@ class SyncWaker:
         if not starter:
             ready.wait(2 * SUBSCRIBE_TIMEOUT_S)
             return
+        subs: list[Any] = []
         try:
-            subs: list[Any] = []
             for conn, chans in self._groups():
                 subs.append(self._subscribe(conn, chans))
-        except (rex.RedisError, OSError) as exc:
+        except Exception as exc:  # whatever it is, callers poll meanwhile: never worse than before blocking
             for pubsub in subs:
                 with contextlib.suppress(Exception):
                     pubsub.close()
@@ -250,6 +254,14 @@ class SyncWaker:
             threading.Thread(
                 target=self._listen, args=(pubsub, generation), name="agentstate-waker", daemon=True
             ).start()
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's listener threads and connections are not ours."""
+        self.lock = threading.Lock()
+        self.state = WakeState()
+        self._running, self._ready, self._retry_at = False, threading.Event(), 0.0
+        self._generation += 1
+        self._pid = os.getpid()
 
     def close(self) -> None:
         """Stop the listeners (each exits within ``LISTEN_S``); a later blocked caller subscribes again."""
@@ -394,6 +406,20 @@ class SyncWaker:
 # ---- asyncio ------------------------------------------------------------------------------
 
 
+def _cancels() -> int:
+    """Cancel requests pending on the current task (0 before Python 3.11, which does not count them)."""
+    task = asyncio.current_task()
+    counter = getattr(task, "cancelling", None)
+    return int(counter()) if counter is not None else 0
+
+
+def _check_cancel(baseline: int) -> None:
+    """Raise the cancel an await below us swallowed (redis-py 8.1 and fakeredis sometimes return
+    normally from a round trip cancelled mid-way): a blocked caller must not wait out its block."""
+    if _cancels() > baseline:
+        raise asyncio.CancelledError()
+
+
 class AsyncWaker:
     """The asyncio twin of :class:`SyncWaker`: listener tasks on the event loop of the first blocked caller."""
 
@@ -430,19 +456,29 @@ class AsyncWaker:
         self._starting = loop.create_future()
         self._generation += 1
         generation = self._generation
+        starting = self._starting
+        subs: list[tuple[Any, Any]] = []
         try:
-            groups = await self._groups()
-            subs = []
-            for conn, chans in groups:
+            for conn, chans in await self._groups():
                 subs.append((await self._subscribe(conn, chans), conn if conn is not self._client else None))
-        except (rex.RedisError, OSError) as exc:
+        except BaseException as exc:
+            # Cancelled or failed half-way: close what was opened; callers poll meanwhile.
+            for pubsub, own in subs:
+                for closing in (pubsub, own):
+                    if closing is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(closing.aclose())
+            if not isinstance(exc, Exception):
+                self._generation += 1  # cancelled: the next caller subscribes, at once
+                raise
             self._down(generation, exc)
-            self._starting.set_result(None)
             return
+        finally:
+            if not starting.done():
+                starting.set_result(None)
         self.state.subscribed = True
         self.state.seq += 1
         self._tasks = [loop.create_task(self._listen(p, c, generation), name="agentstate-waker") for p, c in subs]
-        self._starting.set_result(None)
 
     async def aclose(self) -> None:
         """Cancel the listeners and close their connections; a later blocked caller subscribes again."""
@@ -538,6 +574,7 @@ class AsyncWaker:
     ) -> tuple[ClaimNextFound, float]:
         """The asyncio twin of :meth:`SyncWaker.claim` (``attempt`` returns an awaitable)."""
         deadline = time.monotonic() + block_ms / 1000
+        cancels = _cancels()
         waiter = Waiter(asyncio.Event())
         state = self.state
         first, used, registered = True, False, False
@@ -546,6 +583,7 @@ class AsyncWaker:
         try:
             while True:
                 await self.ensure_started()
+                _check_cancel(cancels)
                 seq = state.seq
                 if not registered:
                     state.enter(waiter)
@@ -558,6 +596,8 @@ class AsyncWaker:
                     sent = now()
                     found = await attempt()
                     self.signal(state.probed(seq, found, time.monotonic()))
+                    if found.checkpoint is None:
+                        _check_cancel(cancels)
                     if found.checkpoint is not None:
                         used = True
                         if was_woken or waiter.woken or found.more_due:

@@ -198,6 +198,12 @@ def test_cancelled_async_waiter_leaves_nothing_stuck(backend: Any, namespace: st
     async def main() -> None:
         client = backend.new_async_client()
         store = AsyncCheckpointStore(client, namespace=namespace)
+        # Cancelled while it subscribes: the next caller subscribes again.
+        early = asyncio.create_task(store.claim_next(token="a", lease_ms=60_000, block_ms=LONG))
+        await asyncio.sleep(0)
+        early.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await early
         waiter = asyncio.create_task(store.claim_next(token="a", lease_ms=60_000, block_ms=LONG))
         await asyncio.sleep(0.3)
         waiter.cancel()
@@ -301,3 +307,29 @@ def test_blocking_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     spread = json.loads(capsys.readouterr().out)
     assert spread["distinct_slots_agentstate"] == 64
     assert sum(int(c) for c in spread["3_primaries"]["agentstate"].split()) == 64
+
+
+def test_lost_subscription_wakes_callers_and_comes_back(backend: Any, namespace: str) -> None:
+    """The server drops the subscriber: blocked callers poll, the next one resubscribes, nothing is missed."""
+    if backend.kind != "real":
+        pytest.skip("CLIENT KILL needs a real server")
+    from redis_agentstate import _waker
+
+    store = CheckpointStore(backend.sync_client(), namespace=namespace)
+    peer = other(backend, namespace)
+    admin = backend.sync_client()
+    assert store.claim_next(token="w0", lease_ms=60_000, block_ms=100) is None
+    assert store._waker.state.subscribed
+    killed = admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    assert int(killed) >= 1
+    with later(0.5, lambda: peer.create(running("t1"))):
+        cp = store.claim_next(token="w1", lease_ms=60_000, block_ms=LONG)
+    assert cp is not None and cp.task_id == "t1"
+    deadline = time.monotonic() + _waker.RETRY_S + 10
+    while not store._waker.state.subscribed and time.monotonic() < deadline:
+        assert store.claim_next(token="w2", lease_ms=60_000, block_ms=500) is None
+    assert store._waker.state.subscribed  # back after RETRY_S
+    with later(0.3, lambda: peer.create(running("t2"))):
+        cp = store.claim_next(token="w3", lease_ms=60_000, block_ms=LONG)
+    assert cp is not None and cp.task_id == "t2"
+    store._waker.close()
