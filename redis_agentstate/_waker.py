@@ -89,6 +89,8 @@ class WakeState:
     empty_seq: int = -1
     empty_at: float = 0.0
     last_busy: float = field(default_factory=time.monotonic)
+    #: A failed subscription was logged at warning level (reset by the next success).
+    down_logged: bool = False
 
     def enter(self, waiter: Waiter) -> int:
         self.waiters.append(waiter)
@@ -170,6 +172,14 @@ class WakeState:
         return max(0.0, until - now)
 
 
+def _log_down(state: WakeState, exc: BaseException) -> None:
+    """A warning the first time; while it stays down (a server without SSUBSCRIBE, an ACL without
+    the channels), each retry only at debug level."""
+    level = logging.DEBUG if state.down_logged else logging.WARNING
+    state.down_logged = True
+    logger.log(level, "claim_next: wake-up subscription down (%s); blocked callers poll until it is back", exc)
+
+
 def channels(keys: Keys) -> list[str]:
     return [keys.shard_due(s) for s in range(SHARDS)]
 
@@ -248,6 +258,7 @@ class SyncWaker:
             return
         with self.lock:
             self.state.subscribed = True
+            self.state.down_logged = False
             self.state.seq += 1
         ready.set()
         for pubsub in subs:
@@ -309,7 +320,7 @@ class SyncWaker:
             self._generation += 1
             self._retry_at = time.monotonic() + RETRY_S
             woken = self.state.lost()
-        logger.warning("claim_next: wake-up subscription down (%s); blocked callers poll until it is back", exc)
+        _log_down(self.state, exc)
         self.signal(woken)
 
     def _on_message(self, message: dict[str, Any]) -> None:
@@ -477,6 +488,7 @@ class AsyncWaker:
             if not starting.done():
                 starting.set_result(None)
         self.state.subscribed = True
+        self.state.down_logged = False
         self.state.seq += 1
         self._tasks = [loop.create_task(self._listen(p, c, generation), name="agentstate-waker") for p, c in subs]
 
@@ -530,7 +542,7 @@ class AsyncWaker:
             return
         self._generation += 1
         self._retry_at = time.monotonic() + RETRY_S
-        logger.warning("claim_next: wake-up subscription down (%s); blocked callers poll until it is back", exc)
+        _log_down(self.state, exc)
         self.signal(self.state.lost())
 
     def _on_message(self, message: dict[str, Any]) -> None:

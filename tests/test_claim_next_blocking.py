@@ -333,3 +333,76 @@ def test_lost_subscription_wakes_callers_and_comes_back(backend: Any, namespace:
         cp = store.claim_next(token="w3", lease_ms=60_000, block_ms=LONG)
     assert cp is not None and cp.task_id == "t2"
     store._waker.close()
+
+
+class TestWakeState:
+    """The decisions of the waker, without I/O."""
+
+    def test_one_announcement_wakes_one_caller_in_order(self) -> None:
+        from redis_agentstate._waker import Waiter, WakeState
+
+        state = WakeState(subscribed=True)
+        a, b = Waiter(None), Waiter(None)
+        state.enter(a)
+        state.enter(b)
+        assert state.announced(0, 0.0) == [a]
+        assert state.announced(0, 0.0) == [b]
+        assert state.announced(0, 0.0) == []  # nobody left to wake: the next call attempts first anyway
+
+    def test_an_unused_wakeup_is_passed_on(self) -> None:
+        from redis_agentstate._waker import Waiter, WakeState
+
+        state = WakeState(subscribed=True)
+        a, b = Waiter(None), Waiter(None)
+        state.enter(a)
+        state.enter(b)
+        assert state.announced(0, 0.0) == [a]
+        assert state.leave(a, used=False) == [b]  # a timed out or was cancelled
+        assert b.woken
+        assert state.leave(b, used=True) == []
+
+    def test_a_later_due_time_arms_the_timer_and_one_caller_takes_it(self) -> None:
+        from redis_agentstate._checkpoint_core import ClaimNextFound
+        from redis_agentstate._waker import Waiter, WakeState
+
+        state = WakeState(subscribed=True)
+        a = Waiter(None)
+        state.enter(a)
+        assert state.announced(500, 10.0) == [a]  # a nudge: re-time by the earlier timer
+        assert not a.woken
+        assert state.wait_s(deadline=20.0, now=10.0) == pytest.approx(0.5)
+        assert not state.timer_due(10.4)
+        assert state.timer_due(10.5)
+        assert not state.timer_due(10.5)  # taken once
+        # An attempt reports the earliest lease expiry: the callers sleep until then.
+        state.probed(state.seq, ClaimNextFound(None, 2_000, False), 11.0)
+        assert state.wait_s(deadline=60.0, now=11.0) == pytest.approx(2.0)
+
+    def test_known_empty_until_an_announcement_a_timer_or_a_second(self) -> None:
+        from redis_agentstate._checkpoint_core import ClaimNextFound
+        from redis_agentstate._waker import KNOWN_EMPTY_S, WakeState
+
+        state = WakeState(subscribed=True)
+        seq = state.seq
+        state.probed(seq, ClaimNextFound(None, None, False), 5.0)
+        assert state.known_empty(5.5)
+        assert not state.known_empty(5.0 + KNOWN_EMPTY_S)
+        state.announced(0, 5.6)
+        assert not state.known_empty(5.7)
+        # A probe that began before an announcement proves nothing.
+        state.probed(seq, ClaimNextFound(None, None, False), 6.0)
+        assert not state.known_empty(6.1)
+        state.subscribed = False
+        state.probed(state.seq, ClaimNextFound(None, None, False), 7.0)
+        assert not state.known_empty(7.1)  # unsubscribed: every call attempts
+
+    def test_a_lost_subscription_wakes_everyone_and_they_poll(self) -> None:
+        from redis_agentstate._waker import POLL_S, Waiter, WakeState
+
+        state = WakeState(subscribed=True)
+        waiters = [Waiter(None) for _ in range(3)]
+        for w in waiters:
+            state.enter(w)
+        assert state.lost() == waiters
+        assert all(w.woken for w in waiters)
+        assert state.wait_s(deadline=100.0, now=1.0) == pytest.approx(POLL_S)
