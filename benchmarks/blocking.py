@@ -42,6 +42,7 @@ import redis
 import redis.asyncio as aioredis
 
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
+from redis_agentstate.testing import internals
 
 from ._util import make_state, percentile
 
@@ -140,7 +141,7 @@ async def _latency(url: str, mode: str, samples: int) -> list[float]:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await client.aclose()
-    await peer._client.aclose()
+    await peer.client.aclose()
     return took
 
 
@@ -174,10 +175,10 @@ def _busy(url: str, n_tasks: int, calls: int, rounds: int) -> dict[str, Any]:
     out: dict[str, dict[str, list[float]]] = {
         k: {"server_us": [], "p50_ms": [], "round_trips": []} for k in ("candidates", "peek", "noop_evalsha")
     }
-    core: Any = store._core  # the one knob: forcing the peek path for the side-by-side row
+    core = internals(store).core  # the one knob: forcing the peek path for the side-by-side row
     for _ in range(rounds):
         for mode in random.sample(list(out), 3):
-            core._candidates.MAX_AGE_S = 0.0 if mode == "peek" else 1.0
+            core.claim_next_candidate_age_s = 0.0 if mode == "peek" else 1.0
             store.claim_next(token="warm", lease_ms=1)  # a peek: candidates fresh for the next calls
             client.config_resetstat()
             lat = []
@@ -196,7 +197,7 @@ def _busy(url: str, n_tasks: int, calls: int, rounds: int) -> dict[str, Any]:
                 stats.get("cmdstat_evalsha", {"calls": 0})["calls"]
             )
             out[mode]["round_trips"].append(round(1 + max(0, pipelines) / calls, 2) if mode != "noop_evalsha" else 1)
-    core._candidates.MAX_AGE_S = 1.0
+    core.claim_next_candidate_age_s = 1.0
     client.close()
     return {"tasks": n_tasks, "calls_per_round": calls, **out}
 

@@ -84,14 +84,13 @@ class _Candidates:
 
     An entry stays due until someone claims it (its score only moves on a claim, a commit or a
     release), and the claim script re-checks it anyway, so a stale one costs a refused script,
-    which answers with its shard's current head (a fresh candidate). Kept for ``MAX_AGE_S`` so the
+    which answers with its shard's current head (a fresh candidate). Kept for ``max_age_s`` so the
     longest-waiting-first order is never staler than that.
     """
 
-    #: How long the entries of one peek are tried before the next claim_next peeks afresh.
-    MAX_AGE_S = 1.0
-
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = 1.0) -> None:
+        #: How long the entries of one peek are tried before the next claim_next peeks afresh.
+        self.max_age_s = max_age_s
         self._heap: list[tuple[float, str]] = []
         self._queued: set[str] = set()
         self._at = 0.0
@@ -106,14 +105,14 @@ class _Candidates:
 
     def add(self, tid: str, score: float) -> None:
         with self._lock:
-            if tid not in self._queued and time.monotonic() - self._at < self.MAX_AGE_S:
+            if tid not in self._queued and time.monotonic() - self._at < self.max_age_s:
                 heapq.heappush(self._heap, (score, tid))
                 self._queued.add(tid)
 
     def announce(self, tid: str) -> None:
         """A task announced due now (``notify_due``): a candidate behind those a peek saw."""
         with self._lock:
-            if time.monotonic() - self._at >= self.MAX_AGE_S:
+            if time.monotonic() - self._at >= self.max_age_s:
                 self._heap, self._queued = [], set()
                 self._at = time.monotonic()
             if tid not in self._queued:
@@ -127,7 +126,7 @@ class _Candidates:
     def take(self) -> str | None:
         """The oldest candidate (removed), or None when there is none or they are too old."""
         with self._lock:
-            if time.monotonic() - self._at >= self.MAX_AGE_S:
+            if time.monotonic() - self._at >= self.max_age_s:
                 self._heap, self._queued = [], set()
                 return None
             while self._heap:
@@ -138,7 +137,7 @@ class _Candidates:
             return None
 
     def __bool__(self) -> bool:
-        return bool(self._queued) and time.monotonic() - self._at < self.MAX_AGE_S
+        return bool(self._queued) and time.monotonic() - self._at < self.max_age_s
 
 
 #: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
@@ -533,7 +532,10 @@ class CheckpointCore:
         the checkpoint and, when another worker won the race, answers with the
         shard's new head so the next try costs one more script, not a new peek;
         after a round of lost races a fresh peek follows, and None means a peek
-        found nothing due.
+        found nothing due. The other due entries a peek saw (up to
+        ``CLAIM_NEXT_PEEK`` per shard) and the tasks the store's wake-up
+        subscription announced are candidates: while under a second old, the
+        store's next calls claim the oldest of them in one script, without a peek.
         """
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
@@ -569,6 +571,15 @@ class CheckpointCore:
             if len(reply) >= 4 and float(reply[3]) <= int(reply[1]):
                 self._candidates.add(member_id(reply[2], keys.ready), float(reply[3]))
         return None
+
+    @property
+    def claim_next_candidate_age_s(self) -> float:
+        """How long claim_next tries the candidates of one peek before it peeks again (0: always peek)."""
+        return self._candidates.max_age_s
+
+    @claim_next_candidate_age_s.setter
+    def claim_next_candidate_age_s(self, seconds: float) -> None:
+        self._candidates.max_age_s = seconds
 
     def announced(self, task_id: str) -> None:
         """``task_id`` was announced due (the store's wake-up subscription): the next claim tries it first."""

@@ -63,7 +63,8 @@ __all__ = ["DEFAULT_MAX_CONSECUTIVE_CYCLES", "AsyncRunner", "Runner", "RunnerSta
 #: How many cycles of one task a worker runs in a row (the first claimed by ``claim_next``, the
 #: others by ``commit_and_claim``) before it commits plainly and goes back to ``claim_next``.
 #: 8 takes most of the gain: a cycle by ``claim_next`` costs a peek at every shard's head and a
-#: claim (2 round trips, about 100-150 us of server time) plus the commit; continuing costs one
+#: claim (2 round trips, about 100-150 us of server time; 1 round trip and one script when an
+#: earlier peek or an announcement left a candidate) plus the commit; continuing costs one
 #: script. Over a streak of K cycles that is (K + 2) / K round trips per cycle: 3 at K = 1, 1.25 at
 #: K = 8, 1.125 at K = 16, so beyond 8 the gain is small. The price is fairness while more tasks
 #: are due than workers are free: a task that waits behind busy workers waits for one of them to
