@@ -259,6 +259,31 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
         await client.aclose()
 
     asyncio.run(main())
+
+    # The sync store: 20 blocked threads, the same single subscriber connection per primary.
+    store = CheckpointStore(cluster.sync_client(), namespace=namespace + "-sync")
+    got: list[Any] = []
+
+    def block(i: int) -> None:
+        got.append(store.claim_next(token=f"s{i}", lease_ms=60_000, block_ms=3_000))
+
+    before = [_subscribers(c) for c in nodes]
+    threads = [threading.Thread(target=block, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    during = [_subscribers(c) for c in nodes]
+    for b, d in zip(before, during, strict=True):
+        assert d - b <= 1
+    keys = Keys(namespace + "-sync")
+    for s in range(SHARDS):
+        channel = keys.shard_due(s)
+        owner = cluster.sync_client().get_node_from_key(channel)
+        assert int(owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1]) == 1, channel
+    for t in threads:
+        t.join()
+    assert got == [None] * 20
+    store._waker.close()
     for c in nodes:
         c.close()
 
