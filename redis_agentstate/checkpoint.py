@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
@@ -20,6 +21,12 @@ if TYPE_CHECKING:
 DEFAULT_LEASE_MS = 30_000
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+#: ``time.monotonic()`` when the request of the caller's last ``claim_next`` that claimed was
+#: sent (after a block, that is its last attempt, not its start): ``Lease.next`` counts the lease
+#: from it. A context variable so that a subclass overriding ``claim_next`` (recording it, say)
+#: still reaches the lease through ``super()``.
+CLAIM_SENT: ContextVar[float | None] = ContextVar("agentstate_claim_sent", default=None)
 
 
 class _Checkpoints(StoreShell[CheckpointCore]):
@@ -80,20 +87,16 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         ``block_ms``: with nothing due, wait up to that long for work to become due (woken by Redis
         through the store's one shared subscription, see ``_waker``) instead of answering None at once.
         """
-        return self._claim_next_sent(token, lease_ms, block_ms)[0]
-
-    def _claim_next_sent(
-        self, token: object, lease_ms: object, block_ms: object, now: Callable[[], float] = time.monotonic
-    ) -> tuple[Checkpoint | None, float]:
-        """``claim_next``, and when (``now()``) the attempt that claimed was sent (a lease counts from it)."""
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            sent = now()
-            return self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
+            CLAIM_SENT.set(time.monotonic())
+            return self._run(self._core.claim_next(token=tok, lease_ms=lease))
         if self._waker is None:
             self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
-        found, sent = self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
-        return found.checkpoint, sent
+        waker: SyncWaker = self._waker
+        found, sent = waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
+        CLAIM_SENT.set(sent)
+        return found.checkpoint
 
     def lease(
         self,
@@ -202,20 +205,17 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
 
     async def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
         """Claim the next cycle of any runnable task; ``block_ms``: wait that long for one (see the sync twin)."""
-        return (await self._claim_next_sent(token, lease_ms, block_ms))[0]
-
-    async def _claim_next_sent(
-        self, token: object, lease_ms: object, block_ms: object, now: Callable[[], float] = time.monotonic
-    ) -> tuple[Checkpoint | None, float]:
-        """``claim_next``, and when (``now()``) the attempt that claimed was sent."""
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            sent = now()
-            return await self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent
+            CLAIM_SENT.set(time.monotonic())
+            return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
         if self._waker is None:
             self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
-        found, sent = await self._waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, now)
-        return found.checkpoint, sent
+        attempt = lambda: self._run(self._core.claim_next_probe(tok, lease))  # noqa: E731
+        waker: AsyncWaker = self._waker
+        found, sent = await waker.claim(attempt, block, time.monotonic)
+        CLAIM_SENT.set(sent)
+        return found.checkpoint
 
     def lease(
         self,

@@ -292,7 +292,17 @@ def test_runner_is_woken(backend: Any, namespace: str) -> None:
     """An idle Runner blocks in claim_next and picks up a created task."""
     from redis_agentstate import Runner, StepResult
 
-    store = CheckpointStore(backend.sync_client(), namespace=namespace)
+    claims: list[tuple[int | None, str | None]] = []
+
+    class Recording(CheckpointStore):
+        """Like the chaos workers' store: overrides claim_next, which the Runner must still go through."""
+
+        def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+            cp = super().claim_next(token=token, lease_ms=lease_ms, block_ms=block_ms)
+            claims.append((block_ms, cp.task_id if cp else None))
+            return cp
+
+    store = Recording(backend.sync_client(), namespace=namespace)
     seen: list[str] = []
 
     def handler(cp: Checkpoint) -> StepResult:
@@ -314,6 +324,9 @@ def test_runner_is_woken(backend: Any, namespace: str) -> None:
         runner.stop()
         t.join()
     assert seen == ["t1"]
+    assert (3_000, "t1") in claims  # blocked through the override, with the Runner's idle_max_ms
+    assert store._waker is not None
+    store._waker.close()
 
 
 @pytest.mark.benchmark
