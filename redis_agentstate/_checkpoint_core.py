@@ -9,8 +9,12 @@ from __future__ import annotations
 import builtins
 import functools
 import hashlib
+import heapq
 import logging
+import math
 import random
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +45,7 @@ from .keys import SHARDS, Keys, TaskKeys
 from .models import AgentStatus, Checkpoint
 from .scripts import Reply
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointCore"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BLOCK_MS", "CheckpointCore", "ClaimNextFound"]
 
 logger = logging.getLogger("redis_agentstate")
 
@@ -65,15 +69,75 @@ def _time_ms(reply: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _zset_head(reply: Any, key: str) -> tuple[str, float] | None:
-    """``ZRANGE key 0 0 WITHSCORES``: RESP2 ``[member, score]`` or RESP3 ``[[member, score]]``."""
+def _zset_entries(reply: Any, key: str) -> list[tuple[str, float]]:
+    """``ZRANGE key 0 k WITHSCORES``: RESP2 ``[m1, s1, m2, s2, ...]`` or RESP3 ``[[m1, s1], ...]``."""
     if not reply:
-        return None
+        return []
     if isinstance(reply[0], (list, tuple)):
-        member, score = reply[0]
-    else:
-        member, score = reply[0], reply[1]
-    return member_id(member, key), float(score)
+        return [(member_id(m, key), float(sc)) for m, sc in reply]
+    return [(member_id(reply[i], key), float(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+class _Candidates:
+    """Due ready entries a peek saw, shared by every caller of one store: the next claim_next tries
+    the oldest of them in one round trip instead of peeking at 64 shard heads first.
+
+    An entry stays due until someone claims it (its score only moves on a claim, a commit or a
+    release), and the claim script re-checks it anyway, so a stale one costs a refused script,
+    which answers with its shard's current head (a fresh candidate). Kept for ``max_age_s`` so the
+    longest-waiting-first order is never staler than that.
+    """
+
+    def __init__(self, max_age_s: float = 1.0) -> None:
+        #: How long the entries of one peek are tried before the next claim_next peeks afresh.
+        self.max_age_s = max_age_s
+        self._heap: list[tuple[float, str]] = []
+        self._queued: set[str] = set()
+        self._at = 0.0
+        self._lock = threading.Lock()
+
+    def reset(self, entries: Sequence[tuple[str, float]]) -> None:
+        with self._lock:
+            self._heap = [(score, tid) for tid, score in entries]
+            heapq.heapify(self._heap)
+            self._queued = {tid for tid, _ in entries}
+            self._at = time.monotonic()
+
+    def add(self, tid: str, score: float) -> None:
+        with self._lock:
+            if tid not in self._queued and time.monotonic() - self._at < self.max_age_s:
+                heapq.heappush(self._heap, (score, tid))
+                self._queued.add(tid)
+
+    def announce(self, tid: str) -> None:
+        """A task announced due now (``notify_due``): a candidate behind those a peek saw."""
+        with self._lock:
+            if time.monotonic() - self._at >= self.max_age_s:
+                self._heap, self._queued = [], set()
+                self._at = time.monotonic()
+            if tid not in self._queued:
+                heapq.heappush(self._heap, (math.inf, tid))
+                self._queued.add(tid)
+
+    def discard(self, tid: str) -> None:
+        with self._lock:
+            self._queued.discard(tid)  # its heap entry is skipped by take()
+
+    def take(self) -> str | None:
+        """The oldest candidate (removed), or None when there is none or they are too old."""
+        with self._lock:
+            if time.monotonic() - self._at >= self.max_age_s:
+                self._heap, self._queued = [], set()
+                return None
+            while self._heap:
+                _, tid = heapq.heappop(self._heap)
+                if tid in self._queued:
+                    self._queued.discard(tid)
+                    return tid
+            return None
+
+    def __bool__(self) -> bool:
+        return bool(self._queued) and time.monotonic() - self._at < self.max_age_s
 
 
 #: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
@@ -130,6 +194,20 @@ class _Written:
         return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
 
 
+#: The longest ``block_ms`` of ``claim_next`` (a day; a Runner loops shorter blocks anyway).
+MAX_BLOCK_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimNextFound:
+    """One claim_next attempt, for a blocked caller: the claim (or None), the ms until the
+    earliest ready entry not yet due (None: the index is empty), and whether more was due."""
+
+    checkpoint: Checkpoint | None
+    wait_ms: int | None
+    more_due: bool
+
+
 class CheckpointCore:
     """Validation, request building and reply parsing for one namespace."""
 
@@ -140,6 +218,7 @@ class CheckpointCore:
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
         self._corrupt_logged: set[str] = set()
+        self._candidates = _Candidates()
 
     # ---- checks ---------------------------------------------------------
 
@@ -453,18 +532,81 @@ class CheckpointCore:
         the checkpoint and, when another worker won the race, answers with the
         shard's new head so the next try costs one more script, not a new peek;
         after a round of lost races a fresh peek follows, and None means a peek
-        found nothing due.
+        found nothing due. The other due entries a peek saw (up to
+        ``CLAIM_NEXT_PEEK`` per shard) and the tasks the store's wake-up
+        subscription announced are candidates: while under a second old, the
+        store's next calls claim the oldest of them in one script, without a peek.
         """
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
-        heads = [("ZRANGE", self.keys.shard_ready(s), 0, 0, "WITHSCORES") for s in range(SHARDS)]
+        found = yield from self.claim_next_probe(token, lease_ms)
+        return found.checkpoint
+
+    def check_block_ms(self, block_ms: object) -> int:
+        """``claim_next``'s ``block_ms``: an int of ms, 0 (do not block) up to ``MAX_BLOCK_MS``."""
+        return check_int(block_ms, "block_ms", 0, MAX_BLOCK_MS)
+
+    #: Ready entries per shard a peek reads: the head decides, the rest are candidates for later calls.
+    CLAIM_NEXT_PEEK = 4
+    #: Candidates a claim_next tries (one script each) before it peeks.
+    CLAIM_NEXT_FAST_TRIES = 3
+
+    def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
+        """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
+        for _ in range(self.CLAIM_NEXT_FAST_TRIES):
+            tid = self._candidates.take()
+            if tid is None:
+                return None
+            keys = self._task_keys(tid)
+            cached, have = self._cached(tid)
+            try:
+                reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
+            except CorruptState:
+                continue  # the peek path meets it again, and skips or raises it there
+            code = reply[0]
+            if code in (Reply.DONE, Reply.DONE_BEFORE):
+                return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
+            if code != Reply.REFUSED:
+                raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
+            if len(reply) >= 4 and float(reply[3]) <= int(reply[1]):
+                self._candidates.add(member_id(reply[2], keys.ready), float(reply[3]))
+        return None
+
+    @property
+    def claim_next_candidate_age_s(self) -> float:
+        """How long claim_next tries the candidates of one peek before it peeks again (0: always peek)."""
+        return self._candidates.max_age_s
+
+    @claim_next_candidate_age_s.setter
+    def claim_next_candidate_age_s(self, seconds: float) -> None:
+        self._candidates.max_age_s = seconds
+
+    def announced(self, task_id: str) -> None:
+        """``task_id`` was announced due (the store's wake-up subscription): the next claim tries it first."""
+        self._candidates.announce(task_id)
+
+    def claim_next_probe(self, token: str, lease_ms: int) -> Op[ClaimNextFound]:
+        """``claim_next`` (arguments checked already), also reporting what a blocked caller times itself by."""
+        if self._candidates:
+            cp = yield from self._claim_candidates(token, lease_ms)
+            if cp is not None:
+                return ClaimNextFound(cp, None, bool(self._candidates))
+        peek = self.CLAIM_NEXT_PEEK - 1
+        heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(SHARDS)]
+        wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
             replies = yield Pipe([("TIME",), *heads])
             now = _time_ms(replies[0])
-            heads_read = (_zset_head(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True))
+            entries = [_zset_entries(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True)]
+            heads_read = [shard[0] if shard else None for shard in entries]
             due = [head for head in heads_read if head is not None and head[1] <= now]
+            # Every due entry seen is a candidate for the next calls, but the heads tried below.
+            self._candidates.reset([e for shard in entries for e in shard[1:] if e[1] <= now])
+            later = [head[1] for head in heads_read if head is not None and head[1] > now]
+            # The earliest head not yet due: a lapsing lease or a delayed release, which publish nothing.
+            wait_ms = max(1, int(min(later) - now)) if later else None
             if not due:
-                return None
+                return ClaimNextFound(None, wait_ms, False)
             # Oldest first fleet-wide (FIFO across shards too); shuffle only the few oldest to spread a fleet.
             due.sort(key=lambda head: head[1])
             spread = due[: self.CLAIM_NEXT_SPREAD]
@@ -472,8 +614,9 @@ class CheckpointCore:
             due[: self.CLAIM_NEXT_SPREAD] = spread
             cp = yield from self._claim_due(due, now, token, lease_ms)
             if cp is not None:
-                return cp
-        return None
+                return ClaimNextFound(cp, wait_ms, len(due) > 1 or bool(self._candidates))
+        # Others won every race: there was work, so a blocked caller tries again at once.
+        return ClaimNextFound(None, 0, True)
 
     #: Fresh peeks claim_next makes before answering None while others keep winning the races.
     CLAIM_NEXT_ROUNDS = 8
@@ -489,7 +632,7 @@ class CheckpointCore:
         """
         corrupt: CorruptState | None = None
         skipped: set[str] = set()
-        for head, _score in due:
+        for i, (head, _score) in enumerate(due):
             tid: str | None = head
             for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
                 if tid is None:
@@ -500,6 +643,8 @@ class CheckpointCore:
                     reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
                     code = reply[0]
                     if code in (Reply.DONE, Reply.DONE_BEFORE):
+                        for other, score in due[i + 1 :]:
+                            self._candidates.add(other, score)  # heads not tried: candidates of the next calls
                         return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
                     if code != Reply.REFUSED:
                         raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
@@ -514,6 +659,7 @@ class CheckpointCore:
                 if len(reply) < 4 or float(reply[3]) > int(reply[1]):
                     break  # nothing else due in this shard
                 tid = member_id(reply[2], keys.ready)
+                self._candidates.discard(tid)
         if corrupt is not None:
             raise corrupt
         return None

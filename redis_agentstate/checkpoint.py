@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
 from .models import Checkpoint
 
@@ -18,6 +21,12 @@ if TYPE_CHECKING:
 DEFAULT_LEASE_MS = 30_000
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+#: ``time.monotonic()`` when the request of the caller's last ``claim_next`` that claimed was
+#: sent (after a block, that is its last attempt, not its start): ``Lease.next`` counts the lease
+#: from it. A context variable so that a subclass overriding ``claim_next`` (recording it, say)
+#: still reaches the lease through ``super()``.
+CLAIM_SENT: ContextVar[float | None] = ContextVar("agentstate_claim_sent", default=None)
 
 
 class _Checkpoints(StoreShell[CheckpointCore]):
@@ -34,6 +43,11 @@ class _Checkpoints(StoreShell[CheckpointCore]):
     ) -> None:
         core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
         super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
+        self._waker: Any = None
+
+    def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
+        core = self._core
+        return core._token(token), core._lease(lease_ms), None if block_ms is None else core.check_block_ms(block_ms)
 
 
 class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
@@ -67,9 +81,22 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
-    def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
-        return self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
+    def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due.
+
+        ``block_ms``: with nothing due, wait up to that long for work to become due (woken by Redis
+        through the store's one shared subscription, see ``_waker``) instead of answering None at once.
+        """
+        tok, lease, block = self._claim_args(token, lease_ms, block_ms)
+        if block is None:
+            CLAIM_SENT.set(time.monotonic())
+            return self._run(self._core.claim_next(token=tok, lease_ms=lease))
+        if self._waker is None:
+            self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
+        waker: SyncWaker = self._waker
+        found, sent = waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
+        CLAIM_SENT.set(sent)
+        return found.checkpoint
 
     def lease(
         self,
@@ -176,9 +203,19 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         """Claim ``cycle_index`` under a lease of ``lease_ms`` (server clock); None if no such task."""
         return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
-    async def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due."""
-        return await self._run(self._core.claim_next(token=token, lease_ms=lease_ms))
+    async def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        """Claim the next cycle of any runnable task; ``block_ms``: wait that long for one (see the sync twin)."""
+        tok, lease, block = self._claim_args(token, lease_ms, block_ms)
+        if block is None:
+            CLAIM_SENT.set(time.monotonic())
+            return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
+        if self._waker is None:
+            self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
+        attempt = lambda: self._run(self._core.claim_next_probe(tok, lease))  # noqa: E731
+        waker: AsyncWaker = self._waker
+        found, sent = await waker.claim(attempt, block, time.monotonic)
+        CLAIM_SENT.set(sent)
+        return found.checkpoint
 
     def lease(
         self,

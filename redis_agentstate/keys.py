@@ -9,6 +9,8 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
+    ns:{ns#SS}:due                channel (sharded pub/sub, not a key): "a task of shard SS is due"
+                                  (_common.lua's notify_due publishes, _waker.py listens)
 
 Agent pools (``SS`` is the shard of the pool id)::
 
@@ -217,6 +219,10 @@ class Keys:
 
     def shard_ready(self, shard: int) -> str:
         return self._shard_prefixes[shard] + "ready"
+
+    def shard_due(self, shard: int) -> str:
+        """The sharded pub/sub channel that announces work due in shard ``shard`` (same slot as its keys)."""
+        return self._shard_prefixes[shard] + "due"
 
     def task(self, task_id: str) -> TaskKeys:
         p = self._shard_prefixes[self.shard_of(task_id)]

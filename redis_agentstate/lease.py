@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ from ._lease_core import (
     log,
     monotonic,
 )
+from .checkpoint import CLAIM_SENT
 from .errors import LeaseLost
 from .models import Checkpoint
 
@@ -99,6 +101,17 @@ class _Call:
             self.error = exc
         finally:
             self.done.set()
+
+
+def _sent(before: float, mono: float) -> float:
+    """When (on the lease's clock) the claim that ``claim_next`` just returned was sent.
+
+    ``before``/``mono``: the lease clock and ``time.monotonic()`` read before the call. A
+    claim_next that blocked claimed on its last attempt, which it reports (``CLAIM_SENT``); a
+    store that does not report counts from the call's start (earlier: the lease looks shorter).
+    """
+    sent = CLAIM_SENT.get()
+    return before if sent is None else before + max(0.0, sent - mono)
 
 
 class Lease(LeaseBase["CheckpointStore"]):
@@ -148,14 +161,22 @@ class Lease(LeaseBase["CheckpointStore"]):
         on_lost: Callable[[Lease], None] | None = None,
         release_on_exit: bool = True,
         clock: Clock | None = None,
+        block_ms: int | None = None,
     ) -> Lease | None:
         """Claim the next runnable cycle of any task (``claim_next``); None when nothing is due.
 
-        The returned lease is claimed; its keeper starts on ``__enter__``.
+        ``block_ms``: wait up to that long for work (``claim_next``'s). The returned lease is
+        claimed; its keeper starts on ``__enter__``.
         """
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
-        sent = (clock or SYSTEM_CLOCK).now()
-        cp = store.claim_next(token=token, lease_ms=granted)
+        clock = clock or SYSTEM_CLOCK
+        before, mono = clock.now(), time.monotonic()
+        CLAIM_SENT.set(None)
+        if block_ms is None:  # a store subclass may override claim_next without block_ms
+            cp = store.claim_next(token=token, lease_ms=granted)
+        else:
+            cp = store.claim_next(token=token, lease_ms=granted, block_ms=block_ms)
+        sent = _sent(before, mono)
         if cp is None:
             return None
         lease = cls(
@@ -338,11 +359,17 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         on_lost: Callable[[AsyncLease], None] | None = None,
         release_on_exit: bool = True,
         cancel_on_loss: bool = True,
+        block_ms: int | None = None,
     ) -> AsyncLease | None:
         """Claim the next runnable cycle of any task; None when nothing is due (see :meth:`Lease.next`)."""
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
-        sent = SYSTEM_CLOCK.now()
-        cp = await store.claim_next(token=token, lease_ms=granted)
+        before, mono = SYSTEM_CLOCK.now(), time.monotonic()
+        CLAIM_SENT.set(None)
+        if block_ms is None:
+            cp = await store.claim_next(token=token, lease_ms=granted)
+        else:
+            cp = await store.claim_next(token=token, lease_ms=granted, block_ms=block_ms)
+        sent = _sent(before, mono)
         if cp is None:
             return None
         lease = cls(

@@ -63,7 +63,8 @@ __all__ = ["DEFAULT_MAX_CONSECUTIVE_CYCLES", "AsyncRunner", "Runner", "RunnerSta
 #: How many cycles of one task a worker runs in a row (the first claimed by ``claim_next``, the
 #: others by ``commit_and_claim``) before it commits plainly and goes back to ``claim_next``.
 #: 8 takes most of the gain: a cycle by ``claim_next`` costs a peek at every shard's head and a
-#: claim (2 round trips, about 100-150 us of server time) plus the commit; continuing costs one
+#: claim (2 round trips, about 100-150 us of server time; 1 round trip and one script when an
+#: earlier peek or an announcement left a candidate) plus the commit; continuing costs one
 #: script. Over a streak of K cycles that is (K + 2) / K round trips per cycle: 3 at K = 1, 1.25 at
 #: K = 8, 1.125 at K = 16, so beyond 8 the gain is small. The price is fairness while more tasks
 #: are due than workers are free: a task that waits behind busy workers waits for one of them to
@@ -200,6 +201,14 @@ class _RunnerBase(Generic[S, H]):
             "renew_deadline_ms": self.timing.renew_deadline_ms,
         }
 
+    def _block_ms(self, stop_when_idle: bool) -> int | None:
+        """How long one ``claim_next`` blocks while idle: ``idle_max_ms``, so a stop is seen that soon.
+
+        Blocking costs the server nothing while no work becomes due (the store's one subscription
+        wakes a blocked worker when a task is due; see ``_waker``), so idle workers no longer poll.
+        """
+        return None if stop_when_idle else self.idle_max_ms
+
     def _idle_delay(self, idle_polls: int) -> float:
         """Full-jitter exponential backoff between ``idle_min_ms`` and ``idle_max_ms`` (seconds)."""
         cap = min(self.idle_max_ms, self.idle_min_ms * 2 ** min(idle_polls, 30))
@@ -279,8 +288,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
     """Runs ``handler`` on claimable cycles with ``concurrency`` worker threads (see module docstring).
 
     ``lease_ms`` / ``renew_*_ms``: the lease kept per cycle (:class:`LeaseTiming`).
-    ``idle_min_ms`` / ``idle_max_ms``: jittered exponential backoff while there is
-    no work. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
+    While there is no work a worker blocks in ``claim_next(block_ms=idle_max_ms)``,
+    woken when a task becomes due; ``idle_min_ms`` / ``idle_max_ms`` also bound the
+    jittered backoff after a failed claim. ``on_lease_lost(lease, checkpoint)`` runs when a cycle's result
     could not be committed because the lease was lost (``checkpoint`` is None
     if the handler had not returned); ``on_written(lease, checkpoint, done)``
     after each successful commit or finalize. ``max_consecutive_cycles``: how many
@@ -345,14 +355,13 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         idle = 0
         while not self._stop.is_set():
             try:
-                lease = Lease.next(self.store, **self._lease_kwargs())
+                lease = Lease.next(self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs())
             except AgentStateError as exc:
                 self._stop.wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
                 if stop_when_idle:
                     return
-                self._stop.wait(self._idle_delay(idle))
                 idle += 1
                 continue
             idle = 0
@@ -470,14 +479,15 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         assert self._stop is not None
         while not self._stop.is_set():
             try:
-                lease = await AsyncLease.next(self.store, **self._lease_kwargs())
+                lease = await AsyncLease.next(
+                    self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs()
+                )
             except AgentStateError as exc:
                 await self._wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
                 if stop_when_idle:
                     return
-                await self._wait(self._idle_delay(idle))
                 idle += 1
                 continue
             idle = 0

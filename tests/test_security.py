@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from flows import HOSTILE_IDS, checkpoint_flow, claim_next_flow, kv_flow, pool_f
 
 import redis_agentstate
 from redis_agentstate import (
+    AgentStatus,
     AsyncCheckpointStore,
     BackendError,
     BackendUnavailable,
@@ -54,8 +56,9 @@ pytestmark = pytest.mark.real
 ACL_COMMANDS = (
     "blpop", "del", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
     "hlen", "hmget", "hscan", "hset", "hvals", "incr", "info", "llen", "lrange", "pexpire", "pexpiretime", "rpush",
-    "script|load", "set", "time", "type", "wait", "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount",
-    "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
+    "script|load", "set", "spublish", "ssubscribe", "time", "type", "wait", "xadd", "xlen", "xrange", "xread",
+    "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex", "zrangebyscore", "zrem", "zrevrangebylex",
+    "zscore",
 )  # fmt: skip
 
 
@@ -72,7 +75,8 @@ def key_pattern(namespace: str) -> str:
 
 def acl_rules(namespace: str, password: str) -> list[str]:
     return [
-        "reset", "on", f">{password}", "resetkeys", f"~{key_pattern(namespace)}", "resetchannels", "-@all",
+        "reset", "on", f">{password}", "resetkeys", f"~{key_pattern(namespace)}", "resetchannels",
+        f"&{key_pattern(namespace)}", "-@all",
         *(f"+{c}" for c in ACL_COMMANDS),
     ]  # fmt: skip
 
@@ -99,8 +103,8 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
         found |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Z]+)['\"]", lua.read_text())}
     for py in [*_PKG.glob("*.py"), *(_PKG / "langgraph").glob("*.py")]:
         found |= {c.lower() for c in re.findall(r"[(\[]\s*\"([A-Z]+)\"", py.read_text()) if is_command(c)}
-    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT.
-    return found | {"evalsha", "script|load"}
+    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT; its PubSub.ssubscribe (_waker.py).
+    return found | {"evalsha", "script|load", "ssubscribe"}
 
 
 def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> None:
@@ -116,7 +120,7 @@ def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> 
 def test_readme_line() -> None:
     line = acl_setuser_line()
     assert line.startswith("ACL SETUSER agentstate reset on ><password> resetkeys ~agentstate:{agentstate#* ")
-    assert "resetchannels -@all +blpop +del +evalsha +exists" in line
+    assert "resetchannels &agentstate:{agentstate#* -@all +blpop +del +evalsha" in line
 
 
 # ---- ACL: least privilege ----------------------------------------------------
@@ -192,6 +196,54 @@ def test_least_privilege_user_runs_every_flow(tenant: AclTenant, admin: redis.Re
     kv = tenant.store(KeyValueStore, AsyncKeyValueStore, flavor)
     kv_flow(kv)
     assert acl_log(admin) == [], "the library sent something the least-privilege user may not"
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_least_privilege_user_blocks_in_claim_next(tenant: AclTenant, admin: redis.Redis, flavor: str) -> None:
+    """claim_next(block_ms) as the README's user: subscribed to its channels, woken by a create."""
+    store = tenant.store(CheckpointStore, AsyncCheckpointStore, flavor)
+    producer = CheckpointStore(redis.Redis(**tenant.kw), namespace=tenant.namespace)
+    timer = threading.Timer(0.3, lambda: producer.create(Checkpoint("late", status=AgentStatus.RUNNING)))
+    timer.start()
+    cp = store.claim_next(token="w", lease_ms=30_000, block_ms=20_000)
+    timer.join()
+    assert cp is not None and cp.task_id == "late"
+    assert store.claim_next(token="w2", lease_ms=30_000, block_ms=200) is None
+    waker = store._waker if flavor == "sync" else store.wrapped._waker
+    assert waker.state.subscribed
+    assert acl_log(admin) == [], "the library sent something the least-privilege user may not"
+    producer.client.close()
+    if flavor == "async":
+        tenant.loop.run_until_complete(waker.aclose())
+    else:
+        waker.close()
+
+
+def test_user_without_the_channels_still_writes_and_blocked_callers_poll(
+    private_server: RedisServerProcess, admin: redis.Redis
+) -> None:
+    """An ACL from before the channel rule: notify_due is refused inside the scripts (redis.pcall),
+    every write still applies, and a blocked claim_next polls instead of being woken."""
+    namespace = f"acl-{uuid.uuid4().hex[:6]}"
+    user, password = f"u-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [r for r in acl_rules(namespace, password) if not r.startswith("&")]
+    admin.execute_command("ACL", "SETUSER", user, *rules)
+    client = redis.Redis(port=private_server.port, username=user, password=password)
+    store = CheckpointStore(client, namespace=namespace)
+    assert store.create(Checkpoint("t1", status=AgentStatus.RUNNING))
+    held = store.claim_next(token="w1", lease_ms=60_000)
+    assert held is not None
+    done = Checkpoint("t1", cycle_index=1, status=AgentStatus.RUNNING)
+    assert store.commit(done, token="w1", expected_revision=held.revision)
+    cp = store.claim_next(token="w2", lease_ms=60_000, block_ms=5_000)
+    assert cp is not None and cp.claimed_cycle == 2
+    timer = threading.Timer(0.3, lambda: store.create(Checkpoint("t2", status=AgentStatus.RUNNING)))
+    timer.start()
+    cp = store.claim_next(token="w3", lease_ms=60_000, block_ms=20_000)
+    timer.join()
+    assert cp is not None and cp.task_id == "t2"
+    assert not store._waker.state.subscribed  # SSUBSCRIBE refused: it polled
+    client.close()
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])

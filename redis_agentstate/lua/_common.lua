@@ -115,6 +115,23 @@ local function probe(...)
   end
 end
 
+-- ---- wake-ups of blocked claim_next callers (_waker.py) ---------------------
+-- Every script that makes a task claimable now, or sooner than its ready
+-- score said, calls notify_due once it passed its checks: an SPUBLISH on the
+-- shard's channel ns:{ns#SS}:due (keys.Keys.shard_due: the ready key with
+-- 'due' for 'ready', so it hashes to the shard's slot), payload
+-- '<ms until the task is due> <task id>' ('0 ...': now; the id lets a woken
+-- caller claim it in one script, without a peek). A sharded channel stays on the slot's primary
+-- on Redis Cluster (a plain PUBLISH is broadcast to every node), and costs
+-- about a microsecond with nobody subscribed. redis.pcall: a user whose ACL
+-- lacks the channel still writes; its blocked callers then find the work at
+-- their next timer or block_ms instead (see README, "Least privilege").
+-- A lease that lapses is not an event: waiters time themselves from the
+-- earliest ready score their last claim attempt saw.
+local function notify_due(ready_key, delay_ms, task_id)
+  redis.pcall('SPUBLISH', string.sub(ready_key, 1, -6) .. 'due', fmt(delay_ms) .. ' ' .. task_id)
+end
+
 -- Keep the shard indexes in step with the hash (same slot, same script).
 local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now)
   redis.call('ZADD', tasks_key, 0, task_id)
@@ -122,6 +139,8 @@ local function reindex(ready_key, tasks_key, task_id, status, term, token, lease
     local at = now
     if token ~= '' then at = tonumber(lease) or now end
     redis.call('ZADD', ready_key, at, task_id)
+    -- Unclaimed: due now. (A claimed one is due when its lease lapses: no event.)
+    if token == '' then notify_due(ready_key, 0, task_id) end
   else
     redis.call('ZREM', ready_key, task_id)
   end

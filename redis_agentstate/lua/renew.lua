@@ -4,7 +4,8 @@
 --   ARGV[2]    - expected_revision: the one the claim returned
 --   ARGV[3]    - lease_ms: the new lease duration, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
--- claim, and the holder must treat its lease as lost.
+-- claim, and the holder must treat its lease as lost. A lease shortened (a
+-- release: Lease.release) publishes notify_due (_common.lua).
 -- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_REFUSED} not renewed; an
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -21,4 +22,6 @@ local expires = now + lease_ms
 -- The index first: if it is of another Redis type, nothing is written.
 redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'lease', fmt(expires))
+-- A release (a lease shortened to after_ms) makes the task due sooner: wake a waiter.
+if expires < tonumber(h[3]) then notify_due(KEYS[4], lease_ms, task_id_of(KEYS[1])) end
 return {REPLY_DONE, fmt(expires)}

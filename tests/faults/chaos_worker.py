@@ -80,9 +80,9 @@ class RecordingStore(CheckpointStore):
 
     history: History
 
-    def claim_next(self, *, token: str, lease_ms: int) -> Checkpoint | None:
+    def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
         t0 = time.monotonic()
-        cp = super().claim_next(token=token, lease_ms=lease_ms)
+        cp = super().claim_next(token=token, lease_ms=lease_ms, block_ms=block_ms)
         if cp is not None:
             self.history.write(
                 op="claim", type="ok", task=cp.task_id, cycle=cp.claimed_cycle, rev=cp.revision, token=token, t0=t0

@@ -1,0 +1,92 @@
+"""How a namespace's 64 shards spread over Redis Cluster primaries (issue 11, part 5).
+
+Each shard's keys carry the hash tag ``{ns#SS}``, so a shard is one slot, and a namespace is 64
+slots. ``redis-cli --cluster create`` gives each of N primaries one contiguous range of
+16384 / N slots; this counts the shards per primary for N = 3, 6, 12 (and 24, 48), for the
+namespace ``agentstate`` and over many random namespaces, and, with ``--check``, reads the
+slot map of a real local 3-primary cluster (``tests/cluster_support.LocalCluster``)::
+
+    python -m benchmarks.shard_spread            # the arithmetic (instant)
+    python -m benchmarks.shard_spread --check    # also starts a local cluster (~10 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from redis.crc import key_slot
+
+from redis_agentstate.keys import SHARDS, Keys
+
+__all__ = ["main", "spread"]
+
+SLOTS = 16384
+
+
+def _owner(slot: int, primaries: int) -> int:
+    """The primary (0-based) that ``redis-cli --cluster create`` gives ``slot`` among ``primaries``."""
+    per = SLOTS / primaries
+    return min(int(slot // per), primaries - 1)
+
+
+def shard_slots(namespace: str) -> list[int]:
+    keys = Keys(namespace)
+    return [key_slot(keys.shard_ready(s).encode()) for s in range(SHARDS)]
+
+
+def spread(namespace: str, primaries: int) -> list[int]:
+    """Shards of ``namespace`` per primary (a list of ``primaries`` counts)."""
+    counts = Counter(_owner(slot, primaries) for slot in shard_slots(namespace))
+    return [counts.get(p, 0) for p in range(primaries)]
+
+
+def _random_namespace(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_lowercase + string.digits, k=rng.randint(4, 16)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--namespaces", type=int, default=2000)
+    parser.add_argument("--check", action="store_true", help="read the slot map of a local 3-primary cluster")
+    args = parser.parse_args(argv)
+    rng = random.Random(11)
+    names = [_random_namespace(rng) for _ in range(args.namespaces)]
+    out: dict[str, Any] = {"distinct_slots_agentstate": len(set(shard_slots("agentstate")))}
+    for n in (3, 6, 12, 24, 48):
+        fair = SHARDS / n
+        mine = spread("agentstate", n)
+        worst = [max(spread(ns, n)) for ns in names]
+        idle = [sum(1 for c in spread(ns, n) if c == 0) for ns in names]
+        out[f"{n}_primaries"] = {
+            "fair_share": round(fair, 2),
+            "agentstate": " ".join(map(str, mine)),
+            "agentstate_max_over_fair": round(max(mine) / fair, 2),
+            "random_ns_max_over_fair_p50": round(sorted(worst)[len(worst) // 2] / fair, 2),
+            "random_ns_max_over_fair_p99": round(sorted(worst)[int(len(worst) * 0.99)] / fair, 2),
+            "random_ns_primaries_with_no_shard_mean": round(sum(idle) / len(idle), 2),
+        }
+    if args.check:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from cluster_support import LocalCluster
+
+        cluster = LocalCluster.start()
+        try:
+            client = cluster.sync_client()
+            keys = Keys("agentstate")
+            owners = Counter(client.get_node_from_key(keys.shard_ready(s)).name for s in range(SHARDS))
+            out["local_cluster_3_primaries_agentstate"] = sorted(owners.values())
+            client.close()
+        finally:
+            cluster.stop()
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
