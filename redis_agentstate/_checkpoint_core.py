@@ -39,7 +39,10 @@ from .errors import (
     CorruptState,
     CycleConflict,
     InvalidArgument,
+    NotParked,
     NotRunnable,
+    TaskNotFound,
+    TaskParked,
 )
 from .keys import SHARDS, Keys, TaskKeys
 from .models import AgentStatus, Checkpoint
@@ -141,9 +144,13 @@ class _Candidates:
 
 
 #: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
-_SUMMARY_FIELDS = S.HASH_FIELDS[:7]
+_SUMMARY_FIELDS = (*S.HASH_FIELDS[:7], *S.HASH_FIELDS[9:12])
 _SUMMARY_STRIDE = 1 + len(_SUMMARY_FIELDS)
-_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term")
+_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "att", "parked", "why")
+#: Fields of read_checkpoint's array before its history counts.
+_NF = len(S.HASH_FIELDS)
+#: The longest failure reason a release sends (release.lua keeps what it is sent).
+MAX_REASON_BYTES = 1024
 
 
 def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
@@ -156,12 +163,13 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
             raise ValueError(_s(entry[1]))
         values = (v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:])
         f = dict(zip(_SUMMARY_FIELDS, values, strict=True))
-        status, cycle, rev, token, claimed, lease, term = (f[name] for name in _SUMMARY_NAMES)
+        status, cycle, rev, token, claimed, lease, term, att, parked, why = (f[name] for name in _SUMMARY_NAMES)
     except (ValueError, UnicodeDecodeError) as exc:
         return {
             "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
             "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
-            "lease_state": None, "lease_remaining_ms": None,
+            "lease_state": None, "lease_remaining_ms": None, "attempts": None, "parked": False,
+            "last_failure": None,
         }  # fmt: skip
     lease_ms = int(lease) if lease else None
     return {
@@ -175,6 +183,9 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
         "lease_expires_at_ms": lease_ms,
         "lease_state": None if not token else ("live" if lease_ms and lease_ms > now else "expired"),
         "lease_remaining_ms": (lease_ms - now) if token and lease_ms else None,
+        "attempts": int(att) if att else 0,
+        "parked": parked == "1",
+        "last_failure": why or None,
     }
 
 
@@ -211,8 +222,12 @@ class ClaimNextFound:
 class CheckpointCore:
     """Validation, request building and reply parsing for one namespace."""
 
-    def __init__(self, namespace: str, *, max_payload_bytes: int, history_cache: int) -> None:
+    def __init__(
+        self, namespace: str, *, max_payload_bytes: int, history_cache: int, max_attempts: int | None = None
+    ) -> None:
         self.keys = Keys(namespace)
+        #: Sent with every claim and release; 0 (None given) turns parking off.
+        self.max_attempts = 0 if max_attempts is None else check_int(max_attempts, "max_attempts", 1, MAX_CYCLE)
         # Key strings are rebuilt for every call otherwise; hot tasks are few.
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
@@ -382,9 +397,9 @@ class CheckpointCore:
         """
         try:
             # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
-            status_raw, cycle, rev, token, claimed, lease, term, body, epoch = reply[at : at + 9]
-            n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + 9 : at + 14])
-            blobs = reply[at + 14 :]
+            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _ = reply[at : at + _NF]
+            n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + _NF : at + _NF + 5])
+            blobs = reply[at + _NF + 5 :]
             shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
             if not isinstance(shared_state, dict):
                 raise TypeError("shared_state is not a map")
@@ -399,6 +414,9 @@ class CheckpointCore:
                 lease_expires_at_ms=_opt_int(lease),
                 terminal_result=terminal_result if term == b"1" else None,
                 budget_usage=budget,
+                attempts=int(att) if att else 0,
+                parked=parked == b"1",
+                last_failure=_s(why) if why else None,
             )
             if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
                 raise ValueError("history reply is inconsistent")
@@ -449,7 +467,8 @@ class CheckpointCore:
         body = self._body(cp)
         _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
         args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c)
-        reply = yield Call(script, keys.as_list(), args)
+        # A save replaces a parked task too: it takes the parked index to take the task out of it.
+        reply = yield Call(script, keys.with_parked() if script == S.SAVE else keys.as_list(), args)
         if reply[0] == Reply.REFUSED:
             return False
         if reply[0] == Reply.DONE_BEFORE:
@@ -476,7 +495,7 @@ class CheckpointCore:
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
-        reply = yield Call(S.CLAIM, keys.as_list(), [token, cycle_index, lease_ms, *have])
+        reply = yield Call(S.CLAIM, keys.with_parked(), [token, cycle_index, lease_ms, *have, self.max_attempts])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -493,6 +512,17 @@ class CheckpointCore:
             raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
         if code == Reply.TERMINAL:
             raise CheckpointTerminal(f"checkpoint for task {tid!r} is terminal (status {detail})", task_id=tid)
+        if code == Reply.PARKED:
+            if not detail.isdigit():
+                raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
+            reason = _s(reply[2]) if len(reply) > 2 else ""
+            raise TaskParked(
+                f"task {tid!r} is parked after {detail} attempt(s) at cycle {cycle_index} ended without a commit "
+                f"(last failure: {reason or 'none recorded'}); requeue it to run it again",
+                task_id=tid,
+                attempts=int(detail),
+                reason=reason,
+            )
         if code == Reply.NOT_RUNNING:
             raise NotRunnable(f"checkpoint for task {tid!r} is not running (status {detail})", task_id=tid)
         if code == Reply.CYCLE_CONFLICT:
@@ -551,6 +581,9 @@ class CheckpointCore:
     #: Candidates a claim_next tries (one script each) before it peeks.
     CLAIM_NEXT_FAST_TRIES = 3
 
+    def _claim_next_call(self, keys: TaskKeys, token: str, lease_ms: int, have: list[Any]) -> Call:
+        return Call(S.CLAIM_NEXT, keys.with_parked(), [token, lease_ms, *have, self.max_attempts])
+
     def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
         for _ in range(self.CLAIM_NEXT_FAST_TRIES):
@@ -560,7 +593,7 @@ class CheckpointCore:
             keys = self._task_keys(tid)
             cached, have = self._cached(tid)
             try:
-                reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
+                reply = yield self._claim_next_call(keys, token, lease_ms, have)
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
@@ -640,7 +673,7 @@ class CheckpointCore:
                 keys = self._task_keys(tid)
                 try:
                     cached, have = self._cached(tid)
-                    reply = yield Call(S.CLAIM_NEXT, keys.as_list(), [token, lease_ms, *have])
+                    reply = yield self._claim_next_call(keys, token, lease_ms, have)
                     code = reply[0]
                     if code in (Reply.DONE, Reply.DONE_BEFORE):
                         for other, score in due[i + 1 :]:
@@ -729,8 +762,9 @@ class CheckpointCore:
                 revision=expected + 1,
             )
         w = yield from self._fenced_write(
-            "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history, (next_token, lease_ms)
-        )
+            "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
+            (next_token, lease_ms, self.max_attempts),
+        )  # fmt: skip
         reply, code = w.reply, w.reply[0]
         keys = self._task_keys(tid)
         if code == Reply.DONE and w.entry is None:
@@ -773,6 +807,7 @@ class CheckpointCore:
             claimed_cycle=cp.cycle_index + 1,
             lease_expires_at_ms=int(reply[2]),
             budget_usage=budget,
+            attempts=1,
             messages=claim.messages,
             cycles=claim.cycles,
         )
@@ -787,7 +822,9 @@ class CheckpointCore:
         replace: bool,
         claim: tuple[Any, ...] = (),
     ) -> Op[_Written]:
-        keys = self._task_keys(cp.task_id).as_list()
+        task_keys = self._task_keys(cp.task_id)
+        # finalize may close a parked task, commit_and_claim's re-send may park one: both take the parked index.
+        keys = task_keys.as_list() if script == S.COMMIT else task_keys.with_parked()
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
         known = self.history.get(cp.task_id)
@@ -862,6 +899,64 @@ class CheckpointCore:
         reply = yield Call(S.RENEW, keys.as_list(), args)
         return int(reply[1]) if reply[0] == Reply.DONE else None
 
+    @staticmethod
+    def _reason(reason: object) -> str:
+        """A failure reason as release.lua stores it: '' for none, else at most MAX_REASON_BYTES of UTF-8.
+
+        Too long a reason is cut, not refused: a release must never fail for its message.
+        """
+        if reason is None:
+            return ""
+        if not isinstance(reason, str):
+            raise InvalidArgument(f"reason must be a str or None, got {type(reason).__name__}")
+        raw = reason.encode("utf-8", "replace")
+        if len(raw) > MAX_REASON_BYTES:
+            reason = raw[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+        # An empty reason would read as "no failure" (release.lua gives the attempt back).
+        return reason if reason else "failed (no reason given)"
+
+    def release(
+        self, task_id: str, *, token: str, expected_revision: int, after_ms: int, reason: str | None = None
+    ) -> Op[str | None]:
+        """Give the claimed cycle up (release.lua): ``"released"``, ``"parked"``, or None when not ours any more.
+
+        With ``reason`` the attempt is recorded as failed (and parks the task if it was attempt
+        ``max_attempts``); without, it is given back (a shutdown is no failure).
+        """
+        tid, keys = self._task(task_id)
+        args = [self._token(token), self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
+        reply = yield Call(S.RELEASE, keys.with_parked(), [*args, self.max_attempts])
+        code = reply[0]
+        if code in (Reply.DONE, Reply.DONE_BEFORE):
+            return "released"
+        if code == Reply.PARKED:
+            self.history.drop(tid)
+            return "parked"
+        return None
+
+    def requeue(self, task_id: str) -> Op[None]:
+        """Make a parked task runnable again at its cycle (requeue.lua), its attempts counted from 0.
+
+        Raises TaskNotFound (no such task) or NotParked (nothing to do); nothing is written then.
+        A re-send after a lost reply is recognised by its nonce and succeeds.
+        """
+        tid, keys = self._task(task_id)
+        reply = yield Call(S.REQUEUE, keys.with_parked(), [new_nonce()])
+        code = reply[0]
+        if code in (Reply.DONE, Reply.DONE_BEFORE):
+            return None
+        if code == Reply.REFUSED:
+            raise TaskNotFound(f"no task {tid!r} in namespace {self.keys.namespace!r}", task_id=tid)
+        if code == Reply.NOT_PARKED:
+            status = _s(reply[1])
+            raise NotParked(f"task {tid!r} is not parked (status {status}): nothing to requeue", task_id=tid,
+                            status=status)  # fmt: skip
+        raise CorruptState(f"unexpected requeue reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)
+
+    def list_parked(self) -> Op[builtins.list[str]]:
+        """Every parked task id, from the per-shard parked indexes, paged (never KEYS or SCAN)."""
+        return (yield from list_indexes([self.keys.shard_parked(s) for s in range(SHARDS)]))
+
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> Op[bool]:
         tid, keys = self._task(task_id)
         expected = self._revision(expected_revision)
@@ -875,7 +970,7 @@ class CheckpointCore:
 
     def delete(self, task_id: str) -> Op[None]:
         tid, keys = self._task(task_id)
-        yield Call(S.DELETE, keys.as_list(), [])
+        yield Call(S.DELETE, keys.with_parked(), [])
         self.history.drop(tid)
 
     #: Tasks per summary.lua call (one call per shard and chunk, all in one pipeline).

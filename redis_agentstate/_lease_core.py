@@ -33,6 +33,7 @@ __all__ = [
     "SYSTEM_CLOCK",
     "WAIT",
     "Clock",
+    "failure_reason",
     "LeaseBase",
     "LeaseState",
     "LeaseTiming",
@@ -72,6 +73,26 @@ class Clock:
 
 
 SYSTEM_CLOCK = Clock()
+
+
+#: How much of an exception's message a failure reason keeps: enough to recognise it, not a log.
+FAILURE_REASON_CHARS = 500
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``"<type>: <message>"`` of ``exc``, cut to FAILURE_REASON_CHARS: the reason a failed attempt records."""
+    kind = type(exc).__qualname__
+    module = type(exc).__module__
+    if module not in ("builtins", "__main__"):
+        kind = f"{module}.{kind}"
+    try:
+        text = str(exc)
+    except Exception:  # a __str__ that raises must not turn a release into a crash
+        text = "<unprintable>"
+    reason = f"{kind}: {text}" if text else kind
+    if len(reason) > FAILURE_REASON_CHARS:
+        reason = reason[: FAILURE_REASON_CHARS - 3] + "..."
+    return reason
 
 
 def new_token() -> str:
@@ -260,6 +281,9 @@ class LeaseBase(Generic[S]):
         self._checkpoint: Checkpoint | None = None
         self._sent_at = 0.0
         self._lock = threading.Lock()
+        self._parked = False
+        #: The failure that ended the ``with`` block, released with the claim (``close``).
+        self._exit_reason: str | None = None
 
     # ---- what the work sees -------------------------------------------------
 
@@ -292,6 +316,11 @@ class LeaseBase(Generic[S]):
     @property
     def lost_reason(self) -> str | None:
         return None if self._state is None else self._state.loss_reason(self._clock.now())
+
+    @property
+    def parked(self) -> bool:
+        """True once :meth:`release` with a reason parked the task (it was attempt ``max_attempts``)."""
+        return self._parked
 
     @property
     def ended(self) -> str | None:
@@ -463,16 +492,19 @@ class LeaseBase(Generic[S]):
         log.warning("%s", self._describe(f"renewal could not reach Redis, retrying: {exc}"))
         return True
 
-    def _release_args(self, after_ms: int) -> dict[str, Any]:
+    def _release_args(self, after_ms: int, reason: str | None) -> dict[str, Any]:
         after_ms = check_int(after_ms, "after_ms", 1, MAX_LEASE_MS)
-        return {"token": self.token, "expected_revision": self.revision, "lease_ms": after_ms}
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidArgument(f"reason must be a str or None, got {type(reason).__name__}")
+        return {"token": self.token, "expected_revision": self.revision, "after_ms": after_ms, "reason": reason}
 
-    def _begin_release(self, after_ms: int) -> dict[str, Any] | None:
-        """End the lease as released; the ``renew_until`` arguments that give the cycle up, or None if it had ended."""
+    def _begin_release(self, after_ms: int, reason: str | None = None) -> dict[str, Any] | None:
+        """End the lease as released; the store ``_release`` arguments that give the cycle up, or None if it had
+        ended."""
         state = self._require()
         if state.ended is not None:
             return None
-        args = self._release_args(after_ms)
+        args = self._release_args(after_ms, reason)
         with self._lock:
             state.end("released")  # the keeper sends no further renewal
         return args
@@ -502,6 +534,21 @@ class LeaseBase(Generic[S]):
         """``(token, lease_ms)`` for ``claim_next``: the knobs are validated before anything is sent."""
         timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
         return (token if token is not None else new_token()), timing.lease_ms
+
+    def _released(self, outcome: str | None) -> bool:
+        """Record what the store's release answered; True if the cycle was given up (parked included)."""
+        if outcome == "parked":
+            self._parked = True
+            log.error("%s", self._describe("task parked: this was its last attempt (max_attempts)"))
+        return outcome is not None
+
+    def _exiting(self, exc: BaseException | None) -> None:
+        """The ``with`` body ended with ``exc``: an Exception is the attempt's failure, released with the claim.
+
+        Anything else (KeyboardInterrupt, SystemExit, a cancelled task) is a shutdown, not a failure.
+        """
+        if isinstance(exc, Exception) and not isinstance(exc, LeaseLost):
+            self._exit_reason = failure_reason(exc)
 
     def _should_release(self) -> bool:
         state = self._state

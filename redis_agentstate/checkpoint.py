@@ -40,8 +40,11 @@ class _Checkpoints(StoreShell[CheckpointCore]):
         retry: RetryPolicy | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        max_attempts: int | None = None,
     ) -> None:
-        core = CheckpointCore(namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache)
+        core = CheckpointCore(
+            namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache, max_attempts=max_attempts
+        )
         super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
         self._waker: Any = None
 
@@ -63,6 +66,20 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
     docs/durability.md).
+
+    ``max_attempts=n`` parks a poison task: the claim that would be attempt
+    n + 1 at one cycle (n claims ended without a commit: their leases lapsed,
+    SIGKILLed workers included, or they were released with a reason), or the
+    release with a reason of attempt n, parks the task instead, in the same
+    script. A parked task is not runnable (``claim_next`` skips it, ``claim``
+    raises ``TaskParked``), keeps its status, attempts and last failure, is
+    listed by ``list_parked`` (``agentstate list --parked``) and runs again
+    after ``requeue``. The default is None (off): parking holds work back
+    until an operator acts, which only the application can decide is right
+    (a task failing on a dependency's outage should be retried, not parked),
+    and the library's behaviour before attempts were counted is kept. The
+    limit travels with each claim and release, so every store of a fleet
+    should use the same value.
     """
 
     def create(self, cp: Checkpoint) -> bool:
@@ -175,6 +192,29 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Remove the task whatever its state."""
         self._run(self._core.delete(task_id))
 
+    def release(
+        self, task_id: str, *, token: str, expected_revision: int, after_ms: int = 1, reason: str | None = None
+    ) -> bool:
+        """Give a claimed cycle up: claimable again after ``after_ms``; False if the claim is not ours any more.
+
+        ``reason`` records the attempt as failed (kept as ``last_failure``; it parks the task when it
+        was attempt ``max_attempts``); without one the attempt is given back (a shutdown is no failure).
+        """
+        return self._release(task_id, token=token, expected_revision=expected_revision, after_ms=after_ms,
+                             reason=reason) is not None  # fmt: skip
+
+    def _release(self, task_id: str, **kw: Any) -> str | None:
+        """``release``: ``"released"``, ``"parked"`` or None (``CheckpointCore.release``)."""
+        return self._run(self._core.release(task_id, **kw))
+
+    def requeue(self, task_id: str) -> None:
+        """Make a parked task runnable again at its cycle, attempts from 0 (``TaskNotFound``, ``NotParked``)."""
+        self._run(self._core.requeue(task_id))
+
+    def list_parked(self) -> list[str]:
+        """Every parked task id of the namespace, sorted."""
+        return self._run(self._core.list_parked())
+
     def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
         """Server time and a summary row per task, for the CLI (``CheckpointCore.summaries``)."""
         return self._run(self._core.summaries(task_ids))
@@ -283,6 +323,25 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def delete(self, task_id: str) -> None:
         """Remove the task whatever its state."""
         await self._run(self._core.delete(task_id))
+
+    async def release(
+        self, task_id: str, *, token: str, expected_revision: int, after_ms: int = 1, reason: str | None = None
+    ) -> bool:
+        """Give a claimed cycle up (see :meth:`CheckpointStore.release`)."""
+        return await self._release(task_id, token=token, expected_revision=expected_revision, after_ms=after_ms,
+                                   reason=reason) is not None  # fmt: skip
+
+    async def _release(self, task_id: str, **kw: Any) -> str | None:
+        """``release``: ``"released"``, ``"parked"`` or None (``CheckpointCore.release``)."""
+        return await self._run(self._core.release(task_id, **kw))
+
+    async def requeue(self, task_id: str) -> None:
+        """Make a parked task runnable again (see :meth:`CheckpointStore.requeue`)."""
+        await self._run(self._core.requeue(task_id))
+
+    async def list_parked(self) -> list[str]:
+        """Every parked task id of the namespace, sorted."""
+        return await self._run(self._core.list_parked())
 
     async def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
         """Server time and a summary row per task, for operator tooling (``CheckpointCore.summaries``)."""

@@ -4,6 +4,8 @@
 
     agentstate demo                      # a fleet on a private Redis: crash, freeze, takeover, fencing
     agentstate list                      # tasks: status, cycle, revision, claim
+    agentstate list --parked             # parked (poison) tasks: attempts and last failure
+    agentstate requeue TASK              # a parked task runs again
     agentstate show TASK                 # one checkpoint
     agentstate watch POOL [--from N]     # a pool's record log, then a live tail
     agentstate stats                     # tasks by status, live/expired leases, pool sizes
@@ -177,6 +179,8 @@ def _store(args: argparse.Namespace) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
+    if args.parked:
+        return _list_parked(args, store)
     ids = store.list()
     hidden = 0
     if args.limit is not None and len(ids) > args.limit:
@@ -194,6 +198,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'TASK'.ljust(width)}  {'STATUS':<24}  {'CYCLE':>6}  {'REV':>6}  CLAIM")
     for tid, r in zip(ids_shown, rows, strict=True):
         status = esc(r["status"]) + (" (terminal)" if r["terminal"] and r["status"] == "running" else "")
+        status += " (parked)" if r.get("parked") else ""
         claim = ""
         if r["claim_token"]:
             ms = r["lease_remaining_ms"] or 0
@@ -208,6 +213,57 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_parked(args: argparse.Namespace, store: Any) -> int:
+    """``list --parked``: the parked tasks (from the shards' parked indexes, paged), attempts and last failure."""
+    ids = store.list_parked()
+    hidden = 0
+    if args.limit is not None and len(ids) > args.limit:
+        hidden = len(ids) - args.limit
+        ids = ids[: args.limit]
+    _, rows = task_rows(store, ids)
+    # A task requeued, finalized or deleted since it was listed is not parked any more.
+    rows = [r for r in rows if r["parked"] or r["status"] == "corrupt"]
+    if args.json:
+        print(_dump(rows))
+        return 0
+    if not rows:
+        print(f"no parked tasks in namespace {esc(repr(store.namespace))}")
+        return 0
+    ids_shown = [esc(r["task_id"]) for r in rows]
+    width = max(4, *(len(t) for t in ids_shown))
+    print(f"{'TASK'.ljust(width)}  {'STATUS':<10}  {'AT CYCLE':>8}  {'ATTEMPTS':>8}  LAST FAILURE")
+    for tid, r in zip(ids_shown, rows, strict=True):
+        if r["status"] == "corrupt":
+            print(f"{tid.ljust(width)}  {'corrupt':<10}  {'?':>8}  {'?':>8}  not data redis_agentstate wrote: "
+                  f"{esc(r['corrupt'])}")  # fmt: skip
+            continue
+        # AT CYCLE: the cycle whose attempts failed, the one after the last committed (list's CYCLE).
+        why = esc(r["last_failure"] or "(none recorded)")
+        print(f"{tid.ljust(width)}  {esc(r['status']):<10}  {r['cycle_index'] + 1:>8}  {r['attempts']:>8}  {why}")
+    if hidden:
+        print(f"... and {hidden} more parked task(s) (--limit {args.limit}; raise or drop --limit to list them)")
+    print("(`agentstate requeue TASK` runs one again)")
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """``requeue TASK``: a parked task becomes runnable again, its attempts counted from 0."""
+    store = _store(args)
+    _, rows = task_rows(store, [args.task])
+    store.requeue(args.task)  # TaskNotFound / NotParked: exit status 1, one line
+    row = rows[0] if rows else {}
+    data = {"task_id": args.task, "requeued": True, "attempts": row.get("attempts"),
+            "last_failure": row.get("last_failure")}  # fmt: skip
+    if args.json:
+        print(_dump(data))
+        return 0
+    why = esc(data["last_failure"] or "(none recorded)")
+    cycle = (row.get("cycle_index") or 0) + 1
+    print(f"requeued {esc(args.task)}: runnable again at cycle {cycle} (it had {data['attempts']} attempt(s); "
+          f"last failure: {why})")  # fmt: skip
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
     cp = store.load(args.task)
@@ -217,7 +273,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(_dump(cp))
         return 0
     fields = ["task_id", "status", "cycle_index", "revision", "claim_token", "claimed_cycle",
-              "lease_expires_at_ms", "terminal_result", "budget_usage", "shared_state"]  # fmt: skip
+              "lease_expires_at_ms", "terminal_result", "budget_usage", "shared_state",
+              "attempts", "parked", "last_failure"]  # fmt: skip
     for name in fields:
         print(f"{name:>20}: {esc(_dump(getattr(cp, name)))}")
     print(f"{'cycles':>20}: {len(cp.cycles)} record(s)")
@@ -275,7 +332,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     by_status = Counter(r["status"] for r in rows)
     live = sum(1 for r in rows if r["lease_state"] == "live")
     expired = sum(1 for r in rows if r["lease_state"] == "expired")
-    claimable = sum(1 for r in rows if r["status"] == "running" and not r["terminal"] and r["lease_state"] != "live")
+    parked = sum(1 for r in rows if r.get("parked"))
+    claimable = sum(
+        1
+        for r in rows
+        if r["status"] == "running" and not r["terminal"] and r["lease_state"] != "live" and not r.get("parked")
+    )
     pools: dict[str, dict[str, int]] = {}
     corrupt_pools: dict[str, str] = {}
     try:
@@ -293,6 +355,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "claimable_now": claimable,
         "live_leases": live,
         "expired_leases": expired,
+        "parked": parked,
         "pools": pools,
         "corrupt_tasks": {r["task_id"]: r["corrupt"] for r in rows if r["status"] == "corrupt"},
         "corrupt_pools": corrupt_pools,
@@ -306,6 +369,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"  claimable now            {claimable}")
     print(f"  live leases              {live}")
     print(f"  expired leases           {expired}   (claimable by the next worker)")
+    print(f"  parked                   {parked}   (poison tasks: `agentstate list --parked`)")
     for what, bad in (("task", data["corrupt_tasks"]), ("pool", corrupt_pools)):
         for ident, reason in bad.items():
             print(f"  corrupt {what} {esc(ident)}: {esc(reason)}")
@@ -399,7 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", parents=[common], help="list tasks with status, cycle, revision and claim")
     lst.add_argument("--limit", type=_positive, default=None, metavar="N",
                      help="list at most N tasks (in id order) and say how many more there are")  # fmt: skip
+    lst.add_argument("--parked", action="store_true",
+                     help="only the parked (poison) tasks, with their attempts and last failure")  # fmt: skip
     lst.set_defaults(func=cmd_list)
+
+    requeue = sub.add_parser("requeue", parents=[common], help="make a parked (poison) task runnable again")
+    requeue.add_argument("task")
+    requeue.set_defaults(func=cmd_requeue)
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")

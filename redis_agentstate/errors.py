@@ -9,7 +9,10 @@ Every exception the library raises on purpose derives from one root::
     │   ├── CheckpointTerminal   it has a terminal result or a terminal status
     │   ├── NotRunnable          its status is not ``running``
     │   ├── CycleConflict        it is at another cycle than the claim expects
-    │   └── AlreadyClaimed       another token holds a live lease on it
+    │   ├── AlreadyClaimed       another token holds a live lease on it
+    │   └── TaskParked           it is parked: too many attempts at its cycle failed
+    ├── TaskNotFound             no such task (requeue)
+    ├── NotParked                the task is not parked (requeue)
     ├── LeaseLost                a lease keeper could not keep its lease
     ├── ThreadBusy               another writer holds the LangGraph thread's lease
     ├── CursorExpired            retention trimmed the log past a watch cursor
@@ -41,8 +44,11 @@ __all__ = [
     "InvalidArgument",
     "LeaseLost",
     "NotAMember",
+    "NotParked",
     "NotRunnable",
     "PoolNotOpen",
+    "TaskNotFound",
+    "TaskParked",
     "ThreadBusy",
     "ReplicationUnsafe",
     "WriteNotReplicated",
@@ -117,6 +123,28 @@ class AlreadyClaimed(ClaimRejected):
     ) -> None:
         super().__init__(message, task_id=task_id)
         self.lease_expires_at_ms = lease_expires_at_ms
+
+
+class TaskParked(ClaimRejected):
+    """The task is parked (a poison task): ``attempts`` claims of its cycle ended without a commit;
+    ``reason`` is the last failure. ``store.requeue(task_id)`` makes it runnable again."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, attempts: int = 0, reason: str = "") -> None:
+        super().__init__(message, task_id=task_id)
+        self.attempts = attempts
+        self.reason = reason
+
+
+class TaskNotFound(AgentStateError):
+    """There is no such task; nothing was written."""
+
+
+class NotParked(AgentStateError):
+    """The task is not parked (``status`` is its status); nothing was written."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, status: str | None = None) -> None:
+        super().__init__(message, task_id=task_id)
+        self.status = status
 
 
 class LeaseLost(AgentStateError):

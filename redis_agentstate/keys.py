@@ -8,6 +8,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:tomb:<task_id>     string the write ring of an acknowledged task (TTL; see _common.lua)
     ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
+    ns:{ns#SS}:parked             zset   parked (poison) task ids of shard SS (score 0, lex order)
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
     ns:{ns#SS}:due                channel (sharded pub/sub, not a key): "a task of shard SS is due"
                                   (_common.lua's notify_due publishes, _waker.py listens)
@@ -53,7 +54,7 @@ outside the shard tags, so not matched by ``pattern()``)::
     ns:demo:ready                 hash   worker id -> pid, once the worker started
 
 ``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
-task id, so that the shard's indexes (``tasks``, ``ready``) share the slot of
+task id, so that the shard's indexes (``tasks``, ``ready``, ``parked``) share the slot of
 every task in it: each script then updates state and index atomically, on a
 single node or on Redis Cluster (where a script may only touch one slot).
 ``SHARDS`` spreads a namespace over 64 slots, enough for clusters of dozens of
@@ -93,7 +94,7 @@ MAX_NAMESPACE_CHARS = 128
 #: The Redis type the library keeps under each kind of key (the segment after the shard tag).
 KEY_TYPES = {
     "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string",
-    "tasks": "zset", "ready": "zset", "gen": "string",
+    "tasks": "zset", "ready": "zset", "gen": "string", "parked": "zset",
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
     "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
@@ -154,9 +155,14 @@ class TaskKeys:
     tasks: str
     gen: str
     tomb: str
+    parked: str
 
     def as_list(self) -> list[str]:
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb]
+
+    def with_parked(self) -> list[str]:
+        """``as_list()`` and the shard's parked index: the KEYS of the scripts that park or unpark."""
+        return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb, self.parked]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +230,9 @@ class Keys:
         """The sharded pub/sub channel that announces work due in shard ``shard`` (same slot as its keys)."""
         return self._shard_prefixes[shard] + "due"
 
+    def shard_parked(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "parked"
+
     def task(self, task_id: str) -> TaskKeys:
         p = self._shard_prefixes[self.shard_of(task_id)]
         return TaskKeys(
@@ -234,6 +243,7 @@ class Keys:
             tasks=p + "tasks",
             gen=p + "gen",
             tomb=p + "tomb:" + task_id,
+            parked=p + "parked",
         )
 
     def pool(self, pool_id: str) -> PoolKeys:

@@ -201,7 +201,8 @@ class Lease(LeaseBase["CheckpointStore"]):
             self._thread.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self._exiting(exc)
         self.close()
 
     def close(self) -> None:
@@ -211,7 +212,7 @@ class Lease(LeaseBase["CheckpointStore"]):
         try:
             if self._should_release():
                 try:
-                    self.release()
+                    self.release(reason=self._exit_reason)
                 except Exception:
                     log.exception("%s", self._describe("release on exit failed; the lease will expire"))
         finally:
@@ -282,16 +283,23 @@ class Lease(LeaseBase["CheckpointStore"]):
         lease._adopt(nxt, sent)
         return lease
 
-    def release(self, *, after_ms: int = 1) -> bool:
-        """Give the cycle up: it becomes claimable again after ``after_ms``. False if it was not ours any more."""
-        args = self._begin_release(after_ms)
+    def release(self, *, after_ms: int = 1, reason: str | None = None) -> bool:
+        """Give the cycle up: it becomes claimable again after ``after_ms``. False if it was not ours any more.
+
+        ``reason`` (e.g. the handler's exception, ``"ValueError: ..."``) records the attempt as
+        failed: it is the task's ``last_failure``, and with the store's ``max_attempts`` the
+        release of the last attempt parks the task (:attr:`parked`). Without a reason the attempt
+        is given back (a shutdown is no failure). Leaving the ``with`` block on an exception
+        releases with that exception as the reason.
+        """
+        args = self._begin_release(after_ms, reason)
         if args is None:
             return False
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             # A renewal in flight lands first (it takes at most what was left of the deadline).
             self._thread.join(timeout=self._require().time_left(self._clock.now()))
-        return self._store.renew_until(self.task_id, **args) is not None
+        return self._released(self._store._release(self.task_id, **args))
 
     def _keep(self) -> None:
         state = self._require()
@@ -394,6 +402,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._work = None  # from here on, a loss cancels nothing
+        self._exiting(exc)
         await exit_after_cancel(
             self.close,
             exc,
@@ -412,7 +421,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         try:
             if self._should_release():
                 try:
-                    await self.release()
+                    await self.release(reason=self._exit_reason)
                 except Exception:
                     log.exception("%s", self._describe("release on exit failed; the lease will expire"))
         finally:
@@ -478,13 +487,13 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         lease._adopt(nxt, sent)
         return lease
 
-    async def release(self, *, after_ms: int = 1) -> bool:
-        """Give the cycle up: claimable again after ``after_ms``. False if it was not ours any more."""
-        args = self._begin_release(after_ms)
+    async def release(self, *, after_ms: int = 1, reason: str | None = None) -> bool:
+        """Give the cycle up: claimable again after ``after_ms`` (``reason``: see :meth:`Lease.release`)."""
+        args = self._begin_release(after_ms, reason)
         if args is None:
             return False
         await self._stop_keeper()  # a renewal in flight lands first
-        return await self._store.renew_until(self.task_id, **args) is not None
+        return self._released(await self._store._release(self.task_id, **args))
 
     async def _keep(self) -> None:
         state = self._require()

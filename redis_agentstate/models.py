@@ -44,6 +44,14 @@ class Checkpoint:
     never reaches anyone's commit. Append to them; never edit, reorder or
     remove entries in place, do not pass a commit lists you also use
     elsewhere, and do not append to a list after committing it.
+
+    The last three fields are read-only information the store keeps (writes
+    ignore them): ``attempts``, the claims of the current cycle so far (the
+    one a claim returns included; a commit resets it); ``parked``, True when
+    the task was parked as a poison task after ``max_attempts`` attempts
+    (``CheckpointStore(max_attempts=...)``; ``requeue`` clears it);
+    ``last_failure``, the last recorded failure of the current cycle (a
+    released attempt's reason, or a lapsed lease), None when there is none.
     """
 
     task_id: str
@@ -58,6 +66,9 @@ class Checkpoint:
     lease_expires_at_ms: int | None = None
     terminal_result: Any = None
     budget_usage: Any = None
+    attempts: int = 0
+    parked: bool = False
+    last_failure: str | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -20,8 +20,15 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
   worker goes straight on with the task, up to ``max_consecutive_cycles``
   cycles in a row (default 8, see :class:`Runner`); then the commit is a plain
   one and the worker takes the longest-waiting task from ``claim_next``.
-* Raising fails the cycle: it is logged with its traceback and released, to
-  be claimed again (by any worker) after ``failure_delay_ms``.
+* Raising fails the cycle: it is logged with its traceback and released with
+  the exception (type and message, cut to 500 characters) as the attempt's
+  failure reason, to be claimed again (by any worker) after a delay that backs
+  off exponentially with the task's attempts at that cycle: between
+  ``failure_delay_ms`` and twice that after the first, doubling after each
+  further one, up to ``failure_delay_max_ms`` (at the cap, between half of it
+  and all of it): jittered, and never sooner than ``failure_delay_ms``. With the store's
+  ``max_attempts``, the task is parked after its last attempt fails, whether
+  the handler raised or the worker died (its lease lapsing counts too).
 * A long handler should call ``current_lease().check()`` between steps: it
   raises :class:`~redis_agentstate.errors.LeaseLost` as soon as the lease is
   lost. On asyncio, losing the lease cancels the handler by itself.
@@ -50,6 +57,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._lease_core import failure_reason
 from ._validate import check_int
 from .errors import AgentStateError, InvalidArgument, LeaseLost
 from .lease import DEFAULT_LEASE_MS, AsyncLease, Lease, LeaseTiming
@@ -72,6 +80,9 @@ __all__ = ["DEFAULT_MAX_CONSECUTIVE_CYCLES", "AsyncRunner", "Runner", "RunnerSta
 #: instead of one. With nothing else due, a streak ends at the cap and the task is claimed again
 #: at once through ``claim_next``, so the cap costs an idle fleet one claim_next per 8 cycles.
 DEFAULT_MAX_CONSECUTIVE_CYCLES = 8
+#: The cap of the retry delay after failed attempts (unless ``failure_delay_ms`` is longer): a
+#: minute keeps a task that failed on a passing outage from waiting long after it ended.
+DEFAULT_FAILURE_DELAY_MAX_MS = 60_000
 
 log = logging.getLogger("redis_agentstate.runner")
 
@@ -102,6 +113,8 @@ class RunnerStats:
     claim_errors: int = 0
     #: Cycles claimed together with the previous cycle's commit (``commit_and_claim``).
     continued: int = 0
+    #: Tasks this runner parked: their failed cycle was the last attempt (the store's ``max_attempts``).
+    parked: int = 0
 
 
 Outcome = StepResult | Checkpoint
@@ -152,6 +165,7 @@ class _RunnerBase(Generic[S, H]):
         idle_min_ms: int = 50,
         idle_max_ms: int = 2_000,
         failure_delay_ms: int = 1_000,
+        failure_delay_max_ms: int | None = None,
         max_consecutive_cycles: int = DEFAULT_MAX_CONSECUTIVE_CYCLES,
         worker_id: str | None = None,
         handle_signals: bool = True,
@@ -168,6 +182,11 @@ class _RunnerBase(Generic[S, H]):
         self.idle_min_ms = check_int(idle_min_ms, "idle_min_ms", 1, 3_600_000)
         self.idle_max_ms = check_int(idle_max_ms, "idle_max_ms", idle_min_ms, 3_600_000)
         self.failure_delay_ms = check_int(failure_delay_ms, "failure_delay_ms", 1, 3_600_000)
+        if failure_delay_max_ms is None:
+            failure_delay_max_ms = max(self.failure_delay_ms, DEFAULT_FAILURE_DELAY_MAX_MS)
+        self.failure_delay_max_ms = check_int(
+            failure_delay_max_ms, "failure_delay_max_ms", self.failure_delay_ms, 3_600_000
+        )
         self.max_consecutive_cycles = check_int(max_consecutive_cycles, "max_consecutive_cycles", 1, 1_000_000)
         self.worker_id = worker_id or default_worker_id()
         self.handle_signals = handle_signals
@@ -251,9 +270,31 @@ class _RunnerBase(Generic[S, H]):
         clog.info("claimed (lease %d ms)", self.timing.lease_ms)
         return clog
 
-    def _handler_failed(self, clog: CycleLog, exc: BaseException) -> None:
+    def _failure_delay_ms(self, attempts: int) -> int:
+        """The retry delay after failed attempt ``attempts`` (1 = the first): exponential, capped, jittered.
+
+        A random value between ``failure_delay_ms * 2 ** (attempts - 1)`` and twice that, both
+        capped at ``failure_delay_max_ms`` (at the cap: between half of it and all of it).
+        Failures of many tasks at once (a dependency's outage) do not come back in lockstep, and
+        no retry comes sooner than ``failure_delay_ms``: it is the floor a user sets.
+        """
+        ceiling = min(self.failure_delay_max_ms, self.failure_delay_ms * 2 ** min(max(attempts, 1), 40))
+        floor = max(self.failure_delay_ms, ceiling / 2)
+        return max(1, int(random.uniform(floor, ceiling)))
+
+    def _handler_failed(self, clog: CycleLog, lease: Lease | AsyncLease, exc: BaseException) -> tuple[int, str]:
+        """Count and log a failed cycle; ``(after_ms, reason)`` for its release."""
         self._count("failed")
-        clog.error("handler failed; releasing the cycle for retry in %d ms", self.failure_delay_ms, exc_info=exc)
+        attempts = lease.checkpoint.attempts
+        delay = self._failure_delay_ms(attempts)
+        clog.error("handler failed (attempt %d); releasing the cycle for retry in %d ms", attempts, delay, exc_info=exc)
+        return delay, failure_reason(exc)
+
+    def _released(self, clog: CycleLog, lease: Lease | AsyncLease) -> None:
+        if lease.parked:
+            self._count("parked")
+            clog.error("task parked after %d attempt(s) at this cycle; `agentstate requeue` runs it again",
+                       lease.checkpoint.attempts)  # fmt: skip
 
     def _written(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint, done: bool) -> None:
         self._count("finalized" if done else "committed")
@@ -296,7 +337,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
     after each successful commit or finalize. ``max_consecutive_cycles``: how many
     cycles of one task a worker runs in a row before it goes back to
     ``claim_next`` (``DEFAULT_MAX_CONSECUTIVE_CYCLES`` says why 8; 1 turns
-    continuing off).
+    continuing off). ``failure_delay_ms`` / ``failure_delay_max_ms``: the retry delay after a
+    failed cycle, doubling with the task's attempts at that cycle up to the cap (default
+    ``DEFAULT_FAILURE_DELAY_MAX_MS``, or ``failure_delay_ms`` if longer), jittered.
     """
 
     def __init__(self, store: CheckpointStore, handler: Handler, **options: Any) -> None:
@@ -385,9 +428,10 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 self._lost(clog, lease, cp, exc)
                 return None
             except Exception as exc:
-                self._handler_failed(clog, exc)
+                after_ms, reason = self._handler_failed(clog, lease, exc)
                 with contextlib.suppress(AgentStateError):
-                    lease.release(after_ms=self.failure_delay_ms)
+                    lease.release(after_ms=after_ms, reason=reason)
+                self._released(clog, lease)
                 return None
             finally:
                 _current.reset(reset)
@@ -402,9 +446,10 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 self._lost(clog, lease, cp, exc)
                 return None
             except AgentStateError as exc:
-                self._handler_failed(clog, exc)
+                after_ms, reason = self._handler_failed(clog, lease, exc)
                 with contextlib.suppress(AgentStateError):
-                    lease.release(after_ms=self.failure_delay_ms)
+                    lease.release(after_ms=after_ms, reason=reason)
+                self._released(clog, lease)
                 return None
             self._written(clog, lease, cp, done)
         if nxt is not None:
@@ -511,9 +556,10 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 except LeaseLost:
                     raise
                 except Exception as exc:
-                    self._handler_failed(clog, exc)
+                    after_ms, reason = self._handler_failed(clog, lease, exc)
                     with contextlib.suppress(AgentStateError):
-                        await lease.release(after_ms=self.failure_delay_ms)
+                        await lease.release(after_ms=after_ms, reason=reason)
+                    self._released(clog, lease)
                     return None
                 finally:
                     _current.reset(reset)
@@ -529,9 +575,10 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 except LeaseLost:
                     raise
                 except AgentStateError as exc:
-                    self._handler_failed(clog, exc)
+                    after_ms, reason = self._handler_failed(clog, lease, exc)
                     with contextlib.suppress(AgentStateError):
-                        await lease.release(after_ms=self.failure_delay_ms)
+                        await lease.release(after_ms=after_ms, reason=reason)
+                    self._released(clog, lease)
                     return None
                 self._written(clog, lease, cp, done)
         except LeaseLost as exc:

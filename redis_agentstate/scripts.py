@@ -42,7 +42,9 @@ __all__ = [
     "PRELUDES",
     "PoolReply",
     "READS",
+    "RELEASE",
     "RENEW",
+    "REQUEUE",
     "SAVE",
     "SUMMARY",
     "Reply",
@@ -64,10 +66,12 @@ FINALIZE = "finalize"
 ACKNOWLEDGE_TERMINAL = "acknowledge_terminal"
 DELETE = "delete"
 SUMMARY = "summary"
+RELEASE = "release"
+REQUEUE = "requeue"
 
 CHECKPOINT_SCRIPTS = (
     CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
-    DELETE, SUMMARY,
+    DELETE, SUMMARY, RELEASE, REQUEUE,
 )  # fmt: skip
 
 KV_SET = "kv_set"
@@ -120,6 +124,7 @@ LG_SCRIPTS = (
 #: ``_ops.Command``) are reads only: every write is a script.
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
+    RELEASE, REQUEUE,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
@@ -139,7 +144,13 @@ PRELUDES: dict[str, tuple[str, ...]] = {
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),
 #: in the order ``read_checkpoint`` returns them. Besides these the hash holds
 #: 'applied' (the write ring, see ``_common.lua``), which is never returned.
-HASH_FIELDS = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch")
+#: The last four are the attempts at the current cycle, the parked flag, the last
+#: failure and the revision of the claim whose release recorded it (see the
+#: attempts note in ``_common.lua``); data written before they existed lacks them.
+HASH_FIELDS = (
+    "status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch",
+    "att", "parked", "why", "failrev",
+)  # fmt: skip
 
 
 class Reply(enum.IntEnum):
@@ -168,6 +179,10 @@ class Reply(enum.IntEnum):
     SHRINK = -6
     #: The revision is too high for a claim's commit to be stored.
     REVISION_EXHAUSTED = -7
+    #: The task is parked (a poison task: too many attempts at its cycle), or was parked now.
+    PARKED = -8
+    #: requeue: the task is not parked.
+    NOT_PARKED = -9
 
 
 class PoolReply(enum.IntEnum):

@@ -7,7 +7,10 @@ it; ``CHAOS_SEED`` picks the schedule, default 5):
 * a ``FaultProxy`` in front of it; 8 worker processes (``faults/chaos_worker``)
   run the ``Runner`` through the proxy, one of them with its wall clock
   skewed by +3 hours;
-* 64 long tasks and 16 short ones (these finalize after 4 cycles);
+* 64 long tasks and 16 short ones (these finalize after 4 cycles), and 4
+  poison tasks under the stores' ``max_attempts=4``: on two the handler
+  raises, on two it SIGKILLs its own worker (respawned by the nemesis loop);
+  all four must end parked after exactly 4 attempts, and no other task;
 * every 0.6-1.5 s the nemesis does one of: SIGKILL a worker and respawn it;
   SIGSTOP a worker for 1.5-3x its lease, then SIGCONT; reset every proxied
   connection; blackhole the proxy; delay it; lose the reply of the next
@@ -58,6 +61,8 @@ WORKERS = 8
 SKEWED_WORKER = 7
 SKEW_S = 3 * 3600.0
 ZOMBIE_WORKER = 6
+MAX_ATTEMPTS = 4
+POISON = ["poison-raise-0", "poison-raise-1", "poison-kill-0", "poison-kill-1"]
 FAULTS = ("kill_worker", "pause_worker", "proxy_reset", "proxy_blackhole", "proxy_delay", "lose_reply", "redis_restart")
 
 
@@ -120,6 +125,7 @@ class Fleet:
             sys.executable, str(WORKER), "--port", str(self.proxy.port), "--namespace", self.ns,
             "--history", str(self.dir / f"history-{i}.jsonl"), "--worker", f"w{i}.{self.spawns[i]}",
             "--lease-ms", str(LEASE_MS), "--seed", str(i * 1000 + self.spawns[i]),
+            "--max-attempts", str(MAX_ATTEMPTS),
         ]  # fmt: skip
         if i == SKEWED_WORKER:
             args += ["--skew-s", str(SKEW_S)]
@@ -149,6 +155,10 @@ def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
     rng.shuffle(plan)
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(0.6, 1.5))
+        for i, proc in fleet.procs.items():
+            if proc.poll() is not None:  # a worker the poison-kill tasks made kill itself
+                fleet.evidence.setdefault("suicides_rc", []).append(proc.returncode)
+                fleet.spawn(i)
         kind = plan.pop(0) if plan else rng.choice(FAULTS)
         fleet.faults[kind] += 1
         fleet.log(kind)
@@ -212,7 +222,7 @@ def test_chaos_fleet() -> None:
     ok = False
     try:
         store = CheckpointStore(admin, namespace=fleet.ns)
-        tids = [f"long-{i:02d}" for i in range(64)] + [f"short-{i:02d}" for i in range(16)]
+        tids = [f"long-{i:02d}" for i in range(64)] + [f"short-{i:02d}" for i in range(16)] + POISON
         for tid in tids:
             assert store.create(Checkpoint(tid))
         PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
@@ -236,6 +246,7 @@ def test_chaos_fleet() -> None:
         admin.close()
         admin = redis.Redis(port=fleet.server.port, socket_timeout=10)
         final, pool_keys = _final_state(admin, fleet.ns, tids)
+        ops = CheckpointStore(admin, namespace=fleet.ns)
         history = read_histories(sorted(base.glob("history-*.jsonl")))
         report = check(history, final, pool_keys)
         figures = report.figures()
@@ -243,6 +254,7 @@ def test_chaos_fleet() -> None:
             seed=seed, seconds=round(elapsed, 1), workers=WORKERS, faults=dict(fleet.faults),
             proxy=dict(proxy.stats), tasks_finalized=sum(t.terminal for t in final.values()),
             worker_spawns=sum(fleet.spawns.values()),
+            parked={tid: (cp.attempts if (cp := ops.load(tid)) and cp.parked else None) for tid in POISON},
         )  # fmt: skip
         print("\nCHAOS REPORT " + json.dumps(figures, indent=1, sort_keys=True))
         if os.environ.get("CHAOS_REPORT"):
@@ -267,6 +279,19 @@ def test_chaos_fleet() -> None:
         assert figures["tasks_finalized"] >= 8
         last = max(e["t"] for e in history if e.get("op") == "commit" and e["type"] == "ok")
         assert last > t0 + seconds - 1
+        # The poison tasks, and only they, are parked after exactly MAX_ATTEMPTS attempts, whether
+        # the handler raised or killed its worker (then no release ran: the lapsed leases counted).
+        assert ops.list_parked() == sorted(POISON)
+        parked = {tid: ops.load(tid) for tid in POISON}
+        for cp in parked.values():
+            assert cp is not None and cp.parked and cp.attempts == MAX_ATTEMPTS and cp.cycle_index == 0, cp
+            assert cp.last_failure and ("RuntimeError: poison" in cp.last_failure
+                                        or "expired without a commit" in cp.last_failure), cp  # fmt: skip
+        assert all("expired without a commit" in (parked[t].last_failure or "") for t in POISON if "kill" in t)
+        assert any("RuntimeError: poison" in (parked[t].last_failure or "") for t in POISON if "raise" in t)
+        suicides = [e for e in history if e.get("op") == "suicide"]
+        assert len(suicides) >= 2 * (MAX_ATTEMPTS - 1), suicides
+        assert all(rc == -signal.SIGKILL for rc in fleet.evidence.get("suicides_rc", []))
         ok = True
     finally:
         for p in fleet.procs.values():

@@ -211,9 +211,9 @@ def test_lost_race_answers_with_the_new_head(backend: Any, namespace: str) -> No
     store.create(Checkpoint(a))
     time.sleep(0.003)
     store.create(Checkpoint(b))
-    keys = store._core.keys.task(a).as_list()
-    won = store._scripts[S.CLAIM_NEXT](keys=keys, args=["w1", LEASE, b"", 0, 0], client=store.client)
-    lost = store._scripts[S.CLAIM_NEXT](keys=keys, args=["w2", LEASE, b"", 0, 0], client=store.client)
+    keys = store._core.keys.task(a).with_parked()
+    won = store._scripts[S.CLAIM_NEXT](keys=keys, args=["w1", LEASE, b"", 0, 0, 0], client=store.client)
+    lost = store._scripts[S.CLAIM_NEXT](keys=keys, args=["w2", LEASE, b"", 0, 0, 0], client=store.client)
     assert won[0] == 1
     assert lost[0] == 0 and lost[2] == b.encode()
     # ...and claim_next, which follows that answer, gets b.
@@ -247,7 +247,7 @@ def assert_index_matches_state(raw: Any, namespace: str) -> None:
             ready[tid] = score
     assert indexed_tasks == set(states), "tasks index differs from the stored checkpoints"
     for tid, h in states.items():
-        claimable_kind = h["status"] == "running" and h["term"] != "1"
+        claimable_kind = h["status"] == "running" and h["term"] != "1" and h.get("parked") != "1"
         assert (tid in ready) == claimable_kind, f"{tid}: in ready={tid in ready}, state={h}"
         if not claimable_kind:
             continue

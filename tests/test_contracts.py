@@ -36,6 +36,8 @@ LUA = resources.files("redis_agentstate").joinpath("lua")
 TOKEN = "tok-contract"
 NEXT_TOKEN = "tok-contract-next"
 LEASE_MS = 4321
+AFTER_MS = 1234
+REASON = "contract: ValueError: boom"
 STATUS_VALUES = {s.value for s in AgentStatus}
 
 
@@ -163,6 +165,10 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "next_token": lambda v, a, i: v == NEXT_TOKEN,
     "lease_ms": lambda v, a, i: _int(v) == LEASE_MS,
     "tomb_ms": lambda v, a, i: _int(v) == ACK_REMEMBER_MS,
+    "after_ms": lambda v, a, i: _int(v) == AFTER_MS,
+    "reason": lambda v, a, i: v == REASON,
+    # The contract flow's store parks at the first failed attempt.
+    "max_attempts": lambda v, a, i: _int(v) == 1,
     "revision": lambda v, a, i: 1000 <= _int(v) < 1100,
     "expected_revision": lambda v, a, i: 1000 <= _int(v) < 1100,
     "cycle_index": lambda v, a, i: 3 <= _int(v) <= 9,
@@ -239,6 +245,14 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     _, rows = store._summaries(["a", "s", "b"])
     assert [r["task_id"] for r in rows] == ["a", "s"]
     store.delete("a")
+    # A failed attempt released with its reason parks the task (max_attempts=1); requeue runs it again.
+    assert store.create(Checkpoint("p", cycle_index=3, revision=1000, **history))  # type: ignore[arg-type]
+    cp = store.claim("p", 4, token=TOKEN, lease_ms=LEASE_MS)
+    assert cp is not None
+    assert store.release("p", token=TOKEN, expected_revision=cp.revision, after_ms=AFTER_MS, reason=REASON)
+    assert store.list_parked() == ["p"]
+    store.requeue("p")
+    assert store.list_parked() == []
 
 
 def langgraph_contract_flow(client: Any, namespace: str) -> None:
@@ -265,7 +279,7 @@ def langgraph_contract_flow(client: Any, namespace: str) -> None:
 def test_every_script_header_matches_what_its_builder_sends(
     backend: Any, namespace: str, recorded: list[_ops.Call]
 ) -> None:
-    store = CheckpointStore(backend.sync_client(), namespace=namespace)
+    store = CheckpointStore(backend.sync_client(), namespace=namespace, max_attempts=1)
     checkpoint_contract_flow(store)
     checkpoint_calls = list(recorded)
     pools = PoolStore(backend.sync_client(), namespace=namespace)
@@ -358,7 +372,7 @@ class TestSummaries:
         assert by_id["t0"] == {
             "task_id": "t0", "status": "running", "cycle_index": 2, "revision": 7, "terminal": False,
             "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None, "lease_state": None,
-            "lease_remaining_ms": None,
+            "lease_remaining_ms": None, "attempts": 0, "parked": False, "last_failure": None,
         }  # fmt: skip
         t3 = by_id["t3"]
         assert (t3["claim_token"], t3["claimed_cycle"], t3["lease_state"]) == (TOKEN, 3, "live")

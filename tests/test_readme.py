@@ -101,7 +101,11 @@ def test_every_cli_command_in_the_readme_parses() -> None:
 @pytest.mark.real
 def test_every_cli_command_in_the_readme_runs(private_server: Any) -> None:
     client = redis.Redis.from_url(private_server.url)
-    CheckpointStore(client, namespace="agentstate").create(Checkpoint("TASK"))
+    store = CheckpointStore(client, namespace="agentstate", max_attempts=1)
+    store.create(Checkpoint("TASK"))
+    # Parked, so `list --parked` has a row and `requeue TASK` something to requeue.
+    claim = store.claim("TASK", 1, token="readme", lease_ms=30_000)
+    store.release("TASK", token="readme", expected_revision=claim.revision, reason="ValueError: readme")
     from redis_agentstate.pool_models import PoolConfig
     from redis_agentstate.pools import PoolStore
 

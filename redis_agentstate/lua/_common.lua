@@ -1,8 +1,8 @@
 -- _common.lua: prelude prepended to every checkpoint script (see scripts.py).
 --
 -- Checkpoint key layout (keys.py builds these; every script but summary.lua
--- takes all seven, in this order, and they share one hash slot through the
--- shard hash tag):
+-- takes the first seven, in this order, and they share one hash slot through the
+-- shard hash tag; the scripts that can park or unpark a task take the eighth too):
 --   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  HASH_FIELDS (scripts.py) and applied
 --   KEYS[2] - ns:{ns#SS}:msgs:<task>    list  one blob per message
 --   KEYS[3] - ns:{ns#SS}:cycles:<task>  list  one blob per cycle record
@@ -10,6 +10,7 @@
 --   KEYS[5] - ns:{ns#SS}:tasks          zset  every task id of the shard (score 0)
 --   KEYS[6] - ns:{ns#SS}:gen            counter for history epochs
 --   KEYS[7] - ns:{ns#SS}:tomb:<task>    tombstone: the write ring of an acknowledged task
+--   KEYS[8] - ns:{ns#SS}:parked         zset  parked (poison) task ids of the shard (score 0, lex order)
 --
 -- Hash fields hold decimal strings; absent optional values are ''. 'term' is
 -- '1' when a terminal_result is stored. 'epoch' names the current history
@@ -25,6 +26,25 @@
 -- write that passes the fence has not applied at this revision (applying
 -- moves the revision on), even if an identical one did before a save or a
 -- re-create brought the revision back.
+--
+-- Attempts and parking (poison tasks). 'att' counts the claims of the current
+-- cycle: every fresh claim of cycle N (claim, claim_next, the claim of
+-- commit_and_claim) adds one; a claim re-sent by the token that holds (or
+-- held, its lease lapsed with nobody else claiming) that very cycle does not;
+-- a commit or finalize (the cycle moved on) resets it. Counting at the claim
+-- is what makes a SIGKILLed worker's attempt count: nothing runs when a
+-- worker dies, but the next claim of that cycle finds the previous one
+-- ended without a commit. A release without a reason (a shutdown handing the
+-- cycle back) gives its attempt back; a release with a reason records it in
+-- 'why' (and 'failrev', the claim's revision, so the next claim can tell a
+-- released attempt from a lapsed one, whose 'why' it writes itself). With
+-- max_attempts M (ARGV of the claiming scripts and release.lua; 0 = off),
+-- the claim that would be attempt M + 1, or the release of attempt M with a
+-- reason, parks the task instead: 'parked' = '1', the claim cleared and the
+-- revision bumped (a late commit of the lapsed holder is fenced out, as a
+-- takeover would fence it), out of the ready index, into the parked index
+-- KEYS[8]. The status stays what it was (running): parking is not a
+-- lifecycle state but a hold on one, and requeue.lua restores it exactly.
 
 local CHUNK = 1000
 
@@ -74,6 +94,14 @@ local function int_in(v, lo, hi)
   return n
 end
 
+-- 'att' and 'parked' (HASH_FIELDS 10 and 11), absent in data written before
+-- attempts were counted: the first one this library would not have written, or nil.
+local function bad_parking(att, parked)
+  if att and att ~= '' and not int_in(att, 0, MAX_REVISION) then return 'att' end
+  if parked and parked ~= '' and parked ~= '1' then return 'parked' end
+  return nil
+end
+
 -- The first field of a HASH_FIELDS reply ``h`` this library would not have
 -- written, or nil. status, cycle and rev are always there; '' marks absent
 -- optional numbers.
@@ -84,7 +112,7 @@ local function bad_field(h)
   if h[5] and h[5] ~= '' and not int_in(h[5], 1, MAX_CYCLE) then return 'claimed' end
   if h[6] and h[6] ~= '' and not int_in(h[6], 0, MAX_REVISION) then return 'lease' end
   if h[7] and h[7] ~= '0' and h[7] ~= '1' then return 'term' end
-  return nil
+  return bad_parking(h[10], h[11])
 end
 
 -- True if the HMGET reply ``h`` found anything (the checkpoint exists).
@@ -95,8 +123,8 @@ local function present(h)
   return false
 end
 
--- The Redis type of each of KEYS[1..7] (see the layout above).
-local KEY_TYPES = { 'hash', 'list', 'list', 'zset', 'zset', 'string', 'string' }
+-- The Redis type of each of KEYS[1..8] (see the layout above).
+local KEY_TYPES = { 'hash', 'list', 'list', 'zset', 'zset', 'string', 'string', 'zset' }
 
 -- Fails with WRONGTYPE if one of KEYS[i...] holds another type than ours:
 -- called before a script's first write, for the keys it has not read yet.
@@ -156,7 +184,7 @@ local function push_range(key, list, first, last)
 end
 
 -- The full checkpoint as a flat array (nil-free, for RESP2 and RESP3 alike):
---   status cycle rev token claimed lease term body epoch
+--   status cycle rev token claimed lease term body epoch att parked why failrev
 --   n_msgs n_cycles from_msgs from_cycles k <k messages> <cycle records>
 -- History is sent from the caller's cached position when its epoch matches.
 -- ``h`` may be passed when the caller already read (and updated) those fields
@@ -170,17 +198,18 @@ local function read_checkpoint(keys, epoch, have_m, have_c, h)
     from_m, from_c = have_m, have_c
   end
   local out = {}
-  for i = 1, 9 do out[i] = h[i] or '' end
+  local nf = #HASH_FIELDS
+  for i = 1, nf do out[i] = h[i] or '' end
   local msgs = {}
   if from_m < nm then msgs = redis.call('LRANGE', keys[2], from_m, -1) end
   local cycles = {}
   if from_c < nc then cycles = redis.call('LRANGE', keys[3], from_c, -1) end
-  out[10] = fmt(nm)
-  out[11] = fmt(nc)
-  out[12] = fmt(from_m)
-  out[13] = fmt(from_c)
-  out[14] = fmt(#msgs)
-  local n = 14
+  out[nf + 1] = fmt(nm)
+  out[nf + 2] = fmt(nc)
+  out[nf + 3] = fmt(from_m)
+  out[nf + 4] = fmt(from_c)
+  out[nf + 5] = fmt(#msgs)
+  local n = nf + 5
   for i = 1, #msgs do n = n + 1; out[n] = msgs[i] end
   for i = 1, #cycles do n = n + 1; out[n] = cycles[i] end
   return out
@@ -270,25 +299,62 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
   -- was read or written before it, so nothing can fail half-way.
   local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
     tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]),
-    function() reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now) end)
+    function()
+      -- A finalize may close a parked task (KEYS[8] given): it leaves the parked index
+      -- first, so an index of another Redis type fails with nothing written.
+      if keys[8] then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
+      reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
+    end)
   if not epoch then
     if err == 'resend' then return {REPLY_RESEND_HISTORY} end
     return {REPLY_SHRINK}
   end
+  -- The cycle moved on: its attempts and failure are over (the next claim, if
+  -- made here, is attempt 1 of the next cycle).
+  local att = '0'
+  if claim then att = '1' end
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-    'epoch', epoch, 'applied', ring_push(applied, id))
+    'epoch', epoch, 'applied', ring_push(applied, id), 'att', att, 'parked', '', 'why', '', 'failrev', '')
   if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
 end
 
 -- ---- the claim of one cycle (claim, commit_and_claim) ----------------------
 
+-- The longest failure reason kept ('why'): a reason is for a human to read.
+local WHY_MAX = 1024
+
+-- Parks the task whose hash ``keys[1]`` is at revision ``rev`` (see the
+-- attempts note above): the claim is cleared and the revision bumped, the task
+-- leaves the ready index for the parked index ``keys[8]``. ``att`` attempts were
+-- made, ``why`` was the last failure. Returns {REPLY_PARKED, att, why}.
+-- Every key it writes was type-checked first, so it fails with nothing written.
+local function park(keys, rev, att, why, now)
+  local task_id = task_id_of(keys[1])
+  probe(4, 8)
+  redis.call('ZREM', keys[4], task_id)
+  redis.call('ZADD', keys[8], 0, task_id)
+  redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', '', 'claimed', '', 'lease', '',
+    'att', fmt(att), 'parked', '1', 'why', why)
+  return {REPLY_PARKED, fmt(att), why}
+end
+
+-- What a fresh claim of a task whose HASH_FIELDS are ``h`` finds of the
+-- attempt before it: the reason to record when that attempt lapsed (a claim
+-- was held, its lease ran out, and no release recorded a failure for it), else nil.
+local function lapsed_reason(h)
+  if h[4] == '' or h[13] == h[3] then return nil end
+  return string.sub('lease of ' .. h[4] .. ' on cycle ' .. h[5] ..
+    ' expired without a commit (the worker died, stalled or was cut off)', 1, WHY_MAX)
+end
+
 -- Claims cycle ``cycle_arg`` (a decimal string) of the task for ``token`` under
 -- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
--- are the caller's cached history (as load.lua). The reply is claim.lua's
--- (its header lists it); nothing is written unless it starts with REPLY_DONE.
-local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c)
+-- are the caller's cached history (as load.lua); ``max_att`` the store's
+-- max_attempts (0: off). The reply is claim.lua's (its header lists it);
+-- nothing is written unless it starts with REPLY_DONE or REPLY_PARKED.
+local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_att)
   local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   if not present(h) then return {REPLY_REFUSED} end
   local bad = bad_field(h)
@@ -297,6 +363,7 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
   local held_by, claimed, lease = h[4], h[5], tonumber(h[6]) or 0
 
   if is_terminal(status, h[7]) then return {REPLY_TERMINAL, status} end
+  if h[11] == '1' then return {REPLY_PARKED, h[10] or '0', h[12] or ''} end
   if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
   if current_cycle ~= tonumber(cycle_arg) - 1 then return {REPLY_CYCLE_CONFLICT, h[2]} end
 
@@ -308,14 +375,26 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
     return out
   end
   if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
+  local att, why = tonumber(h[10]) or 0, h[12] or ''
+  if held_by ~= token or claimed ~= cycle_arg then
+    -- A fresh claim: a new attempt at this cycle.
+    why = lapsed_reason(h) or why
+    if max_att > 0 and att >= max_att then return park(keys, rev, att, why, now) end
+    att = att + 1
+  end
   -- Read before writing: a history list of another Redis type fails here,
   -- with nothing written (and the index is written before the hash).
   local out = read_checkpoint(keys, epoch, have_m, have_c, h)
   local expires = now + lease_ms
   redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
-  redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
-    'claimed', cycle_arg, 'lease', fmt(expires))
-  out[3], out[4], out[5], out[6] = fmt(rev + 1), token, cycle_arg, fmt(expires)
+  if why == (h[12] or '') then
+    redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
+      'claimed', cycle_arg, 'lease', fmt(expires), 'att', fmt(att))
+  else
+    redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
+      'claimed', cycle_arg, 'lease', fmt(expires), 'att', fmt(att), 'why', why)
+  end
+  out[3], out[4], out[5], out[6], out[10], out[12] = fmt(rev + 1), token, cycle_arg, fmt(expires), fmt(att), why
   table.insert(out, 1, REPLY_DONE)
   return out
 end

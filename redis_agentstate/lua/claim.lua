@@ -1,11 +1,13 @@
 -- claim.lua: claim cycle N of a task under a lease computed on the server clock.
 --   KEYS[1..7] - the task's keys (see _common.lua)
+--   KEYS[8]    - the shard's parked index (see _common.lua)
 --   ARGV[1]    - token: the claim token (non-empty)
 --   ARGV[2]    - cycle_index: N to claim (the checkpoint must be at N - 1)
 --   ARGV[3]    - lease_ms: lease duration in ms
 --   ARGV[4]    - have_epoch: cached history epoch (as load.lua)
 --   ARGV[5]    - have_m: cached messages
 --   ARGV[6]    - have_c: cached cycle records
+--   ARGV[7]    - max_attempts: the store's limit of attempts per cycle (0: none)
 -- Returns {REPLY_REFUSED} missing; {REPLY_TERMINAL, status};
 -- {REPLY_NOT_RUNNING, status}; {REPLY_CYCLE_CONFLICT, found_cycle};
 -- {REPLY_HELD, lease_expires_at_ms} claimed by another live token;
@@ -13,9 +15,12 @@
 -- commit to be stored (MAX_CLAIM_FROM_REV); {REPLY_DONE, checkpoint...}
 -- claimed (revision bumped); {REPLY_DONE_BEFORE, checkpoint...} this token
 -- already holds this cycle (a re-sent claim);
+-- {REPLY_PARKED, attempts, reason} the task is parked, or was parked now:
+-- this claim would have been attempt max_attempts + 1 (_common.lua);
 -- an AGENTSTATE_CORRUPT error reply when the hash holds a field this library
 -- would not have written (nothing is written then).
 local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local max_attempts = tonumber(ARGV[7])
 
-return claim_cycle(KEYS, token, cycle_arg, lease_ms, epoch, have_m, have_c)
+return claim_cycle(KEYS, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_attempts)

@@ -3,11 +3,13 @@
 --   KEYS[1..7] - the candidate task's keys (see _common.lua); KEYS[4] is the
 --                ready index of its shard, so every key is declared and in
 --                the shard's slot
+--   KEYS[8]    - the shard's parked index (see _common.lua)
 --   ARGV[1]    - token: the claim token (non-empty)
 --   ARGV[2]    - lease_ms: lease duration in ms
 --   ARGV[3]    - have_epoch: cached history epoch (as load.lua)
 --   ARGV[4]    - have_m: cached messages
 --   ARGV[5]    - have_c: cached cycle records
+--   ARGV[6]    - max_attempts: the store's limit of attempts per cycle (0: none)
 --
 -- The client picks the candidate with one pipelined peek at the head of each
 -- shard's ready index (ZRANGE 0 0, the oldest score: FIFO). Between the peek
@@ -15,6 +17,9 @@
 -- written and the shard's current head is returned so the client can try it.
 -- An index entry that disagrees with the checkpoint hash (which the other
 -- scripts never leave behind) is repaired here, then treated as a lost race.
+-- A candidate whose claim would be attempt max_attempts + 1 is parked here
+-- (_common.lua) and answered as a lost race too: the caller goes on with the
+-- shard's head, and the parked task costs no claim_next anything again.
 --
 -- Returns
 --   {REPLY_DONE, checkpoint...}  claimed cycle_index + 1 (revision bumped, lease set)
@@ -26,6 +31,7 @@
 --   would not have written (nothing is written)
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 local epoch, have_m, have_c = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_attempts = tonumber(ARGV[6])
 local task_id = task_id_of(KEYS[1])
 local now = server_now_ms()
 
@@ -57,7 +63,7 @@ if held_by == token and lease > now and claimed == fmt(next_cycle) then
   return out
 end
 
-if is_terminal(status, h[7]) or status ~= 'running' or next_cycle > MAX_CYCLE then
+if is_terminal(status, h[7]) or status ~= 'running' or h[11] == '1' or next_cycle > MAX_CYCLE then
   -- Not claimable at all: it must not be in the index.
   if score then redis.call('ZREM', KEYS[4], task_id) end
   return lost_race()
@@ -76,14 +82,29 @@ if held_by ~= '' and lease > now then
 end
 
 -- The checkpoint says claimable; that decides, whatever the index said.
+local att, why = tonumber(h[10]) or 0, h[12] or ''
+if held_by ~= token or claimed ~= fmt(next_cycle) then
+  -- A fresh claim: a new attempt at this cycle (as claim_cycle in _common.lua).
+  why = lapsed_reason(h) or why
+  if max_attempts > 0 and att >= max_attempts then
+    park(KEYS, rev, att, why, now)
+    return lost_race()
+  end
+  att = att + 1
+end
 -- Everything is read before the first write, so a key of another Redis type
 -- fails with nothing written.
 local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
 local expires = now + lease_ms
 redis.call('ZADD', KEYS[5], 0, task_id)
 redis.call('ZADD', KEYS[4], expires, task_id)
-redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
-  'claimed', fmt(next_cycle), 'lease', fmt(expires))
-out[3], out[4], out[5], out[6] = fmt(rev + 1), token, fmt(next_cycle), fmt(expires)
+if why == (h[12] or '') then
+  redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', fmt(next_cycle), 'lease', fmt(expires), 'att', fmt(att))
+else
+  redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
+    'claimed', fmt(next_cycle), 'lease', fmt(expires), 'att', fmt(att), 'why', why)
+end
+out[3], out[4], out[5], out[6], out[10], out[12] = fmt(rev + 1), token, fmt(next_cycle), fmt(expires), fmt(att), why
 table.insert(out, 1, REPLY_DONE)
 return out

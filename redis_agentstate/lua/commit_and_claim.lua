@@ -1,6 +1,7 @@
 -- commit_and_claim.lua: commit cycle N of a claimed task and claim N + 1 for
 -- the same worker, in one script (a worker that goes on with the same task).
 --   KEYS[1..7] - the task's keys (see _common.lua)
+--   KEYS[8]    - the shard's parked index (see _common.lua)
 --   ARGV[1]    - identity: of this write, a digest of its content (as commit.lua)
 --   ARGV[2]    - token: the claim token that holds cycle N
 --   ARGV[3]    - expected_revision: the one the claim returned
@@ -10,16 +11,18 @@
 --   ARGV[7]    - body: blob (as create.lua)
 --   ARGV[8]    - next_token: the token that claims cycle N + 1
 --   ARGV[9]    - lease_ms: the new claim's lease, from now on the server clock
---   ARGV[10]   - replace: '1' to replace the whole history, '0' to append
---   ARGV[11]   - epoch: the history epoch the client believes current ('' if unknown)
---   ARGV[12]   - base_m: messages the client knows are stored; -1 = full lists sent
---   ARGV[13]   - base_c: the same for cycle records
---   ARGV[14]   - n_messages: number of message blobs
---   ARGV[15..] - blobs: the new message blobs, then the new cycle blobs
+--   ARGV[10]   - max_attempts: the store's limit of attempts per cycle (0: none)
+--   ARGV[11]   - replace: '1' to replace the whole history, '0' to append
+--   ARGV[12]   - epoch: the history epoch the client believes current ('' if unknown)
+--   ARGV[13]   - base_m: messages the client knows are stored; -1 = full lists sent
+--   ARGV[14]   - base_c: the same for cycle records
+--   ARGV[15]   - n_messages: number of message blobs
+--   ARGV[16..] - blobs: the new message blobs, then the new cycle blobs
 -- The commit is commit.lua's (same fence, same write ring); the claim needs no
 -- checks of its own when the fence passes: the status is running, nobody else
 -- can hold the cycle the commit just closed, and the client checked the cycle
 -- and revision limits (N + 1 <= MAX_CYCLE, expected + 1 <= MAX_CLAIM_FROM_REV).
+-- The claim is attempt 1 of cycle N + 1 (the commit reset the count).
 -- Returns
 --   {REPLY_DONE, epoch, lease_expires_at_ms}  committed (revision + 1) and
 --       claimed N + 1 (revision + 2): the client knows the history it wrote;
@@ -32,12 +35,13 @@
 --   {REPLY_REFUSED}  fenced out, nothing written;
 --   {REPLY_RESEND_HISTORY}; {REPLY_SHRINK} (as commit.lua);
 --   {REPLY_TERMINAL, status}, {REPLY_NOT_RUNNING, status}, {REPLY_CYCLE_CONFLICT, cycle},
---   {REPLY_HELD, lease_expires_at_ms}, {REPLY_REVISION_EXHAUSTED, rev}  a re-send whose
+--   {REPLY_HELD, lease_expires_at_ms}, {REPLY_REVISION_EXHAUSTED, rev},
+--       {REPLY_PARKED, attempts, reason}  a re-send whose
 --       commit applied already but whose claim can no longer be had (nothing written
 --       now); TERMINAL with status 'acknowledged' when the task was acknowledged since.
 local id, token, expected, cycle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
-local next_token, lease_ms = ARGV[8], tonumber(ARGV[9])
+local next_token, lease_ms, max_attempts = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local next_cycle = fmt(tonumber(cycle) + 1)
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'claimed', 'applied', 'epoch')
@@ -46,9 +50,9 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
   if h[1] and ring_has(h[4], id) then
     -- Applied already: hand back the claim that came with it (the cache the
     -- client had when it sent is what its history slots name).
-    local epoch, have_m, have_c = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
+    local epoch, have_m, have_c = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
     if have_m < 0 then epoch, have_m, have_c = '', 0, 0 end
-    local out = claim_cycle(KEYS, next_token, next_cycle, lease_ms, epoch, have_m, have_c)
+    local out = claim_cycle(KEYS, next_token, next_cycle, lease_ms, epoch, have_m, have_c, max_attempts)
     if out[1] == REPLY_DONE then out[1] = REPLY_DONE_BEFORE end
     return out
   end
@@ -56,9 +60,9 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
   if out[1] == REPLY_DONE_BEFORE then return {REPLY_TERMINAL, 'acknowledged'} end
   return out
 end
-local out = apply_fenced(KEYS, ARGV, 10, id, expected, cycle, status, term, body, h[5], h[4],
+local out = apply_fenced(KEYS, ARGV, 11, id, expected, cycle, status, term, body, h[5], h[4],
   {next_token, next_cycle, lease_ms})
-if out[1] == REPLY_DONE and ARGV[10] ~= '1' and tonumber(ARGV[12]) < 0 then
+if out[1] == REPLY_DONE and ARGV[11] ~= '1' and tonumber(ARGV[13]) < 0 then
   out = read_checkpoint(KEYS, '', 0, 0)
   table.insert(out, 1, REPLY_DONE)
 end

@@ -1,5 +1,7 @@
 -- finalize.lua: write a terminal checkpoint; only when nobody holds a claim.
 --   KEYS[1..7] - the task's keys (see _common.lua)
+--   KEYS[8]    - the shard's parked index (see _common.lua): a parked task
+--                (nobody holds it) may be finalized, and leaves it
 --   ARGV[1]    - identity: of this write, a digest of its content (a re-send returns REPLY_DONE_BEFORE)
 --   ARGV[2]    - expected_revision
 --   ARGV[3]    - cycle_index

@@ -5,7 +5,7 @@
 --   ARGV[3]    - lease_ms: the new lease duration, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
 -- claim, and the holder must treat its lease as lost. A lease shortened (a
--- release: Lease.release) publishes notify_due (_common.lua).
+-- publishes notify_due (_common.lua); Lease.release has its own script (release.lua).
 -- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_REFUSED} not renewed; an
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -1,6 +1,7 @@
 -- save.lua: store a checkpoint unconditionally (admin / import), replacing
 -- whatever the task held, history included.
 --   KEYS[1..7] - the task's keys (see _common.lua)
+--   KEYS[8]    - the shard's parked index (see _common.lua): a saved task is not parked
 --   ARGV[1]    - nonce: of this call
 --   ARGV[2]    - token: claim_token to store ('' for none)
 --   ARGV[3]    - revision: to store
@@ -14,7 +15,7 @@
 --   ARGV[11..] - blobs: the message blobs, then the cycle blobs (the whole history)
 -- Returns {REPLY_DONE, epoch} saved; {REPLY_DONE_BEFORE, epoch} this nonce saved
 -- already (a re-send writes nothing: it must not clobber what other workers
--- wrote since).
+-- wrote since). Attempts, parking and the last failure are reset, like the rest.
 local nonce, token, revision, cycle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local claimed, lease, n_m = ARGV[8], ARGV[9], tonumber(ARGV[10])
@@ -22,9 +23,11 @@ local claimed, lease, n_m = ARGV[8], ARGV[9], tonumber(ARGV[10])
 local now = server_now_ms()
 local h = redis.call('HMGET', KEYS[1], 'applied', 'epoch')
 if ring_has(h[1], nonce) then return {REPLY_DONE_BEFORE, h[2]} end
+probe(8)
 local epoch = write_history(KEYS, '', now, '1', '', -1, -1, ARGV, 11, n_m)
+redis.call('ZREM', KEYS[8], task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-  'epoch', epoch, 'applied', ring_push(h[1], nonce))
+  'epoch', epoch, 'applied', ring_push(h[1], nonce), 'att', '0', 'parked', '', 'why', '', 'failrev', '')
 reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, now)
 return {REPLY_DONE, epoch}

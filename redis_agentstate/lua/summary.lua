@@ -3,12 +3,13 @@
 --   KEYS[1..] - checkpoints: KEYS[1] of the task's keys (see _common.lua), of
 --               tasks of one shard
 -- Returns {now, <SUMMARY_STRIDE entries per key>}, now in server ms; per key
---   'ok', status, cycle, rev, token, claimed, lease, term   as stored
+--   'ok', status, cycle, rev, token, claimed, lease, term,
+--         att, parked, why                                 as stored ('' when absent)
 --   'missing'                                                no such task (deleted since it was listed)
 --   'corrupt', what                                          data this library would not have written
 -- each padded with '' to SUMMARY_STRIDE entries. One corrupt task does not
 -- hide the others: it is a row of its own.
-local SUMMARY_STRIDE = 8
+local SUMMARY_STRIDE = 11
 local out = { fmt(server_now_ms()) }
 local n = 1
 for i = 1, #KEYS do
@@ -19,11 +20,14 @@ for i = 1, #KEYS do
   elseif not present(h) then
     kind = 'missing'
   else
-    local bad = bad_field(h)
+    -- Attempts, parked, last failure (HASH_FIELDS 10..12): never the body.
+    local p = redis.call('HMGET', KEYS[i], unpack(HASH_FIELDS, 10, 12))
+    local bad = bad_field(h) or bad_parking(p[1], p[2])
     if bad then kind, what = 'corrupt', 'malformed ' .. bad end
+    for j = 1, 3 do h[7 + j] = p[j] end
   end
   out[n + 1] = kind
-  for j = 1, 7 do
+  for j = 1, SUMMARY_STRIDE - 1 do
     if kind == 'ok' then
       out[n + 1 + j] = h[j] or ''
     elseif j == 1 and what then

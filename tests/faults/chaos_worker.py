@@ -7,6 +7,10 @@ Run by ``tests/test_chaos.py`` (never by hand)::
 The Runner goes on with a task through ``commit_and_claim`` (recorded as a
 commit and, when it applies, a claim) for up to 1, 3 or 8 cycles in a row
 (chosen per process by its seed), so plain commits stay in the mix.
+Poison tasks (``--max-attempts`` > 0 parks them): the handler raises on a
+task named ``poison-raise-*`` (the Runner releases it with the exception as
+the reason) and SIGKILLs its own process on a ``poison-kill-*`` one (a crash
+on bad input: nothing is released, the lease lapses), before anything else.
 The handler appends ``{"cycle": n, "token": t}`` to the task's messages, and
 records one pool message with idempotency key ``"<task>#<cycle>"``; after
 ``--done-at`` cycles it finalizes the task. The store is wrapped so that the
@@ -34,6 +38,7 @@ import copy
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--wait-replicas", type=int, default=0, help="the stores' wait_replicas")
     p.add_argument("--wait-timeout-ms", type=int, default=500, help="the stores' wait_timeout_ms")
+    p.add_argument("--max-attempts", type=int, default=0, help="the store's max_attempts (0: parking off)")
     args = p.parse_args(argv)
 
     if args.skew_s:
@@ -215,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         client = redis.Redis(port=args.port, socket_timeout=1.0, socket_connect_timeout=1.0, retry=retry)
     policy = RetryPolicy(attempts=3, max_wait_s=0.2, max_delay_s=2.0)
     waits = {"wait_replicas": args.wait_replicas, "wait_timeout_ms": args.wait_timeout_ms}
-    store = RecordingStore(client, namespace=args.namespace, retry=policy, **waits)
+    store = RecordingStore(
+        client, namespace=args.namespace, retry=policy, max_attempts=args.max_attempts or None, **waits
+    )
     store.history = history
     pools = PoolStore(client, namespace=args.namespace, retry=policy, **waits)
     history.write(op="start", type="ok", skew_s=args.skew_s, wall=time.time())
@@ -224,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         cycle = cp.claimed_cycle or 0
         lease = current_lease()
         assert lease is not None
+        if cp.task_id.startswith("poison-raise-"):
+            raise RuntimeError(f"poison: cannot handle {cp.task_id} (attempt {cp.attempts})")
+        if cp.task_id.startswith("poison-kill-"):
+            history.write(op="suicide", type="ok", task=cp.task_id, attempts=cp.attempts)
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(rng.uniform(0.01, 0.12))  # "work"
         lease.check()
         key = f"{cp.task_id}#{cycle}"
