@@ -53,7 +53,7 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
     local epoch, have_m, have_c = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
     if have_m < 0 then epoch, have_m, have_c = '', 0, 0 end
     local out = claim_cycle(KEYS, next_token, next_cycle, lease_ms, epoch, have_m, have_c, max_attempts)
-    if out[1] == REPLY_DONE then out[1] = REPLY_DONE_BEFORE end
+    if out[1] == REPLY_DONE or out[1] == REPLY_TAKEN_OVER then out[1] = REPLY_DONE_BEFORE end
     return out
   end
   local out = refused(KEYS, h[1], h[4], h[5], id)
