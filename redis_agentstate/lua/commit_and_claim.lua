@@ -36,9 +36,10 @@
 --   {REPLY_RESEND_HISTORY}; {REPLY_SHRINK} (as commit.lua);
 --   {REPLY_TERMINAL, status}, {REPLY_NOT_RUNNING, status}, {REPLY_CYCLE_CONFLICT, cycle},
 --   {REPLY_HELD, lease_expires_at_ms}, {REPLY_REVISION_EXHAUSTED, rev},
---       {REPLY_PARKED, attempts, reason}  a re-send whose
+--       {REPLY_PARKED, attempts, reason[, '1']}  a re-send whose
 --       commit applied already but whose claim can no longer be had (nothing written
---       now); TERMINAL with status 'acknowledged' when the task was acknowledged since.
+--       now, but for '1': this claim parked the task, as claim.lua's would);
+--       TERMINAL with status 'acknowledged' when the task was acknowledged since.
 local id, token, expected, cycle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local next_token, lease_ms, max_attempts = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
