@@ -301,9 +301,7 @@ class TestTakeovers:
     """A takeover is a claim that finds the claim before it lapsed (parking's ``lapsed_reason``):
     a cycle released, with a failure reason or without, then claimed by another is none."""
 
-    def test_release_then_claim_is_no_takeover_and_a_lapse_is(
-        self, store: Any, otel: Recorded, namespace: str
-    ) -> None:
+    def test_release_then_claim_is_no_takeover_and_a_lapse_is(self, store: Any, otel: Recorded, namespace: str) -> None:
         for tid in ("failed", "handed-back", "lapsed"):
             store.create(running(tid))
         cp = store.claim("failed", 1, token="w1", lease_ms=LONG_MS)
