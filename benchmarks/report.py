@@ -10,6 +10,9 @@ END = "<!-- results:end -->"
 #: The LangGraph figure is opt-in (``--only langgraph``): its table has a block of its own.
 LANGGRAPH_BEGIN = "<!-- langgraph:begin (written by python -m benchmarks --only langgraph; do not edit by hand) -->"
 LANGGRAPH_END = "<!-- langgraph:end -->"
+#: The telemetry figure is opt-in too (``--only telemetry``).
+TELEMETRY_BEGIN = "<!-- telemetry:begin (written by python -m benchmarks --only telemetry; do not edit by hand) -->"
+TELEMETRY_END = "<!-- telemetry:end -->"
 
 
 def _s(s: dict[str, Any] | None, digits: int = 1, unit: str = "") -> str:
@@ -299,6 +302,14 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         add("#### 7. LangGraph checkpointers on plain Redis: one thread growing by 2 messages per invoke")
         add("")
         add(langgraph_markdown(lg))
+        add("")
+    tel = figs.get("telemetry")
+    if tel:
+        from .otel import markdown as telemetry_markdown
+
+        add(f"#### 8. {tel['title']}")
+        add("")
+        add(telemetry_markdown(tel))
         add("")
     if images:
         add("#### Plots")

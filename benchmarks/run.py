@@ -28,6 +28,7 @@ from . import (
     floor,
     history,
     langgraph_savers,
+    otel,
     payload,
     plots,
     pool_scale,
@@ -57,6 +58,7 @@ OPT_IN: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pool_scale": pool_scale.run,
     "langgraph": langgraph_savers.run,
     "scale": scale.run,
+    "telemetry": otel.run,
 }
 
 
@@ -173,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         lg_block = langgraph_savers.readme_block(results)
         report.update_readme(README, lg_block, report.LANGGRAPH_BEGIN, report.LANGGRAPH_END)
         print(f"[benchmarks] LangGraph table copied into {README}", file=sys.stderr)
+    if "telemetry" in figures and (
+        args.readme == "yes" or (args.readme == "auto" and not args.quick and os.path.abspath(args.out) == DEFAULT_OUT)
+    ):
+        report.update_readme(README, otel.readme_block(results), report.TELEMETRY_BEGIN, report.TELEMETRY_END)
+        print(f"[benchmarks] telemetry table copied into {README}", file=sys.stderr)
     print(f"[benchmarks] wrote {path}", file=sys.stderr)
     return 1 if errors else 0
 

@@ -56,6 +56,10 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 #: How long acknowledge_terminal keeps its tombstone, so a re-send still reports success.
 ACK_REMEMBER_MS = 3_600_000
 _STATUSES = {s.value: s for s in AgentStatus}
+#: The codes of a claim reply that carries the claimed checkpoint.
+_CLAIMED = (Reply.DONE, Reply.TAKEN_OVER, Reply.DONE_BEFORE)
+#: The codes of a claim_next reply that claimed nothing and may name the shard's head (PARKED: parked now).
+_LOST_RACE = (Reply.REFUSED, Reply.PARKED)
 
 
 def _s(value: Any) -> str:
@@ -454,7 +458,8 @@ class CheckpointCore:
 
     def create(self, cp: Checkpoint) -> Op[bool]:
         """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins."""
-        return self._store(S.CREATE, cp)
+        # A generator of its own (not _store's), so telemetry names the operation "create".
+        return (yield from self._store(S.CREATE, cp))
 
     def save(self, cp: Checkpoint) -> Op[None]:
         yield from self._store(S.SAVE, cp)
@@ -497,7 +502,7 @@ class CheckpointCore:
         cached, have = self._cached(tid)
         reply = yield Call(S.CLAIM, keys.with_parked(), [token, cycle_index, lease_ms, *have, self.max_attempts])
         code = reply[0]
-        if code in (Reply.DONE, Reply.DONE_BEFORE):
+        if code in _CLAIMED:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
         if code == Reply.REFUSED:
             return None
@@ -597,9 +602,9 @@ class CheckpointCore:
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
-            if code in (Reply.DONE, Reply.DONE_BEFORE):
+            if code in _CLAIMED:
                 return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
-            if code != Reply.REFUSED:
+            if code not in _LOST_RACE:
                 raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
             if len(reply) >= 4 and float(reply[3]) <= int(reply[1]):
                 self._candidates.add(member_id(reply[2], keys.ready), float(reply[3]))
@@ -675,11 +680,11 @@ class CheckpointCore:
                     cached, have = self._cached(tid)
                     reply = yield self._claim_next_call(keys, token, lease_ms, have)
                     code = reply[0]
-                    if code in (Reply.DONE, Reply.DONE_BEFORE):
+                    if code in _CLAIMED:
                         for other, score in due[i + 1 :]:
                             self._candidates.add(other, score)  # heads not tried: candidates of the next calls
                         return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
-                    if code != Reply.REFUSED:
+                    if code not in _LOST_RACE:
                         raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
                 except CorruptState as exc:
                     self._skipped_corrupt(exc)

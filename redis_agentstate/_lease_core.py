@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from . import _ops
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import AgentStatus, Checkpoint
@@ -327,6 +328,10 @@ class LeaseBase(Generic[S]):
         """``committed``, ``finalized``, ``released`` or ``closed`` once the lease is over, else None."""
         return None if self._state is None else self._state.ended
 
+    def age_s(self) -> float:
+        """Seconds since the claim of this cycle was sent, on the local monotonic clock (0 before it)."""
+        return 0.0 if self._state is None else max(0.0, self._clock.now() - self._sent_at)
+
     def remaining_s(self) -> float:
         """Seconds left before the keeper's deadline, on the local monotonic clock."""
         return 0.0 if self._state is None else self._state.time_left(self._clock.now())
@@ -369,6 +374,9 @@ class LeaseBase(Generic[S]):
             first = self._require().lose(reason, fenced=fenced)
         if not first:
             return False
+        observer = _ops.TELEMETRY
+        if observer is not None:
+            observer.lease_lost(getattr(self._store, "namespace", ""), fenced=fenced)
         log.error("%s", self._describe(f"lease lost: {reason}"))
         if self._on_lost is not None:
             try:

@@ -12,12 +12,13 @@ and no rule can drift between them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import math
 import os
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -45,7 +46,19 @@ from .errors import (
 )
 from .keys import Keys, describe_key
 
-__all__ = ["Batch", "Call", "Command", "Op", "Pipe", "ReplicaAck", "RetryPolicy", "run_async", "run_sync"]
+__all__ = [
+    "TELEMETRY",
+    "Batch",
+    "Call",
+    "Command",
+    "Observer",
+    "Op",
+    "Pipe",
+    "ReplicaAck",
+    "RetryPolicy",
+    "run_async",
+    "run_sync",
+]
 
 T = TypeVar("T")
 
@@ -967,7 +980,28 @@ class SyncShell(StoreShell[C]):
     _client: SyncClient  # checked in __init__
 
     def _run(self, op: Op[T]) -> T:
+        # Every store operation passes here once (run_sync also drives internal follow-ups,
+        # which are part of the operation): the one place telemetry wraps. Disabled, it
+        # costs this global read and compare.
+        observer = TELEMETRY
+        if observer is None:
+            return run_sync(self._client, self._scripts, self._retry, op, self._ack)
+        return observer.run_sync(self, op)
+
+    def _drive(self, op: Op[T]) -> T:
+        """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         return run_sync(self._client, self._scripts, self._retry, op, self._ack)
+
+    @contextlib.contextmanager
+    def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Any]]:
+        """A runner of ops (as ``_run``) that together make one public call ``name``: one operation to
+        telemetry (one span, one duration), e.g. the probes of a blocked ``claim_next`` at each wake-up."""
+        observer = TELEMETRY
+        if observer is None:
+            yield self._drive
+            return
+        with observer.operation(self, name) as watch:
+            yield lambda op: self._drive(watch(op))
 
 
 class AsyncShell(StoreShell[C]):
@@ -975,4 +1009,48 @@ class AsyncShell(StoreShell[C]):
     _client: AsyncClient  # checked in __init__
 
     async def _run(self, op: Op[T]) -> T:
+        observer = TELEMETRY
+        if observer is None:
+            return await run_async(self._client, self._scripts, self._retry, op, self._ack)
+        return await observer.run_async(self, op)
+
+    async def _drive(self, op: Op[T]) -> T:
+        """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         return await run_async(self._client, self._scripts, self._retry, op, self._ack)
+
+    @contextlib.contextmanager
+    def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:
+        """The asyncio twin of ``SyncShell._operation`` (the runner returns an awaitable)."""
+        observer = TELEMETRY
+        if observer is None:
+            yield self._drive
+            return
+        with observer.operation(self, name) as watch:
+            yield lambda op: self._drive(watch(op))
+
+
+# ---- telemetry hook ---------------------------------------------------------------
+#
+# ``redis_agentstate.telemetry.instrument()`` sets TELEMETRY; nothing else does.
+# This module never imports OpenTelemetry: while TELEMETRY is None (the extra not
+# installed, or not enabled) a store operation pays one global read and compare.
+
+
+#: Wraps an op so that its requests and replies count towards an operation under way.
+Watch = Callable[[Op[Any]], Op[Any]]
+
+
+class Observer(Protocol):
+    """What ``telemetry.instrument()`` installs: wraps every store operation, hears of lease events."""
+
+    def run_sync(self, shell: SyncShell[Any], op: Op[T]) -> T: ...
+
+    async def run_async(self, shell: AsyncShell[Any], op: Op[T]) -> T: ...
+
+    def lease_lost(self, namespace: str, *, fenced: bool) -> None: ...
+
+    def operation(self, shell: StoreShell[Any], name: str) -> contextlib.AbstractContextManager[Watch]: ...
+
+
+#: The installed observer; None: telemetry is off.
+TELEMETRY: Observer | None = None

@@ -111,7 +111,9 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         if self._waker is None:
             self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
         waker: SyncWaker = self._waker
-        found, sent = waker.claim(lambda: self._run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
+        # One call however many wake-ups it probes at: one operation to telemetry (one span).
+        with self._operation("claim_next") as run:
+            found, sent = waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
         CLAIM_SENT.set(sent)
         return found.checkpoint
 
@@ -251,9 +253,9 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
             return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
         if self._waker is None:
             self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
-        attempt = lambda: self._run(self._core.claim_next_probe(tok, lease))  # noqa: E731
         waker: AsyncWaker = self._waker
-        found, sent = await waker.claim(attempt, block, time.monotonic)
+        with self._operation("claim_next") as run:  # one operation to telemetry (see the sync twin)
+            found, sent = await waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
         CLAIM_SENT.set(sent)
         return found.checkpoint
 

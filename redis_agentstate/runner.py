@@ -52,6 +52,7 @@ import random
 import signal
 import socket
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
@@ -122,6 +123,9 @@ Handler = Callable[[Checkpoint], Outcome]
 AsyncHandler = Callable[[Checkpoint], Awaitable[Outcome]]
 
 _current: ContextVar[Lease | AsyncLease | None] = ContextVar("agentstate_current_lease", default=None)
+
+#: Every runner alive, for the lease gauges of ``redis_agentstate.telemetry`` (weak: a dropped runner leaves).
+RUNNERS: weakref.WeakSet[_RunnerBase[Any, Any]] = weakref.WeakSet()
 
 
 def current_lease() -> Lease | AsyncLease | None:
@@ -197,6 +201,18 @@ class _RunnerBase(Generic[S, H]):
         self._tokens = itertools.count()
         self._stats_lock = threading.Lock()
         self._signals = 0
+        #: The lease each worker (thread or task) claimed last; the live ones are the leases held now.
+        self._leases: dict[object, Lease | AsyncLease] = {}
+        RUNNERS.add(self)
+
+    def live_leases(self) -> list[Lease | AsyncLease]:
+        """The leases this runner's workers hold now (claimed, not yet written, released or lost)."""
+        with self._stats_lock:
+            leases = list(self._leases.values())
+        return [lease for lease in leases if lease.ended is None and not lease.lost]
+
+    def _worker_slot(self) -> object:
+        raise NotImplementedError
 
     # ---- decisions shared by both shells -----------------------------------------------
 
@@ -266,6 +282,8 @@ class _RunnerBase(Generic[S, H]):
 
     def _claimed(self, lease: Lease | AsyncLease) -> CycleLog:
         self._count("claimed")
+        with self._stats_lock:
+            self._leases[self._worker_slot()] = lease
         clog = cycle_log(lease, self.log)
         clog.info("claimed (lease %d ms)", self.timing.lease_ms)
         return clog
@@ -351,6 +369,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         """True once :meth:`stop` was called or a signal asked the runner to stop."""
         return self._stop.is_set()
 
+    def _worker_slot(self) -> object:
+        return threading.get_ident()
+
     def stop(self) -> None:
         """Stop claiming; in-flight cycles finish (thread-safe, signal-safe)."""
         self._stop.set()
@@ -359,6 +380,8 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
         self._stop.clear()
         self._signals = 0
+        with self._stats_lock:
+            self._leases.clear()  # the previous run's threads are gone
         restore = self._install_signals()
         try:
             threads = [
@@ -471,6 +494,9 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         """True once :meth:`stop` was called or a signal asked the runner to stop."""
         return self._stop is not None and self._stop.is_set()
 
+    def _worker_slot(self) -> object:
+        return asyncio.current_task()
+
     def stop(self) -> None:
         """Stop claiming; in-flight cycles finish. Call from the runner's event loop."""
         if self._stop is not None:
@@ -480,6 +506,8 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
         self._stop = asyncio.Event()
         self._signals = 0
+        with self._stats_lock:
+            self._leases.clear()  # the previous run's tasks are gone
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
         try:

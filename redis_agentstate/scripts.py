@@ -183,6 +183,8 @@ class Reply(enum.IntEnum):
     PARKED = -8
     #: requeue: the task is not parked.
     NOT_PARKED = -9
+    #: Claimed (as DONE), from another token whose lease had lapsed without a commit: a takeover.
+    TAKEN_OVER = 3
 
 
 class PoolReply(enum.IntEnum):

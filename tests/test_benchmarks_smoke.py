@@ -116,6 +116,24 @@ def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
     assert all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows.values())
 
 
+def test_telemetry_figure_quick_round(tmp_path: Path) -> None:
+    """The opt-in telemetry figure runs its four contenders, and the instrumented ones really recorded."""
+    _need_redis_server()
+    pytest.importorskip("opentelemetry.sdk")
+    data = _run(tmp_path, "--quick", "--only", "telemetry", "--no-plots", timeout=300)
+    assert data["errors"] == {}
+    fig = data["figures"]["telemetry"]
+    rows = {r["name"]: r for r in fig["rows"]}
+    assert set(rows) == {"no_hook", "off", "metrics", "metrics_traces"}
+    assert all(r["status"] == "ok" and r["us_per_cycle"]["median"] > 0 for r in rows.values())
+    assert rows["no_hook"]["vs_no_hook"]["median"] == 1.0
+    assert all(r["vs_no_hook"]["median"] > 0 for r in rows.values())
+    # Both instrumented contenders' cycles, warm-up included: claims and commits alike, two operations each.
+    recorded = fig["recorded"]
+    assert recorded["agentstate.claims"] == recorded["agentstate.commits"] > 0
+    assert recorded["agentstate.operation.duration"] == 2 * recorded["agentstate.claims"]
+
+
 def test_scale_figure_quick_round(tmp_path: Path) -> None:
     """The opt-in scale figure measures server CPU per cycle on every path and derives the spread."""
     _need_redis_server()

@@ -328,7 +328,8 @@ local WHY_MAX = 1024
 -- Parks the task whose hash ``keys[1]`` is at revision ``rev`` (see the
 -- attempts note above): the claim is cleared and the revision bumped, the task
 -- leaves the ready index for the parked index ``keys[8]``. ``att`` attempts were
--- made, ``why`` was the last failure. Returns {REPLY_PARKED, att, why}.
+-- made, ``why`` was the last failure. Returns {REPLY_PARKED, att, why, '1'}:
+-- the '1' tells parked now from a task found parked (telemetry counts parkings).
 -- Every key it writes was type-checked first, so it fails with nothing written.
 local function park(keys, rev, att, why, now)
   local task_id = task_id_of(keys[1])
@@ -337,7 +338,7 @@ local function park(keys, rev, att, why, now)
   redis.call('ZADD', keys[8], 0, task_id)
   redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', '', 'claimed', '', 'lease', '',
     'att', fmt(att), 'parked', '1', 'why', why)
-  return {REPLY_PARKED, fmt(att), why}
+  return {REPLY_PARKED, fmt(att), why, '1'}
 end
 
 -- What a fresh claim of a task whose HASH_FIELDS are ``h`` finds of the
@@ -353,7 +354,8 @@ end
 -- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
 -- are the caller's cached history (as load.lua); ``max_att`` the store's
 -- max_attempts (0: off). The reply is claim.lua's (its header lists it);
--- nothing is written unless it starts with REPLY_DONE or REPLY_PARKED.
+-- nothing is written unless it starts with REPLY_DONE, REPLY_TAKEN_OVER or
+-- REPLY_PARKED.
 local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_att)
   local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   if not present(h) then return {REPLY_REFUSED} end
@@ -375,10 +377,12 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
     return out
   end
   if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
-  local att, why = tonumber(h[10]) or 0, h[12] or ''
+  local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
   if held_by ~= token or claimed ~= cycle_arg then
-    -- A fresh claim: a new attempt at this cycle.
-    why = lapsed_reason(h) or why
+    -- A fresh claim: a new attempt at this cycle. One that finds the attempt
+    -- before it lapsed (not released) is a takeover (telemetry counts it).
+    local lapsed = lapsed_reason(h)
+    if lapsed then why, code = lapsed, REPLY_TAKEN_OVER end
     if max_att > 0 and att >= max_att then return park(keys, rev, att, why, now) end
     att = att + 1
   end
@@ -395,6 +399,6 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
       'claimed', cycle_arg, 'lease', fmt(expires), 'att', fmt(att), 'why', why)
   end
   out[3], out[4], out[5], out[6], out[10], out[12] = fmt(rev + 1), token, cycle_arg, fmt(expires), fmt(att), why
-  table.insert(out, 1, REPLY_DONE)
+  table.insert(out, 1, code)
   return out
 end

@@ -13,10 +13,13 @@
 -- {REPLY_HELD, lease_expires_at_ms} claimed by another live token;
 -- {REPLY_REVISION_EXHAUSTED, rev} the revision is too high for this claim's
 -- commit to be stored (MAX_CLAIM_FROM_REV); {REPLY_DONE, checkpoint...}
--- claimed (revision bumped); {REPLY_DONE_BEFORE, checkpoint...} this token
+-- claimed (revision bumped); {REPLY_TAKEN_OVER, checkpoint...} the same, taken
+-- from another token whose lease had lapsed without a commit (a takeover);
+-- {REPLY_DONE_BEFORE, checkpoint...} this token
 -- already holds this cycle (a re-sent claim);
--- {REPLY_PARKED, attempts, reason} the task is parked, or was parked now:
--- this claim would have been attempt max_attempts + 1 (_common.lua);
+-- {REPLY_PARKED, attempts, reason} the task is parked;
+-- {REPLY_PARKED, attempts, reason, '1'} parked now: this claim would have been
+-- attempt max_attempts + 1 (_common.lua);
 -- an AGENTSTATE_CORRUPT error reply when the hash holds a field this library
 -- would not have written (nothing is written then).
 local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])

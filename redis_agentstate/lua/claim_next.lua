@@ -18,15 +18,20 @@
 -- An index entry that disagrees with the checkpoint hash (which the other
 -- scripts never leave behind) is repaired here, then treated as a lost race.
 -- A candidate whose claim would be attempt max_attempts + 1 is parked here
--- (_common.lua) and answered as a lost race too: the caller goes on with the
--- shard's head, and the parked task costs no claim_next anything again.
+-- (_common.lua) and answered as a lost race too (REPLY_PARKED in place of
+-- REPLY_REFUSED): the caller goes on with the shard's head, and the parked
+-- task costs no claim_next anything again.
 --
 -- Returns
 --   {REPLY_DONE, checkpoint...}  claimed cycle_index + 1 (revision bumped, lease set)
+--   {REPLY_TAKEN_OVER, checkpoint...}  the same, taken from another token whose
+--                       lease had lapsed without a commit
 --   {REPLY_DONE_BEFORE, checkpoint...}  this token already holds it with a
 --                       live lease (a re-sent claim_next after a lost reply)
 --   {REPLY_REFUSED, now}  not due any more; the shard has nothing else due
 --   {REPLY_REFUSED, now, head_id, head_score}  not due any more; the shard's head now
+--   {REPLY_PARKED, now[, head_id, head_score]}  parked now (its claim would have
+--                       been attempt max_attempts + 1); as REFUSED otherwise
 --   an AGENTSTATE_CORRUPT error reply: the hash holds a field this library
 --   would not have written (nothing is written)
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
@@ -82,13 +87,18 @@ if held_by ~= '' and lease > now then
 end
 
 -- The checkpoint says claimable; that decides, whatever the index said.
-local att, why = tonumber(h[10]) or 0, h[12] or ''
+local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
 if held_by ~= token or claimed ~= fmt(next_cycle) then
-  -- A fresh claim: a new attempt at this cycle (as claim_cycle in _common.lua).
-  why = lapsed_reason(h) or why
+  -- A fresh claim: a new attempt at this cycle (as claim_cycle in _common.lua);
+  -- one that finds the attempt before it lapsed is a takeover.
+  local lapsed = lapsed_reason(h)
+  if lapsed then why, code = lapsed, REPLY_TAKEN_OVER end
   if max_attempts > 0 and att >= max_attempts then
     park(KEYS, rev, att, why, now)
-    return lost_race()
+    -- A lost race for the caller, told apart so that telemetry counts the parking.
+    local out = lost_race()
+    out[1] = REPLY_PARKED
+    return out
   end
   att = att + 1
 end
@@ -106,5 +116,5 @@ else
     'claimed', fmt(next_cycle), 'lease', fmt(expires), 'att', fmt(att), 'why', why)
 end
 out[3], out[4], out[5], out[6], out[10], out[12] = fmt(rev + 1), token, fmt(next_cycle), fmt(expires), fmt(att), why
-table.insert(out, 1, REPLY_DONE)
+table.insert(out, 1, code)
 return out

@@ -36,9 +36,10 @@
 --   {REPLY_RESEND_HISTORY}; {REPLY_SHRINK} (as commit.lua);
 --   {REPLY_TERMINAL, status}, {REPLY_NOT_RUNNING, status}, {REPLY_CYCLE_CONFLICT, cycle},
 --   {REPLY_HELD, lease_expires_at_ms}, {REPLY_REVISION_EXHAUSTED, rev},
---       {REPLY_PARKED, attempts, reason}  a re-send whose
+--       {REPLY_PARKED, attempts, reason[, '1']}  a re-send whose
 --       commit applied already but whose claim can no longer be had (nothing written
---       now); TERMINAL with status 'acknowledged' when the task was acknowledged since.
+--       now, but for '1': this claim parked the task, as claim.lua's would);
+--       TERMINAL with status 'acknowledged' when the task was acknowledged since.
 local id, token, expected, cycle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
 local next_token, lease_ms, max_attempts = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -53,7 +54,7 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
     local epoch, have_m, have_c = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
     if have_m < 0 then epoch, have_m, have_c = '', 0, 0 end
     local out = claim_cycle(KEYS, next_token, next_cycle, lease_ms, epoch, have_m, have_c, max_attempts)
-    if out[1] == REPLY_DONE then out[1] = REPLY_DONE_BEFORE end
+    if out[1] == REPLY_DONE or out[1] == REPLY_TAKEN_OVER then out[1] = REPLY_DONE_BEFORE end
     return out
   end
   local out = refused(KEYS, h[1], h[4], h[5], id)

@@ -15,7 +15,8 @@
 -- A release that makes the task claimable publishes notify_due (_common.lua).
 -- Returns {REPLY_DONE, claimable_at_ms} released; {REPLY_DONE_BEFORE, lease}
 -- released already (a re-send: nothing written); {REPLY_PARKED, attempts,
--- reason} parked now, or by this very release before (a re-send);
+-- reason, '1'} parked now; {REPLY_PARKED, attempts, reason} parked by this
+-- very release before (a re-send after a lost reply);
 -- {REPLY_REFUSED} not this token's claim any more; an AGENTSTATE_CORRUPT
 -- error reply for a field this library would not write.
 local token, expected, after_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
