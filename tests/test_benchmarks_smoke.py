@@ -162,6 +162,21 @@ def test_functions_ab_runs(tmp_path: Path) -> None:
     assert "EVALSHA: median" in proc.stdout and "FCALL: median" in proc.stdout and "x" in proc.stdout
 
 
+def test_script_floor_runs() -> None:
+    """The server-time floor measurement runs every contender and prints the ratios."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.script_floor", "--rounds", "2", "--cycles", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("noop: median", "essential: median", "commit_and_claim: median", "commit_and_claim / essential"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_even_slot_ranges_match_redis_cli() -> None:
     from benchmarks.scale import even_ranges
 
