@@ -359,8 +359,9 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
       -- A finalize may close a parked task (KEYS[8] given): it leaves the parked index
       -- first, so an index of another Redis type fails with nothing written. Only a
       -- terminal write can find the task parked: parking clears the claim, so the
-      -- fence of a commit (a token) never passes on a parked task, and a commit or
-      -- commit_and_claim (KEYS[8] given too, for the layout) spends no command here.
+      -- fence of a commit (a token) never passes on a parked task, and a commit that
+      -- is not terminal, or commit_and_claim (KEYS[8] given too, for the layout),
+      -- spends no command here.
       if keys[8] and is_terminal(status, term) then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
       reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
     end)
