@@ -23,6 +23,7 @@ import redis
 from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate._ops import RetryPolicy, new_nonce
 from redis_agentstate.codec import encode
+from redis_agentstate.keys import Keys
 from redis_agentstate.testing import finish, first_call, internals
 
 from ._util import Settings, make_message, make_state, micro
@@ -219,6 +220,74 @@ def _server_time(store: CheckpointStore, client: redis.Redis, n: int) -> dict[st
     }
 
 
+#: The statement that keeps the per-shard counters (_common.lua's ``count``), and what the
+#: counters-off scripts of ``_counter_cost`` put in its place.
+_COUNT_STMT = "redis.pcall('HINCRBY', counters_key, field, 1)"
+
+
+def _server_us_per_cycle(store: CheckpointStore, client: redis.Redis, tid: str, n: int) -> float:
+    cycle = _Cycle(store, tid)
+    store.delete(tid)
+    store.create(Checkpoint(tid, shared_state=make_state(1024)))
+    cycle()
+    client.config_resetstat()
+    for _ in range(n):
+        cycle()
+    usec = float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+    store.delete(tid)
+    return usec / n
+
+
+def _counter_cost(client: redis.Redis, ns: str, n: int, rounds: int) -> dict[str, Any]:
+    """Server time per claim + commit cycle with the stats counters and without, side by side.
+
+    The counters-off store runs the very same scripts with the counter statement
+    replaced by a no-op; rounds alternate so drift hits both alike.
+    """
+    from redis_agentstate import scripts as S
+
+    on = CheckpointStore(client, namespace=ns)
+    off = CheckpointStore(client, namespace=ns)
+    off_scripts = internals(off).scripts
+    assert isinstance(off_scripts, dict)  # the store's own table: swapped for this store only
+    for name in (S.CLAIM, S.CLAIM_NEXT, S.COMMIT, S.COMMIT_AND_CLAIM):
+        text = S.script_text(name)
+        assert _COUNT_STMT in text, "the counter statement moved: update benchmarks/profile_hot.py"
+        off_scripts[name] = client.register_script(text.replace(_COUNT_STMT, "local _ = counters_key"))
+    with_c: list[float] = []
+    without: list[float] = []
+    for r in range(rounds):
+        for store, out in ((on, with_c), (off, without)) if r % 2 == 0 else ((off, without), (on, with_c)):
+            out.append(_server_us_per_cycle(store, client, "prof-counters", n))
+    med_on, med_off = sorted(with_c)[len(with_c) // 2], sorted(without)[len(without) // 2]
+    # The statement alone, priced below the noise of whole cycles: a script of only the
+    # counter update against a no-op script, alternating, usec per call from commandstats.
+    counter_key = Keys(ns).shard_counters(0)
+    bump = client.register_script(f"local counters_key, field = KEYS[1], 'claims' {_COUNT_STMT} return 0")
+    noop = client.register_script("local k = KEYS[1] return 0")
+    bump_us: list[float] = []
+    noop_us: list[float] = []
+    for r in range(rounds):
+        for script, out in ((bump, bump_us), (noop, noop_us)) if r % 2 == 0 else ((noop, noop_us), (bump, bump_us)):
+            script(keys=[counter_key])
+            client.config_resetstat()
+            for _ in range(n):
+                script(keys=[counter_key])
+            out.append(float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec_per_call", 0)))
+    client.delete(counter_key)
+    statement_us = sorted(b - o for b, o in zip(bump_us, noop_us, strict=True))[rounds // 2]
+    return {
+        "with_counters_us_per_cycle": round(med_on, 2),
+        "without_counters_us_per_cycle": round(med_off, 2),
+        "counters_extra_us_per_cycle": round(med_on - med_off, 2),
+        "ratio": round(med_on / med_off, 3) if med_off else 0.0,
+        "rounds": rounds,
+        "counter_statement_us": round(statement_us, 2),
+        "with_rounds_us": [round(v, 2) for v in with_c],
+        "without_rounds_us": [round(v, 2) for v in without],
+    }
+
+
 def run(settings: Settings) -> dict[str, Any]:
     client = settings.client()
     store = CheckpointStore(client, namespace=settings.ns("profile"))
@@ -237,6 +306,9 @@ def run(settings: Settings) -> dict[str, Any]:
     }
     if settings.private:
         result["server"] = _server_time(store, client, 100 if settings.quick else 2000)
+        result["server"]["counters"] = _counter_cost(
+            client, settings.ns("profile-counters"), 100 if settings.quick else 2000, 1 if settings.quick else 7
+        )
     else:
         result["server"] = None
     store.delete(tid)

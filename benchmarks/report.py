@@ -282,6 +282,13 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
             srv = prof["server"]
             add(f"| server: both scripts of a cycle (INFO commandstats) | {srv['scripts_us_per_cycle']:.2f} |")
             add(f"| server: one no-op EVALSHA | {srv['noop_evalsha_us']:.2f} |")
+            if srv.get("counters"):
+                c = srv["counters"]
+                add(f"| server: the stats counters' share of a cycle (with {c['with_counters_us_per_cycle']:.2f}, "
+                    f"without {c['without_counters_us_per_cycle']:.2f}, median of {c['rounds']}) | "
+                    f"{c['counters_extra_us_per_cycle']:.2f} |")  # fmt: skip
+                add(f"| server: one counter update (pcall HINCRBY; a cycle makes 2, a takeover 3) | "
+                    f"{c['counter_statement_us']:.2f} |")  # fmt: skip
         add("")
     floor = figs.get("floor")
     if floor:

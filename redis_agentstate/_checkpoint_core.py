@@ -28,6 +28,7 @@ from ._validate import (
     MAX_LEASE_MS,
     MAX_REVISION,
     MAX_STORED_REVISION,
+    MAX_TERMINAL_TTL_MS,
     check_id,
     check_int,
 )
@@ -227,11 +228,21 @@ class CheckpointCore:
     """Validation, request building and reply parsing for one namespace."""
 
     def __init__(
-        self, namespace: str, *, max_payload_bytes: int, history_cache: int, max_attempts: int | None = None
+        self,
+        namespace: str,
+        *,
+        max_payload_bytes: int,
+        history_cache: int,
+        max_attempts: int | None = None,
+        terminal_ttl_ms: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         #: Sent with every claim and release; 0 (None given) turns parking off.
         self.max_attempts = 0 if max_attempts is None else check_int(max_attempts, "max_attempts", 1, MAX_CYCLE)
+        #: How long a task that became terminal through this store lives unacknowledged (None: for ever).
+        self.terminal_ttl_ms = (
+            None if terminal_ttl_ms is None else check_int(terminal_ttl_ms, "terminal_ttl_ms", 1, MAX_TERMINAL_TTL_MS)
+        )
         # Key strings are rebuilt for every call otherwise; hot tasks are few.
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
@@ -339,14 +350,17 @@ class CheckpointCore:
         part: tuple[list[Any], list[bytes], list[bytes]],
         replace: bool,
         claim: tuple[Any, ...] = (),
+        ttl_ms: int = 0,
     ) -> list[Any]:
         """ARGV of commit.lua, finalize.lua (which takes no token) or commit_and_claim.lua (``claim``:
-        its next_token and lease_ms): their headers give the layout."""
+        its next_token and lease_ms): their headers give the layout. ``ttl_ms``: the ttl_ms slot of
+        commit.lua and finalize.lua (terminal_ttl_ms, 0 for none)."""
         (epoch, base_m, base_c), blobs_m, blobs_c = part
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
+        extra = claim if script == S.COMMIT_AND_CLAIM else (ttl_ms,)
         return [
-            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *claim,
+            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *extra,
             "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -500,7 +514,7 @@ class CheckpointCore:
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
-        reply = yield Call(S.CLAIM, keys.with_parked(), [token, cycle_index, lease_ms, *have, self.max_attempts])
+        reply = yield Call(S.CLAIM, keys.counted(), [token, cycle_index, lease_ms, *have, self.max_attempts])
         code = reply[0]
         if code in _CLAIMED:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -587,7 +601,7 @@ class CheckpointCore:
     CLAIM_NEXT_FAST_TRIES = 3
 
     def _claim_next_call(self, keys: TaskKeys, token: str, lease_ms: int, have: list[Any]) -> Call:
-        return Call(S.CLAIM_NEXT, keys.with_parked(), [token, lease_ms, *have, self.max_attempts])
+        return Call(S.CLAIM_NEXT, keys.counted(), [token, lease_ms, *have, self.max_attempts])
 
     def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
@@ -828,8 +842,10 @@ class CheckpointCore:
         claim: tuple[Any, ...] = (),
     ) -> Op[_Written]:
         task_keys = self._task_keys(cp.task_id)
-        # finalize may close a parked task, commit_and_claim's re-send may park one: both take the parked index.
-        keys = task_keys.as_list() if script == S.COMMIT else task_keys.with_parked()
+        # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
+        # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task).
+        keys = task_keys.with_parked() if script == S.FINALIZE else task_keys.counted()
+        ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
         known = self.history.get(cp.task_id)
@@ -855,7 +871,7 @@ class CheckpointCore:
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
             identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c, claim[:1])
-            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim)
+            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim, ttl_ms)
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)
@@ -1005,13 +1021,56 @@ class CheckpointCore:
         replies = yield Batch(calls)
         now = int(replies[0][0])
         rows: dict[int, dict[str, Any]] = {}
+        missing: builtins.list[str] = []
         for chunk, reply in zip(chunks, replies, strict=True):
             for n, i in enumerate(chunk):
                 row = _summary_row(ids[i], reply[1 + n * _SUMMARY_STRIDE : 1 + (n + 1) * _SUMMARY_STRIDE], now)
                 if row is not None:
                     rows[i] = row
+                else:
+                    missing.append(ids[i])
+        yield from self.prune(missing)
         return now, [rows[i] for i in sorted(rows)]
 
+    #: Task ids per EXISTS pipeline of ``list`` (and per prune.lua call).
+    LIST_CHECK_CHUNK = 1000
+
     def list(self) -> Op[list[str]]:
-        """Every task id, from the per-shard indexes, paged (never KEYS or SCAN)."""
-        return (yield from list_indexes([self.keys.shard_tasks(s) for s in range(SHARDS)]))
+        """Every task id, from the per-shard indexes, paged (never KEYS or SCAN).
+
+        An index entry whose checkpoint is gone (it expired: ``terminal_ttl_ms``)
+        is left out and dropped from the indexes (``prune``): one pipelined
+        ``EXISTS`` per id, by pages, so the cost stays that of the listing.
+        """
+        ids = yield from list_indexes([self.keys.shard_tasks(s) for s in range(SHARDS)])
+        return (yield from self.live(ids))
+
+    def live(self, ids: Sequence[str]) -> Op[builtins.list[str]]:
+        """``ids`` (indexed task ids) whose checkpoint exists, in order; the others are pruned."""
+        out: builtins.list[str] = []
+        missing: builtins.list[str] = []
+        step = self.LIST_CHECK_CHUNK
+        for j in range(0, len(ids), step):
+            page = ids[j : j + step]
+            found = yield Pipe([("EXISTS", self._task_keys(tid).checkpoint) for tid in page])
+            for tid, n in zip(page, found, strict=True):
+                (out if int(n) else missing).append(tid)
+        yield from self.prune(missing)
+        return out
+
+    def prune(self, missing: Sequence[str]) -> Op[int]:
+        """Drop the index entries of tasks a reader found without a checkpoint (prune.lua, by shard)."""
+        if not missing:
+            return 0
+        by_shard: dict[int, builtins.list[str]] = {}
+        for tid in missing:
+            by_shard.setdefault(Keys.shard_of(tid), []).append(tid)
+        step = self.LIST_CHECK_CHUNK
+        calls = [
+            Call(S.PRUNE, [self.keys.shard_tasks(s), self.keys.shard_ready(s), self.keys.shard_parked(s),
+                           *(self._task_keys(t).checkpoint for t in tids[j : j + step])], [])
+            for s, tids in by_shard.items()
+            for j in range(0, len(tids), step)
+        ]  # fmt: skip
+        replies = yield Batch(calls)
+        return sum(int(r) for r in replies)

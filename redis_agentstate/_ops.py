@@ -12,6 +12,7 @@ and no rule can drift between them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import itertools
@@ -33,7 +34,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from . import scripts
+from . import _eviction, scripts
 from .clients import AsyncClient, RedisClient, SyncClient
 from .errors import (
     AgentStateError,
@@ -964,6 +965,10 @@ class StoreShell(Generic[C]):
         self._retry = retry or RetryPolicy()
         #: None: writes are not followed by WAIT (``wait_replicas=0``).
         self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
+        #: The server's maxmemory-policy is checked after the first operation that succeeds
+        #: (``_eviction``): after, so a call to a server that does not answer stays within its
+        #: retry bound (no extra attempt before it); successful, so the server does answer.
+        self._eviction_unchecked = True
 
     @property
     def namespace(self) -> str:
@@ -985,12 +990,17 @@ class SyncShell(StoreShell[C]):
         # costs this global read and compare.
         observer = TELEMETRY
         if observer is None:
-            return run_sync(self._client, self._scripts, self._retry, op, self._ack)
+            return self._drive(op)
         return observer.run_sync(self, op)
 
     def _drive(self, op: Op[T]) -> T:
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
-        return run_sync(self._client, self._scripts, self._retry, op, self._ack)
+        result = run_sync(self._client, self._scripts, self._retry, op, self._ack)
+        if self._eviction_unchecked:
+            # After the first operation that succeeds: a server that does not answer keeps its retry bound.
+            self._eviction_unchecked = False
+            _eviction.check_sync(self._client)
+        return result
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Any]]:
@@ -1008,15 +1018,24 @@ class AsyncShell(StoreShell[C]):
     _ASYNCIO = True
     _client: AsyncClient  # checked in __init__
 
+    #: The eviction check of an asyncio store, running beside the caller (see ``_run``).
+    _eviction_check: asyncio.Task[None] | None = None
+
     async def _run(self, op: Op[T]) -> T:
         observer = TELEMETRY
         if observer is None:
-            return await run_async(self._client, self._scripts, self._retry, op, self._ack)
+            return await self._drive(op)
         return await observer.run_async(self, op)
 
     async def _drive(self, op: Op[T]) -> T:
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
-        return await run_async(self._client, self._scripts, self._retry, op, self._ack)
+        result = await run_async(self._client, self._scripts, self._retry, op, self._ack)
+        if self._eviction_unchecked:
+            self._eviction_unchecked = False
+            # A task of its own, not awaited here: a caller's timeout or cancellation must never
+            # land on the check and lose the result of a write that applied.
+            self._eviction_check = asyncio.ensure_future(_eviction.check_async(self._client))
+        return result
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:

@@ -83,6 +83,8 @@ REMEMBER_LEAVES = 1000
 SNAPSHOT_ATTEMPTS = 8
 #: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
 MAX_BLOCK_MS = 24 * 3600 * 1000
+#: A message retention longer than a century is a bug, not a retention.
+MAX_MESSAGE_TTL_MS = 100 * 366 * 24 * 3600 * 1000
 MAX_WATCH_COUNT = 1_000_000
 _KINDS = {k.value: k for k in PoolRecordKind}
 _NONE_BLOB = encode(None, what="pool_created payload")
@@ -386,9 +388,16 @@ class PoolCore:
         max_records: int | None,
         max_record_bytes: int,
         page_size: int = DEFAULT_PAGE_SIZE,
+        max_messages: int | None = None,
+        message_ttl_ms: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         self.max_records = None if max_records is None else check_int(max_records, "max_records", 1, 2**53)
+        #: Message retention (pool_record_message.lua): how many messages, and for how long, each pool keeps.
+        self.max_messages = None if max_messages is None else check_int(max_messages, "max_messages", 1, 2**53)
+        self.message_ttl_ms = (
+            None if message_ttl_ms is None else check_int(message_ttl_ms, "message_ttl_ms", 1, MAX_MESSAGE_TTL_MS)
+        )
         self.max_record_bytes = check_int(max_record_bytes, "max_record_bytes", 1, 2**31)
         self.page_size = check_int(page_size, "page_size", 1, MAX_WATCH_COUNT)
         self.remember_leaves = REMEMBER_LEAVES
@@ -669,8 +678,9 @@ class PoolCore:
         receipt_map = _receipt_map(r)
         receipt_blob = encode(receipt_map, what=f"receipt of message {m.message_id!r}")
         stored = self._encode({"message": _message_map(m), "receipt": receipt_map}, f"message {m.message_id!r}")
-        args = [self._maxlen, m.message_id, m.idempotency_key, receipt_blob, stored]
-        reply = yield Call(POOL_RECORD_MESSAGE, keys.as_list(), args)
+        retention = [self.max_messages or 0, self.message_ttl_ms or 0]
+        args = [self._maxlen, m.message_id, m.idempotency_key, receipt_blob, stored, *retention]
+        reply = yield Call(POOL_RECORD_MESSAGE, keys.with_order(), args)
         if reply[0] == PoolReply.MALFORMED_ENTRY:
             raise CorruptState(
                 f"dedupe entry {m.idempotency_key!r} at {keys.message_dedupe!r} is malformed", key=keys.message_dedupe

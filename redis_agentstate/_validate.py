@@ -11,6 +11,8 @@ __all__ = [
     "MAX_LEASE_MS",
     "MAX_REVISION",
     "MAX_STORED_REVISION",
+    "MAX_TERMINAL_TTL_MS",
+    "TERMINAL_TOMB_MS",
     "check_id",
     "check_int",
     "check_optional_id",
@@ -28,6 +30,12 @@ MAX_STORED_REVISION = 2**52
 MAX_CLAIM_FROM_REVISION = MAX_REVISION - 2
 #: A lease longer than a year is a bug, not a lease.
 MAX_LEASE_MS = 366 * 24 * 3600 * 1000
+#: ``terminal_ttl_ms`` longer than ten years is a bug, not a retention.
+MAX_TERMINAL_TTL_MS = 10 * 366 * 24 * 3600 * 1000
+#: How long, at most, a task that expired (``terminal_ttl_ms``) is remembered after
+#: it went (``TOMB_MS`` in _common.lua): its tombstone lives ``min(ttl, this)`` longer
+#: than the task, so a re-sent finalize or a late acknowledge still gets True.
+TERMINAL_TOMB_MS = 3_600_000
 
 
 def check_id(value: object, what: str, *, max_bytes: int = MAX_ID_BYTES) -> str:

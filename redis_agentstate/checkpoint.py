@@ -41,9 +41,14 @@ class _Checkpoints(StoreShell[CheckpointCore]):
         wait_replicas: int = 0,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
         max_attempts: int | None = None,
+        terminal_ttl_ms: int | None = None,
     ) -> None:
         core = CheckpointCore(
-            namespace, max_payload_bytes=max_payload_bytes, history_cache=history_cache, max_attempts=max_attempts
+            namespace,
+            max_payload_bytes=max_payload_bytes,
+            history_cache=history_cache,
+            max_attempts=max_attempts,
+            terminal_ttl_ms=terminal_ttl_ms,
         )
         super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
         self._waker: Any = None
@@ -51,6 +56,11 @@ class _Checkpoints(StoreShell[CheckpointCore]):
     def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
         core = self._core
         return core._token(token), core._lease(lease_ms), None if block_ms is None else core.check_block_ms(block_ms)
+
+    @property
+    def terminal_ttl_ms(self) -> int | None:
+        """How long a task this store makes terminal lives unacknowledged (None: until acknowledged)."""
+        return self._core.terminal_ttl_ms
 
 
 class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
@@ -65,7 +75,10 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     server has it and AOF is on) in the same round trip, raising
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
-    docs/durability.md).
+    docs/durability.md). ``terminal_ttl_ms``: a task this store makes terminal (``finalize``, or a
+    ``commit`` carrying ``terminal_result``) expires that long after, with all of its keys, unless
+    acknowledged first; the index entries it leaves are dropped by the readers that meet them
+    (``list``, ``agentstate list``/``stats``), never by a scan (see README, "Operations").
 
     ``max_attempts=n`` parks a poison task: the claim that would be attempt
     n + 1 at one cycle (n claims ended without a commit: their leases lapsed,
@@ -187,7 +200,11 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         return self._run(self._core.finalize(cp, expected_revision=expected_revision, replace_history=replace_history))
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> bool:
-        """Delete a terminal checkpoint at ``expected_revision``; False otherwise."""
+        """Delete a terminal checkpoint at ``expected_revision``; False otherwise.
+
+        True too when it already went at that revision: acknowledged before (a
+        re-send), or expired (``terminal_ttl_ms``) less than ``min(ttl, 1 h)`` ago.
+        """
         return self._run(self._core.acknowledge_terminal(task_id, expected_revision=expected_revision))
 
     def delete(self, task_id: str) -> None:

@@ -8,7 +8,8 @@
     agentstate requeue TASK              # a parked task runs again
     agentstate show TASK                 # one checkpoint
     agentstate watch POOL [--from N]     # a pool's record log, then a live tail
-    agentstate stats                     # tasks by status, live/expired leases, pool sizes
+    agentstate stats                     # tasks by status, live/expired leases, pool sizes, memory
+    agentstate stats --watch             # a live view, refreshed every second (plain terminal, SSH)
 
 ``--url`` (or ``REDIS_URL``) picks the Redis; ``--namespace`` the key
 namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``);
@@ -327,7 +328,15 @@ def pool_sizes(
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from . import _stats_view
+
     store = _store(args)
+    eviction = _stats_view.eviction_report(store.client)  # first: it is printed here, not logged by the store
+    if args.watch:
+        return _stats_view.watch(
+            store, interval=args.interval, iterations=args.iterations, as_json=bool(args.json), esc=esc,
+            warnings=eviction["warnings"],
+        )  # fmt: skip
     now, rows = task_rows(store, store.list())
     by_status = Counter(r["status"] for r in rows)
     live = sum(1 for r in rows if r["lease_state"] == "live")
@@ -359,6 +368,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "pools": pools,
         "corrupt_tasks": {r["task_id"]: r["corrupt"] for r in rows if r["status"] == "corrupt"},
         "corrupt_pools": corrupt_pools,
+        "memory": _stats_view.memory_report(store, args.memory_sample),
+        "eviction": eviction,
     }
     if args.json:
         print(_dump(data))
@@ -379,6 +390,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"  {esc(pool_id)}: {p['members']} member(s), {p['messages']} message(s), {p['wakes']} wake(s), "
             f"{p['records']} record(s)"
         )
+    for line in _stats_view.memory_lines(data["memory"]):
+        print(esc(line))
+    for warning in data["eviction"]["warnings"]:
+        print(f"WARNING: {esc(warning)}")
     return 0
 
 
@@ -421,6 +436,16 @@ def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not 0.01 <= n <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.01 and 3600 seconds, got {value}")
     return n
 
 
@@ -485,6 +510,32 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(func=cmd_watch)
 
     stats = sub.add_parser("stats", parents=[common], help="tasks by status, live/expired leases, pool sizes")
+    stats.add_argument(
+        "--watch",
+        action="store_true",
+        help="a live view: tasks by status, claims/commits/takeovers per second, parked, oldest due",
+    )
+    stats.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="--watch: seconds between frames (default 1)",
+    )
+    stats.add_argument(
+        "--iterations",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="--watch: stop after N frames (default: until Ctrl-C)",
+    )
+    stats.add_argument(
+        "--memory-sample",
+        type=_positive,
+        default=32,
+        metavar="N",
+        help="owners of each kind measured with MEMORY USAGE for the memory estimate (default 32)",
+    )
     stats.set_defaults(func=cmd_stats)
 
     fleet_cli.add_demo_worker(sub)

@@ -10,6 +10,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:parked             zset   parked (poison) task ids of shard SS (score 0, lex order)
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
+    ns:{ns#SS}:counters           hash   claims, commits, takeovers of shard SS (``agentstate stats --watch``)
     ns:{ns#SS}:due                channel (sharded pub/sub, not a key): "a task of shard SS is due"
                                   (_common.lua's notify_due publishes, _waker.py listens)
 
@@ -24,6 +25,7 @@ Agent pools (``SS`` is the shard of the pool id)::
     ns:{ns#SS}:pool-log:<pool_id>             stream the record log, entry id "<seq>-0"
     ns:{ns#SS}:pool-runs:<pool_id>            hash   run_id -> "<seq>" (joined) or "<seq>:<member blob>" (left)
     ns:{ns#SS}:pool-left:<pool_id>            zset   run ids of the pool's latest leaves, score = seq
+    ns:{ns#SS}:pool-msg-order:<pool_id>       zset   retained messages, oldest first (only with a message retention)
     ns:{ns#SS}:pools                          zset   every pool id of shard SS (score 0)
 
 Key/value seam (``SS`` is the shard of the key)::
@@ -94,10 +96,10 @@ MAX_NAMESPACE_CHARS = 128
 #: The Redis type the library keeps under each kind of key (the segment after the shard tag).
 KEY_TYPES = {
     "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string",
-    "tasks": "zset", "ready": "zset", "gen": "string", "parked": "zset",
+    "tasks": "zset", "ready": "zset", "gen": "string", "parked": "zset", "counters": "hash",
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
-    "pool-left": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
+    "pool-left": "zset", "pool-msg-order": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
 }  # fmt: skip
@@ -156,6 +158,9 @@ class TaskKeys:
     gen: str
     tomb: str
     parked: str
+    #: The shard's counter hash: KEYS[9] of the scripts that count (claim, claim_next, commit,
+    #: commit_and_claim), after ``with_parked()``'s eight (``counted()``).
+    counters: str
 
     def as_list(self) -> list[str]:
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb]
@@ -163,6 +168,12 @@ class TaskKeys:
     def with_parked(self) -> list[str]:
         """``as_list()`` and the shard's parked index: the KEYS of the scripts that park or unpark."""
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb, self.parked]
+
+    def counted(self) -> list[str]:
+        """``with_parked()`` and the shard's counters: the KEYS of a script that counts what it applied
+        (claim, claim_next, commit, commit_and_claim)."""
+        return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb, self.parked,
+                self.counters]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +190,16 @@ class PoolKeys:
     pools: str
     runs: str
     left: str
+    #: The order of the retained messages: KEYS[11] of pool_record_message.lua only (``with_order()``).
+    message_order: str
 
     def as_list(self) -> list[str]:
         return [self.state, self.members, self.messages, self.message_dedupe,
                 self.wakes, self.wake_dedupe, self.log, self.pools, self.runs, self.left]  # fmt: skip
+
+    def with_order(self) -> list[str]:
+        """``as_list()`` and the message order: the keys of pool_record_message.lua."""
+        return [*self.as_list(), self.message_order]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +250,12 @@ class Keys:
     def shard_parked(self, shard: int) -> str:
         return self._shard_prefixes[shard] + "parked"
 
+    def shard_counters(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "counters"
+
+    def shard_gen(self, shard: int) -> str:
+        return self._shard_prefixes[shard] + "gen"
+
     def task(self, task_id: str) -> TaskKeys:
         p = self._shard_prefixes[self.shard_of(task_id)]
         return TaskKeys(
@@ -244,6 +267,7 @@ class Keys:
             gen=p + "gen",
             tomb=p + "tomb:" + task_id,
             parked=p + "parked",
+            counters=p + "counters",
         )
 
     def pool(self, pool_id: str) -> PoolKeys:
@@ -259,6 +283,7 @@ class Keys:
             pools=p + "pools",
             runs=p + "pool-runs:" + pool_id,
             left=p + "pool-left:" + pool_id,
+            message_order=p + "pool-msg-order:" + pool_id,
         )
 
     def thread(self, thread_id: str) -> ThreadKeys:

@@ -35,8 +35,13 @@ class _Pools(StoreShell[PoolCore]):
         page_size: int = DEFAULT_PAGE_SIZE,
         wait_replicas: int = 0,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        max_messages: int | None = None,
+        message_ttl_ms: int | None = None,
     ) -> None:
-        core = PoolCore(namespace, max_records=max_records, max_record_bytes=max_record_bytes, page_size=page_size)
+        core = PoolCore(
+            namespace, max_records=max_records, max_record_bytes=max_record_bytes, page_size=page_size,
+            max_messages=max_messages, message_ttl_ms=message_ttl_ms,
+        )  # fmt: skip
         super().__init__(client, core, POOL_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
         self._slice_ms = block_slice_ms(client)
 
@@ -44,6 +49,16 @@ class _Pools(StoreShell[PoolCore]):
     def max_records(self) -> int | None:
         """How many records each pool's log keeps (None: all)."""
         return self._core.max_records
+
+    @property
+    def max_messages(self) -> int | None:
+        """How many messages (with their idempotency keys) each pool keeps (None: all)."""
+        return self._core.max_messages
+
+    @property
+    def message_ttl_ms(self) -> int | None:
+        """How long each pool keeps a message and its idempotency key (None: for ever)."""
+        return self._core.message_ttl_ms
 
 
 class PoolStore(_Pools, SyncShell[PoolCore]):
@@ -62,6 +77,13 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
     docs/durability.md).
+
+    Message retention keeps a long-lived pool bounded: ``max_messages`` keeps each
+    pool's newest that many messages, ``message_ttl_ms`` drops those recorded longer
+    ago (either or both; each ``record_message`` drops at most a few of the oldest,
+    so the work per call stays bounded). A dropped message leaves the snapshot
+    and ``message_receipt``; its idempotency key is forgotten with it, so a re-send
+    with that key is recorded again, as a new message with a new cursor.
     """
 
     def open(self, pool_id: str, config: PoolConfig) -> PoolSnapshot:

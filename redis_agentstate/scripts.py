@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .clients import RedisClient
 
-from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
+from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION, TERMINAL_TOMB_MS
 from .models import TERMINAL_STATUSES, AgentStatus
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "LOAD",
     "POOL_SCRIPTS",
     "PRELUDES",
+    "PRUNE",
     "PoolReply",
     "READS",
     "RELEASE",
@@ -68,10 +69,11 @@ DELETE = "delete"
 SUMMARY = "summary"
 RELEASE = "release"
 REQUEUE = "requeue"
+PRUNE = "prune"
 
 CHECKPOINT_SCRIPTS = (
     CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
-    DELETE, SUMMARY, RELEASE, REQUEUE,
+    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE,
 )  # fmt: skip
 
 KV_SET = "kv_set"
@@ -124,7 +126,7 @@ LG_SCRIPTS = (
 #: ``_ops.Command``) are reads only: every write is a script.
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
-    RELEASE, REQUEUE,
+    RELEASE, REQUEUE, PRUNE,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
@@ -234,6 +236,7 @@ def constants_prelude() -> str:
         f"local MAX_CLAIM_FROM_REV = {_lua_int(MAX_CLAIM_FROM_REVISION)}",
         f"local STATUSES = {{ {statuses} }}",
         f"local TERMINAL = {{ {terminal} }}",
+        f"local TOMB_MS = {_lua_int(TERMINAL_TOMB_MS)}",
         f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
         *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),
         *(f"local POOL_{code.name} = {_lua_int(code.value)}" for code in PoolReply),

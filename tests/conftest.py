@@ -233,6 +233,16 @@ def backend(
 def twin_loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     yield loop
+    # As asyncio.run ends: tasks still pending (an async store's eviction check runs beside its
+    # caller, _ops.AsyncShell) are cancelled and awaited, not destroyed half-way with the loop.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+
+    async def drain() -> None:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    loop.run_until_complete(drain())
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
 

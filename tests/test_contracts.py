@@ -164,6 +164,7 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "token": lambda v, a, i: v in (TOKEN, NEXT_TOKEN, ""),
     "next_token": lambda v, a, i: v == NEXT_TOKEN,
     "lease_ms": lambda v, a, i: _int(v) == LEASE_MS,
+    "ttl_ms": lambda v, a, i: _int(v) >= 0,
     "tomb_ms": lambda v, a, i: _int(v) == ACK_REMEMBER_MS,
     "after_ms": lambda v, a, i: _int(v) == AFTER_MS,
     "reason": lambda v, a, i: v == REASON,
@@ -300,13 +301,14 @@ def test_every_script_header_matches_what_its_builder_sends(
 def test_header_check_catches_a_builder_out_of_step() -> None:
     """The check itself fails for one slot too many, too few, or two slots swapped."""
     header = Header("commit")
-    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", encode([{}, None, None], what="body"), "0", b"e", 20, 20, 1, b"m"]
-    header.check("commit", ["k"] * 7, good)
+    body = encode([{}, None, None], what="body")
+    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, "0", b"e", 20, 20, 1, b"m"]
+    header.check("commit", ["k"] * 9, good)
     check_named("commit", header, good)
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 7, good[:11])
+        header.check("commit", ["k"] * 9, good[:12])
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 6, good)
+        header.check("commit", ["k"] * 8, good)
     swapped = [good[0], good[2], good[1], *good[3:]]
     with pytest.raises(AssertionError):
         check_named("commit", header, swapped)

@@ -1,8 +1,10 @@
 -- _common.lua: prelude prepended to every checkpoint script (see scripts.py).
 --
--- Checkpoint key layout (keys.py builds these; every script but summary.lua
--- takes the first seven, in this order, and they share one hash slot through the
--- shard hash tag; the scripts that can park or unpark a task take the eighth too):
+-- Checkpoint key layout (keys.py builds these; every script but summary.lua and
+-- prune.lua takes the first seven, in this order, and they share one hash slot
+-- through the shard hash tag; the scripts that can park or unpark a task take
+-- the eighth too, and the scripts that count (claim, claim_next, commit,
+-- commit_and_claim) take the eighth and the ninth: keys.TaskKeys.counted()):
 --   KEYS[1] - ns:{ns#SS}:cp:<task>      hash  HASH_FIELDS (scripts.py) and applied
 --   KEYS[2] - ns:{ns#SS}:msgs:<task>    list  one blob per message
 --   KEYS[3] - ns:{ns#SS}:cycles:<task>  list  one blob per cycle record
@@ -10,7 +12,9 @@
 --   KEYS[5] - ns:{ns#SS}:tasks          zset  every task id of the shard (score 0)
 --   KEYS[6] - ns:{ns#SS}:gen            counter for history epochs
 --   KEYS[7] - ns:{ns#SS}:tomb:<task>    tombstone: the write ring of an acknowledged task
+--                                         (or of an expiring terminal one, see expire_terminal)
 --   KEYS[8] - ns:{ns#SS}:parked         zset  parked (poison) task ids of the shard (score 0, lex order)
+--   KEYS[9] - ns:{ns#SS}:counters       hash  claims/commits/takeovers of the shard (see count)
 --
 -- Hash fields hold decimal strings; absent optional values are ''. 'term' is
 -- '1' when a terminal_result is stored. 'epoch' names the current history
@@ -283,26 +287,82 @@ local function refused(keys, exists, applied, epoch, id)
   return {REPLY_REFUSED}
 end
 
+-- ---- retention of terminal tasks (CheckpointStore(terminal_ttl_ms=...)) ----
+
+-- ``newer`` (a write ring) with the identities of ``older`` (a tombstone's ring, or
+-- nil) after it, cut at APPLIED_MAX like any ring.
+local function ring_join(newer, older)
+  if not older or #older < 2 then return newer end
+  local inner = string.sub(newer, 2, -2)
+  if inner == '' then return older end
+  return ring_push(older, inner)
+end
+
+-- A task that just became terminal at revision ``rev`` expires ``ttl_ms`` from
+-- ``now`` unless acknowledged first: one PEXPIREAT per key, at one absolute
+-- time, so a reader (a script sees time frozen at its start) finds all of the
+-- task's keys or none. The tombstone KEYS[7] takes the task's write ring, its
+-- own older identities and 'exp:<rev>', and outlives the task by min(ttl_ms,
+-- TOMB_MS): a re-sent write is still recognised after the expiry, and an
+-- acknowledgement of ``rev`` still answers done (acknowledge_terminal.lua).
+-- The shard indexes are not touched: readers drop entries whose hash is gone
+-- (prune.lua), so expiry costs no scan.
+-- ``old_tomb`` is KEYS[7] as read before the write began (a tombstone of another
+-- Redis type fails that read, with nothing written).
+local function expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb)
+  local at = fmt(now + ttl_ms)
+  redis.call('PEXPIREAT', keys[1], at)
+  redis.call('PEXPIREAT', keys[2], at)
+  redis.call('PEXPIREAT', keys[3], at)
+  local tomb = ring_push(ring_join(ring, old_tomb), 'exp:' .. fmt(rev))
+  redis.call('SET', keys[7], tomb, 'PX', fmt(ttl_ms + math.min(ttl_ms, TOMB_MS)))
+end
+
+-- ---- shard counters (agentstate stats --watch) -----------------------------
+-- The scripts that claim or commit take the shard's counter hash as KEYS[9]
+-- and count what they applied: 'claims' (fresh claims: the attempts of
+-- _common.lua's note above, not a re-sent claim), 'commits' (a commit or the
+-- commit of commit_and_claim applied now, not a re-send) and 'takeovers' (a
+-- fresh claim that found the previous attempt lapsed: lapsed_reason, so a
+-- cycle released and claimed by another worker is not one). A claim that
+-- parks the task instead is none of them. Statistics must never fail a state
+-- write, so the counter is written with pcall (a key of another type is
+-- ignored); it is written after the script's checks and reads, so a script
+-- that fails leaves no count behind.
+local function count(counters_key, field)
+  redis.pcall('HINCRBY', counters_key, field, 1)
+end
+
 -- Applies a fenced write that passed its fence: the indexes, its history, then
 -- the hash (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``). argv[at .. at + 4] are its history slots (replace, epoch,
 -- base_m, base_c, n_messages: see commit.lua), the blobs follow.
 -- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
 -- same HSET then also claims that next cycle (revision + 2, lease from now),
 -- and the reply carries the lease's expiry as a third entry.
-local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim)
+-- ``ttl_ms`` (commit, finalize: their ttl_ms slot), if above 0: a write that
+-- leaves the task terminal sets its expiry (expire_terminal).
+local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim,
+                            ttl_ms)
   local now = server_now_ms()
   local rev, token, claimed, lease = expected + 1, '', '', ''
   if claim then
     rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
   end
+  local expiring = ttl_ms and ttl_ms > 0 and is_terminal(status, term)
+  local old_tomb
+  if expiring then old_tomb = redis.call('GET', keys[7]) end
   -- The indexes are written first (see write_history), the hash last: every key
   -- was read or written before it, so nothing can fail half-way.
   local epoch, err = write_history(keys, stored_epoch, now, argv[at], argv[at + 1], tonumber(argv[at + 2]),
     tonumber(argv[at + 3]), argv, at + 5, tonumber(argv[at + 4]),
     function()
       -- A finalize may close a parked task (KEYS[8] given): it leaves the parked index
-      -- first, so an index of another Redis type fails with nothing written.
-      if keys[8] then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
+      -- first, so an index of another Redis type fails with nothing written. Only a
+      -- terminal write can find the task parked: parking clears the claim, so the
+      -- fence of a commit (a token) never passes on a parked task, and a commit that
+      -- is not terminal, or commit_and_claim (KEYS[8] given too, for the layout),
+      -- spends no command here.
+      if keys[8] and is_terminal(status, term) then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
       reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
     end)
   if not epoch then
@@ -313,9 +373,11 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
   -- made here, is attempt 1 of the next cycle).
   local att = '0'
   if claim then att = '1' end
+  local ring = ring_push(applied, id)
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-    'epoch', epoch, 'applied', ring_push(applied, id), 'att', att, 'parked', '', 'why', '', 'failrev', '')
+    'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '')
+  if expiring then expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb) end
   if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
 end
@@ -355,7 +417,8 @@ end
 -- are the caller's cached history (as load.lua); ``max_att`` the store's
 -- max_attempts (0: off). The reply is claim.lua's (its header lists it);
 -- nothing is written unless it starts with REPLY_DONE, REPLY_TAKEN_OVER or
--- REPLY_PARKED.
+-- REPLY_PARKED. keys[9] is the shard's counter hash (see count): a fresh claim
+-- is counted, and a takeover when the attempt before it lapsed.
 local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_att)
   local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   if not present(h) then return {REPLY_REFUSED} end
@@ -378,10 +441,12 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
   end
   if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
   local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
-  if held_by ~= token or claimed ~= cycle_arg then
+  local fresh, lapsed = held_by ~= token or claimed ~= cycle_arg, nil
+  if fresh then
     -- A fresh claim: a new attempt at this cycle. One that finds the attempt
-    -- before it lapsed (not released) is a takeover (telemetry counts it).
-    local lapsed = lapsed_reason(h)
+    -- before it lapsed (not released) is a takeover (counted, and answered
+    -- REPLY_TAKEN_OVER for telemetry).
+    lapsed = lapsed_reason(h)
     if lapsed then why, code = lapsed, REPLY_TAKEN_OVER end
     if max_att > 0 and att >= max_att then return park(keys, rev, att, why, now) end
     att = att + 1
@@ -391,6 +456,10 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
   local out = read_checkpoint(keys, epoch, have_m, have_c, h)
   local expires = now + lease_ms
   redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
+  if fresh then
+    count(keys[9], 'claims')
+    if lapsed then count(keys[9], 'takeovers') end
+  end
   if why == (h[12] or '') then
     redis.call('HSET', keys[1], 'rev', fmt(rev + 1), 'token', token,
       'claimed', cycle_arg, 'lease', fmt(expires), 'att', fmt(att))

@@ -5,8 +5,9 @@
 --                anyone) still returns REPLY_DONE
 --   ARGV[2]    - expected_revision
 --   ARGV[3]    - tomb_ms: how long the tombstone is kept, in ms
--- Returns REPLY_DONE deleted (or this revision acknowledged already);
--- REPLY_REFUSED otherwise.
+-- Returns REPLY_DONE deleted (or this revision acknowledged already, or the
+-- task expired at this revision: terminal_ttl_ms, see expire_terminal in
+-- _common.lua, while its tombstone lasts); REPLY_REFUSED otherwise.
 local id, expected, tomb_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
@@ -28,5 +29,8 @@ if h[1] and tonumber(h[1]) == expected and h[2] == '1' then
 end
 -- Nothing to delete now: an acknowledgement of this revision that applied
 -- already (the task may have been created again since) is recognised.
-if ring_has(redis.call('GET', KEYS[7]), id) then return REPLY_DONE end
+local tomb = redis.call('GET', KEYS[7])
+if ring_has(tomb, id) then return REPLY_DONE end
+-- Gone by its expiry at this very revision: what acknowledging would have done.
+if not h[1] and ring_has(tomb, 'exp:' .. fmt(expected)) then return REPLY_DONE end
 return REPLY_REFUSED

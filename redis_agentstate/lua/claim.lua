@@ -1,6 +1,7 @@
 -- claim.lua: claim cycle N of a task under a lease computed on the server clock.
 --   KEYS[1..7] - the task's keys (see _common.lua)
 --   KEYS[8]    - the shard's parked index (see _common.lua)
+--   KEYS[9]    - the shard's counters (see _common.lua): counts a fresh claim (and a takeover)
 --   ARGV[1]    - token: the claim token (non-empty)
 --   ARGV[2]    - cycle_index: N to claim (the checkpoint must be at N - 1)
 --   ARGV[3]    - lease_ms: lease duration in ms

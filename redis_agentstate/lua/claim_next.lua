@@ -4,6 +4,7 @@
 --                ready index of its shard, so every key is declared and in
 --                the shard's slot
 --   KEYS[8]    - the shard's parked index (see _common.lua)
+--   KEYS[9]    - the shard's counters (see _common.lua): counts a fresh claim (and a takeover)
 --   ARGV[1]    - token: the claim token (non-empty)
 --   ARGV[2]    - lease_ms: lease duration in ms
 --   ARGV[3]    - have_epoch: cached history epoch (as load.lua)
@@ -88,10 +89,11 @@ end
 
 -- The checkpoint says claimable; that decides, whatever the index said.
 local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
-if held_by ~= token or claimed ~= fmt(next_cycle) then
+local fresh, lapsed = held_by ~= token or claimed ~= fmt(next_cycle), nil
+if fresh then
   -- A fresh claim: a new attempt at this cycle (as claim_cycle in _common.lua);
   -- one that finds the attempt before it lapsed is a takeover.
-  local lapsed = lapsed_reason(h)
+  lapsed = lapsed_reason(h)
   if lapsed then why, code = lapsed, REPLY_TAKEN_OVER end
   if max_attempts > 0 and att >= max_attempts then
     park(KEYS, rev, att, why, now)
@@ -108,6 +110,10 @@ local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
 local expires = now + lease_ms
 redis.call('ZADD', KEYS[5], 0, task_id)
 redis.call('ZADD', KEYS[4], expires, task_id)
+if fresh then
+  count(KEYS[9], 'claims')
+  if lapsed then count(KEYS[9], 'takeovers') end
+end
 if why == (h[12] or '') then
   redis.call('HSET', KEYS[1], 'rev', fmt(rev + 1), 'token', token,
     'claimed', fmt(next_cycle), 'lease', fmt(expires), 'att', fmt(att))

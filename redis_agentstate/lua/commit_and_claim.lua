@@ -2,6 +2,8 @@
 -- the same worker, in one script (a worker that goes on with the same task).
 --   KEYS[1..7] - the task's keys (see _common.lua)
 --   KEYS[8]    - the shard's parked index (see _common.lua)
+--   KEYS[9]    - the shard's counters (see _common.lua): counts the commit and the claim
+--                applied now (a re-send's claim only when it is a fresh one: claim_cycle)
 --   ARGV[1]    - identity: of this write, a digest of its content (as commit.lua)
 --   ARGV[2]    - token: the claim token that holds cycle N
 --   ARGV[3]    - expected_revision: the one the claim returned
@@ -63,6 +65,10 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
 end
 local out = apply_fenced(KEYS, ARGV, 11, id, expected, cycle, status, term, body, h[5], h[4],
   {next_token, next_cycle, lease_ms})
+if out[1] == REPLY_DONE then
+  count(KEYS[9], 'commits')
+  count(KEYS[9], 'claims')
+end
 if out[1] == REPLY_DONE and ARGV[11] ~= '1' and tonumber(ARGV[13]) < 0 then
   out = read_checkpoint(KEYS, '', 0, 0)
   table.insert(out, 1, REPLY_DONE)

@@ -29,5 +29,8 @@ redis.call('ZREM', KEYS[8], task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
   'epoch', epoch, 'applied', ring_push(h[1], nonce), 'att', '0', 'parked', '', 'why', '', 'failrev', '')
+-- A save over a terminal task that was set to expire (terminal_ttl_ms) stores
+-- what it is given, to be kept: the history was just rewritten without a TTL.
+redis.call('PERSIST', KEYS[1])
 reindex(KEYS[4], KEYS[5], task_id_of(KEYS[1]), status, term, token, lease, now)
 return {REPLY_DONE, epoch}
