@@ -56,6 +56,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 #: How long acknowledge_terminal keeps its tombstone, so a re-send still reports success.
 ACK_REMEMBER_MS = 3_600_000
 _STATUSES = {s.value: s for s in AgentStatus}
+#: A status (an ``AgentStatus`` or its value) -> its value as a plain str: what ``AgentStatus(x).value``
+#: gives, without the enum lookup and property on the hot path (the members hash and compare as their values).
+_STATUS_VALUE = {s.value: s.value for s in AgentStatus}
 
 
 def _s(value: Any) -> str:
@@ -264,7 +267,10 @@ class CheckpointCore:
         if not isinstance(cp, Checkpoint):
             raise InvalidArgument(f"expected a Checkpoint, got {type(cp).__name__}")
         check_id(cp.task_id, "task_id")
-        check_int(cp.cycle_index, "cycle_index", 0, MAX_CYCLE)
+        cycle, revision, lease = cp.cycle_index, cp.revision, cp.lease_expires_at_ms
+        # Plain ints in range skip check_int (which words the error for the rest).
+        if not (type(cycle) is int and 0 <= cycle <= MAX_CYCLE):
+            check_int(cycle, "cycle_index", 0, MAX_CYCLE)
         if not isinstance(cp.status, str) or cp.status not in _STATUSES:
             raise InvalidArgument(f"status must be one of {sorted(_STATUSES)}, got {cp.status!r}")
         if not isinstance(cp.messages, list):
@@ -273,13 +279,16 @@ class CheckpointCore:
             raise InvalidArgument("cycles must be a list")
         if not isinstance(cp.shared_state, dict):
             raise InvalidArgument("shared_state must be a dict")
-        check_int(cp.revision, "revision", 0, MAX_STORED_REVISION if stores_revision else MAX_REVISION)
+        top = MAX_STORED_REVISION if stores_revision else MAX_REVISION
+        if not (type(revision) is int and 0 <= revision <= top):
+            check_int(revision, "revision", 0, top)
         if cp.claim_token is not None:
             self._token(cp.claim_token)
-        if cp.claimed_cycle is not None:
-            check_int(cp.claimed_cycle, "claimed_cycle", 1, MAX_CYCLE)
-        if cp.lease_expires_at_ms is not None:
-            check_int(cp.lease_expires_at_ms, "lease_expires_at_ms", 0, MAX_REVISION)
+        claimed = cp.claimed_cycle
+        if claimed is not None and not (type(claimed) is int and 1 <= claimed <= MAX_CYCLE):
+            check_int(claimed, "claimed_cycle", 1, MAX_CYCLE)
+        if lease is not None and not (type(lease) is int and 0 <= lease <= MAX_REVISION):
+            check_int(lease, "lease_expires_at_ms", 0, MAX_REVISION)
         return cp
 
     # ---- request building -----------------------------------------------
@@ -320,7 +329,7 @@ class CheckpointCore:
         claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
         lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
         return [
-            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), AgentStatus(cp.status).value, term,
+            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
             body, claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -342,7 +351,7 @@ class CheckpointCore:
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
         return [
-            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *claim,
+            *head, int(expected), int(cp.cycle_index), _STATUS_VALUE[cp.status], term, body, *claim,
             "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -370,7 +379,7 @@ class CheckpointCore:
         (commit_and_claim: the next token) is part of what it writes; its lease
         is not, so a re-send with another lease is still this write.
         """
-        head = [kind, token, expected, int(cp.cycle_index), AgentStatus(cp.status).value,
+        head = [kind, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status],
                 cp.terminal_result is not None, replace, *upto, len(body), *claim]  # fmt: skip
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
@@ -745,7 +754,7 @@ class CheckpointCore:
         if cp.status != AgentStatus.RUNNING or cp.terminal_result is not None:
             raise InvalidArgument(
                 f"commit_and_claim continues a runnable task: status must be running without terminal_result "
-                f"(got status {AgentStatus(cp.status).value!r}); use commit or finalize",
+                f"(got status {_STATUS_VALUE[cp.status]!r}); use commit or finalize",
                 task_id=tid,
             )
         if cp.cycle_index >= MAX_CYCLE:
