@@ -233,10 +233,20 @@ class CheckpointCore:
         self.max_attempts = 0 if max_attempts is None else check_int(max_attempts, "max_attempts", 1, MAX_CYCLE)
         # Key strings are rebuilt for every call otherwise; hot tasks are few.
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
+        self._wire_keys = functools.lru_cache(maxsize=4096)(self._encode_keys)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
         self._corrupt_logged: set[str] = set()
         self._candidates = _Candidates()
+
+    def _encode_keys(self, task_id: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """The task's KEYS as the scripts take them, UTF-8 encoded once: ``as_list()``, ``with_parked()``.
+
+        A hot task's calls send the same 7 or 8 keys every time, and redis-py's
+        asyncio client encodes each str argument of every command it packs.
+        """
+        every = tuple(k.encode() for k in self._task_keys(task_id).with_parked())
+        return every[:7], every
 
     # ---- checks ---------------------------------------------------------
 
@@ -294,7 +304,9 @@ class CheckpointCore:
     # ---- request building -----------------------------------------------
 
     def _body(self, cp: Checkpoint) -> bytes:
-        return encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {cp.task_id!r} body")
+        return encode(
+            [cp.shared_state, cp.terminal_result, cp.budget_usage], what=lambda: f"checkpoint {cp.task_id!r} body"
+        )
 
     def _history_part(
         self, cp: Checkpoint, history: History | None, upto: tuple[int, int], body: bytes
@@ -313,8 +325,8 @@ class CheckpointCore:
         else:
             header = [history.epoch, history.n_m, history.n_c]
             new_m, new_c = cp.messages[history.n_m : lim_m], cp.cycles[history.n_c : lim_c]
-        blobs_m = [encode(m, what=f"message of task {tid!r}") for m in new_m]
-        blobs_c = [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
+        blobs_m = [encode(m, what=lambda: f"message of task {tid!r}") for m in new_m]
+        blobs_c = [encode(c, what=lambda: f"cycle record of task {tid!r}") for c in new_c]
         size = len(body) + sum(map(len, blobs_m)) + sum(map(len, blobs_c))
         if size > self.max_payload_bytes:
             raise InvalidArgument(
@@ -504,7 +516,7 @@ class CheckpointCore:
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
-        reply = yield Call(S.CLAIM, keys.with_parked(), [token, cycle_index, lease_ms, *have, self.max_attempts])
+        reply = yield Call(S.CLAIM, self._wire_keys(tid)[1], [token, cycle_index, lease_ms, *have, self.max_attempts])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -590,8 +602,8 @@ class CheckpointCore:
     #: Candidates a claim_next tries (one script each) before it peeks.
     CLAIM_NEXT_FAST_TRIES = 3
 
-    def _claim_next_call(self, keys: TaskKeys, token: str, lease_ms: int, have: list[Any]) -> Call:
-        return Call(S.CLAIM_NEXT, keys.with_parked(), [token, lease_ms, *have, self.max_attempts])
+    def _claim_next_call(self, tid: str, token: str, lease_ms: int, have: list[Any]) -> Call:
+        return Call(S.CLAIM_NEXT, self._wire_keys(tid)[1], [token, lease_ms, *have, self.max_attempts])
 
     def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
@@ -602,7 +614,7 @@ class CheckpointCore:
             keys = self._task_keys(tid)
             cached, have = self._cached(tid)
             try:
-                reply = yield self._claim_next_call(keys, token, lease_ms, have)
+                reply = yield self._claim_next_call(tid, token, lease_ms, have)
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
@@ -682,7 +694,7 @@ class CheckpointCore:
                 keys = self._task_keys(tid)
                 try:
                     cached, have = self._cached(tid)
-                    reply = yield self._claim_next_call(keys, token, lease_ms, have)
+                    reply = yield self._claim_next_call(tid, token, lease_ms, have)
                     code = reply[0]
                     if code in (Reply.DONE, Reply.DONE_BEFORE):
                         for other, score in due[i + 1 :]:
@@ -772,7 +784,7 @@ class CheckpointCore:
             )
         w = yield from self._fenced_write(
             "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
-            (next_token, lease_ms, self.max_attempts),
+            (next_token, lease_ms, self.max_attempts), claim_revision=expected + 2,
         )  # fmt: skip
         reply, code = w.reply, w.reply[0]
         keys = self._task_keys(tid)
@@ -781,7 +793,7 @@ class CheckpointCore:
             return self._checkpoint(tid, keys, reply, 1, None, claim=True)
         if code == Reply.DONE:
             assert w.entry is not None
-            return self._continued(cp, w.entry, w.body, expected + 2, next_token, reply)
+            return self._continued(cp, w.entry, w.body, next_token, reply)
         if code == Reply.DONE_BEFORE:
             return self._checkpoint(tid, keys, reply, 1, w.known, claim=True)
         if code == Reply.REFUSED:
@@ -789,29 +801,21 @@ class CheckpointCore:
         self._claim_refused(tid, cp.cycle_index + 1, code, reply)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _continued(
-        self, cp: Checkpoint, entry: History, body: bytes, revision: int, token: str, reply: Sequence[Any]
-    ) -> Checkpoint:
+    def _continued(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
         """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.
 
         The state is decoded from the very body sent (objects of the claimant's
-        own, as a claim's); the history lists pass from the commit to the claim
-        as they would through the cache (``HistoryCache``).
+        own, as a claim's); the history lists are those of ``claim``, the cache
+        entry ``_fenced_write`` left for the new claim (``_claimed_entry``).
         """
         tid = cp.task_id
-        keys = self._task_keys(tid)
-        shared_state, _terminal, budget = decode(body, key=keys.checkpoint, task_id=tid)
-        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
-                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
-        if not (entry.intact() and self.history.put(tid, claim, lend_from=entry)):
-            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
-            self.history.put(tid, claim)
+        shared_state, _terminal, budget = decode(body, key=self._task_keys(tid).checkpoint, task_id=tid)
         return Checkpoint(
             task_id=tid,
             cycle_index=cp.cycle_index,
             status=AgentStatus.RUNNING,
             shared_state=shared_state,
-            revision=revision,
+            revision=claim.revision,
             claim_token=token,
             claimed_cycle=cp.cycle_index + 1,
             lease_expires_at_ms=int(reply[2]),
@@ -820,6 +824,21 @@ class CheckpointCore:
             messages=claim.messages,
             cycles=claim.cycles,
         )
+
+    def _claimed_entry(self, task_id: str, entry: History, revision: int) -> History:
+        """Cache, for the claim a commit_and_claim made at ``revision``, the history ``entry`` its commit wrote.
+
+        In one step what a commit then a claim of the task through this store
+        would leave: the committed lists pass to the claimant (lent), as a claim
+        takes them from the cache when nobody else holds them; copies when the
+        caller appended past them since, or when the cache is off.
+        """
+        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
+                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
+        if not (entry.intact() and self.history.max_tasks):
+            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
+        self.history.put(task_id, claim)
+        return claim
 
     def _fenced_write(
         self,
@@ -830,10 +849,12 @@ class CheckpointCore:
         expected: int,
         replace: bool,
         claim: tuple[Any, ...] = (),
+        claim_revision: int | None = None,
     ) -> Op[_Written]:
-        task_keys = self._task_keys(cp.task_id)
+        """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
+        (``_claimed_entry``), and ``written.entry`` is that."""
         # finalize may close a parked task, commit_and_claim's re-send may park one: both take the parked index.
-        keys = task_keys.as_list() if script == S.COMMIT else task_keys.with_parked()
+        keys = self._wire_keys(cp.task_id)[0 if script == S.COMMIT else 1]
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
         known = self.history.get(cp.task_id)
@@ -883,19 +904,22 @@ class CheckpointCore:
             self.history.drop(cp.task_id)
         elif reply[0] != Reply.DONE:
             pass
-        elif replace:
-            entry = History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
-            self.history.put(cp.task_id, entry)
-            written.entry = entry
-        elif known is not None:
-            # Redis kept its own first n entries and appended ours after them. The
-            # committed lists pass to the cache: the claimant is done with them, so
-            # the next claim may take them without a copy.
-            messages = committed(known.messages, known.n_m, cp.messages)
-            cycles = committed(known.cycles, known.n_c, cp.cycles)
+        elif replace or known is not None:
+            if replace:
+                messages, cycles = cp.messages[:n_m], cp.cycles[:n_c]
+            else:
+                # Redis kept its own first n entries and appended ours after them. The
+                # committed lists pass to the cache: the claimant is done with them, so
+                # the next claim may take them without a copy.
+                assert known is not None
+                messages = committed(known.messages, known.n_m, cp.messages)
+                cycles = committed(known.cycles, known.n_c, cp.cycles)
             entry = History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
-            self.history.put(cp.task_id, entry)
-            written.entry = entry
+            if claim_revision is None:
+                self.history.put(cp.task_id, entry)
+                written.entry = entry
+            else:
+                written.entry = self._claimed_entry(cp.task_id, entry, claim_revision)
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)
@@ -903,9 +927,9 @@ class CheckpointCore:
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""
-        _, keys = self._task(task_id)
+        tid = check_id(task_id, "task_id")
         args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
-        reply = yield Call(S.RENEW, keys.as_list(), args)
+        reply = yield Call(S.RENEW, self._wire_keys(tid)[0], args)
         return int(reply[1]) if reply[0] == Reply.DONE else None
 
     @staticmethod
@@ -932,9 +956,9 @@ class CheckpointCore:
         With ``reason`` the attempt is recorded as failed (and parks the task if it was attempt
         ``max_attempts``); without, it is given back (a shutdown is no failure).
         """
-        tid, keys = self._task(task_id)
+        tid = check_id(task_id, "task_id")
         args = [self._token(token), self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
-        reply = yield Call(S.RELEASE, keys.with_parked(), [*args, self.max_attempts])
+        reply = yield Call(S.RELEASE, self._wire_keys(tid)[1], [*args, self.max_attempts])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return "released"

@@ -8,6 +8,7 @@ scalars the scripts compare live in their own hash fields.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -30,8 +31,12 @@ _local = threading.local()
 _KEEP_PACKER_BYTES = 1 << 20
 
 
-def encode(value: Any, *, what: str) -> bytes:
-    """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be."""
+def encode(value: Any, *, what: str | Callable[[], str]) -> bytes:
+    """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be.
+
+    ``what`` names the value in that error; a callable is called only then (the hot
+    paths would otherwise format a name per value they send).
+    """
     try:
         packer = _local.packer
     except AttributeError:
@@ -39,7 +44,8 @@ def encode(value: Any, *, what: str) -> bytes:
     try:
         packed: bytes = packer.pack(value)  # autoreset: the packer is empty again, also after an error
     except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidArgument(f"{what} is not msgpack-serialisable: {exc}") from exc
+        name = what() if callable(what) else what
+        raise InvalidArgument(f"{name} is not msgpack-serialisable: {exc}") from exc
     if len(packed) > _KEEP_PACKER_BYTES:
         del _local.packer
     return _PREFIX + packed
