@@ -17,7 +17,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
@@ -996,6 +996,5 @@ class AsyncShell(StoreShell[C]):
     _ASYNCIO = True
     _client: AsyncClient  # checked in __init__
 
-    def _run(self, op: Op[T]) -> Coroutine[Any, Any, T]:
-        # Not itself a coroutine: the caller awaits run_async's directly (one frame fewer per call).
-        return run_async(self._client, self._scripts, self._retry, op, self._ack)
+    async def _run(self, op: Op[T]) -> T:
+        return await run_async(self._client, self._scripts, self._retry, op, self._ack)
