@@ -61,6 +61,9 @@ _STATUSES = {s.value: s for s in AgentStatus}
 _CLAIMED = (Reply.DONE, Reply.TAKEN_OVER, Reply.DONE_BEFORE)
 #: The codes of a claim_next reply that claimed nothing and may name the shard's head (PARKED: parked now).
 _LOST_RACE = (Reply.REFUSED, Reply.PARKED)
+#: A status (an ``AgentStatus`` or its value) -> its value as a plain str: what ``AgentStatus(x).value``
+#: gives, without the enum lookup and property on the hot path (the members hash and compare as their values).
+_STATUS_VALUE = {s.value: s.value for s in AgentStatus}
 
 
 def _s(value: Any) -> str:
@@ -245,10 +248,21 @@ class CheckpointCore:
         )
         # Key strings are rebuilt for every call otherwise; hot tasks are few.
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
+        self._wire_keys = functools.lru_cache(maxsize=4096)(self._encode_keys)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
         self._corrupt_logged: set[str] = set()
         self._candidates = _Candidates()
+
+    def _encode_keys(self, task_id: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+        """The task's KEYS as the scripts take them, UTF-8 encoded once: ``as_list()``, ``with_parked()``,
+        ``counted()``.
+
+        A hot task's calls send the same 7 to 9 keys every time, and redis-py's
+        asyncio client encodes each str argument of every command it packs.
+        """
+        every = tuple(k.encode() for k in self._task_keys(task_id).counted())
+        return every[:7], every[:8], every
 
     # ---- checks ---------------------------------------------------------
 
@@ -279,7 +293,10 @@ class CheckpointCore:
         if not isinstance(cp, Checkpoint):
             raise InvalidArgument(f"expected a Checkpoint, got {type(cp).__name__}")
         check_id(cp.task_id, "task_id")
-        check_int(cp.cycle_index, "cycle_index", 0, MAX_CYCLE)
+        cycle, revision, lease = cp.cycle_index, cp.revision, cp.lease_expires_at_ms
+        # Plain ints in range skip check_int (which words the error for the rest).
+        if not (type(cycle) is int and 0 <= cycle <= MAX_CYCLE):
+            check_int(cycle, "cycle_index", 0, MAX_CYCLE)
         if not isinstance(cp.status, str) or cp.status not in _STATUSES:
             raise InvalidArgument(f"status must be one of {sorted(_STATUSES)}, got {cp.status!r}")
         if not isinstance(cp.messages, list):
@@ -288,19 +305,24 @@ class CheckpointCore:
             raise InvalidArgument("cycles must be a list")
         if not isinstance(cp.shared_state, dict):
             raise InvalidArgument("shared_state must be a dict")
-        check_int(cp.revision, "revision", 0, MAX_STORED_REVISION if stores_revision else MAX_REVISION)
+        top = MAX_STORED_REVISION if stores_revision else MAX_REVISION
+        if not (type(revision) is int and 0 <= revision <= top):
+            check_int(revision, "revision", 0, top)
         if cp.claim_token is not None:
             self._token(cp.claim_token)
-        if cp.claimed_cycle is not None:
-            check_int(cp.claimed_cycle, "claimed_cycle", 1, MAX_CYCLE)
-        if cp.lease_expires_at_ms is not None:
-            check_int(cp.lease_expires_at_ms, "lease_expires_at_ms", 0, MAX_REVISION)
+        claimed = cp.claimed_cycle
+        if claimed is not None and not (type(claimed) is int and 1 <= claimed <= MAX_CYCLE):
+            check_int(claimed, "claimed_cycle", 1, MAX_CYCLE)
+        if lease is not None and not (type(lease) is int and 0 <= lease <= MAX_REVISION):
+            check_int(lease, "lease_expires_at_ms", 0, MAX_REVISION)
         return cp
 
     # ---- request building -----------------------------------------------
 
     def _body(self, cp: Checkpoint) -> bytes:
-        return encode([cp.shared_state, cp.terminal_result, cp.budget_usage], what=f"checkpoint {cp.task_id!r} body")
+        return encode(
+            [cp.shared_state, cp.terminal_result, cp.budget_usage], what=lambda: f"checkpoint {cp.task_id!r} body"
+        )
 
     def _history_part(
         self, cp: Checkpoint, history: History | None, upto: tuple[int, int], body: bytes
@@ -319,8 +341,8 @@ class CheckpointCore:
         else:
             header = [history.epoch, history.n_m, history.n_c]
             new_m, new_c = cp.messages[history.n_m : lim_m], cp.cycles[history.n_c : lim_c]
-        blobs_m = [encode(m, what=f"message of task {tid!r}") for m in new_m]
-        blobs_c = [encode(c, what=f"cycle record of task {tid!r}") for c in new_c]
+        blobs_m = [encode(m, what=lambda: f"message of task {tid!r}") for m in new_m]
+        blobs_c = [encode(c, what=lambda: f"cycle record of task {tid!r}") for c in new_c]
         size = len(body) + sum(map(len, blobs_m)) + sum(map(len, blobs_c))
         if size > self.max_payload_bytes:
             raise InvalidArgument(
@@ -335,7 +357,7 @@ class CheckpointCore:
         claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
         lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
         return [
-            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), AgentStatus(cp.status).value, term,
+            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
             body, claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -360,7 +382,7 @@ class CheckpointCore:
         term = "0" if cp.terminal_result is None else "1"
         extra = claim if script == S.COMMIT_AND_CLAIM else (ttl_ms,)
         return [
-            *head, int(expected), int(cp.cycle_index), AgentStatus(cp.status).value, term, body, *extra,
+            *head, int(expected), int(cp.cycle_index), _STATUS_VALUE[cp.status], term, body, *extra,
             "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
@@ -388,7 +410,7 @@ class CheckpointCore:
         (commit_and_claim: the next token) is part of what it writes; its lease
         is not, so a re-send with another lease is still this write.
         """
-        head = [kind, token, expected, int(cp.cycle_index), AgentStatus(cp.status).value,
+        head = [kind, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status],
                 cp.terminal_result is not None, replace, *upto, len(body), *claim]  # fmt: skip
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
@@ -514,7 +536,7 @@ class CheckpointCore:
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
-        reply = yield Call(S.CLAIM, keys.counted(), [token, cycle_index, lease_ms, *have, self.max_attempts])
+        reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [token, cycle_index, lease_ms, *have, self.max_attempts])
         code = reply[0]
         if code in _CLAIMED:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -600,8 +622,8 @@ class CheckpointCore:
     #: Candidates a claim_next tries (one script each) before it peeks.
     CLAIM_NEXT_FAST_TRIES = 3
 
-    def _claim_next_call(self, keys: TaskKeys, token: str, lease_ms: int, have: list[Any]) -> Call:
-        return Call(S.CLAIM_NEXT, keys.counted(), [token, lease_ms, *have, self.max_attempts])
+    def _claim_next_call(self, tid: str, token: str, lease_ms: int, have: list[Any]) -> Call:
+        return Call(S.CLAIM_NEXT, self._wire_keys(tid)[2], [token, lease_ms, *have, self.max_attempts])
 
     def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
@@ -612,7 +634,7 @@ class CheckpointCore:
             keys = self._task_keys(tid)
             cached, have = self._cached(tid)
             try:
-                reply = yield self._claim_next_call(keys, token, lease_ms, have)
+                reply = yield self._claim_next_call(tid, token, lease_ms, have)
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
@@ -692,7 +714,7 @@ class CheckpointCore:
                 keys = self._task_keys(tid)
                 try:
                     cached, have = self._cached(tid)
-                    reply = yield self._claim_next_call(keys, token, lease_ms, have)
+                    reply = yield self._claim_next_call(tid, token, lease_ms, have)
                     code = reply[0]
                     if code in _CLAIMED:
                         for other, score in due[i + 1 :]:
@@ -764,7 +786,7 @@ class CheckpointCore:
         if cp.status != AgentStatus.RUNNING or cp.terminal_result is not None:
             raise InvalidArgument(
                 f"commit_and_claim continues a runnable task: status must be running without terminal_result "
-                f"(got status {AgentStatus(cp.status).value!r}); use commit or finalize",
+                f"(got status {_STATUS_VALUE[cp.status]!r}); use commit or finalize",
                 task_id=tid,
             )
         if cp.cycle_index >= MAX_CYCLE:
@@ -782,7 +804,7 @@ class CheckpointCore:
             )
         w = yield from self._fenced_write(
             "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
-            (next_token, lease_ms, self.max_attempts),
+            (next_token, lease_ms, self.max_attempts), claim_revision=expected + 2,
         )  # fmt: skip
         reply, code = w.reply, w.reply[0]
         keys = self._task_keys(tid)
@@ -791,7 +813,7 @@ class CheckpointCore:
             return self._checkpoint(tid, keys, reply, 1, None, claim=True)
         if code == Reply.DONE:
             assert w.entry is not None
-            return self._continued(cp, w.entry, w.body, expected + 2, next_token, reply)
+            return self._continued(cp, w.entry, w.body, next_token, reply)
         if code == Reply.DONE_BEFORE:
             return self._checkpoint(tid, keys, reply, 1, w.known, claim=True)
         if code == Reply.REFUSED:
@@ -799,29 +821,21 @@ class CheckpointCore:
         self._claim_refused(tid, cp.cycle_index + 1, code, reply)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _continued(
-        self, cp: Checkpoint, entry: History, body: bytes, revision: int, token: str, reply: Sequence[Any]
-    ) -> Checkpoint:
+    def _continued(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
         """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.
 
         The state is decoded from the very body sent (objects of the claimant's
-        own, as a claim's); the history lists pass from the commit to the claim
-        as they would through the cache (``HistoryCache``).
+        own, as a claim's); the history lists are those of ``claim``, the cache
+        entry ``_fenced_write`` left for the new claim (``_claimed_entry``).
         """
         tid = cp.task_id
-        keys = self._task_keys(tid)
-        shared_state, _terminal, budget = decode(body, key=keys.checkpoint, task_id=tid)
-        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
-                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
-        if not (entry.intact() and self.history.put(tid, claim, lend_from=entry)):
-            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
-            self.history.put(tid, claim)
+        shared_state, _terminal, budget = decode(body, key=self._task_keys(tid).checkpoint, task_id=tid)
         return Checkpoint(
             task_id=tid,
             cycle_index=cp.cycle_index,
             status=AgentStatus.RUNNING,
             shared_state=shared_state,
-            revision=revision,
+            revision=claim.revision,
             claim_token=token,
             claimed_cycle=cp.cycle_index + 1,
             lease_expires_at_ms=int(reply[2]),
@@ -830,6 +844,21 @@ class CheckpointCore:
             messages=claim.messages,
             cycles=claim.cycles,
         )
+
+    def _claimed_entry(self, task_id: str, entry: History, revision: int) -> History:
+        """Cache, for the claim a commit_and_claim made at ``revision``, the history ``entry`` its commit wrote.
+
+        In one step what a commit then a claim of the task through this store
+        would leave: the committed lists pass to the claimant (lent), as a claim
+        takes them from the cache when nobody else holds them; copies when the
+        caller appended past them since, or when the cache is off.
+        """
+        claim = History(entry.epoch, entry.messages, entry.cycles, entry.n_m, entry.n_c, revision,
+                        entry.hash_m, entry.hash_c, lent=True)  # fmt: skip
+        if not (entry.intact() and self.history.max_tasks):
+            claim.messages, claim.cycles = entry.messages[: entry.n_m], entry.cycles[: entry.n_c]
+        self.history.put(task_id, claim)
+        return claim
 
     def _fenced_write(
         self,
@@ -840,11 +869,13 @@ class CheckpointCore:
         expected: int,
         replace: bool,
         claim: tuple[Any, ...] = (),
+        claim_revision: int | None = None,
     ) -> Op[_Written]:
-        task_keys = self._task_keys(cp.task_id)
+        """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
+        (``_claimed_entry``), and ``written.entry`` is that."""
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
         # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task).
-        keys = task_keys.with_parked() if script == S.FINALIZE else task_keys.counted()
+        keys = self._wire_keys(cp.task_id)[1 if script == S.FINALIZE else 2]
         ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
@@ -895,19 +926,22 @@ class CheckpointCore:
             self.history.drop(cp.task_id)
         elif reply[0] != Reply.DONE:
             pass
-        elif replace:
-            entry = History(reply[1], cp.messages[:n_m], cp.cycles[:n_c], n_m, n_c, expected + 1, hash_m, hash_c)
-            self.history.put(cp.task_id, entry)
-            written.entry = entry
-        elif known is not None:
-            # Redis kept its own first n entries and appended ours after them. The
-            # committed lists pass to the cache: the claimant is done with them, so
-            # the next claim may take them without a copy.
-            messages = committed(known.messages, known.n_m, cp.messages)
-            cycles = committed(known.cycles, known.n_c, cp.cycles)
+        elif replace or known is not None:
+            if replace:
+                messages, cycles = cp.messages[:n_m], cp.cycles[:n_c]
+            else:
+                # Redis kept its own first n entries and appended ours after them. The
+                # committed lists pass to the cache: the claimant is done with them, so
+                # the next claim may take them without a copy.
+                assert known is not None
+                messages = committed(known.messages, known.n_m, cp.messages)
+                cycles = committed(known.cycles, known.n_c, cp.cycles)
             entry = History(reply[1], messages, cycles, n_m, n_c, expected + 1, hash_m, hash_c)
-            self.history.put(cp.task_id, entry)
-            written.entry = entry
+            if claim_revision is None:
+                self.history.put(cp.task_id, entry)
+                written.entry = entry
+            else:
+                written.entry = self._claimed_entry(cp.task_id, entry, claim_revision)
         else:
             # Full lists went: the script kept what it held, which we have not seen.
             self.history.drop(cp.task_id)
@@ -915,9 +949,9 @@ class CheckpointCore:
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""
-        _, keys = self._task(task_id)
+        tid = check_id(task_id, "task_id")
         args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
-        reply = yield Call(S.RENEW, keys.as_list(), args)
+        reply = yield Call(S.RENEW, self._wire_keys(tid)[0], args)
         return int(reply[1]) if reply[0] == Reply.DONE else None
 
     @staticmethod
@@ -944,9 +978,9 @@ class CheckpointCore:
         With ``reason`` the attempt is recorded as failed (and parks the task if it was attempt
         ``max_attempts``); without, it is given back (a shutdown is no failure).
         """
-        tid, keys = self._task(task_id)
+        tid = check_id(task_id, "task_id")
         args = [self._token(token), self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
-        reply = yield Call(S.RELEASE, keys.with_parked(), [*args, self.max_attempts])
+        reply = yield Call(S.RELEASE, self._wire_keys(tid)[1], [*args, self.max_attempts])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return "released"

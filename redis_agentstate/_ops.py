@@ -66,10 +66,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One ``EVALSHA`` of a registered script."""
+    """One ``EVALSHA`` of a registered script.
+
+    ``keys`` may be str or (encoded once, for a hot task) UTF-8 bytes: Redis sees the same key.
+    """
 
     script: str
-    keys: Sequence[str]
+    keys: Sequence[str | bytes]
     args: Sequence[Any]
 
 
@@ -640,18 +643,16 @@ async def _send_one_async(client: AsyncClient, scripts: dict[str, Any], req: Req
     return await (_send_async(client, scripts, req) if ack is None else _send_acked_async(client, scripts, req, ack))
 
 
-def _send_retrying_sync(
-    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request, ack: ReplicaAck | None = None
+def _retry_sync(
+    client: SyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    req: Request,
+    ack: ReplicaAck | None,
+    started: float,
+    failed: BaseException | None,
 ) -> Any:
-    # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
-    # the deadline counts from its start all the same (redis-py's own retries and
-    # connect timeouts inside it are within max_delay_s, not on top of it).
-    started = time.monotonic()
-    failed: BaseException | None = None
-    try:
-        return _send_one_sync(client, scripts, req, ack)
-    except retry.retry_on as exc:
-        failed = exc
+    """Re-send ``req`` after its first try (begun at ``started``) failed with ``failed``, per ``retry``."""
     for attempt in retry.sync(started):
         with attempt:
             if failed is not None:
@@ -669,8 +670,18 @@ def run_sync(
     try:
         req = next(op)
         while True:
+            # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
+            # the deadline counts from its start all the same (redis-py's own retries and
+            # connect timeouts inside it are within max_delay_s, not on top of it).
+            started = time.monotonic()
             try:
-                reply = _send_retrying_sync(client, scripts, retry, req, ack)
+                try:
+                    if ack is None:
+                        reply = _send_sync(client, scripts, req)
+                    else:
+                        reply = _send_acked_sync(client, scripts, req, ack)
+                except retry.retry_on as exc:
+                    reply = _retry_sync(client, scripts, retry, req, ack, started, exc)
             except rex.RedisError as exc:
                 # Thrown into the op, which may recover (claim_next skips a corrupt task).
                 req = op.throw(_caused(_error_sync(client, scripts, req, exc), exc))
@@ -704,15 +715,16 @@ async def _error_async(
         return _translate(exc)
 
 
-async def _send_retrying_async(
-    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, req: Request, ack: ReplicaAck | None = None
+async def _retry_async(
+    client: AsyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    req: Request,
+    ack: ReplicaAck | None,
+    started: float,
+    failed: BaseException | None,
 ) -> Any:
-    started = time.monotonic()
-    failed: BaseException | None = None
-    try:
-        return await _send_one_async(client, scripts, req, ack)
-    except retry.retry_on as exc:
-        failed = exc
+    """The asyncio twin of :func:`_retry_sync`."""
     async for attempt in retry.asyncio(started):
         with attempt:
             if failed is not None:
@@ -729,8 +741,18 @@ async def run_async(
     try:
         req = next(op)
         while True:
+            started = time.monotonic()  # as run_sync: the first try outside tenacity
             try:
-                reply = await _send_retrying_async(client, scripts, retry, req, ack)
+                try:
+                    if ack is None and type(req) is Call:
+                        # The hot path, inlined: one coroutine fewer per script call than via _send_async.
+                        reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
+                    elif ack is None:
+                        reply = await _send_async(client, scripts, req)
+                    else:
+                        reply = await _send_acked_async(client, scripts, req, ack)
+                except retry.retry_on as exc:
+                    reply = await _retry_async(client, scripts, retry, req, ack, started, exc)
             except rex.RedisError as exc:
                 req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
                 continue

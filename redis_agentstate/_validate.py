@@ -40,6 +40,9 @@ TERMINAL_TOMB_MS = 3_600_000
 
 def check_id(value: object, what: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
     """A non-empty ``str`` of at most ``max_bytes`` UTF-8 bytes."""
+    # Fast path, the usual case: ASCII (an O(1) flag check) has one byte per character and no surrogates.
+    if type(value) is str and value.isascii() and 0 < len(value) <= max_bytes:
+        return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
     if not value:

@@ -7,6 +7,8 @@ scalars the scripts compare live in their own hash fields.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -20,13 +22,33 @@ FORMAT_VERSION = 1
 _PREFIX = bytes([FORMAT_VERSION])
 
 
-def encode(value: Any, *, what: str) -> bytes:
-    """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be."""
+#: A packer per thread, reused: ``msgpack.packb`` builds one (and allocates its 1 MiB
+#: buffer) on every call, which is most of what packing a small value costs. Per thread,
+#: because packing user objects may run Python code (a dict subclass's ``items``) and so
+#: let another thread in. The output is ``packb``'s, byte for byte.
+_local = threading.local()
+#: A packer whose buffer grew past this (a large write) is dropped, not kept for the thread.
+_KEEP_PACKER_BYTES = 1 << 20
+
+
+def encode(value: Any, *, what: str | Callable[[], str]) -> bytes:
+    """Serialise ``value`` with the format byte; ``InvalidArgument`` if it cannot be.
+
+    ``what`` names the value in that error; a callable is called only then (the hot
+    paths would otherwise format a name per value they send).
+    """
     try:
-        packed: bytes = msgpack.packb(value, use_bin_type=True, datetime=False)
-        return _PREFIX + packed
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True, datetime=False)
+    try:
+        packed: bytes = packer.pack(value)  # autoreset: the packer is empty again, also after an error
     except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidArgument(f"{what} is not msgpack-serialisable: {exc}") from exc
+        name = what() if callable(what) else what
+        raise InvalidArgument(f"{name} is not msgpack-serialisable: {exc}") from exc
+    if len(packed) > _KEEP_PACKER_BYTES:
+        del _local.packer
+    return _PREFIX + packed
 
 
 def _freeze(value: Any) -> Any:

@@ -177,6 +177,29 @@ def test_script_floor_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_client_ab_runs_both_sides(tmp_path: Path) -> None:
+    """The client A/B imports another commit's package next to this one and measures both in the same rounds."""
+    _need_redis_server()
+    if not (ROOT / ".git").exists():
+        pytest.skip("client_ab extracts the base commit with git archive: needs a git checkout")
+    out = tmp_path / "ab.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.client_ab", "--base", "HEAD", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text("utf-8"))
+    single, conc, core = (data["figures"][k] for k in ("single", "async", "core"))
+    assert {"base_continue", "new_continue", "floor", "lock"} <= set(single["us_per_cycle"])
+    assert "commit_and_claim, base / new" in single["ratios"]
+    assert {"base_continue", "new_claim_commit"} <= set(conc["rows"])
+    assert all(row["cycles_per_s"]["median"] > 0 for row in conc["rows"].values())
+    assert core["us"]["base_continue"]["median"] > 0 and core["us"]["new_continue"]["median"] > 0
+
+
 def test_even_slot_ranges_match_redis_cli() -> None:
     from benchmarks.scale import even_ranges
 
