@@ -21,7 +21,7 @@ from typing import Any
 
 from . import scripts as S
 from ._history import History, HistoryCache, committed, hashed
-from ._ops import Batch, Call, Op, Pipe, list_indexes, member_id, new_nonce
+from ._ops import Batch, Call, Op, Pipe, corrupt_state, list_indexes, member_id, new_nonce
 from ._validate import (
     MAX_CLAIM_FROM_REVISION,
     MAX_CYCLE,
@@ -669,9 +669,9 @@ class CheckpointCore:
         heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(SHARDS)]
         wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
-            replies = yield Pipe([("TIME",), *heads])
+            replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True)
             now = _time_ms(replies[0])
-            entries = [_zset_entries(reply, cmd[1]) for cmd, reply in zip(heads, replies[1:], strict=True)]
+            entries, broken = self._shard_heads(heads, replies[1:])
             heads_read = [shard[0] if shard else None for shard in entries]
             due = [head for head in heads_read if head is not None and head[1] <= now]
             # Every due entry seen is a candidate for the next calls, but the heads tried below.
@@ -680,6 +680,8 @@ class CheckpointCore:
             # The earliest head not yet due: a lapsing lease or a delayed release, which publish nothing.
             wait_ms = max(1, int(min(later) - now)) if later else None
             if not due:
+                if broken is not None:
+                    raise broken  # nothing else to claim: a corrupt index is never silently hidden
                 return ClaimNextFound(None, wait_ms, False)
             # Oldest first fleet-wide (FIFO across shards too); shuffle only the few oldest to spread a fleet.
             due.sort(key=lambda head: head[1])
@@ -691,6 +693,27 @@ class CheckpointCore:
                 return ClaimNextFound(cp, wait_ms, len(due) > 1 or bool(self._candidates))
         # Others won every race: there was work, so a blocked caller tries again at once.
         return ClaimNextFound(None, 0, True)
+
+    def _shard_heads(
+        self, heads: list[tuple[Any, ...]], replies: Sequence[Any]
+    ) -> tuple[list[list[tuple[str, float]]], CorruptState | None]:
+        """The peeked entries of every shard, and the first shard index found corrupt (skipped).
+
+        A ready index of another Redis type (no script leaves one; an operator's
+        mistake) must not stall the whole fleet: its shard is skipped, logged
+        once, and its ``CorruptState`` raised only when nothing else is due.
+        """
+        entries: list[list[tuple[str, float]]] = []
+        broken: CorruptState | None = None
+        for cmd, reply in zip(heads, replies, strict=True):
+            if isinstance(reply, Exception):
+                exc = corrupt_state(cmd[1], [cmd[1]], f"is not the zset the library keeps ({reply})")
+                self._skipped_corrupt(exc)
+                broken = broken or exc
+                entries.append([])
+            else:
+                entries.append(_zset_entries(reply, cmd[1]))
+        return entries, broken
 
     #: Fresh peeks claim_next makes before answering None while others keep winning the races.
     CLAIM_NEXT_ROUNDS = 8
@@ -744,7 +767,7 @@ class CheckpointCore:
         if ident in self._corrupt_logged or len(self._corrupt_logged) >= 1024:
             return
         self._corrupt_logged.add(ident)
-        logger.warning("claim_next skips a corrupt task (fix or delete it; `agentstate list` shows it): %s", exc)
+        logger.warning("claim_next skips corrupt data (fix or delete it; `agentstate list` shows tasks): %s", exc)
 
     def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
         self.validate(cp, stores_revision=False)

@@ -81,9 +81,13 @@ class Pipe:
     """Independent read commands sent in one pipeline (one round trip per node).
 
     Reads only: every write is a script, declared in ``scripts.WRITES``.
+    ``wrongtype_ok``: a command that meets a key of another Redis type answers
+    its ``redis.ResponseError`` in place instead of failing the request (for a
+    reader that can skip that key, as claim_next skips a corrupt shard index).
     """
 
     commands: Sequence[Sequence[Any]]
+    wrongtype_ok: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +291,10 @@ def _explain(req: Request, exc: rex.RedisError) -> Op[BackendError | CorruptStat
     return _translate(exc)
 
 
-def _raise_first_error(commands: Sequence[Sequence[Any]], replies: list[Any]) -> list[Any]:
+def _raise_first_error(commands: Sequence[Sequence[Any]], replies: list[Any], wrongtype_ok: bool = False) -> list[Any]:
     for cmd, reply in zip(commands, replies, strict=True):
+        if wrongtype_ok and isinstance(reply, rex.ResponseError) and str(reply).startswith("WRONGTYPE"):
+            continue
         if isinstance(reply, rex.ResponseError):
             raise _PipeCommandError(cmd, reply)
         if isinstance(reply, Exception):
@@ -619,7 +625,7 @@ def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
-    return _raise_first_error(req.commands, pipe.execute(raise_on_error=False))
+    return _raise_first_error(req.commands, pipe.execute(raise_on_error=False), req.wrongtype_ok)
 
 
 async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
@@ -632,7 +638,7 @@ async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request
     pipe = client.pipeline(transaction=False)
     for cmd in req.commands:
         pipe.execute_command(*cmd)
-    return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False))
+    return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False), req.wrongtype_ok)
 
 
 def _send_one_sync(client: SyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck | None) -> Any:

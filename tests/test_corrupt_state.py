@@ -280,6 +280,27 @@ class TestCheckpointWrongType:
         replace_with(raw, key, "string")
         assert_corrupt(raw, store.namespace, task.claim_next, key, None)
 
+    def test_claim_next_skips_a_corrupt_ready_index_and_serves_the_other_shards(
+        self, store: Any, raw: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """One shard index an operator clobbered must not stall the fleet's claim_next."""
+        keys = Keys(store.namespace)
+        healthy = next(f"h{i}" for i in range(1000) if keys.shard_of(f"h{i}") != keys.shard_of(TASK))
+        Task(store, "fresh")
+        assert store.create(Checkpoint(healthy, status="running"))
+        key = keys.task(TASK).ready
+        replace_with(raw, key, "string")
+        with caplog.at_level("WARNING", logger="redis_agentstate"):
+            for token in ("w", "w2"):  # the candidates path and the peek path alike
+                got = store.claim_next(token=token, lease_ms=60_000)
+                assert got is not None and got.task_id == healthy
+                got.cycle_index = got.claimed_cycle
+                assert store.commit(got, token=token, expected_revision=got.revision)
+        assert sum(key in r.getMessage() for r in caplog.records) == 1  # logged once per store
+        store.delete(healthy)
+        # With nothing else due, the corrupt index is reported, not hidden behind None.
+        assert_corrupt(raw, store.namespace, lambda: store.claim_next(token="w3", lease_ms=60_000), key, None)
+
     def test_list_names_a_task_index_of_another_type(self, store: Any, raw: Any) -> None:
         Task(store, "fresh")
         key = Keys(store.namespace).task(TASK).tasks
