@@ -21,29 +21,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from redis.crc import key_slot
-
 from redis_agentstate.keys import SHARDS, Keys
+
+# One slot arithmetic for both figures: benchmarks.scale's (checked against redis-cli's ranges in the tests).
+from .scale import even_ranges, shard_slots
 
 __all__ = ["main", "spread"]
 
-SLOTS = 16384
-
-
-def _owner(slot: int, primaries: int) -> int:
-    """The primary (0-based) that ``redis-cli --cluster create`` gives ``slot`` among ``primaries``."""
-    per = SLOTS / primaries
-    return min(int(slot // per), primaries - 1)
-
-
-def shard_slots(namespace: str) -> list[int]:
-    keys = Keys(namespace)
-    return [key_slot(keys.shard_ready(s).encode()) for s in range(SHARDS)]
-
 
 def spread(namespace: str, primaries: int) -> list[int]:
-    """Shards of ``namespace`` per primary (a list of ``primaries`` counts)."""
-    counts = Counter(_owner(slot, primaries) for slot in shard_slots(namespace))
+    """Shards of ``namespace`` per primary (a list of ``primaries`` counts), with redis-cli's even ranges."""
+    ranges = even_ranges(primaries)
+    counts = Counter(next(i for i, (a, b) in enumerate(ranges) if a <= s <= b) for s in shard_slots(namespace))
     return [counts.get(p, 0) for p in range(primaries)]
 
 
