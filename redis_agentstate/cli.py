@@ -182,12 +182,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.parked:
         return _list_parked(args, store)
-    ids = store.list()
-    hidden = 0
-    if args.limit is not None and len(ids) > args.limit:
-        hidden = len(ids) - args.limit
-        ids = ids[: args.limit]
-    _, rows = task_rows(store, ids)
+    rows, hidden = _limited_rows(store, store.list(), args.limit)
     if args.json:
         print(_dump(rows))
         return 0
@@ -214,14 +209,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limited_rows(store: Any, ids: list[str], limit: int | None) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the first ``limit`` of ``ids`` (all without one), and how many were left out."""
+    hidden = 0
+    if limit is not None and len(ids) > limit:
+        hidden, ids = len(ids) - limit, ids[:limit]
+    return task_rows(store, ids)[1], hidden
+
+
 def _list_parked(args: argparse.Namespace, store: Any) -> int:
     """``list --parked``: the parked tasks (from the shards' parked indexes, paged), attempts and last failure."""
-    ids = store.list_parked()
-    hidden = 0
-    if args.limit is not None and len(ids) > args.limit:
-        hidden = len(ids) - args.limit
-        ids = ids[: args.limit]
-    _, rows = task_rows(store, ids)
+    rows, hidden = _limited_rows(store, store.list_parked(), args.limit)
     # A task requeued, finalized or deleted since it was listed is not parked any more.
     rows = [r for r in rows if r["parked"] or r["status"] == "corrupt"]
     if args.json:
