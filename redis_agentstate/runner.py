@@ -22,11 +22,13 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
   one and the worker takes the longest-waiting task from ``claim_next``.
 * Raising fails the cycle: it is logged with its traceback and released with
   the exception (type and message, cut to 500 characters) as the attempt's
-  failure reason, to be claimed again (by any worker) after a delay that backs
-  off exponentially with the task's attempts at that cycle: between
-  ``failure_delay_ms`` and twice that after the first, doubling after each
-  further one, up to ``failure_delay_max_ms`` (at the cap, between half of it
-  and all of it): jittered, and never sooner than ``failure_delay_ms``. With the store's
+  failure reason (a ``BackendError``, Redis failing rather than the task, is
+  released without one: its attempt is given back), to be claimed again (by
+  any worker) after a delay that backs off exponentially with the task's
+  attempts at that cycle: between ``failure_delay_ms`` and twice that after
+  the first, doubling after each further one, up to ``failure_delay_max_ms``
+  (at the cap, between half of it and all of it): jittered, and never sooner
+  than ``failure_delay_ms``. With the store's
   ``max_attempts``, the task is parked after its last attempt fails, whether
   the handler raised or the worker died (its lease lapsing counts too).
 * A long handler should call ``current_lease().check()`` between steps: it
@@ -60,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ._lease_core import failure_reason
 from ._validate import check_int
-from .errors import AgentStateError, InvalidArgument, LeaseLost
+from .errors import AgentStateError, BackendError, InvalidArgument, LeaseLost
 from .lease import DEFAULT_LEASE_MS, AsyncLease, Lease, LeaseTiming
 from .models import Checkpoint
 
@@ -300,10 +302,22 @@ class _RunnerBase(Generic[S, H]):
         floor = max(self.failure_delay_ms, ceiling / 2)
         return max(1, int(random.uniform(floor, ceiling)))
 
-    def _handler_failed(self, clog: CycleLog, lease: Lease | AsyncLease, exc: BaseException) -> tuple[int, str]:
-        """Count and log a failed cycle; ``(after_ms, reason)`` for its release."""
+    def _handler_failed(self, clog: CycleLog, lease: Lease | AsyncLease, exc: BaseException) -> tuple[int, str | None]:
+        """Count and log a failed cycle; ``(after_ms, reason)`` for its release.
+
+        A ``BackendError`` (Redis unreachable, a write too few replicas acknowledged, a
+        failover's ``NOREPLICAS``) is the backend's failure, not the task's: the cycle is
+        released without a reason, which gives its attempt back, after the first delay
+        (not one grown by attempts). Otherwise a failover could park healthy tasks under
+        ``max_attempts``. Everything else counts as a failed attempt, with its reason.
+        """
         self._count("failed")
         attempts = lease.checkpoint.attempts
+        if isinstance(exc, BackendError):
+            delay = self._failure_delay_ms(1)
+            clog.error("cycle failed on the backend (not counted as an attempt); releasing it for retry in %d ms",
+                       delay, exc_info=exc)  # fmt: skip
+            return delay, None
         delay = self._failure_delay_ms(attempts)
         clog.error("handler failed (attempt %d); releasing the cycle for retry in %d ms", attempts, delay, exc_info=exc)
         return delay, failure_reason(exc)

@@ -33,6 +33,7 @@ from redis_agentstate import (
     StepResult,
     TaskNotFound,
     TaskParked,
+    WriteNotReplicated,
 )
 from redis_agentstate import cli as cli_mod
 from redis_agentstate import scripts as S
@@ -396,6 +397,44 @@ async def test_async_runner_parks_a_poison_task(async_store: AsyncCheckpointStor
     cp = await store.load("poison-1")
     assert (cp.parked, cp.attempts, cp.last_failure) == (True, 2, "RuntimeError: cannot handle poison-1")
     assert runner.stats.parked == 1 and (await store.load("ok-1")).is_terminal
+
+
+def flaky_backend(cp: Checkpoint) -> StepResult:
+    """A handler whose own Redis writes fail (a failover): the backend's fault, never the task's."""
+    raise WriteNotReplicated("task 'x': 0 of 1 replica(s) acknowledged within 500 ms", acknowledged=0, required=1)
+
+
+def test_runner_does_not_count_backend_errors_as_attempts(sync_store: CheckpointStore) -> None:
+    store = CheckpointStore(sync_store.client, namespace=sync_store.namespace, max_attempts=2)
+    store.create(Checkpoint("t"))
+    runner = Runner(store, flaky_backend, handle_signals=False, idle_min_ms=5, idle_max_ms=20,
+                    failure_delay_ms=5, failure_delay_max_ms=20)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while runner.stats.failed < 5 and time.monotonic() < deadline:
+        runner.run(stop_when_idle=True)
+        time.sleep(0.01)
+    cp = store.load("t")
+    assert runner.stats.failed >= 5 and runner.stats.parked == 0
+    assert (cp.parked, cp.attempts, cp.last_failure) == (False, 0, None)  # each attempt given back
+    assert store.list_parked() == []
+
+
+async def test_async_runner_does_not_count_backend_errors_as_attempts(async_store: AsyncCheckpointStore) -> None:
+    store = AsyncCheckpointStore(async_store.client, namespace=async_store.namespace, max_attempts=2)
+    await store.create(Checkpoint("t"))
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        return flaky_backend(cp)
+
+    runner = AsyncRunner(store, handler, handle_signals=False, idle_min_ms=5, idle_max_ms=20,
+                         failure_delay_ms=5, failure_delay_max_ms=20)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while runner.stats.failed < 5 and time.monotonic() < deadline:
+        await runner.run(stop_when_idle=True)
+        await asyncio.sleep(0.01)
+    cp = await store.load("t")
+    assert runner.stats.failed >= 5 and runner.stats.parked == 0
+    assert (cp.parked, cp.attempts, cp.last_failure) == (False, 0, None)
 
 
 def test_runner_failure_delay_backs_off_exponentially_with_jitter_and_a_cap(sync_store: CheckpointStore) -> None:
