@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from . import _ops
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
-from .errors import BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
+from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import AgentStatus, Checkpoint
 
 __all__ = [
@@ -553,9 +553,10 @@ class LeaseBase(Generic[S]):
     def _exiting(self, exc: BaseException | None) -> None:
         """The ``with`` body ended with ``exc``: an Exception is the attempt's failure, released with the claim.
 
-        Anything else (KeyboardInterrupt, SystemExit, a cancelled task) is a shutdown, not a failure.
+        Anything else (KeyboardInterrupt, SystemExit, a cancelled task) is a shutdown, not a failure;
+        nor is a ``BackendError`` (Redis failing, not the task: as the Runner, its attempt is given back).
         """
-        if isinstance(exc, Exception) and not isinstance(exc, LeaseLost):
+        if isinstance(exc, Exception) and not isinstance(exc, (LeaseLost, BackendError)):
             self._exit_reason = failure_reason(exc)
 
     def _should_release(self) -> bool:

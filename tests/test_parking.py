@@ -335,6 +335,31 @@ def test_lease_released_on_an_exception_records_it_and_parks(sync_store: Checkpo
         pass
 
 
+def test_a_lease_left_on_a_backend_error_gives_its_attempt_back(sync_store: CheckpointStore) -> None:
+    store = CheckpointStore(sync_store.client, namespace=sync_store.namespace, max_attempts=1)
+    store.create(Checkpoint("t"))
+    for _ in range(3):
+        with pytest.raises(WriteNotReplicated), store.lease("t", 1, lease_ms=LONG_MS):
+            flaky_backend(Checkpoint("t"))
+        claimable(store, "t")
+    cp = store.load("t")
+    assert (cp.parked, cp.attempts, cp.last_failure) == (False, 0, None)
+
+
+async def test_an_async_lease_left_on_a_backend_error_gives_its_attempt_back(
+    async_store: AsyncCheckpointStore,
+) -> None:
+    store = AsyncCheckpointStore(async_store.client, namespace=async_store.namespace, max_attempts=1)
+    await store.create(Checkpoint("t"))
+    for _ in range(3):
+        with pytest.raises(WriteNotReplicated):
+            async with store.lease("t", 1, lease_ms=LONG_MS):
+                flaky_backend(Checkpoint("t"))
+        await asyncio.sleep(0.01)  # released with after_ms=1
+    cp = await store.load("t")
+    assert (cp.parked, cp.attempts, cp.last_failure) == (False, 0, None)
+
+
 async def test_async_lease_release_with_a_reason_parks(async_store: AsyncCheckpointStore) -> None:
     store = AsyncCheckpointStore(async_store.client, namespace=async_store.namespace, max_attempts=1)
     await store.create(Checkpoint("t"))
