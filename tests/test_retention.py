@@ -253,6 +253,7 @@ def sizes(raw: Any, pools: Any, pool_id: str) -> tuple[int, int, int]:
 
 
 class TestPoolRetention:
+    @pytest.mark.slow  # a scale test (10,000 records): the other Pythons' subset leaves it to 3.11
     def test_max_messages_bounds_the_hashes_over_10k_records(self, make: Callable[..., Any], raw: Any) -> None:
         pools = make(PoolStore, AsyncPoolStore, max_messages=50)
         pools.open("p", PoolConfig())
