@@ -40,6 +40,17 @@ def online_replicas(port: int) -> int:
     return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v["state"] == "online")
 
 
+def caught_up(port: int) -> bool:
+    """Every online replica of the primary at ``port`` acknowledged its whole replication stream."""
+    client = redis.Redis(port=port)
+    try:
+        info = client.info("replication")
+    finally:
+        client.close()
+    replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+    return all(r.get("state") == "online" and int(r["offset"]) >= int(info["master_repl_offset"]) for r in replicas)
+
+
 @dataclass
 class Replicated:
     """One primary and its replicas (``--replicaof``), started by ``start``."""
@@ -67,12 +78,15 @@ class Replicated:
 
     @contextmanager
     def frozen(self, replica: RedisServerProcess) -> Iterator[None]:
-        """``replica`` stopped with SIGSTOP (alive, connected, silent) for the block; resumed after."""
+        """``replica`` stopped with SIGSTOP (alive, connected, silent) for the block; resumed after,
+        and caught up: what the block wrote is acknowledged (a re-send then meets a live replica,
+        not one still replaying its backlog on a loaded machine)."""
         os.kill(replica.proc.pid, signal.SIGSTOP)
         try:
             yield
         finally:
             os.kill(replica.proc.pid, signal.SIGCONT)
+            wait_until("the resumed replica acknowledged the primary's writes", lambda: caught_up(self.primary.port))
 
     def stop(self) -> None:
         for server in (*self.replicas, self.primary):
