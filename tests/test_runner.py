@@ -204,7 +204,7 @@ def test_a_lost_lease_is_reported_and_not_committed(sync_store: CheckpointStore)
         return step(cp)
 
     runner = Runner(
-        sync_store, handler, lease_ms=200, handle_signals=False, on_lease_lost=lambda le, cp: lost.append((le, cp))
+        sync_store, handler, lease_ms=1_000, handle_signals=False, on_lease_lost=lambda le, cp: lost.append((le, cp))
     )
     stats = runner.run(stop_when_idle=True)
     assert stats.lost == 1 and stats.finalized == 1
@@ -229,7 +229,7 @@ async def test_async_lost_lease_cancels_the_handler(async_store: AsyncCheckpoint
         return step(cp)
 
     runner = AsyncRunner(
-        async_store, handler, lease_ms=200, handle_signals=False, on_lease_lost=lambda le, cp: lost.append(le)
+        async_store, handler, lease_ms=1_000, handle_signals=False, on_lease_lost=lambda le, cp: lost.append(le)
     )
     started = time.monotonic()
     stats = await runner.run(stop_when_idle=True)
