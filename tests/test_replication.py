@@ -192,12 +192,20 @@ class TestAcknowledged:
         assert _waits(pair.primary.port) == before
 
 
+#: The WAIT timeout of the writes a test does not expect to fail: long enough for a replica of a
+#: loaded CI machine (two xdist workers, chaos fleets) to be scheduled and acknowledge, and under
+#: half the test clients' 5 s socket timeout (a write may wait twice: WAIT, then WAITAOF).
+PATIENT_MS = 2_000
+
+
 @pytest.mark.real
 class TestNotAcknowledged:
     def test_a_frozen_replica_raises_after_the_timeout_and_the_resend_is_recognised(
         self, pair: Replicated, make: _Stores, namespace: str
     ) -> None:
-        store = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=300)
+        # Only the frozen write waits 300 ms; the others wait as long as a loaded machine may need.
+        quick = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=300)
+        store = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=PATIENT_MS)
         assert store.create(Checkpoint("t", messages=["m0"]))
         cp = store.claim("t", 1, token="w1", lease_ms=60_000)
         cp.cycle_index = 1
@@ -208,7 +216,7 @@ class TestNotAcknowledged:
         with pair.frozen(pair.replicas[0]):
             started = time.monotonic()
             with pytest.raises(WriteNotReplicated) as info:
-                store.commit(cp, token="w1", expected_revision=cp.revision)
+                quick.commit(cp, token="w1", expected_revision=cp.revision)
             elapsed = time.monotonic() - started
         assert 0.3 <= elapsed < 2.0, elapsed
         assert (info.value.acknowledged, info.value.required, info.value.task_id) == (0, 1, "t")
@@ -221,11 +229,12 @@ class TestNotAcknowledged:
     def test_a_claim_resent_after_the_error_returns_the_same_claim(
         self, pair: Replicated, make: _Stores, namespace: str
     ) -> None:
-        store = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=200)
+        quick = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=200)
+        store = make("checkpoint", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=PATIENT_MS)
         assert store.create(Checkpoint("t"))
-        assert store.claim("warm-up", 1, token="w", lease_ms=1) is None  # loads the script, replica live
+        assert quick.claim("warm-up", 1, token="w", lease_ms=1) is None  # loads the script
         with pair.frozen(pair.replicas[0]), pytest.raises(WriteNotReplicated):
-            store.claim("t", 1, token="w2", lease_ms=60_000)
+            quick.claim("t", 1, token="w2", lease_ms=60_000)
         again = store.claim("t", 1, token="w2", lease_ms=60_000)
         assert again is not None and again.claimed_cycle == 1 and again.claim_token == "w2"
         # Re-sent, not granted anew: a second re-send returns the very same revision and lease.
@@ -234,8 +243,9 @@ class TestNotAcknowledged:
 
     def test_kv_and_pool_writes_raise_too(self, pair: Replicated, make: _Stores, namespace: str) -> None:
         kv = make("kv", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=200)
-        kv.set("warm", b"1")
-        kv.set_many({"warm1": b"1", "warm2": b"2"})
+        patient = make("kv", pair.primary.port, namespace, wait_replicas=1, wait_timeout_ms=PATIENT_MS)
+        patient.set("warm", b"1")
+        patient.set_many({"warm1": b"1", "warm2": b"2"})
         with pair.frozen(pair.replicas[0]):
             with pytest.raises(WriteNotReplicated):
                 kv.set("k", b"v")
