@@ -2,9 +2,11 @@
 
 ``nox`` runs ``tests`` on 3.10, 3.11, 3.12 and 3.13, each in its own virtualenv
 with the project's test extras. 3.11 runs the whole suite, as ``.ci/run`` does;
-the others run ``SUBSET``: every store test on fakeredis and on a real
-redis-server, sync and async, with the CLI, README, TLS, Valkey and packaging
-tests. Arguments after ``--`` replace the pytest arguments:
+the others run ``SUBSET``: every store test on a real redis-server, sync and
+async, with the CLI, README, TLS, Valkey and packaging tests (the fakeredis
+variants, marked ``fakeredis``, run on 3.11: the interpreter runs our code the
+same against either backend, and they were 1,385 of the subset's 3,166 tests
+when the 15-minute CI budget needed the room). Arguments after ``--`` replace the pytest arguments:
 ``nox -s tests-3.13 -- tests/test_kv.py -x``.
 
 Interpreters come from pyenv first (``$PYENV_ROOT/versions/3.X.*``, where a
@@ -34,7 +36,7 @@ SUBSET = [
     "-n",
     "0",
     "-m",
-    "not cluster and not chaos and not slow",
+    "not cluster and not chaos and not slow and not fakeredis",
     "--ignore=tests/test_checkpoint_scale.py",
     "--ignore=tests/test_pool_concurrency.py",
     "--ignore=tests/test_benchmarks_smoke.py",
