@@ -70,7 +70,7 @@ def test_every_module_of_the_package_is_in_the_architecture_table() -> None:
     unnamed = sorted(package_modules() - set(rows))
     assert not unnamed, (
         "modules missing from docs/design.md's architecture table "
-        f"(add a row `| \\`module\\` | layer | concern |` for each): {', '.join(unnamed)}"
+        f"(add a row for each: | `module` | layer | concern |): {', '.join(unnamed)}"
     )
 
 
