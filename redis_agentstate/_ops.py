@@ -129,7 +129,7 @@ class RetryPolicy:
     retries 10 times by default, with backoff up to 1 s) and its
     ``socket_connect_timeout``/``socket_timeout`` (5 s by default). Build the client
     with ``retry=Retry(NoBackoff(), 0)`` and explicit timeouts to make the bound
-    ``max_delay_s + socket_connect_timeout + socket_timeout`` (see README, "Retries").
+    ``max_delay_s + socket_connect_timeout + socket_timeout`` (see :ref:`retries`).
     """
 
     attempts: int = 3

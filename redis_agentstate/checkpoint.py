@@ -75,10 +75,11 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     server has it and AOF is on) in the same round trip, raising
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
-    docs/durability.md). ``terminal_ttl_ms``: a task this store makes terminal (``finalize``, or a
+    :ref:`durability <wait_replicas-replica-acknowledgement>`).
+    ``terminal_ttl_ms``: a task this store makes terminal (``finalize``, or a
     ``commit`` carrying ``terminal_result``) expires that long after, with all of its keys, unless
     acknowledged first; the index entries it leaves are dropped by the readers that meet them
-    (``list``, ``agentstate list``/``stats``), never by a scan (see README, "Operations").
+    (``list``, ``agentstate list``/``stats``), never by a scan (see :ref:`retention`).
 
     ``max_attempts=n`` parks a poison task: the claim that would be attempt
     n + 1 at one cycle (n claims ended without a commit: their leases lapsed,
@@ -115,7 +116,8 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Claim the next cycle of any runnable task (the longest-waiting first, fleet-wide); None when none is due.
 
         ``block_ms``: with nothing due, wait up to that long for work to become due (woken by Redis
-        through the store's one shared subscription, see ``_waker``) instead of answering None at once.
+        through the store's one shared subscription, see :ref:`blocking <blocking-block_ms>`) instead of
+        answering None at once.
         """
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
@@ -139,7 +141,7 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         lease_ms: int = DEFAULT_LEASE_MS,
         **options: Any,
     ) -> Lease:
-        """A context manager that claims ``cycle_index`` and keeps the lease alive (see ``lease.Lease``)."""
+        """A context manager that claims ``cycle_index`` and keeps the lease alive (see :class:`Lease`)."""
         from .lease import Lease
 
         return Lease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
@@ -263,7 +265,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return await self._run(self._core.claim(task_id, cycle_index, token=token, lease_ms=lease_ms))
 
     async def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
-        """Claim the next cycle of any runnable task; ``block_ms``: wait that long for one (see the sync twin)."""
+        """Claim the next cycle of any runnable task, waiting ``block_ms`` (:meth:`CheckpointStore.claim_next`)."""
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
             CLAIM_SENT.set(time.monotonic())

@@ -14,7 +14,7 @@
 ``--url`` (or ``REDIS_URL``) picks the Redis; ``--namespace`` the key
 namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``);
 ``--json`` prints machine-readable output.
-Without a URL, ``demo`` starts a private server (see :mod:`redis_agentstate.embedded`).
+Without a URL, ``demo`` starts a private server (see :ref:`the fleet demo <the-fleet-demo>`).
 
 Exit status: 0 on success, 1 on an error (one line on stderr, ``agentstate: ...``;
 with ``--json`` that line is a JSON object ``{"error": {"type": ..., "message": ...}}``

@@ -39,7 +39,7 @@ class KeyValueStore(_KeyValues, SyncShell[KvCore]):
     server has it and AOF is on) in the same round trip, raising
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
-    docs/durability.md).
+    :ref:`durability <wait_replicas-replica-acknowledgement>`).
     """
 
     def get(self, key: str) -> bytes | None:

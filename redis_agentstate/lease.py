@@ -115,7 +115,7 @@ def _sent(before: float, mono: float) -> float:
 
 
 class Lease(LeaseBase["CheckpointStore"]):
-    """A claimed cycle kept alive by a background thread (see the module docstring).
+    """A claimed cycle kept alive by a background thread (see :mod:`redis_agentstate.lease`).
 
     Build it with :meth:`CheckpointStore.lease` (claims on ``__enter__``) or
     :meth:`Lease.next` (claims the next runnable task now). ``on_lost(lease)``

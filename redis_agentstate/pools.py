@@ -76,7 +76,7 @@ class PoolStore(_Pools, SyncShell[PoolCore]):
     server has it and AOF is on) in the same round trip, raising
     ``WriteNotReplicated`` when fewer acknowledged; the first write raises
     ``ReplicationUnsafe`` if the primary has fewer than n replicas online (see
-    docs/durability.md).
+    :ref:`durability <wait_replicas-replica-acknowledgement>`).
 
     Message retention keeps a long-lived pool bounded: ``max_messages`` keeps each
     pool's newest that many messages, ``message_ttl_ms`` drops those recorded longer

@@ -358,7 +358,7 @@ class _RunnerBase(Generic[S, H]):
 
 
 class Runner(_RunnerBase["CheckpointStore", Handler]):
-    """Runs ``handler`` on claimable cycles with ``concurrency`` worker threads (see module docstring).
+    """Runs ``handler`` on claimable cycles with ``concurrency`` worker threads (see :mod:`redis_agentstate.runner`).
 
     ``lease_ms`` / ``renew_*_ms``: the lease kept per cycle (:class:`LeaseTiming`).
     While there is no work a worker blocks in ``claim_next(block_ms=idle_max_ms)``,

@@ -200,7 +200,7 @@ class StoreSpec:
         For ``redis+sentinel://`` it is ``Sentinel(...).master_for(service_name)``:
         each connection asks the sentinels where the primary is, so the store
         follows a failover (writes in flight at a failover may be lost: see
-        docs/durability.md).
+        :ref:`durability <failover>`).
         """
         kwargs["decode_responses"] = False
         if self.location.startswith(SENTINEL_SCHEME + ":"):
