@@ -91,10 +91,13 @@ def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
     if not url.startswith(URL_SCHEMES):  # as redis-py: case-sensitive
-        raise CliError(
-            f"bad Redis URL {redact(url)!r}: it must start with {', '.join(URL_SCHEMES[:-1])} or {URL_SCHEMES[-1]}",
-            "BadRedisURL",
-        )
+        schemes = f"{', '.join(URL_SCHEMES[:-1])} or {URL_SCHEMES[-1]}"
+        scheme, sep, _ = url.partition("://")
+        # redact() lower-cases the scheme it shows: name the one given.
+        why = f"it must start with {schemes}"
+        if sep:
+            why = f"its scheme {scheme + sep!r} is none of {schemes} (lower case)"
+        raise CliError(f"bad Redis URL {redact(url)!r}: {why}", "BadRedisURL")
     if url.startswith("redis+sentinel:"):
         try:
             primary: redis.Redis = StoreSpec.redis(url, cluster=bool(args.cluster)).client()
