@@ -220,13 +220,13 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     _, rows = task_rows(store, [args.task])
     store.requeue(args.task)  # TaskNotFound / NotParked: exit status 1, one line
     row = rows[0] if rows else {}
-    cycle = (row.get("cycle_index") or 0) + 1
-    data = {"task_id": args.task, "requeued": True, "at_cycle": cycle, "attempts": row.get("attempts"),
+    data = {"task_id": args.task, "requeued": True, "attempts": row.get("attempts"),
             "last_failure": row.get("last_failure")}  # fmt: skip
     if args.json:
         print(_dump(data))
         return 0
     why = esc(data["last_failure"] or "(none recorded)")
+    cycle = (row.get("cycle_index") or 0) + 1
     print(f"requeued {esc(args.task)}: runnable again at cycle {cycle} (it had {data['attempts']} attempt(s); "
           f"last failure: {why})")  # fmt: skip
     return 0
