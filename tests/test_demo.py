@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,18 +29,18 @@ def agentstate(*args: str, env: dict[str, str] | None = None, timeout: float = 1
     )
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line holds ``text`` (Linux ``/proc``)."""
+def _processes_in(directory: Path) -> list[int]:
+    """Live processes whose working directory is under ``directory`` (Linux ``/proc``): a
+    redis-server runs in its ``--dir`` (its command line it rewrites, so that cannot tell)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
         except OSError:
             continue
-        if text in cmdline:
+        if cwd.startswith(str(directory) + os.sep):
             found.append(int(entry))
     return found
 
@@ -82,11 +83,11 @@ def test_the_table_has_a_late_commits_accepted_row() -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("namespace", ["bad{", "", "a*b"])
 def test_a_refused_namespace_starts_no_server_and_leaves_none(namespace: str, tmp_path: Path) -> None:
-    if not any(os.access(os.path.join(d, "redis-server"), os.X_OK) for d in os.environ["PATH"].split(os.pathsep)):
-        pytest.skip("the private server is a redis-server from PATH here")
-    # The private server's --dir is under TMPDIR: a survivor names tmp_path on its command line.
+    if shutil.which("redis-server") is None or not os.path.isdir("/proc"):
+        pytest.skip("needs redis-server on PATH and Linux /proc")
+    # The private server's --dir is under TMPDIR: a survivor runs in tmp_path.
     proc = agentstate("demo", "--namespace", namespace, "--embedded", "redis-server", env={"TMPDIR": str(tmp_path)})
-    survivors = _processes_mentioning(str(tmp_path))
+    survivors = _processes_in(tmp_path)
     for pid in survivors:  # started by this test: stop them, then fail
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
