@@ -12,7 +12,8 @@
     agentstate stats --watch             # a live view, refreshed every second (plain terminal, SSH)
 
 ``--url`` (or ``REDIS_URL``) picks the Redis; ``--namespace`` the key
-namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``);
+namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``;
+an empty or malformed one is a usage error, never the default);
 ``--json`` prints machine-readable output.
 Without a URL, ``demo`` starts a private server (see :mod:`redis_agentstate.embedded`).
 
