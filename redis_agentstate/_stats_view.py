@@ -32,13 +32,19 @@ def _human(n: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+#: How ``stats`` names each kind of owner the memory estimate counts.
+_KIND_NAMES = {"tasks": "tasks", "pools": "agent pools", "kv": "key/value keys", "threads": "LangGraph threads"}
+
+
 def memory_report(store: Any, sample: int) -> dict[str, Any]:
     """The namespace's memory estimate as ``stats --json`` shows it."""
     est = store._run(memory_estimate(store._core.keys, sample))
     return {
         "estimate_bytes": est.bytes,
         "estimated": True,
-        "method": f"MEMORY USAGE of up to {sample} sampled owners per kind, extrapolated by the index counts",
+        "method": f"per kind (tasks, agent pools, key/value keys, LangGraph threads): the number stored, from "
+        f"the namespace's indexes, times the mean MEMORY USAGE of up to {sample} of them picked at random; "
+        "plus the indexes themselves, measured whole",
         "sampled_keys": est.sampled_keys,
         "shard_key_bytes": est.shard_bytes,
         "kinds": est.kinds,
@@ -50,11 +56,16 @@ def memory_lines(mem: dict[str, Any]) -> list[str]:
     """The human lines of ``memory_report``'s result."""
     if mem["estimate_bytes"] is None:
         return [f"memory: not available ({mem['unavailable']})"]
-    parts = [f"{k['count']} {kind} x ~{_human(k['mean_bytes'])}" for kind, k in mem["kinds"].items() if k["count"]]
-    detail = ", ".join(parts) or "no owners"
+    parts = [
+        f"{k['count']} {_KIND_NAMES.get(kind, kind)} x ~{_human(k['mean_bytes'])} each "
+        f"(measured {k['sampled']} of them)"
+        for kind, k in mem["kinds"].items()
+        if k["count"]
+    ]
+    stored = "; ".join(parts) or "nothing stored in this namespace"
     return [
-        f"memory: ~{_human(mem['estimate_bytes'])} (estimate: MEMORY USAGE of {mem['sampled_keys']} sampled keys, "
-        f"not a full scan; {detail}; indexes {_human(mem['shard_key_bytes'])})"
+        f"memory: ~{_human(mem['estimate_bytes'])}, an estimate (not a full scan): {stored}; "
+        f"plus the namespace's indexes, {_human(mem['shard_key_bytes'])}"
     ]
 
 

@@ -12,7 +12,8 @@
     agentstate stats --watch             # a live view, refreshed every second (plain terminal, SSH)
 
 ``--url`` (or ``REDIS_URL``) picks the Redis; ``--namespace`` the key
-namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``);
+namespace (default ``agentstate``; ``demo`` defaults to a fresh ``demo-<random>``;
+an empty or malformed one is a usage error, never the default);
 ``--json`` prints machine-readable output.
 Without a URL, ``demo`` starts a private server (see :ref:`the fleet demo <the-fleet-demo>`).
 
@@ -31,20 +32,22 @@ terminal; ``--json`` output is exact.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, is_dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .errors import AgentStateError, BackendUnavailable, InvalidArgument
+from ._cli_common import CliError, esc, namespace_arg
+from ._cli_common import Parser as _Parser
+from ._cli_common import dump as _dump
+from ._cli_common import positive as _positive
+from .errors import AgentStateError, BackendUnavailable, InvalidArgument, TaskNotFound
+from .fleet import cli as fleet_cli
 from .keys import Keys
 from .spec import StoreSpec, redact
 
@@ -56,82 +59,46 @@ __all__ = ["main"]
 DEFAULT_NAMESPACE = "agentstate"
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"$base64": base64.b64encode(value).decode()}
-    if is_dataclass(value) and not isinstance(value, type):
-        return {k: _jsonable(v) for k, v in asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(_jsonable(value), ensure_ascii=False)
-
-
-#: C0/C1 controls and DEL, line/paragraph separators, and the bidi overrides and isolates
-#: that reorder what a terminal shows.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _esc_char(m: re.Match[str]) -> str:
-    c = m.group()
-    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}")
-
-
-def esc(value: object) -> str:
-    """``value`` as text safe to print to a terminal: control characters escaped, one line."""
-    return _UNSAFE.sub(_esc_char, str(value))
-
-
-class CliError(Exception):
-    """An error the CLI reports as one line and exit status 1 (never a traceback).
-
-    ``kind`` is the ``type`` of the ``--json`` error object.
-    """
-
-    def __init__(self, message: str, kind: str = "CliError") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def _error_line(exc: BaseException) -> tuple[str, str]:
-    """``(type, message)`` describing ``exc`` for the one-line report."""
+def _error_line(exc: BaseException) -> tuple[str, str, str]:
+    """``(type, line, message)`` describing ``exc``: the human line names the type where the
+    message alone would not; the ``--json`` message does not repeat its ``type``."""
     if isinstance(exc, CliError):
-        return exc.kind, str(exc)
+        return exc.kind, str(exc), str(exc)
+    kind = type(exc).__name__
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, BackendUnavailable)):
-        return type(exc).__name__, f"cannot reach Redis: {exc}"
+        return kind, f"cannot reach Redis: {exc}", f"cannot reach Redis: {exc}"
     if isinstance(exc, redis.RedisError):
-        return type(exc).__name__, f"Redis error: {exc}"
+        return kind, f"Redis error: {exc}", f"Redis error: {exc}"
     if isinstance(exc, AgentStateError):
-        return type(exc).__name__, f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__, f"unexpected error: {type(exc).__name__}: {exc}"
+        return kind, f"{kind}: {exc}", str(exc)
+    return kind, f"unexpected error: {kind}: {exc}", f"unexpected error: {exc}"
 
 
 def _report_error(exc: BaseException, as_json: bool) -> None:
-    kind, message = _error_line(exc)
+    kind, text, message = _error_line(exc)
     if as_json:
         line = json.dumps({"error": {"type": kind, "message": message}}, ensure_ascii=False)
     else:
-        line = f"agentstate: {esc(message)}"
+        line = f"agentstate: {esc(text)}"
     print(line, file=sys.stderr, flush=True)
+
+
+#: The URL schemes ``--url`` takes (redis-py's three, and Sentinel's through :class:`StoreSpec`).
+URL_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 
 
 def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
+    if not url.startswith(URL_SCHEMES):  # as redis-py: case-sensitive
+        schemes = f"{', '.join(URL_SCHEMES[:-1])} or {URL_SCHEMES[-1]}"
+        scheme, sep, _ = url.partition("://")
+        # redact() lower-cases the scheme it shows: name the one given.
+        why = f"it must start with {schemes}"
+        if sep:
+            why = f"its scheme {scheme + sep!r} is none of {schemes} (lower case)"
+        raise CliError(f"bad Redis URL {redact(url)!r}: {why}", "BadRedisURL")
     if url.startswith("redis+sentinel:"):
         try:
             primary: redis.Redis = StoreSpec.redis(url, cluster=bool(args.cluster)).client()
@@ -154,7 +121,7 @@ def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
 
 
 def _namespace(args: argparse.Namespace) -> str:
-    return str(args.namespace or DEFAULT_NAMESPACE)
+    return DEFAULT_NAMESPACE if args.namespace is None else str(args.namespace)  # '' was refused by the parser
 
 
 # ---- list / show / stats --------------------------------------------------------------------------
@@ -222,6 +189,10 @@ def _list_parked(args: argparse.Namespace, store: Any) -> int:
     rows, hidden = _limited_rows(store, store.list_parked(), args.limit)
     # A task requeued, finalized or deleted since it was listed is not parked any more.
     rows = [r for r in rows if r["parked"] or r["status"] == "corrupt"]
+    for r in rows:
+        # The cycle whose attempts failed: the one after the last committed (``cycle_index``, list's CYCLE).
+        # The table's AT CYCLE and the JSON's ``at_cycle`` are this one value (as in ``stats --watch``).
+        r["at_cycle"] = None if r["status"] == "corrupt" else r["cycle_index"] + 1
     if args.json:
         print(_dump(rows))
         return 0
@@ -236,9 +207,8 @@ def _list_parked(args: argparse.Namespace, store: Any) -> int:
             print(f"{tid.ljust(width)}  {'corrupt':<10}  {'?':>8}  {'?':>8}  not data redis_agentstate wrote: "
                   f"{esc(r['corrupt'])}")  # fmt: skip
             continue
-        # AT CYCLE: the cycle whose attempts failed, the one after the last committed (list's CYCLE).
         why = esc(r["last_failure"] or "(none recorded)")
-        print(f"{tid.ljust(width)}  {esc(r['status']):<10}  {r['cycle_index'] + 1:>8}  {r['attempts']:>8}  {why}")
+        print(f"{tid.ljust(width)}  {esc(r['status']):<10}  {r['at_cycle']:>8}  {r['attempts']:>8}  {why}")
     if hidden:
         print(f"... and {hidden} more parked task(s) (--limit {args.limit}; raise or drop --limit to list them)")
     print("(`agentstate requeue TASK` runs one again)")
@@ -267,7 +237,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
     cp = store.load(args.task)
     if cp is None:
-        raise CliError(f"no task {args.task!r} in namespace {store.namespace!r}", "TaskNotFound")
+        # Worded and typed as requeue's (the store's) TaskNotFound.
+        raise TaskNotFound(f"no task {args.task!r} in namespace {store.namespace!r}", task_id=args.task)
     if args.json:
         print(_dump(cp))
         return 0
@@ -430,13 +401,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
 # ---- parser ----------------------------------------------------------------------------------------
 
 
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
 def _positive_seconds(value: str) -> float:
     try:
         n = float(value)
@@ -447,32 +411,15 @@ def _positive_seconds(value: str) -> float:
     return n
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors reported like every other error: one line (exit status 2)."""
-
-    #: Set by :func:`main` from the raw arguments (parsing failed, so no parsed --json).
-    json_errors = False
-
-    def error(self, message: str) -> NoReturn:
-        text = f"{message} (see: {self.prog} --help)"
-        if self.json_errors:
-            line = json.dumps({"error": {"type": "Usage", "message": text}}, ensure_ascii=False)
-        else:
-            line = f"{self.prog}: {esc(text)}"
-        print(line, file=sys.stderr, flush=True)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentstate`` argument parser; each command's namespace carries its handler as ``func``."""
-    from .fleet import cli as fleet_cli  # here, not at the top: it imports from this module
-
     # The demo's parent lacks --namespace (its default differs) and --cluster (it runs on one Redis).
     demo_common = _Parser(add_help=False)
     demo_common.add_argument("--url", default=argparse.SUPPRESS, help="Redis URL (default: $REDIS_URL)")
     demo_common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     common = _Parser(add_help=False, parents=[demo_common])
-    common.add_argument("--namespace", default=argparse.SUPPRESS, help=f"key namespace (default: {DEFAULT_NAMESPACE})")
+    common.add_argument("--namespace", type=namespace_arg, default=argparse.SUPPRESS,
+                        help=f"key namespace (default: {DEFAULT_NAMESPACE})")  # fmt: skip
     common.add_argument("--cluster", action="store_true", default=argparse.SUPPRESS, help="the URL is a Redis Cluster")
 
     parser = _Parser(
@@ -535,8 +482,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="owners of each kind measured with MEMORY USAGE for the memory estimate (default 32)",
     )
     stats.set_defaults(func=cmd_stats)
-
-    fleet_cli.add_demo_worker(sub)
     return parser
 
 
@@ -549,7 +494,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``agentstate`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
-    args = build_parser().parse_args(argv)
+    if argv[:1] == [fleet_cli.DEMO_WORKER]:  # internal, so not a choice of the user-facing parser
+        args = fleet_cli.demo_worker_parser().parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     # Common options may come before or after the command; unset ones default here (the parsers
     # share their actions, so per-parser defaults would overwrite each other).
     for name, default in (("url", None), ("namespace", None), ("json", False), ("cluster", False)):

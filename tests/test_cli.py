@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -45,12 +46,14 @@ def test_demo_on_the_embedded_default_exits_0_and_prints_the_table() -> None:
     out = proc.stdout
     assert "started a private redis-server from PATH" in proc.stderr
     assert "chaos: SIGKILL w0" in proc.stderr and "chaos: SIGSTOP w1" in proc.stderr
-    for row in ("tasks done", "cycles committed", "takeovers", "stale commits rejected by fencing", "cycles/s"):
+    for row in ("tasks done", "cycles committed", "takeovers", "stale commits rejected by fencing",
+                "late commits accepted (no takeover)", "cycles/s"):  # fmt: skip
         assert row in out
     cells = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines() if "|" in line}
     assert cells["tasks done"] == "8/8" and cells["cycles committed"] == "40/40"
     assert cells["double-applied cycles (must be 0)"] == "0" and cells["lost commits (must be 0)"] == "0"
     assert int(cells["takeovers"]) >= 2 and float(cells["cycles/s"]) > 0
+    assert int(cells["stale commits rejected by fencing"]) >= 1
     assert "INVARIANT BROKEN" not in out
     assert "worker logs" not in proc.stderr  # deleted after a clean run: never point at a missing folder
 
@@ -77,7 +80,8 @@ def test_demo_json_against_a_given_url(private_server: Any) -> None:
     assert report["killed"].startswith("w0") and report["frozen"].startswith("w1")
     # A killed worker's cycle and a frozen worker's cycle were each claimed again: two takeovers at least.
     assert report["takeovers"] >= 2
-    assert report["stale_commits_rejected"] + report["late_commits_accepted"] >= 1
+    # The frozen worker woke only after another worker had taken its task over: its commit was refused.
+    assert report["stale_commits_rejected"] >= 1 and "taken over by" in report["frozen"]
     # --keep left the tasks: the stored histories agree with the report.
     store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace=ns)
     cps = {tid: store.load(tid) for tid in store.list()}
@@ -392,6 +396,11 @@ def test_usage_errors_are_one_line_too() -> None:
 
 def test_a_bad_url_is_a_one_line_error_without_the_password() -> None:
     _one_line_error(agentstate("list", "--url", "notaurl"), "bad Redis URL 'notaurl'")
+    # Every scheme the CLI takes is named, Sentinel's included.
+    _one_line_error(
+        agentstate("list", "--url", "foo://x"),
+        "bad Redis URL 'foo://x': its scheme 'foo://' is none of redis://, rediss://, unix:// or redis+sentinel://",
+    )
     proc = agentstate("list", "--url", "redis://user:hunter2@host:notaport/0")
     _one_line_error(proc, "bad Redis URL 'redis://user:***@host:notaport/0'")
     assert "hunter2" not in proc.stderr
@@ -420,6 +429,89 @@ def test_unreachable_redis_is_a_one_line_error_in_both_forms() -> None:
 def test_a_missing_task_is_a_one_line_error(private_server: Any) -> None:
     _one_line_error(agentstate("show", "nope\x1b[2J", "--url", private_server.url), "no task 'nope\\x1b[2J'")
     _json_error(agentstate("show", "nope", "--json", "--url", private_server.url), "TaskNotFound")
+
+
+@pytest.mark.real
+def test_show_and_requeue_word_a_missing_task_alike_and_json_does_not_repeat_the_type(private_server: Any) -> None:
+    url = private_server.url
+    shown, requeued = agentstate("show", "nope", "--url", url), agentstate("requeue", "nope", "--url", url)
+    _one_line_error(shown, "TaskNotFound: no task 'nope' in namespace 'agentstate'")
+    assert shown.stderr == requeued.stderr
+    errors = [
+        _json_error(agentstate(cmd, "nope", "--json", "--url", url), "TaskNotFound") for cmd in ("show", "requeue")
+    ]
+    assert errors[0] == errors[1] == {"type": "TaskNotFound", "message": "no task 'nope' in namespace 'agentstate'"}
+
+
+def test_a_typo_suggests_only_the_commands_a_user_can_run() -> None:
+    proc = agentstate("listt")
+    assert proc.returncode == 2 and "invalid choice: 'listt'" in proc.stderr
+    assert "'list'" in proc.stderr and "demo-worker" not in proc.stderr
+    assert "demo-worker" not in agentstate("--help").stdout
+    # The demo's worker processes still run it (a parser of its own).
+    usage = agentstate("_demo-worker", "--help")
+    assert usage.returncode == 0 and "--worker-id" in usage.stdout
+
+
+@pytest.mark.parametrize(
+    "command", [["list"], ["list", "--parked"], ["show", "t"], ["requeue", "t"], ["watch", "p"], ["stats"], ["demo"]]
+)
+@pytest.mark.parametrize("namespace", ["", "bad{"])
+def test_a_bad_namespace_is_refused_by_every_command(command: list[str], namespace: str) -> None:
+    from conftest import free_port
+
+    # A Redis nobody listens on: the refusal comes before any connection.
+    proc = agentstate(*command, "--namespace", namespace, "--url", f"redis://127.0.0.1:{free_port()}/0")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert "argument --namespace: namespace" in proc.stderr, proc.stderr
+    proc = agentstate(*command, "--json", "--namespace", namespace)
+    assert proc.returncode == 2 and json.loads(proc.stderr)["error"]["type"] == "Usage"
+
+
+@pytest.mark.real
+def test_list_parked_table_and_json_agree_on_the_cycle(private_server: Any) -> None:
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace="pk", max_attempts=1)
+    store.create(Checkpoint("poison"))  # nothing committed yet: cycle 1 is the one that fails
+    cp = store.claim("poison", 1, token="w", lease_ms=60_000)
+    assert store.release("poison", token="w", expected_revision=cp.revision, reason="ValueError: bad")
+    store.client.close()
+    common = ("list", "--parked", "--url", private_server.url, "--namespace", "pk")
+    table = agentstate(*common).stdout.splitlines()
+    (row,) = json.loads(agentstate(*common, "--json").stdout)
+    assert table[0].split()[2:4] == ["AT", "CYCLE"] and table[1].split()[2] == "1"
+    assert row["at_cycle"] == 1 and row["cycle_index"] == 0  # cycle 1 failed; none committed
+
+
+@pytest.mark.real
+def test_the_memory_line_says_plainly_what_it_estimates(private_server: Any) -> None:
+    common = ("stats", "--url", private_server.url, "--namespace", "mem")
+    empty = agentstate(*common).stdout.splitlines()[-1]
+    assert empty.startswith("memory: ~") and "an estimate (not a full scan): nothing stored in this namespace" in empty
+    assert "sampled keys" not in empty and "owners" not in empty
+    store = CheckpointStore(redis.Redis.from_url(private_server.url), namespace="mem")
+    for i in range(3):
+        store.create(Checkpoint(f"t{i}"))
+    store.client.close()
+    line = agentstate(*common).stdout.splitlines()[-1]
+    assert re.fullmatch(
+        r"memory: ~[0-9.]+ (B|KiB), an estimate \(not a full scan\): 3 tasks x ~[0-9.]+ (B|KiB) each "
+        r"\(measured 3 of them\); plus the namespace's indexes, [0-9.]+ (B|KiB)",
+        line,
+    ), line
+
+
+def test_the_two_clis_import_no_circle() -> None:
+    """``cli`` imports ``fleet.cli``; neither ``fleet.cli`` nor the helpers both use import ``cli``."""
+    import ast
+    from pathlib import Path
+
+    package = Path(cli_mod.__file__).parent
+    for path in (package / "fleet" / "cli.py", package / "_cli_common.py"):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                absolute = "redis_agentstate." * bool(node.level) + (node.module or "")
+                assert not (node.level and node.module == "cli") and absolute != "redis_agentstate.cli", path
+                assert not (path.name == "_cli_common.py" and "fleet" in (node.module or "")), path
 
 
 HOSTILE = "evil\nforged-task  completed  9  9  \x1b[31mred\x1b[0m\u202eexe.txt\x9b2J"

@@ -1,6 +1,8 @@
 """The CLI's ``demo`` command and the ``_demo-worker`` command the demo's worker processes run.
 
-:func:`redis_agentstate.cli.build_parser` registers them here; the demo itself is in :mod:`.demo`.
+:func:`redis_agentstate.cli.build_parser` registers ``demo`` here; ``_demo-worker`` has a parser of
+its own (:func:`demo_worker_parser`, picked by :func:`redis_agentstate.cli.main`), so it is no
+choice of the user-facing parser: never suggested, never listed. The demo itself is in :mod:`.demo`.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ import shlex
 import sys
 from typing import Any
 
-from ..cli import CliError, _dump, _positive, esc
+from .._cli_common import CliError, Parser, esc, namespace_arg
+from .._cli_common import dump as _dump
+from .._cli_common import positive as _positive
 from ..spec import redact
 
-__all__ = ["add_demo", "add_demo_worker", "cmd_demo", "cmd_demo_worker"]
+__all__ = ["DEMO_WORKER", "add_demo", "cmd_demo", "cmd_demo_worker", "demo_worker_parser"]
+
+#: The internal command one demo worker process runs (``agentstate _demo-worker ...``).
+DEMO_WORKER = "_demo-worker"
 
 
 # ---- commands ------------------------------------------------------------------------------------------
@@ -87,7 +94,7 @@ def add_demo(sub: Any, demo_common: argparse.ArgumentParser) -> None:
     demo.add_argument("--lease-ms", type=_positive, default=1000, help="lease per cycle, ms (default 1000)")
     demo.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds (default 120)")
     demo.add_argument("--no-chaos", action="store_true", help="do not kill or freeze any worker")
-    demo.add_argument("--namespace", default=argparse.SUPPRESS,
+    demo.add_argument("--namespace", type=namespace_arg, default=argparse.SUPPRESS,
                       help="key namespace (default: a fresh demo-<random> one, so no run mixes with existing "
                       "data; the demo refuses a namespace that already holds demo data)")  # fmt: skip
     demo.add_argument("--keep", action="store_true",
@@ -98,13 +105,14 @@ def add_demo(sub: Any, demo_common: argparse.ArgumentParser) -> None:
     demo.set_defaults(func=cmd_demo)
 
 
-def add_demo_worker(sub: Any) -> None:
-    """The internal ``_demo-worker`` command: one demo worker process (started by the demo)."""
-    worker = sub.add_parser("_demo-worker")  # internal: one demo worker process
+def demo_worker_parser() -> argparse.ArgumentParser:
+    """The parser of the internal ``_demo-worker`` command (its arguments: what follows the command)."""
+    worker = Parser(prog=f"agentstate {DEMO_WORKER}", description="one demo worker process (started by the demo)")
     worker.add_argument("--url", required=True)
-    worker.add_argument("--namespace", required=True)
+    worker.add_argument("--namespace", type=namespace_arg, required=True)
     worker.add_argument("--worker-id", required=True)
     worker.add_argument("--cycles", type=int, required=True)
     worker.add_argument("--step-ms", type=int, required=True)
     worker.add_argument("--lease-ms", type=int, required=True)
     worker.set_defaults(func=cmd_demo_worker)
+    return worker

@@ -3,7 +3,10 @@
 The supervisor creates ``tasks`` agent tasks of ``cycles`` cycles, starts
 ``workers`` processes (each a :class:`~redis_agentstate.runner.Runner`), and
 while they work it SIGKILLs one worker in the middle of a cycle and SIGSTOPs
-another past its lease (then SIGCONTs it). Each simulated agent step appends
+another in the middle of a cycle, keeping it stopped until its lease lapsed and
+another worker claimed that task (seen in Redis: the task's revision moved on),
+then SIGCONTs it: its late commit meets the fence every run, however loaded the
+machine. Each simulated agent step appends
 one message naming ``(task, cycle, worker)``; each acknowledged commit is
 also recorded by the worker in a side list.
 
@@ -17,7 +20,11 @@ histories alone:
   claim bumps the revision), summed over tasks;
 * stale commits rejected by fencing: a worker whose lease was lost still
   tries its commit (as a worker without a lease keeper would) and counts
-  Redis's refusal.
+  Redis's refusal;
+* late commits accepted: the same, when nobody had claimed the task since the
+  lease lapsed (the revision had not moved, so the fence lets it through:
+  nothing was lost or applied twice). A worker starved past its lease on a
+  loaded machine can do this; the frozen one cannot.
 
 The exit status is non-zero if any invariant broke.
 """
@@ -43,7 +50,7 @@ from typing import IO, Any
 import redis
 
 from ..checkpoint import CheckpointStore
-from ..keys import DEMO_KEYS, Keys
+from ..keys import DEMO_KEYS, Keys, validate_namespace
 from ..models import AgentStatus, Checkpoint
 from ..runner import Runner, StepResult, current_lease
 from ..spec import StoreSpec, redact
@@ -230,10 +237,20 @@ class _Progress:
         self.tasks = tasks
         self.tty = out.isatty()
         self.last = 0.0
+        #: On a TTY, the bar is the line the cursor is on: anything else printed starts a new line first.
+        self.on_bar = False
+
+    def end_line(self) -> None:
+        """Move off the progress bar (on a TTY), so the next line does not overwrite it."""
+        if self.on_bar:
+            self.out.write("\n")
+            self.out.flush()
+            self.on_bar = False
 
     def event(self, text: str, t0: float) -> None:
         if self.tty:
             self.out.write("\r\033[K")
+            self.on_bar = False
         self.out.write(f"[{time.monotonic() - t0:5.1f}s] {text}\n")
         self.out.flush()
 
@@ -253,6 +270,7 @@ class _Progress:
         )
         if self.tty:
             self.out.write("\r\033[K" + line)
+            self.on_bar = True
         else:
             self.out.write(line + "\n")
         self.out.flush()
@@ -271,21 +289,61 @@ def _wait_ready(
         time.sleep(0.02)
 
 
+def _stopped(pid: int, timeout: float = 2.0) -> None:
+    """Return once ``pid`` is stopped (Linux: state ``T`` in ``/proc``; elsewhere a short wait),
+    then a little longer: a request it wrote just before SIGSTOP has reached Redis by then."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] in (b"T", b"t"):
+                    break
+            time.sleep(0.005)
+    except (OSError, IndexError):
+        time.sleep(0.05)
+    time.sleep(0.05)
+
+
+@dataclass
+class _Held:
+    """A claim a stopped worker holds: where it is, and what Redis showed once the worker stood still."""
+
+    task_id: str
+    cycle: int
+    token: str
+    revision: int
+
+    def __str__(self) -> str:
+        return f"{self.task_id} cycle {self.cycle}"
+
+
 def _freeze_holding_claim(
     client: redis.Redis, store: CheckpointStore, busy_key: str, proc: subprocess.Popen[bytes], worker_id: str
-) -> str | None:
+) -> _Held | None:
     """SIGSTOP ``proc`` if it is in the middle of a cycle, and keep it stopped only if it
     still holds that cycle's claim (checked in Redis once it cannot move); else SIGCONT, None."""
     busy = client.hget(busy_key, worker_id)
     if not busy:
         return None
     proc.send_signal(signal.SIGSTOP)
+    _stopped(proc.pid)
     task_id, _, cycle = (busy.decode() if isinstance(busy, bytes) else busy).rpartition(":")
     cp = store.load(task_id)
     if cp is not None and (cp.claim_token or "").startswith(f"{worker_id}:") and str(cp.claimed_cycle) == cycle:
-        return f"{task_id} cycle {cycle}"
+        return _Held(task_id, int(cycle), cp.claim_token or "", cp.revision)
     proc.send_signal(signal.SIGCONT)  # it finished that cycle in between: try again later
     return None
+
+
+def _taken_over(store: CheckpointStore, held: _Held) -> str | None:
+    """Who took ``held`` over since (its worker being stopped, any change of the task is someone
+    else's claim or write), or None while the stopped worker's claim is still the last word."""
+    cp = store.load(held.task_id)
+    if cp is not None and cp.revision == held.revision and cp.claim_token == held.token:
+        return None
+    if cp is not None and cp.claim_token:
+        return cp.claim_token.partition(":")[0]
+    return "another worker"
 
 
 def run_demo(
@@ -319,23 +377,27 @@ def _run_demo(
     out: IO[str] | None,
 ) -> DemoReport:
     out = out or sys.stderr
+    # Every argument is checked before a server or a worker starts: nothing to clean up after a refusal.
+    ns = validate_namespace(namespace) if namespace is not None else f"demo-{os.urandom(3).hex()}"
     server: EmbeddedServer | None = None
-    if url is None:
-        server = start_embedded(embedded)
-        url = server.url
-        out.write(f"Redis: started a private {server.description}\n")
-    else:
-        out.write(f"Redis: {redact(url)}\n")
-    ns = namespace or f"demo-{os.urandom(3).hex()}"
-    logdir = tempfile.mkdtemp(prefix="agentstate-demo-")
+    client: redis.Redis | None = None
+    logdir: str | None = None
     procs: list[subprocess.Popen[bytes]] = []
-    client = StoreSpec.redis(url).client()  # redis://, rediss://, unix:// or redis+sentinel://
-    store = CheckpointStore(client, namespace=ns)
-    keys = _keys(ns)
-    tids = [f"task-{i:03d}" for i in range(config.tasks)]
     frozen_pid: int | None = None
+    progress: _Progress | None = None
     clean = False  # the worker logs are kept, and named, unless a report comes back clean
     try:
+        if url is None:
+            server = start_embedded(embedded)
+            url = server.url
+            out.write(f"Redis: started a private {server.description}\n")
+        else:
+            out.write(f"Redis: {redact(url)}\n")
+        logdir = tempfile.mkdtemp(prefix="agentstate-demo-")
+        client = StoreSpec.redis(url).client()  # redis://, rediss://, unix:// or redis+sentinel://
+        store = CheckpointStore(client, namespace=ns)
+        keys = _keys(ns)
+        tids = [f"task-{i:03d}" for i in range(config.tasks)]
         if any(store.load(tid) is not None for tid in tids[:1]) or client.exists(*keys.values()):
             raise RuntimeError(f"namespace {ns!r} already holds demo data; pick another --namespace")
         out.write(
@@ -363,7 +425,8 @@ def _run_demo(
         stop_idx = 1 if config.chaos and config.workers >= 3 else None
         if config.chaos and config.workers < 3:
             progress.event("fewer than 3 workers: skipping the freeze (and the kill below 2)", t0)
-        resume_at: float | None = None
+        held: _Held | None = None  # the frozen worker's claim, until another worker took that task over
+        frozen_at = 0.0
         deadline = t0 + config.timeout_s
         stats: Mapping[Any, Any] = {}
         while True:
@@ -381,23 +444,29 @@ def _run_demo(
                     report_killed = f"w{kill_idx} (SIGKILL mid-cycle of {where})"
                     progress.event(f"chaos: SIGKILL {report_killed}", t0)
             if stop_idx is not None and report_frozen is None and cycles_done >= total * 0.3:
-                where = _freeze_holding_claim(client, store, keys["busy"], procs[stop_idx], f"w{stop_idx}")
-                if where:
-                    frozen_pid = procs[stop_idx].pid
-                    pause = 2 * config.lease_ms / 1000 + 0.3
-                    resume_at = time.monotonic() + pause
-                    report_frozen = f"w{stop_idx} (SIGSTOP for {pause:.1f}s mid-cycle of {where})"
-                    progress.event(f"chaos: SIGSTOP {report_frozen}", t0)
-            if resume_at is not None and time.monotonic() >= resume_at and frozen_pid is not None:
+                held = _freeze_holding_claim(client, store, keys["busy"], procs[stop_idx], f"w{stop_idx}")
+                if held:
+                    frozen_pid, frozen_at = procs[stop_idx].pid, time.monotonic()
+                    report_frozen = f"w{stop_idx} (SIGSTOP mid-cycle of {held}, never taken over)"
+                    progress.event(
+                        f"chaos: SIGSTOP w{stop_idx} mid-cycle of {held}: frozen until its lease lapses and "
+                        "another worker takes the task over",
+                        t0,
+                    )
+            # The frozen worker wakes only once its task was claimed by another worker, so its late
+            # commit always meets the fence (a fixed pause could end before anyone took the task).
+            if held is not None and frozen_pid is not None and (by := _taken_over(store, held)) is not None:
+                paused = time.monotonic() - frozen_at
+                report_frozen = f"w{stop_idx} (SIGSTOP for {paused:.1f}s mid-cycle of {held}, taken over by {by})"
+                progress.event(f"chaos: {held} taken over by {by} while w{stop_idx} was frozen", t0)
                 os.kill(frozen_pid, signal.SIGCONT)
-                frozen_pid = None
-                progress.event(f"chaos: SIGCONT w{stop_idx}: it wakes up with a lost lease", t0)
+                frozen_pid, held = None, None
+                progress.event(f"chaos: SIGCONT w{stop_idx} after {paused:.1f}s: it wakes up with a lost lease", t0)
             progress.show(stats, t0)
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
         progress.show(client.hgetall(keys["stats"]), t0, force=True)
-        if progress.tty:
-            out.write("\n")
+        progress.end_line()
         failures = _stop_workers(procs, frozen_pid, kill_idx if report_killed else None)
         frozen_pid = None
         stats = client.hgetall(keys["stats"])
@@ -418,19 +487,23 @@ def _run_demo(
             client.delete(*keys.values())
         return report
     finally:
+        if progress is not None:
+            progress.end_line()  # a Ctrl-C or an error must not print onto the progress bar
         if frozen_pid is not None:
             os.kill(frozen_pid, signal.SIGCONT)
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        client.close()
+        if client is not None:
+            client.close()
         if server is not None:
             server.stop()
-        if clean or not procs:
-            shutil.rmtree(logdir, ignore_errors=True)
-        else:  # a broken invariant, a failed worker, or the demo itself failed: the logs say why
-            out.write(f"worker logs kept in {logdir}\n")
+        if logdir is not None:
+            if clean or not procs:
+                shutil.rmtree(logdir, ignore_errors=True)
+            else:  # a broken invariant, a failed worker, or the demo itself failed: the logs say why
+                out.write(f"worker logs kept in {logdir}\n")
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], frozen_pid: int | None, killed: int | None) -> list[str]:
@@ -463,6 +536,7 @@ def report_table(report: DemoReport) -> str:
         ("cycles committed", f"{report.cycles_committed}/{report.cycles_expected}"),
         ("takeovers", str(report.takeovers)),
         ("stale commits rejected by fencing", str(report.stale_commits_rejected)),
+        ("late commits accepted (no takeover)", str(report.late_commits_accepted)),
         ("double-applied cycles (must be 0)", str(report.double_applied)),
         ("lost commits (must be 0)", str(report.lost_commits)),
         ("cycles/s", f"{report.cycles_per_s:.1f}"),
