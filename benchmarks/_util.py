@@ -210,8 +210,12 @@ def make_message(i: int, size: int = 200) -> dict[str, Any]:
 # ---- environment -------------------------------------------------------------
 
 
+#: What the harness itself rewrites: a tree changed only there still measures its commit's code.
+OUTPUTS = ("benchmarks/README.md", "benchmarks/results")
+
+
 def git_state(repo: str) -> dict[str, Any]:
-    """The commit measured, and whether the library had uncommitted changes (shared work trees move)."""
+    """The commit measured; ``dirty`` if the tree differs from it anywhere but in the harness's outputs."""
 
     def git(*args: str) -> str | None:
         try:
@@ -220,11 +224,57 @@ def git_state(repo: str) -> dict[str, Any]:
             return None
         return out.stdout.strip() if out.returncode == 0 else None
 
-    dirty = git("status", "--porcelain", "--", "redis_agentstate")
+    dirty = git("status", "--porcelain", "--", ".", *(f":(exclude){p}" for p in OUTPUTS))
+    library = git("status", "--porcelain", "--", "redis_agentstate")
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
-        "library_uncommitted_changes": bool(dirty) if dirty is not None else None,
+        "dirty": bool(dirty) if dirty is not None else None,
+        "library_uncommitted_changes": bool(library) if library is not None else None,
     }
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def run_meta(command: str, client: redis.Redis | None = None, **extra: Any) -> dict[str, Any]:
+    """What every README block's header states: command, start (UTC), commit, machine, load.
+
+    For the commands outside ``python -m benchmarks``; :func:`finish_meta` adds the duration and
+    the load at the end.
+    """
+    from datetime import datetime, timezone
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    meta: dict[str, Any] = {
+        "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "machine": machine_info(),
+        "git": git_state(repo),
+        "load": {"start": load_average()},
+        "t0": time.perf_counter(),
+        **extra,
+    }
+    if client is not None:
+        meta["versions"] = {"redis-server": client.info("server").get("redis_version")}
+        meta["server"] = {"kind": "private", "modules": server_modules(client)}
+    return meta
+
+
+def finish_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    meta["duration_s"] = round(time.perf_counter() - meta.pop("t0", time.perf_counter()), 1)
+    meta.setdefault("load", {})["end"] = load_average()
+    return meta
+
+
+def command_line(prog: str, argv: list[str] | None) -> str:
+    import shlex
+
+    return f"{prog} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
 def version_of(dist: str) -> str | None:
@@ -250,6 +300,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
+        "os": f"{platform.system()} {platform.release()}",
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
     }

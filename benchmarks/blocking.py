@@ -18,8 +18,10 @@ Measured side by side in one run, alternating per round:
   (see ``_server_us``) and client p50, for the candidate path (today: one script) against the peek
   path (forced: 64 shard heads, then a script), and a no-op EVALSHA as the floor.
 * **cycle_server_us_1kib**: server us per cycle of one task with 1 KiB of state, claim + commit and
-  commit_and_claim (the inputs of the scale derivation in benchmarks/README.md).
+  commit_and_claim.
 * **no_workers**: the idle server's own CPU over the same window (its cron), for reference.
+
+``--readme`` rewrites the ``blocking`` block of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ import redis.asyncio as aioredis
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
 from redis_agentstate.testing import internals
 
-from ._util import make_state, percentile
+from . import report
+from ._util import command_line, make_state, percentile, run_meta
 
 __all__ = ["main"]
 
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=200)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--readme", action="store_true", help="rewrite the blocking block of benchmarks/README.md")
     args = parser.parse_args(argv)
     server = shutil.which("redis-server")
     if server is None:
@@ -263,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                 break
             except redis.ConnectionError:
                 time.sleep(0.05)
+        meta = run_meta(command_line("python -m benchmarks.blocking", argv), redis.Redis.from_url(url))
         idle: dict[str, list[float]] = {"polling": [], "blocking": [], "no_workers": []}
         latency: dict[str, list[float]] = {"polling": [], "blocking": []}
         for _ in range(args.rounds):
@@ -293,6 +298,78 @@ def main(argv: list[str] | None = None) -> None:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
+    if args.readme:
+        params = {"rounds": args.rounds, "workers": args.workers, "window": args.window}
+        report.publish(meta, "blocking", out, params)
+
+
+def _vals(values: list[float], digits: int = 1) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in values)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def markdown(out: dict[str, Any], params: dict[str, Any]) -> str:
+    """The blocking block: every row side by side in one run, per-round values in run order."""
+    args = argparse.Namespace(**params)
+    idle, lat = out["idle_server_cpu_pct"], out["create_to_claimed_ms"]
+    med = {m: percentile(v, 50) for m, v in idle.items()}
+    b, p = lat.get("blocking", {}), lat.get("polling", {})
+    lines = [
+        f"{args.rounds} round(s), the contenders of a row interleaved in shuffled order per round; per-round "
+        "values in run order. *Polling* is the Runner's former idle loop (claim_next without blocking, then a "
+        "full-jitter sleep growing from 50 ms to 2 s) for the idle and latency rows, and the peek path (64 "
+        "shard heads, then a script; forced) for the rows with work due.",
+        "",
+        "| figure | goal | blocking: claim_next(block_ms=) | polling | per-round ratio | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| server CPU of {args.workers} idle async workers in one process, % of a core over {args.window:g} s "
+        f"| <= 2% | {_vals(idle['blocking'], 3)} | {_vals(idle['polling'], 3)} "
+        f"| polling / blocking {_vals([r or 0 for r in out['idle_ratio_polling_over_blocking']])}x "
+        f"| {_yes(med['blocking'] <= 2)} |",
+        f"| the same server with no workers (its own cron), for reference | - | {_vals(idle['no_workers'], 3)} "
+        "| | | - |",
+    ]
+    if b and p:
+        lines.append(
+            f"| create -> claimed, 20 blocked workers, a create every 50 ms ({b['n']} samples), ms "
+            f"| p50 <= 10, p99 <= 50 | p50 {b['p50']:.2f}, p99 {b['p99']:.2f} | p50 {p['p50']:.2f}, p99 {p['p99']:.2f} "
+            f"| p50 {p['p50'] / b['p50']:.1f}x, p99 {p['p99'] / b['p99']:.1f}x "
+            f"| {_yes(b['p50'] <= 10 and b['p99'] <= 50)} |"
+        )
+    for due in out["claim_next_when_due"]:
+        cand, peek, noop = due["candidates"], due["peek"], due["noop_evalsha"]
+        n = f"{due['tasks']:,} due tasks"
+        rt = percentile(cand["round_trips"], 50)
+        lines.append(
+            f"| claim_next with work due, round trips per call, {n} | 1 | {_vals(cand['round_trips'], 2)} "
+            f"| {_vals(peek['round_trips'], 2)} | | {_yes(rt <= 1.05)} |"
+        )
+        ratios = [pk / c for pk, c in zip(peek["server_us"], cand["server_us"], strict=True)]
+        lines.append(
+            f"| claim_next with work due, server us per call, {n} | <= 20 | {_vals(cand['server_us'])} "
+            f"| {_vals(peek['server_us'])} | peek / candidates {_vals(ratios)}x "
+            f"| {_yes(percentile(cand['server_us'], 50) <= 20)} |"
+        )
+        lines.append(
+            f"| claim_next with work due, client p50 ms, {n} | - | {_vals(cand['p50_ms'], 3)} "
+            f"| {_vals(peek['p50_ms'], 3)} | | - |"
+        )
+        lines.append(
+            f"| no-op EVALSHA in the same rounds (floor), {n}: server us; client p50 ms | - "
+            f"| {_vals(noop['server_us'])}; {_vals(noop['p50_ms'], 3)} | | | - |"
+        )
+    cyc = out["cycle_server_us_1kib"]
+    lines += [
+        "",
+        "Server us per cycle of one task with 1 KiB of state (300 cycles per round, per round): "
+        f"claim + commit {_vals(cyc['claim_plus_commit'])}; commit_and_claim {_vals(cyc['commit_and_claim'])}. "
+        "Server us per claim_next is EVALSHA's usec from `INFO commandstats` (which includes the commands its "
+        "script runs) plus the peek's ZRANGEs and its TIME.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

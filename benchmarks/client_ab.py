@@ -11,7 +11,7 @@ both alike and the ratios are taken within a round. Three figures:
 * **single**: one connection, used serially: claim + commit and a steady
   commit_and_claim loop of a 1 KiB state for each side, next to the floor (2
   no-op EVALSHA through redis-py) and redis-py ``Lock`` acquire + SET 1 KiB +
-  release, as in ``single.py`` (issue 11's ratios: claim + commit / floor and
+  release, as in ``single.py`` (the goals' ratios: claim + commit / floor and
   Lock / commit_and_claim);
 * **async**: ``AsyncCheckpointStore`` with 64 tasks on one event loop (as in
   ``concurrency.py``), each side looping commit_and_claim, and claim + commit,
@@ -19,7 +19,7 @@ both alike and the ratios are taken within a round. Three figures:
 * **core**: the library's own Python per operation without I/O (a captured
   reply fed back to the operation), CPU time of the thread.
 
-A measurement for the client-side work of issue 11, not a figure of the main
+A measurement for work on the client's Python per cycle, not a figure of the main
 harness. ``--quick`` is a smoke run of a few seconds.
 """
 

@@ -209,7 +209,7 @@ def run(settings: Settings) -> dict[str, Any]:
     else:
         async_levels, proc_levels, window = [1, 8, 64, 256], [1, 2, 4, 8], 2.0
     rounds = settings.rounds if settings.quick else max(3, settings.rounds // 3)
-    # async_continued: the same tasks looping commit_and_claim (issue 11's async target is at 64 tasks).
+    # async_continued: the same tasks looping commit_and_claim (the async goal is stated at 64 tasks).
     continued_levels = [8] if settings.quick else [64]
     configs = (
         [("async", n) for n in async_levels]

@@ -7,8 +7,9 @@ re-runs the constants and the preludes (``_base.lua``, ``_common.lua``: about
 private redis-server, then drives the same commit_and_claim loop through a
 ``CheckpointStore`` in interleaved rounds, sending EVALSHA or rewriting it to
 FCALL of the same body, and compares ``INFO commandstats`` usec per call.
-A measurement for a design decision (issue 11: would moving to Functions meet
-the 10 us target?), not a figure of the main harness.
+A measurement for a design decision (would moving to Functions meet the goal
+of 10 us per commit_and_claim?), not a figure of the main harness.
+``--readme`` rewrites the ``functions_ab`` block of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate import scripts as S
 from redis_agentstate.embedded import start_embedded
 from redis_agentstate.testing import internals
+
+from . import report
+from ._util import command_line, run_meta
 
 NAMES = (S.COMMIT_AND_CLAIM, S.CLAIM, S.COMMIT)
 
@@ -54,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.functions_ab", description=__doc__)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--cycles", type=int, default=300)
+    p.add_argument("--readme", action="store_true", help="rewrite the functions_ab block of benchmarks/README.md")
     args = p.parse_args(argv)
     server = start_embedded(prefer="redis-server")
     try:
         admin = redis.Redis.from_url(server.url)
+        meta = run_meta(command_line("python -m benchmarks.functions_ab", argv), admin)
         admin.execute_command("FUNCTION", "LOAD", "REPLACE", library())
         client = _Rewriting.from_url(server.url)
         store = CheckpointStore(client, "ab")
@@ -83,7 +89,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"EVALSHA / FCALL (medians of {args.rounds} interleaved rounds of {args.cycles}): {ratio:.2f}x")
     finally:
         server.stop()
+    if args.readme:
+        report.publish(meta, "functions_ab", usec, {"rounds": args.rounds, "cycles": args.cycles})
     return 0
+
+
+def markdown(usec: dict[str, list[float]], params: dict[str, Any]) -> str:
+    """The functions_ab block: server us per commit_and_claim as EVALSHA and as FCALL."""
+    rounds, cycles = params["rounds"], params["cycles"]
+    lines = [
+        f"{rounds} interleaved rounds of {cycles} commit_and_claim calls (1 KiB state), alternating which goes "
+        "first; server us per call from `INFO commandstats`.",
+        "",
+        "| sent as | server us per commit_and_claim, median (min) |",
+        "| --- | --- |",
+    ]
+    for mode, values in usec.items():
+        lines.append(f"| {mode} | {statistics.median(values):.2f} ({min(values):.2f}) |")
+    per_round = sorted(a / b for a, b in zip(usec["EVALSHA"], usec["FCALL"], strict=True))
+    lines += [
+        "",
+        f"EVALSHA / FCALL per round: median {statistics.median(per_round):.2f}x "
+        f"(min {per_round[0]:.2f}x, max {per_round[-1]:.2f}x).",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Figure 7 (opt-in, ``--only langgraph``): LangGraph checkpointers on plain Redis, one growing thread.
 
-The workload of issue 10: a thread whose ``messages`` channel (an ``operator.add``
+The workload: a thread whose ``messages`` channel (an ``operator.add``
 list) grows by 2 messages of ~90 B per step (the user's, as the input, and the
 node's answer), next to 1 KiB of other state, one step per ``invoke``. Each
 saver runs a fresh thread of ``STEPS`` invokes per round, the savers in a
@@ -224,25 +224,8 @@ def markdown(fig: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def readme_block(results: dict[str, Any]) -> str:
-    """The LangGraph section of benchmarks/README.md: run facts, the table, and the issue's targets."""
-    meta, fig = results["meta"], results["figures"]["langgraph"]
-    git = meta.get("git") or {}
-    lines = [
-        f"Run of {meta['started']} (`{meta['command']}`, code at commit {git.get('commit', '?')}"
-        f"{' + local changes' if git.get('dirty') else ''}); server: {meta['server']['kind']} redis-server "
-        f"{meta['versions'].get('redis-server')}, modules: {', '.join(meta['server']['modules']) or 'none'}; "
-        f"{meta['machine'].get('cores')} shared cores.",
-        "",
-        markdown(fig),
-        "",
-    ]
-    lines += [f"- {t}" for t in targets(fig)]
-    return "\n".join(lines)
-
-
 def targets(fig: dict[str, Any]) -> list[str]:
-    """The issue's targets, each with its measured figure (medians over rounds)."""
+    """The saver's goals, each with its measured figure (medians over rounds)."""
     rows = fig["contenders"]
     ours = rows.get("redis_agentstate AgentStateSaver")
     if not ours or ours["status"] != "ok":

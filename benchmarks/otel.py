@@ -188,17 +188,3 @@ def markdown(fig: dict[str, Any]) -> str:
         counted = ", ".join(f"{k} {v}" for k, v in sorted(fig["recorded"].items()))
         lines += ["", f"Recorded by the metrics contenders (all rounds): {counted}."]
     return "\n".join(lines)
-
-
-def readme_block(results: dict[str, Any]) -> str:
-    meta, fig = results["meta"], results["figures"]["telemetry"]
-    git = meta.get("git") or {}
-    return "\n".join(
-        [
-            f"Run of {meta['started']} (`{meta['command']}`, code at commit {git.get('commit', '?')}"
-            f"{' + local changes' if git.get('dirty') else ''}); server: {meta['server']['kind']} redis-server "
-            f"{meta['versions'].get('redis-server')}; {meta['machine'].get('cores')} shared cores.",
-            "",
-            markdown(fig),
-        ]
-    )

@@ -1,6 +1,6 @@
 """Opt-in figure ``pool_scale``: the longest single script with a pool of 1,000,000 records.
 
-Budget (issue 9, item 4): no single script above 10 ms of server time. Run with
+Budget: no single script above 10 ms of server time. Run with
 ``python -m benchmarks --only pool_scale`` (``--quick``: 20,000 records); the
 normal test suite skips it (``tests/test_pool_scale_bench.py`` is marked
 ``benchmark``).

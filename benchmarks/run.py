@@ -1,9 +1,10 @@
 """One command for every figure: ``python -m benchmarks [--quick] [--url URL] [--only a,b] [--out DIR]``.
 
 Starts a private ``redis-server`` on a free loopback port in a temp dir
-(unless ``--url``), runs the figures, writes ``<out>/latest.json`` and PNG
-plots, prints the tables, and (full run into the default results dir) copies
-them into ``benchmarks/README.md``.
+(unless ``--url``), runs the figures, writes ``<out>/latest.json`` (or, for
+opt-in figures alone into the default results dir, ``<out>/<figures>.json``)
+and PNG plots, prints the tables, and (a run that is not ``--quick``, into the
+default results dir) rewrites each figure's block of ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from . import (
     scale,
     single,
 )
-from ._util import Settings, git_state, machine_info, server_modules, server_pid_of, versions
+from ._util import Settings, git_state, load_average, machine_info, server_modules, server_pid_of, versions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "results")
@@ -83,8 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--readme",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="copy the tables into benchmarks/README.md (auto: only for a full run of every figure "
-        "into the default --out)",
+        help="rewrite each measured figure's block of benchmarks/README.md (auto: unless --quick, "
+        "--url, or an --out other than the default)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
     return p.parse_args(argv)
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": machine_info(),
                 "versions": versions(client),
                 "git": git_state(os.path.dirname(HERE)),
+                "load": {"start": load_average()},
                 "server": {"kind": kind, "modules": server_modules(client), "cpu_sampled": pid is not None},
             }
         settings = Settings(
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
     meta["duration_s"] = round(time.perf_counter() - started, 1)
+    meta["load"]["end"] = load_average()
     results: dict[str, Any] = {"schema": 1, "meta": meta, "figures": figures, "errors": errors}
     results["targets"] = report.targets(results)
     images: list[str] = []
@@ -148,38 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             images = plots.draw(results, args.out)
             results["plots"] = images
-    path = os.path.join(args.out, "latest.json")
+    default_out = os.path.abspath(args.out) == DEFAULT_OUT
+    # Opt-in figures alone keep their own JSON in results/, so the main run's latest.json stays its own.
+    json_name = "+".join(only) + ".json" if default_out and set(only) <= set(OPT_IN) else "latest.json"
+    path = os.path.join(args.out, json_name)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=False)
         f.write("\n")
     os.replace(path + ".tmp", path)
-    block = report.markdown(results, images if os.path.abspath(args.out) == DEFAULT_OUT else [])
-    print(block)
-    # An opt-in figure alone (e.g. --only langgraph) never rewrites the main tables.
-    write_readme = not set(only) <= set(OPT_IN) and (
-        args.readme == "yes"
-        or (
-            args.readme == "auto"
-            and not args.quick
-            and not args.only
-            and not errors
-            and os.path.abspath(args.out) == DEFAULT_OUT
-        )
-    )
+    print(report.markdown(results, images))
+    write_readme = args.readme == "yes" or (args.readme == "auto" and not args.quick and not args.url and default_out)
     if write_readme:
-        report.update_readme(README, block)
-        print(f"[benchmarks] tables copied into {README}", file=sys.stderr)
-    if "langgraph" in figures and (
-        args.readme == "yes" or (args.readme == "auto" and not args.quick and os.path.abspath(args.out) == DEFAULT_OUT)
-    ):
-        lg_block = langgraph_savers.readme_block(results)
-        report.update_readme(README, lg_block, report.LANGGRAPH_BEGIN, report.LANGGRAPH_END)
-        print(f"[benchmarks] LangGraph table copied into {README}", file=sys.stderr)
-    if "telemetry" in figures and (
-        args.readme == "yes" or (args.readme == "auto" and not args.quick and os.path.abspath(args.out) == DEFAULT_OUT)
-    ):
-        report.update_readme(README, otel.readme_block(results), report.TELEMETRY_BEGIN, report.TELEMETRY_END)
-        print(f"[benchmarks] telemetry table copied into {README}", file=sys.stderr)
+        for name, body in report.blocks(results, images if default_out else []).items():
+            report.write_block(meta, name, body, README)
     print(f"[benchmarks] wrote {path}", file=sys.stderr)
     return 1 if errors else 0
 

@@ -1,4 +1,4 @@
-"""Scale on paper, from measurements (issue 11, section 5): ``python -m benchmarks --only scale``.
+"""Scale on paper, from measurements: ``python -m benchmarks --only scale``.
 
 Three parts:
 

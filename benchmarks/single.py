@@ -71,7 +71,7 @@ class AgentCycle:
 class ContinueCycle:
     """A worker going on with its task: ``commit_and_claim`` commits cycle N and claims N + 1.
 
-    The steady state of an agent run (issue 11, section 1): one script per cycle.
+    The steady state of an agent run: one script per cycle.
     """
 
     def __init__(self, store: Any, task_id: str, token: str, state: dict[str, Any]) -> None:
