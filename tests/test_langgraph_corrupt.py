@@ -36,6 +36,7 @@ import redis.asyncio as aioredis
 from conftest import RedisServerProcess
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from redis_agentstate import CheckpointStore, CorruptState, RetryPolicy
 from redis_agentstate.keys import Keys
@@ -181,15 +182,35 @@ NS = "lgc"
 NO_RETRY = RetryPolicy(attempts=1)
 
 
+def _content(raw: Any, key: bytes) -> Any:
+    """What ``key`` holds, by value (a hash's DUMP changes with its table's order, which a read may rehash)."""
+    kind = raw.type(key)
+    if kind == b"hash":
+        return kind, raw.hgetall(key)
+    if kind == b"zset":
+        return kind, raw.zrange(key, 0, -1, withscores=True)
+    if kind == b"list":
+        return kind, raw.lrange(key, 0, -1)
+    return kind, raw.dump(key)
+
+
 def _ns_dump(raw: Any) -> dict[bytes, Any]:
-    return {k: (raw.type(k), raw.dump(k)) for k in sorted(raw.scan_iter(match=Keys(NS).pattern() + "*", count=1000))}
+    """Every key of the namespace and what it holds: equal before and after a call means it wrote nothing."""
+    return {k: _content(raw, k) for k in sorted(raw.scan_iter(match=Keys(NS).pattern() + "*", count=1000))}
 
 
 def _restore(raw: Any, dump: dict[bytes, Any]) -> None:
     for k in list(raw.scan_iter(match=Keys(NS).pattern() + "*", count=1000)):
         raw.delete(k)
-    for k, (_, data) in dump.items():
-        raw.restore(k, 0, data)
+    for k, (kind, data) in dump.items():
+        if kind == b"hash":
+            raw.hset(k, mapping=data)
+        elif kind == b"zset":
+            raw.zadd(k, dict(data))
+        elif kind == b"list":
+            raw.rpush(k, *data)
+        else:
+            raw.restore(k, 0, data)
 
 
 @dataclass
@@ -241,6 +262,7 @@ OPS: dict[str, Callable[[Any, Built], Any]] = {
     "get_tuple_older": lambda s, b: s.get_tuple(b.older),
     "get_tuple_sub": lambda s, b: s.get_tuple(generate_config("t", checkpoint_ns="sub")),
     "list_thread": lambda s, b: list(s.list(generate_config("t"))),
+    "list_any_ns": lambda s, b: list(s.list({"configurable": {"thread_id": "t"}})),
     "list_filtered": lambda s, b: list(s.list(generate_config("t"), filter={"run_id": "r2"})),
     "list_all": lambda s, b: list(s.list(None)),
     "put": lambda s, b: s.put(*_next_checkpoint(b)),
@@ -286,9 +308,7 @@ class Harness:
         async graphs would call it, by awaiting its a-methods on our loop."""
         if self.flavor == "sync":
             return AgentStateSaver(self.target.sync_client(), namespace=NS, retry=NO_RETRY)
-        return _AsyncFace(
-            AsyncAgentStateSaver(self.target.async_client(), namespace=NS, retry=NO_RETRY), self.loop
-        )
+        return _AsyncFace(AsyncAgentStateSaver(self.target.async_client(), namespace=NS, retry=NO_RETRY), self.loop)
 
     def run(self, label: str, op: Callable[[], Any]) -> Any:
         """Run ``op``; record a failure unless it succeeded or raised CorruptState with nothing written."""
@@ -307,7 +327,9 @@ class Harness:
             if isinstance(err, Hung) or watch.errors or took > CALL_DEADLINE_S / 2:
                 self.target.recover()
                 self.raw = self.target.sync_client()
-                self.failures.append(f"{label}: hung or blocked Redis ({took:.1f} s; {err!r}; pings {watch.errors[:1]})")
+                self.failures.append(
+                    f"{label}: hung or blocked Redis ({took:.1f} s; {err!r}; pings {watch.errors[:1]})"
+                )
                 return None
             if watch.worst <= PING_BOUND_S:
                 break
@@ -406,9 +428,7 @@ def test_a_negative_pending_write_length_is_corrupt_state_not_a_hang(harness: Ha
 
 
 @pytest.mark.parametrize("value", [b"not a number", b"1e400", b"-", b"99999999999999999999", b"2.5"])
-def test_a_shard_gen_counter_that_is_not_an_integer_does_not_break_other_tasks(
-    target: Target, value: bytes
-) -> None:
+def test_a_shard_gen_counter_that_is_not_an_integer_does_not_break_other_tasks(target: Target, value: bytes) -> None:
     """``gen`` is shared by a shard's tasks: one value INCR refuses used to fail every create there."""
     from redis_agentstate import Checkpoint
 
@@ -426,3 +446,305 @@ def test_a_shard_gen_counter_that_is_not_an_integer_does_not_break_other_tasks(
     assert int(raw.get(gen)) > 0  # recovered: the next rewrite counts on from it
     assert raw.hget(Keys(NS).task(other).checkpoint, "epoch") != epoch
     assert store.load("a") is not None
+
+
+# ---- item 2: corrupt saver data is CorruptState, whatever the call -----------------------------------
+
+
+def _pack(*items: Any) -> bytes:
+    return bytes(msgpack.packb(list(items), use_bin_type=True))
+
+
+def _split(stored: bytes) -> tuple[bytes, bytes]:
+    """A stored checkpoint's '<n>:' + list of blob fields, and its msgpack record."""
+    colon = stored.index(b":")
+    end = colon + 1 + int(stored[:colon])
+    return stored[:end], stored[end:]
+
+
+def _with_body(stored: bytes, body: bytes) -> bytes:
+    return _split(stored)[0] + body
+
+
+#: Named plantings: (what, key attribute, how) -> the saver calls that read it must raise CorruptState.
+NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
+    "record-pickle": (
+        "records",
+        lambda h, b: h.raw.hset(
+            h.keys.records,
+            _record_of(h, b)[0],
+            _with_body(_record_of(h, b)[1], _pack(None, "pickle", b"x", "json", b"{}")),
+        ),
+        ["get_tuple", "list_thread"],
+    ),
+    "record-not-utf8-metadata": (
+        "records",
+        lambda h, b: h.raw.hset(
+            h.keys.records,
+            _record_of(h, b)[0],
+            _with_body(_record_of(h, b)[1], _pack(None, "json", b"{}", "json", b"\xff\xfe")),
+        ),
+        ["get_tuple", "list_thread", "list_filtered", "prune"],
+    ),
+    "record-metadata-a-list": (
+        "records",
+        lambda h, b: h.raw.hset(
+            h.keys.records,
+            _record_of(h, b)[0],
+            _with_body(_record_of(h, b)[1], _pack(None, "json", b"{}", "json", b"[1]")),
+        ),
+        ["get_tuple", "list_thread", "list_filtered", "prune"],
+    ),
+    "record-no-colon": (
+        "records",
+        lambda h, b: h.raw.hset(h.keys.records, _record_of(h, b)[0], b"garbage"),
+        ["get_tuple", "list_thread", "list_filtered", "prune", "delete_for_runs"],
+    ),
+    "blob-field-without-separators": (
+        "records",
+        lambda h, b: h.raw.hset(h.keys.records, _record_of(h, b)[0], b"6:4:abcd" + _split(_record_of(h, b)[1])[1]),
+        ["get_tuple", "list_thread"],
+    ),
+    "tail-negative-length": (
+        "blobs",
+        lambda h, b: h.raw.hset(h.keys.blobs, b"\0msgs\x00004", b"T-3:003" + _pack("json", b"[]")),
+        ["get_tuple", "list_thread", "prune", "delete_for_runs"],
+    ),
+    "tail-not-a-list": (
+        "blobs",
+        lambda h, b: h.raw.hset(h.keys.blobs, b"\0msgs\x00004", b"T3:003" + _pack("json", b"7")),
+        ["get_tuple", "list_thread"],
+    ),
+    "blob-neither-full-nor-tail": (
+        "blobs",
+        lambda h, b: h.raw.hset(h.keys.blobs, b"\0n\x00004", b"X" + _pack("json", b"7")),
+        ["get_tuple", "list_thread", "prune", "delete_for_runs"],
+    ),
+    "blob-pickle": (
+        "blobs",
+        lambda h, b: h.raw.hset(h.keys.blobs, b"\0n\x00004", b"F" + _pack("pickle", b"\x80\x04K\x07.")),
+        ["get_tuple", "list_thread"],
+    ),
+    "write-wrong-shape": (
+        "writes",
+        lambda h, b: h.raw.hset(h.keys.writes, _record_of(h, b)[0], b"3:k\0001%d:%s" % (len(_pack(1, 2)), _pack(1, 2))),
+        ["get_tuple", "list_thread"],
+    ),
+    "write-idx-a-str": (
+        "writes",
+        lambda h, b: h.raw.hset(
+            h.keys.writes,
+            _record_of(h, b)[0],
+            b"3:k\0001%d:%s" % (len(_pack("k", "x", "", "c", "json", b"1")), _pack("k", "x", "", "c", "json", b"1")),
+        ),
+        ["get_tuple", "list_thread"],
+    ),
+    "write-pickle": (
+        "writes",
+        lambda h, b: h.raw.hset(
+            h.keys.writes,
+            _record_of(h, b)[0],
+            b"3:k\0001%d:%s" % (len(_pack("k", 1, "", "c", "pickle", b"x")), _pack("k", 1, "", "c", "pickle", b"x")),
+        ),
+        ["get_tuple", "list_thread"],
+    ),
+    "write-truncated": (
+        "writes",
+        lambda h, b: h.raw.hset(
+            h.keys.writes, _record_of(h, b)[0], h.raw.hget(h.keys.writes, _record_of(h, b)[0])[:-4]
+        ),
+        ["get_tuple", "list_thread", "put_writes", "put_writes_again"],
+    ),
+    "index-member-without-separator": (
+        "index",
+        lambda h, b: _plant_member(h, b, b"zz-no-separator"),
+        ["list_any_ns", "prune"],
+    ),
+    "index-member-not-utf8": (
+        "index",
+        lambda h, b: _plant_member(h, b, b"\0\xff\xfe"),
+        ["get_tuple", "list_thread", "prune"],
+    ),
+    "run-member-without-separator": (
+        "runs",
+        lambda h, b: h.raw.zadd(h.keys.runs, {b"r1-no-separator": 0}),
+        ["prune", "prune_delete", "delete_thread", "delete_for_runs", "copy_thread"],
+    ),
+    "shard-run-member-without-separator": (
+        "shard_runs",
+        lambda h, b: h.raw.zadd(h.keys.shard_runs, {b"r1\0": 0}),
+        ["delete_for_runs"],
+    ),
+    "shard-thread-not-utf8": (
+        "shard_threads",
+        lambda h, b: h.raw.zadd(h.keys.shard_threads, {b"\xff": 0}),
+        ["list_all"],
+    ),
+    "shard-thread-with-nul": (
+        "shard_threads",
+        lambda h, b: h.raw.zadd(h.keys.shard_threads, {b"a\0b": 0}),
+        ["list_all"],
+    ),
+    "parent-loop-with-a-huge-delta-depth": (
+        "records",
+        lambda h, b: _plant_parent_loop(h, b),
+        ["prune"],
+    ),
+}
+
+
+def _plant_member(h: Harness, b: Built, member: bytes) -> None:
+    """A checkpoint under an index member the saver would not write (a copy of the newest one's record)."""
+    h.raw.zadd(h.keys.index, {member: 0})
+    h.raw.hset(h.keys.records, member, _record_of(h, b)[1])
+
+
+def _plant_parent_loop(h: Harness, b: Built) -> None:
+    """The newest checkpoint names itself as its parent and claims 10**15 DeltaChannel steps to replay."""
+    member, stored = _record_of(h, b)
+    _, ck_kind, ck_data, _, _ = msgpack.unpackb(_split(stored)[1], raw=False)
+    md = {"source": "loop", "step": 3, "parents": {}, "counters_since_delta_snapshot": {"msgs": [1, 10**15]}}
+    md_kind, md_data = JsonPlusSerializer().dumps_typed(md)
+    body = _pack(b.latest["configurable"]["checkpoint_id"], ck_kind, ck_data, md_kind, md_data)
+    h.raw.hset(h.keys.records, member, _with_body(stored, body))
+
+
+@pytest.mark.parametrize("case", sorted(NAMED))
+def test_corrupt_saver_data_is_corrupt_state_naming_the_key(harness: Harness, case: str) -> None:
+    attr, plant, ops = NAMED[case]
+    built = _setup(harness)
+    plant(harness, built)
+    for op in ops:
+        snapshot = _ns_dump(harness.raw)
+        got = harness.run(f"{case}/{op}", lambda op=op: OPS[op](harness.saver(), built))
+        if not isinstance(got, CorruptState):
+            harness.failures.append(f"{case}/{op}: no CorruptState, got {got!r:.200}")
+        elif got.key != getattr(harness.keys, attr):
+            harness.failures.append(f"{case}/{op}: CorruptState names {got.key!r}, not the {attr} key")
+        elif "LangGraph thread 't'" not in str(got) and attr not in ("shard_runs", "shard_threads"):
+            harness.failures.append(f"{case}/{op}: the message names no thread: {got}")
+        _restore(harness.raw, snapshot)
+    assert not harness.failures, "\n".join(harness.failures)
+
+
+# ---- item 1: the fuzz ------------------------------------------------------------------------------------
+
+#: Cases per (backend, flavor): seeded, so a failure names a case that replays.
+FUZZ_CASES = 24
+#: Length tokens a corrupt prefix may carry.
+BAD_LENGTHS = [b"-3", b"-1", b"0", b"1", b"99999999", b"4294967296", b"", b"x", b" 3", b"+3", b"1e3", b"0x10", b"3.0"]
+
+
+def _bytes_mutation(rng: random.Random, value: bytes) -> tuple[str, bytes]:
+    """A damaged copy of ``value``: truncated, random bytes, a flipped byte, a length prefix replaced."""
+    how = rng.choice(["truncate", "random", "flip", "prefix", "inner-prefix", "append", "empty"])
+    if how == "truncate" and value:
+        cut = rng.randrange(len(value))
+        return f"truncate@{cut}", value[:cut]
+    if how == "random":
+        return "random", rng.randbytes(rng.randrange(0, 40))
+    if how == "flip" and value:
+        i = rng.randrange(len(value))
+        return f"flip@{i}", value[:i] + bytes([rng.randrange(256)]) + value[i + 1 :]
+    colons = [i for i, c in enumerate(value) if c == ord(":")]
+    if how in ("prefix", "inner-prefix") and colons:
+        colon = colons[0] if how == "prefix" else rng.choice(colons)
+        start = colon
+        while start > 0 and chr(value[start - 1]).isdigit():
+            start -= 1
+        token = rng.choice(BAD_LENGTHS)
+        return f"{how}@{start}={token!r}", value[:start] + token + value[colon:]
+    if how == "append":
+        return "append", value + rng.choice([b"-3:", b"5:ab", b"\0", b"F", b"T-3:x"])
+    return "empty", b""
+
+
+def _plant_fuzz(h: Harness, built: Built, rng: random.Random) -> str:
+    """One random corruption of thread t's stored data; returns what it did (to name the case)."""
+    k = h.keys
+    target = rng.choice(["records", "records", "blobs", "blobs", "writes", "writes", "index", "runs", "shard", "type"])
+    if target in ("records", "blobs", "writes"):
+        key = getattr(k, target)
+        fields = sorted(h.raw.hkeys(key))
+        fld = rng.choice(fields)
+        value = h.raw.hget(key, fld)
+        shape = rng.random()
+        if target == "records" and shape < 0.3:
+            how, body = rng.choice(
+                [
+                    ("body-pickle", _pack(None, "pickle", b"x", "json", b"{}")),
+                    ("body-short", _pack(None, "json")),
+                    ("body-not-a-list", _pack(7)[1:]),
+                    ("body-parent-int", _pack(7, "json", b"{}", "json", b"{}")),
+                    ("body-checkpoint-int", _pack(None, "json", b"7", "json", b"{}")),
+                    ("body-bad-json", _pack(None, "json", b"{", "json", b"{}")),
+                    ("body-random", rng.randbytes(12)),
+                ]
+            )
+            new = _with_body(value, body)
+        elif target == "blobs" and shape < 0.3:
+            how, new = rng.choice(
+                [
+                    (
+                        "tail-self",
+                        b"T%d:%s" % (len(fld.rsplit(SEP, 1)[1]), fld.rsplit(SEP, 1)[1]) + _pack("json", b"[]"),
+                    ),
+                    ("tail-missing-base", b"T3:zzz" + _pack("json", b"[]")),
+                    ("full-pickle", b"F" + _pack("pickle", b"\x80\x04K\x07.")),
+                    ("full-unknown-kind", b"F" + _pack("nope", b"1")),
+                    ("full-not-msgpack", b"F\xc1\xc1"),
+                ]
+            )
+        elif target == "writes" and shape < 0.3:
+            write = rng.choice(
+                [_pack(1, 2), _pack("k", "1", "", "c", "json", b"1"), _pack("k", 1, "", "c", "pickle", b"x"), b"\xc1"]
+            )
+            how, new = "write-shape", b"3:k\0001%d:%s" % (len(write), write)
+        else:
+            how, new = _bytes_mutation(rng, value)
+        h.raw.hset(key, fld, new)
+        return f"{target}[{fld!r}] {how}"
+    if target == "index":
+        member = rng.choice([b"no-separator", b"\0\xff", b"\0a\0b", b"", b"sub\0"])
+        _plant_member(h, built, member)
+        return f"index member {member!r}"
+    if target == "runs":
+        member = rng.choice([b"no-separator", b"r1", b"\xff", b"r1\0\0missing"])
+        h.raw.zadd(k.runs, {member: 0})
+        return f"runs member {member!r}"
+    if target == "shard":
+        key, member = rng.choice(
+            [
+                (k.shard_runs, b"r1"),
+                (k.shard_runs, b"r1\0"),
+                (k.shard_runs, b"r1\0a\0b"),
+                (k.shard_runs, b"r1\0\xff"),
+                (k.shard_threads, b"\xff"),
+                (k.shard_threads, b"a\0b"),
+                (k.shard_threads, b"x" * 600),
+            ]
+        )
+        h.raw.zadd(key, {member: 0})
+        return f"{key} member {member!r}"
+    attr = rng.choice(
+        ["meta", "records", "index", "blobs", "writes", "runs", "released", "shard_threads", "shard_runs"]
+    )
+    key = getattr(k, attr)
+    h.raw.delete(key)
+    h.raw.set(key, b"not ours") if rng.random() < 0.7 else h.raw.rpush(key, b"not ours")
+    return f"{attr} of another type"
+
+
+def test_fuzz_corrupt_saver_records(harness: Harness) -> None:
+    """Random damage to every kind of stored record: each call is CorruptState (nothing written) or a result."""
+    seed = {"fake": 19_1, "real": 19_2}[harness.target.kind] + (harness.flavor == "async")
+    rng = random.Random(seed)
+    for case in range(FUZZ_CASES):
+        built = _setup(harness)
+        what = _plant_fuzz(harness, built, rng)
+        damaged = _ns_dump(harness.raw)
+        for name in sorted(OPS):
+            _restore(harness.raw, damaged)
+            label = f"seed {seed} case {case} ({what}) / {name}"
+            harness.run(label, lambda name=name, built=built: OPS[name](harness.saver(), built))
+    assert not harness.failures, "\n".join(harness.failures[:20])
