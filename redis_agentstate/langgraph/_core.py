@@ -670,9 +670,13 @@ class SaverCore:
         if not records:
             return None
         keys = self.thread_key_set(src)
-        # The target's script indexes the records' members and the runs' ids: checked here, before it writes.
-        for member in records[::2]:
+        # The target's script indexes the records' members and the runs' ids: checked here, before it
+        # writes, with the framing of what it copies (a corrupt thread is reported, not duplicated).
+        for member, stored in zip(records[::2], records[1::2], strict=True):
             _stored_member(member, keys.records)
+            _reads_and_body(stored, keys.records)
+        for packed in writes[1::2]:
+            _unpack_writes(packed, keys.writes)
         for m in runs:
             if SEP.encode() not in (m if isinstance(m, bytes) else str(m).encode()):
                 raise corrupt_state(keys.runs, [keys.runs], f"holds a run member without its separator: {m!r:.80}")
