@@ -200,10 +200,15 @@ def _stored_member(value: Any, key: str) -> tuple[str, str]:
     return ns, cid
 
 
+def _foreign_id(text: str) -> bool:
+    """True for an id the library never stores (``_ident`` refuses it)."""
+    return not text or SEP in text or len(text.encode()) > MAX_ID_BYTES
+
+
 def _stored_id(value: Any, key: str) -> str:
     """A thread id read from shard index ``key``: one the library could have stored."""
     text = _stored_text(value, key, "an id")
-    if not text or SEP in text or len(text.encode()) > MAX_ID_BYTES:
+    if _foreign_id(text):
         raise corrupt_state(key, [key], f"holds an id the library does not store: {value!r:.80}")
     return text
 
@@ -859,7 +864,7 @@ class Lister:
             shards = [self.core.keys.shard_threads(s) for s in range(SHARDS)]
             found = yield from list_indexes(shards)
             for t in found:
-                if not t or SEP in t or len(t.encode()) > MAX_ID_BYTES:
+                if _foreign_id(t):  # named with the shard index that holds it
                     held = yield Pipe([("ZSCORE", key, t.encode()) for key in shards])
                     _stored_id(t, next((k for k, h in zip(shards, held, strict=True) if h is not None), shards[0]))
             self.threads = found
