@@ -46,7 +46,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .._ops import Call, Command, Op, Pipe, corrupt_state, list_indexes, member_id
 from .._validate import MAX_LEASE_MS, check_id, check_int
-from ..errors import InvalidArgument, LeaseLost, ThreadBusy
+from ..errors import CorruptState, InvalidArgument, LeaseLost, ThreadBusy
 from ..keys import MAX_ID_BYTES, SHARDS, Keys, ThreadKeys
 from ..scripts import (
     LG_DELETE_RUNS,
@@ -132,27 +132,85 @@ def _fields(fields: Iterable[str]) -> bytes:
     return b"".join(b"%d:%s" % (len(f.encode()), f.encode()) for f in fields)
 
 
+def _length_at(data: bytes, i: int) -> tuple[int, int] | None:
+    """``(n, start)`` for the '<n>:' at ``data[i]`` (``start``: after its colon), or None.
+
+    None unless n is decimal digits whose n bytes are all in ``data``: every length read
+    from Redis is checked before use, so a corrupt one (``-3:``) cannot make a parser
+    step back and loop.
+    """
+    colon = data.find(b":", i, i + 11)
+    if colon <= i or not data[i:colon].isdigit():
+        return None
+    n = int(data[i:colon])
+    return (n, colon + 1) if colon + 1 + n <= len(data) else None
+
+
 def _unpack_writes(packed: bytes, key: str) -> list[bytes]:
     """The writes of a checkpoint's packed value: '<n>:<task_id>\\0<idx><m>:<write>' each (see _lg.lua)."""
+    if not isinstance(packed, bytes):
+        raise corrupt_state(key, [key], "holds malformed pending writes")
     out: list[bytes] = []
     i = 0
-    try:
-        while i < len(packed):
-            colon = packed.index(b":", i)
-            i = colon + 1 + int(packed[i:colon])
-            colon = packed.index(b":", i)
-            n = int(packed[i:colon])
-            out.append(packed[colon + 1 : colon + 1 + n])
-            i = colon + 1 + n
-    except ValueError as exc:
-        raise corrupt_state(key, [key], f"holds malformed pending writes: {exc}") from exc
+    while i < len(packed):
+        head = _length_at(packed, i)
+        write = head and _length_at(packed, head[1] + head[0])
+        if not write:
+            raise corrupt_state(key, [key], f"holds malformed pending writes (at byte {i})")
+        n, start = write
+        out.append(packed[start : start + n])
+        i = start + n
     return out
 
 
-def _record_body(stored: bytes) -> bytes:
+def _reads_and_body(stored: bytes, key: str) -> tuple[list[bytes], bytes]:
+    """The blob fields a stored checkpoint reads and its msgpack record (see _lg.lua)."""
+    head = _length_at(stored, 0) if isinstance(stored, bytes) else None
+    if head is None:
+        raise corrupt_state(key, [key], "holds a malformed checkpoint (its list of blob fields)")
+    n, start = head
+    reads, body, fields, i = stored[start : start + n], stored[start + n :], [], 0
+    while i < len(reads):
+        one = _length_at(reads, i)
+        if one is None:
+            raise corrupt_state(key, [key], "holds a malformed checkpoint (its list of blob fields)")
+        fields.append(reads[one[1] : one[1] + one[0]])
+        i = one[1] + one[0]
+    return fields, body
+
+
+def _record_body(stored: bytes, key: str) -> bytes:
     """The msgpack record of a stored checkpoint, after its '<n>:' + n bytes list of blob fields."""
-    colon = stored.index(b":")
-    return stored[colon + 1 + int(stored[:colon]) :]
+    return _reads_and_body(stored, key)[1]
+
+
+def _stored_text(value: Any, key: str, what: str) -> str:
+    """An id or field name read from ``key``: UTF-8, as every one the library stores."""
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        raise corrupt_state(key, [key], f"holds {what} that is not UTF-8: {value!r:.80}") from exc
+
+
+def _stored_member(value: Any, key: str) -> tuple[str, str]:
+    """The (ns, checkpoint id) of a member '<ns>\\0<cid>' read from ``key``."""
+    ns, sep, cid = _stored_text(value, key, "a checkpoint member").partition(SEP)
+    if not sep or not cid or SEP in cid:
+        raise corrupt_state(key, [key], f"holds a checkpoint member that is not '<ns>\\0<id>': {value!r:.80}")
+    return ns, cid
+
+
+def _foreign_id(text: str) -> bool:
+    """True for an id the library never stores (``_ident`` refuses it)."""
+    return not text or SEP in text or len(text.encode()) > MAX_ID_BYTES
+
+
+def _stored_id(value: Any, key: str) -> str:
+    """A thread id read from shard index ``key``: one the library could have stored."""
+    text = _stored_text(value, key, "an id")
+    if _foreign_id(text):
+        raise corrupt_state(key, [key], f"holds an id the library does not store: {value!r:.80}")
+    return text
 
 
 def _config(thread_id: str, ns: str, cid: str) -> RunnableConfig:
@@ -262,7 +320,7 @@ class SaverCore:
             kind, data = msgpack.unpackb(blob, raw=False)
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a value that is not a serialized channel value: {exc}") from exc
-        return self.serde.loads_typed((kind, data))
+        return self._load(kind, data, key, "a channel value")
 
     # ---- put ------------------------------------------------------------
 
@@ -435,14 +493,16 @@ class SaverCore:
 
     def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
         keys = self.thread_key_set(tid)
-        member = _text(reply[0])
-        ns, _, cid = member.partition(SEP)
+        ns, cid = _stored_member(reply[0], keys.index)
         parent, checkpoint, metadata = self._record(reply[1], keys.records)
         values: dict[str, Any] = {}
         blobs = reply[2]
         rebuilt: dict[str, str] = {}
         for i in range(0, len(blobs), 2):
-            _, ch, version = _text(blobs[i]).split(SEP)
+            parts = _stored_text(blobs[i], keys.records, "a blob field").split(SEP)
+            if len(parts) != 3:
+                raise corrupt_state(keys.records, [keys.records], f"reads a malformed blob field {blobs[i]!r:.80}")
+            _, ch, version = parts
             rebuilt[ch] = version
             chain = blobs[i + 1]
             if chain:
@@ -455,7 +515,16 @@ class SaverCore:
                 task, idx, path, channel, kind, data = msgpack.unpackb(raw, raw=False)
             except Exception as exc:
                 raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
-            writes.append((writes_sort_key(path, task, idx), (task, channel, self.serde.loads_typed((kind, data)))))
+            if not (
+                isinstance(task, str)
+                and isinstance(path, str)
+                and isinstance(channel, str)
+                and isinstance(idx, int)
+                and not isinstance(idx, bool)
+            ):
+                raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
+            value = self._load(kind, data, keys.writes, "a pending write")
+            writes.append((writes_sort_key(path, task, idx), (task, channel, value)))
         writes.sort(key=lambda w: w[0])
         if "channel_versions" not in checkpoint:
             checkpoint["channel_versions"] = rebuilt
@@ -467,19 +536,40 @@ class SaverCore:
             pending_writes=[w for _, w in writes],
         )
 
-    def _record(self, raw: bytes, key: str) -> tuple[str | None, Any, Any]:
+    def _load(self, kind: Any, data: Any, key: str, what: str) -> Any:
+        """``serde.loads_typed`` of a value read from ``key``: one it cannot read is corrupt data, not a crash."""
         try:
-            parent, ck_kind, ck_data, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
+            return self.serde.loads_typed((kind, data))
+        except Exception as exc:
+            raise corrupt_state(key, [key], f"holds {what} its serializer cannot read ({exc!r:.160})") from exc
+
+    def _unpack_record(self, raw: bytes, key: str) -> tuple[Any, ...]:
+        try:
+            fields = msgpack.unpackb(_record_body(raw, key), raw=False)
+        except CorruptState:
+            raise
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
-        return parent, self.serde.loads_typed((ck_kind, ck_data)), self.serde.loads_typed((md_kind, md_data))
+        if not isinstance(fields, list) or len(fields) != 5 or not isinstance(fields[0], (str, type(None))):
+            raise corrupt_state(key, [key], "holds a checkpoint record of the wrong shape")
+        return tuple(fields)
+
+    def _record(self, raw: bytes, key: str) -> tuple[str | None, Any, Any]:
+        parent, ck_kind, ck_data, md_kind, md_data = self._unpack_record(raw, key)
+        checkpoint = self._load(ck_kind, ck_data, key, "a checkpoint")
+        if not isinstance(checkpoint, dict):
+            raise corrupt_state(key, [key], "holds a checkpoint that is not a dict")
+        return parent, checkpoint, self._metadata_of(md_kind, md_data, key)
 
     def _metadata(self, raw: bytes, key: str) -> Any:
-        try:
-            _, _, _, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
-        except Exception as exc:
-            raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
-        return self.serde.loads_typed((md_kind, md_data))
+        _, _, _, md_kind, md_data = self._unpack_record(raw, key)
+        return self._metadata_of(md_kind, md_data, key)
+
+    def _metadata_of(self, kind: Any, data: Any, key: str) -> Any:
+        metadata = self._load(kind, data, key, "checkpoint metadata")
+        if not isinstance(metadata, dict):
+            raise corrupt_state(key, [key], "holds checkpoint metadata that is not a dict")
+        return metadata
 
     def _rebuild(self, chain: Sequence[bytes], key: str) -> Any:
         """The value of a blob chain (newest first): a full value, or a full list plus its tails."""
@@ -493,11 +583,13 @@ class SaverCore:
             raise corrupt_state(key, [key], "holds a list tail on a value that is not a list")
         items = list(value)
         for piece in reversed(chain[:-1]):
-            if piece[:1] != _TAIL:
-                raise corrupt_state(key, [key], "holds a full value in the middle of a tail chain")
-            colon = piece.index(b":")
-            n = int(piece[1:colon])
-            items.extend(self._value(piece[colon + 1 + n :], key))
+            base = _length_at(piece, 1) if piece[:1] == _TAIL else None
+            if base is None:
+                raise corrupt_state(key, [key], "holds a malformed value in a tail chain")
+            tail = self._value(piece[base[1] + base[0] :], key)
+            if type(tail) is not list:
+                raise corrupt_state(key, [key], "holds a list tail that is not a list")
+            items.extend(tail)
         return items
 
     def _value(self, blob: bytes, key: str) -> Any:
@@ -507,7 +599,7 @@ class SaverCore:
             raise corrupt_state(key, [key], f"holds a value that is not a serialized channel value: {exc}") from exc
         if kind == "empty":
             return _EMPTY
-        return self.serde.loads_typed((kind, data))
+        return self._load(kind, data, key, "a channel value")
 
     def lister(
         self,
@@ -565,7 +657,8 @@ class SaverCore:
         threads: set[str] = set()
         for cmd, members in zip(commands, replies, strict=True):
             for m in members:
-                threads.add(member_id(m, cmd[1]).partition(SEP)[2])
+                # Every member is checked before the first thread is touched: nothing is written on corrupt data.
+                threads.add(_stored_id(member_id(m, cmd[1]).partition(SEP)[2], cmd[1]))
         for tid in sorted(threads):
             reply = yield Call(LG_DELETE_RUNS, self.thread_keys(tid), [tid, self._token(tid), *runs])
             self._fenced(reply, tid, "delete_for_runs")
@@ -581,6 +674,17 @@ class SaverCore:
         records, blobs, writes, runs = dump
         if not records:
             return None
+        keys = self.thread_key_set(src)
+        # The target's script indexes the records' members and the runs' ids: checked here, before it
+        # writes, with the framing of what it copies (a corrupt thread is reported, not duplicated).
+        for member, stored in zip(records[::2], records[1::2], strict=True):
+            _stored_member(member, keys.records)
+            _reads_and_body(stored, keys.records)
+        for packed in writes[1::2]:
+            _unpack_writes(packed, keys.writes)
+        for m in runs:
+            if SEP.encode() not in (m if isinstance(m, bytes) else str(m).encode()):
+                raise corrupt_state(keys.runs, [keys.runs], f"holds a run member without its separator: {m!r:.80}")
         args = [dst, self._token(dst), self._ttl_arg(), len(records), len(blobs), len(writes), len(runs)]
         reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *blobs, *writes, *runs])
         self._fenced(reply, dst, "copy_thread")
@@ -611,21 +715,34 @@ class SaverCore:
         (``counters_since_delta_snapshot``), so that many parents are kept with their writes.
         """
         keys = self.thread_key_set(tid)
-        members = [_text(m) for m in (yield Command(["ZRANGE", keys.index, 0, -1]))]
+        members = [_stored_member(m, keys.index) for m in (yield Command(["ZRANGE", keys.index, 0, -1]))]
         latest: dict[str, str] = {}
-        for m in members:  # lex order: the last member of a namespace is its newest checkpoint
-            latest[m.partition(SEP)[0]] = m
+        for ns, cid in members:  # lex order: the last member of a namespace is its newest checkpoint
+            latest[ns] = cid
         keep: list[str] = []
-        for ns, member in latest.items():
+        for ns, cid in latest.items():
+            member = f"{ns}{SEP}{cid}"
             raw = yield Command(["HGET", keys.records, member])
             if raw is None:
                 continue
             parent, md = self._parent_and_metadata(raw, keys.records)
-            counters = md.get("counters_since_delta_snapshot") or {} if isinstance(md, Mapping) else {}
-            depth = max(
-                (int(c[1]) for c in counters.values() if isinstance(c, (list, tuple)) and len(c) == 2), default=0
-            )
+            counters = md.get("counters_since_delta_snapshot") or {}
+            if not isinstance(counters, Mapping):
+                raise corrupt_state(keys.records, [keys.records], "holds malformed DeltaChannel counters")
+            depth = 0
+            for c in counters.values():
+                if isinstance(c, (list, tuple)) and len(c) == 2:
+                    if not isinstance(c[1], int) or isinstance(c[1], bool) or c[1] < 0:
+                        raise corrupt_state(keys.records, [keys.records], "holds malformed DeltaChannel counters")
+                    depth = max(depth, c[1])
+            # A count read from Redis: no more ancestors than the thread has, and a parent chain that
+            # comes back to a checkpoint it passed is corrupt (ids only grow), not a walk for ever.
+            depth = min(depth, len(members))
+            seen = {cid}
             while depth > 0 and parent:
+                if parent in seen:
+                    raise corrupt_state(keys.records, [keys.records], "holds a parent chain that loops")
+                seen.add(parent)
                 member = f"{ns}{SEP}{parent}"
                 raw = yield Command(["HGET", keys.records, member])
                 if raw is None:
@@ -636,11 +753,8 @@ class SaverCore:
         return keep
 
     def _parent_and_metadata(self, raw: bytes, key: str) -> tuple[str | None, Any]:
-        try:
-            parent, _, _, md_kind, md_data = msgpack.unpackb(_record_body(raw), raw=False)
-        except Exception as exc:
-            raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
-        return parent, self.serde.loads_typed((md_kind, md_data))
+        parent, _, _, md_kind, md_data = self._unpack_record(raw, key)
+        return parent, self._metadata_of(md_kind, md_data, key)
 
     # ---- leases -----------------------------------------------------------
 
@@ -747,7 +861,13 @@ class Lister:
         if self.done:
             return None
         if self.threads is None:
-            self.threads = yield from list_indexes([self.core.keys.shard_threads(s) for s in range(SHARDS)])
+            shards = [self.core.keys.shard_threads(s) for s in range(SHARDS)]
+            found = yield from list_indexes(shards)
+            for t in found:
+                if _foreign_id(t):  # named with the shard index that holds it
+                    held = yield Pipe([("ZSCORE", key, t.encode()) for key in shards])
+                    _stored_id(t, next((k for k, h in zip(shards, held, strict=True) if h is not None), shards[0]))
+            self.threads = found
         if self.thread_index >= len(self.threads):
             self.done = True
             return None
@@ -763,12 +883,12 @@ class Lister:
             self.thread_index += 1
             self.hi = None
         else:
-            self.hi = "(" + _text(members[-1])
+            self.hi = "(" + _stored_text(members[-1], keys.index, "a checkpoint member")
         out: list[CheckpointTuple] = []
         for m, item in zip(members, items, strict=True):
             if item is None:
                 continue  # deleted under the index (not by this library's scripts, which do both)
-            ns, _, cid = _text(m).partition(SEP)
+            ns, cid = _stored_member(m, keys.index)
             if self.cid is not None and cid != self.cid:
                 continue
             if self.before is not None and cid >= self.before:

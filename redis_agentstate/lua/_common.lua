@@ -249,12 +249,18 @@ local function write_history(keys, current_epoch, now, replace, epoch, base_m, b
   local first_m, last_m = first, first + n_m - 1
   local first_c, last_c = last_m + 1, #blobs
   if replace == '1' or current_epoch == '' then
-    probe(2, 3, 6)
+    probe(2, 3)
+    -- gen is the whole shard's: a value INCR refuses (an operator's SET) would fail every
+    -- task's rewrite after its first write. It is restarted from the clock, above any
+    -- count INCR reaches, so the epochs it names stay new (read here: WRONGTYPE before any write).
+    local gen = redis.call('GET', keys[6])
+    local restart = gen and not int_in(gen, 0, MAX_REVISION)
     -- The first write of every caller: without ``index`` the caller's reindex() comes last.
     if index then index() else probe(4, 5) end
     redis.call('DEL', keys[2], keys[3])
     push_range(keys[2], blobs, first_m, last_m)
     push_range(keys[3], blobs, first_c, last_c)
+    if restart then redis.call('SET', keys[6], fmt(now)) end
     return fmt(redis.call('INCR', keys[6])) .. '.' .. fmt(now)
   end
   local nm = redis.call('LLEN', keys[2])

@@ -53,28 +53,56 @@ local function touch(ttl)
   for i = 2, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 
+-- Parsers of stored values: each answers nil (or false) for a value this library did not
+-- write, never loops and never errors, so a script can check everything it reads before its
+-- first write (a Lua error after a write is not rolled back, and makes SCRIPT KILL impossible).
+
+-- The length n of the '<n>:' at byte i of s and the position of its colon, if n is a decimal
+-- whose n bytes after the colon are all in s; nil otherwise.
+local function length_at(s, i)
+  local c = string.find(s, ':', i, true)
+  if not c or c == i or c - i > 10 then return nil end
+  local digits = string.sub(s, i, c - 1)
+  if not string.find(digits, '^%d+$') then return nil end
+  local n = tonumber(digits)
+  if c + n > #s then return nil end
+  return n, c
+end
+
+-- The fields of a '<len>:<field>' list, or nil if it is malformed.
 local function split_fields(list)
   local out, i = {}, 1
   while i <= #list do
-    local c = string.find(list, ':', i, true)
-    local n = tonumber(string.sub(list, i, c - 1))
+    local n, c = length_at(list, i)
+    if not n then return nil end
     out[#out + 1] = string.sub(list, c + 1, c + n)
     i = c + n + 1
   end
   return out
 end
 
--- The '<len>:<field>' list of blob fields a stored checkpoint reads (the prefix of its value).
+-- The '<len>:<field>' list of blob fields a stored checkpoint reads (the prefix of its value),
+-- or nil if the prefix is malformed.
 local function reads_of(record)
-  local c = string.find(record, ':', 1, true)
-  return string.sub(record, c + 1, c + tonumber(string.sub(record, 1, c - 1)))
+  local n, c = length_at(record, 1)
+  if not n then return nil end
+  return string.sub(record, c + 1, c + n)
 end
 
--- The blob field of the base of tail value v stored at field f, or nil for a full value.
+-- The blob fields a stored checkpoint reads, or nil if its value is malformed.
+local function fields_of(record)
+  local list = reads_of(record)
+  return list and split_fields(list)
+end
+
+-- The blob field of the base of tail value v stored at field f, nil for a full value, or
+-- false for a value that is neither (not data this library wrote).
 local function base_of(f, v)
-  if string.sub(v, 1, 1) ~= 'T' then return nil end
-  local c = string.find(v, ':', 2, true)
-  local n = tonumber(string.sub(v, 2, c - 1))
+  local kind = string.sub(v, 1, 1)
+  if kind == 'F' then return nil end
+  if kind ~= 'T' then return false end
+  local n, c = length_at(v, 2)
+  if not n then return false end
   local version = string.sub(v, c + 1, c + n)
   local last = 0
   while true do
@@ -85,26 +113,26 @@ local function base_of(f, v)
   return string.sub(f, 1, last) .. version
 end
 
--- The stored values of blob field f, newest first: a tail chain ends at a full value
--- (or at a missing base, which the reader reports as corrupt).
 local MAX_CHAIN = 4096
--- What checkpoint_reply answers for a tail chain that never ends (the script then replies
--- corrupt_chain(), an error reply naming KEYS[4]; see _ops.CORRUPT_REPLY).
-local LOOPED = 'looped'
+-- What checkpoint_reply answers, followed by the KEYS index and what is malformed, for
+-- data this library did not write (the script then replies corrupt(i, what), an error
+-- reply naming KEYS[i]; see _ops.CORRUPT_REPLY).
+local CORRUPT = 'corrupt'
 
-local function corrupt_chain()
-  return redis.error_reply('AGENTSTATE_CORRUPT 4 tail-chain')
-end
-
+-- The stored values of blob field f, newest first: a tail chain ends at a full value
+-- (or at a missing base, which the reader reports as corrupt). nil plus what is malformed
+-- for data this library did not write ('tail-chain': it never ends; 'blob': a value that
+-- is neither full nor a tail).
 local function chain(f)
   local out = {}
   local v = redis.call('HGET', KEYS[4], f)
   while v do
     out[#out + 1] = v
     f = base_of(f, v)
+    if f == false then return nil, 'blob' end
     if not f then break end
     -- The library's chains are at most 2 * TAIL_CHAIN long; a loop is data it did not write.
-    if #out > MAX_CHAIN then return nil end
+    if #out > MAX_CHAIN then return nil, 'tail-chain' end
     v = redis.call('HGET', KEYS[4], f)
   end
   return out
@@ -120,16 +148,16 @@ local function hdel_all(key, fields)
   end
 end
 
--- The writes of a packed value, as {key, write} pairs in stored order.
+-- The writes of a packed value, as {key, write} pairs in stored order, or nil if it is malformed.
 local function unpack_writes(s)
   local out, i = {}, 1
   while i <= #s do
-    local c = string.find(s, ':', i, true)
-    local n = tonumber(string.sub(s, i, c - 1))
+    local n, c = length_at(s, i)
+    if not n then return nil end
     local key = string.sub(s, c + 1, c + n)
     i = c + n + 1
-    c = string.find(s, ':', i, true)
-    n = tonumber(string.sub(s, i, c - 1))
+    n, c = length_at(s, i)
+    if not n then return nil end
     out[#out + 1] = {key, string.sub(s, c + 1, c + n)}
     i = c + n + 1
   end
@@ -149,18 +177,38 @@ local function drop_checkpoint(member)
   redis.call('HDEL', KEYS[5], member)
 end
 
--- Drop every blob no remaining checkpoint reads (tails keep their bases).
-local function gc_blobs()
+-- The blob fields each checkpoint of the thread reads: {member = fields}, or nil if a
+-- stored checkpoint is malformed.
+local function all_reads()
+  local all = redis.call('HGETALL', KEYS[2])
+  local out = {}
+  for i = 1, #all, 2 do
+    local fields = fields_of(all[i + 1])
+    if not fields then return nil end
+    out[all[i]] = fields
+  end
+  return out
+end
+
+-- The blob fields the checkpoints of ``reads`` (as all_reads) read, tails keeping their
+-- bases: a set, or nil if one of those blobs is malformed. Read before the first write.
+local function blobs_read(reads)
   local keep = {}
-  for _, record in ipairs(redis.call('HVALS', KEYS[2])) do
-    for _, f in ipairs(split_fields(reads_of(record))) do
+  for _, fields in pairs(reads) do
+    for _, f in ipairs(fields) do
       while f and not keep[f] do
         keep[f] = true
         local v = redis.call('HGET', KEYS[4], f)
-        f = v and base_of(f, v)
+        if v then f = base_of(f, v) else f = nil end
+        if f == false then return nil end
       end
     end
   end
+  return keep
+end
+
+-- Drop every blob not in ``keep`` (see blobs_read).
+local function gc_blobs(keep)
   local gone = {}
   for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
     if not keep[f] then gone[#gone + 1] = f end
@@ -168,41 +216,58 @@ local function gc_blobs()
   hdel_all(KEYS[4], gone)
 end
 
--- Drop the shard's run entries of this thread for runs it no longer has.
-local function gc_runs(tid, runs)
-  local still = {}
+-- The run of run index member m ('<run_id>\0<ns>\0<cid>'), nil if it has no separator.
+local function run_of(m)
+  local c = string.find(m, SEP, 1, true)
+  return c and string.sub(m, 1, c - 1)
+end
+
+-- The runs of the thread's run index (KEYS[6]) as a set, or nil if a member is malformed.
+local function index_runs()
+  local runs = {}
   for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    still[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
+    local run = run_of(m)
+    if not run then return nil end
+    runs[run] = true
   end
+  return runs
+end
+
+-- Drop the shard's run entries of this thread for runs it no longer has (KEYS[6] was
+-- checked by index_runs before the first write).
+local function gc_runs(tid, runs)
+  local still = index_runs() or {}
   for run in pairs(runs) do
     if not still[run] then redis.call('ZREM', KEYS[9], run .. SEP .. tid) end
   end
 end
 
--- Everything of the thread but its lease.
+-- Everything of the thread but its lease; false (nothing written) if its run index is malformed.
 local function drop_thread(tid)
-  local runs = {}
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    runs[string.sub(m, 1, string.find(m, SEP, 1, true) - 1)] = true
-  end
+  local runs = index_runs()
+  if not runs then return false end
   for run in pairs(runs) do redis.call('ZREM', KEYS[9], run .. SEP .. tid) end
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
   redis.call('ZREM', KEYS[8], tid)
+  return true
 end
 
 -- Checkpoint <ns>\0<cid> with everything a reader needs: {member, record, blobs, writes}
 -- (blobs = {field, {value, base value, ...}, ...}, each tail chain newest first;
 -- writes = its packed pending writes, '' if none), nil if there is no such checkpoint, or
--- LOOPED if one of its tail chains never ends.
+-- CORRUPT, KEYS index, what: data this library did not write.
 local function checkpoint_reply(member)
   local record = redis.call('HGET', KEYS[2], member)
   if not record then return nil end
+  local fields = fields_of(record)
+  if not fields then return CORRUPT, 2, 'checkpoint' end
   local blobs = {}
-  for _, f in ipairs(split_fields(reads_of(record))) do
-    local c = chain(f)
-    if not c then return LOOPED end
+  for _, f in ipairs(fields) do
+    local c, what = chain(f)
+    if not c then return CORRUPT, 4, what end
     blobs[#blobs + 1] = f
     blobs[#blobs + 1] = c
   end
+  -- The pending writes are parsed (and checked) by the client alone.
   return {member, record, blobs, redis.call('HGET', KEYS[5], member) or ''}
 end

@@ -4,27 +4,39 @@
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
 --   ARGV[3..]   - run ids
 -- Blobs no remaining checkpoint reads go too.
--- Returns {DONE, checkpoints deleted}; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease.
+-- Everything it reads is checked before its first write.
+-- Returns {DONE, checkpoints deleted}; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease;
+-- an AGENTSTATE_CORRUPT error reply for a malformed checkpoint, blob or run member (nothing written).
 local tid, token = ARGV[1], ARGV[2]
 
 probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
-local dropped, runs = 0, {}
+if not index_runs() then return corrupt(6, 'run-member') end
+local runs, gone = {}, {}
 for i = 3, #ARGV do
   local run = ARGV[i]
   runs[run] = true
   local lo, hi = range_of(run)
-  for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)) do
-    drop_checkpoint(string.sub(m, #run + 2))
-    redis.call('ZREM', KEYS[6], m)
-    dropped = dropped + 1
-  end
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[6], lo, hi)) do gone[#gone + 1] = m end
+end
+local blobs
+if #gone > 0 then
+  local reads = all_reads()
+  if not reads then return corrupt(2, 'checkpoint') end
+  for _, m in ipairs(gone) do reads[string.sub(m, #run_of(m) + 2)] = nil end
+  blobs = blobs_read(reads)
+  if not blobs then return corrupt(4, 'blob') end
+end
+-- Every check passed: the first write.
+for _, m in ipairs(gone) do
+  drop_checkpoint(string.sub(m, #run_of(m) + 2))
+  redis.call('ZREM', KEYS[6], m)
 end
 gc_runs(tid, runs)
 if redis.call('ZCARD', KEYS[3]) == 0 then
   drop_thread(tid)
-elseif dropped > 0 then
-  gc_blobs()
+elseif blobs then
+  gc_blobs(blobs)
 end
-return {REPLY_DONE, dropped}
+return {REPLY_DONE, #gone}

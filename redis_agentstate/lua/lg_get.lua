@@ -4,7 +4,8 @@
 --   ARGV[2]    - checkpoint id ('' = the newest of the namespace)
 --   ARGV[3]    - ttl in ms to refresh on every data key of the thread ('' = leave it)
 -- Returns {} if there is no such checkpoint, else {member, record, blobs, writes}
--- (see checkpoint_reply in _lg.lua).
+-- (see checkpoint_reply in _lg.lua); an AGENTSTATE_CORRUPT error reply for a malformed
+-- checkpoint or blob.
 local ns, cid, ttl = ARGV[1], ARGV[2], ARGV[3]
 
 local member
@@ -14,8 +15,8 @@ if cid == '' then
 else
   member = ns .. SEP .. cid
 end
-local reply = checkpoint_reply(member)
+local reply, i, what = checkpoint_reply(member)
 if not reply then return {} end
-if reply == LOOPED then return corrupt_chain() end
+if reply == CORRUPT then return corrupt(i, what) end
 touch(ttl)
 return reply

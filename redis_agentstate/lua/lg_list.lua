@@ -6,13 +6,15 @@
 --   ARGV[4]    - '1': whole checkpoints (a listing without a metadata filter reads every one);
 --                '0': records only (the caller filters on metadata, then reads the matches)
 -- Returns {members, records} for '0'; {members, checkpoints} for '1', each checkpoint
--- as lg_get returns it (see checkpoint_reply in _lg.lua).
+-- as lg_get returns it (see checkpoint_reply in _lg.lua); an AGENTSTATE_CORRUPT error reply
+-- for a malformed checkpoint or blob.
 local members = redis.call('ZREVRANGEBYLEX', KEYS[3], ARGV[1], ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 if #members == 0 then return {{}, {}} end
 if ARGV[4] ~= '1' then return {members, redis.call('HMGET', KEYS[2], unpack(members))} end
 local out = {}
 for i, m in ipairs(members) do
-  out[i] = checkpoint_reply(m) or false
-  if out[i] == LOOPED then return corrupt_chain() end
+  local reply, k, what = checkpoint_reply(m)
+  if reply == CORRUPT then return corrupt(k, what) end
+  out[i] = reply or false
 end
 return {members, out}

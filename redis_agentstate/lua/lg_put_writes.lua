@@ -6,13 +6,15 @@
 --   ARGV[4]     - <ns>\0<cid>
 --   ARGV[5..]   - triples: <task_id>\0<idx>, '1' to replace an existing write ('0' keeps
 --                 the first: a resent write is a no-op), write
--- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
+-- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written);
+-- an AGENTSTATE_CORRUPT error reply if the checkpoint's stored writes are malformed (nothing written).
 local tid, token, ttl, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
 local entries = unpack_writes(redis.call('HGET', KEYS[5], member) or '')
+if not entries then return corrupt(5, 'pending-writes') end
 local at = {}
 for j, e in ipairs(entries) do at[e[1]] = j end
 for i = 5, #ARGV, 3 do
