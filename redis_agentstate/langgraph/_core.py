@@ -330,7 +330,8 @@ class SaverCore:
         keys = self.thread_keys(tid)
         reads_list = _fields(reads)
         stored = b"%d:" % len(reads_list) + reads_list + record
-        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, "" if parent is None else f"{ns}{SEP}{parent}"]
+        parent_member = "" if parent is None else f"{ns}{SEP}{parent}"
+        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
             if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":

@@ -124,9 +124,7 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
         ``cluster=True`` for a Redis Cluster), closed when the block ends."""
         client = StoreSpec.redis(conn_string, cluster=cluster).client()
         try:
-            yield cls(
-                client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry
-            )
+            yield cls(client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry)
         finally:
             client.close()
 
@@ -311,7 +309,7 @@ class _ThreadLeaseBase(Generic[S]):
                 self._lost(reason)
         return step, delay
 
-    def _renew_outcome(self, sent: float, outcome: int | None | Exception) -> None:
+    def _renew_outcome(self, sent: float, outcome: int | Exception | None) -> None:
         """Record what a renewal sent at ``sent`` gave: the new expiry, None (refused) or the error it raised."""
         state = self._state
         assert state is not None
@@ -365,7 +363,7 @@ class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
                 continue
             sent = monotonic()
             try:
-                outcome: int | None | Exception = self._saver._run(self._renew_op())
+                outcome: int | Exception | None = self._saver._run(self._renew_op())
             except Exception as exc:
                 outcome = exc
             self._renew_outcome(sent, outcome)
@@ -414,9 +412,7 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
         :meth:`AgentStateSaver.from_conn_string`), on a ``redis.asyncio`` client closed at the end."""
         client = StoreSpec.redis(conn_string, cluster=cluster).async_client()
         try:
-            yield cls(
-                client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry
-            )
+            yield cls(client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry)
         finally:
             await client.aclose()
 
@@ -625,7 +621,7 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
                 continue
             sent = monotonic()
             try:
-                outcome: int | None | Exception = await self._saver._run(self._renew_op())
+                outcome: int | Exception | None = await self._saver._run(self._renew_op())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
