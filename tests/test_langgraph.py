@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+import re
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from conftest import require_real
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
@@ -700,3 +703,305 @@ def test_a_tail_chain_that_loops_is_corrupt_state(saver: Any, backend: Any, name
     with pytest.raises(CorruptState) as err:
         _call(saver, twin_loop, "get_tuple", stored)
     assert err.value.key == k.blobs
+
+
+# ---- lease edges --------------------------------------------------------------
+
+
+def _stored_keys(backend: Any, namespace: str, tid: str) -> list[str]:
+    raw = _raw(backend)
+    return [key for key in Keys(namespace).thread(tid).as_list()[:7] if raw.exists(key)]
+
+
+def test_a_lease_on_an_int_thread_id_is_released(saver: Any, backend: Any, flavor: str, namespace: str, twin_loop):
+    other = _second(backend, flavor, namespace, twin_loop)
+    with _Holder(saver, twin_loop, 7) as lease:
+        assert lease.thread_id == "7"
+        first = _put(saver, twin_loop, 7)  # an int thread id, as put and get accept it
+        with pytest.raises(ThreadBusy):
+            _put(other, twin_loop, 7, first)
+    with _Holder(other, twin_loop, 7, wait_ms=0):  # released: free at once
+        _put(other, twin_loop, 7, first)
+    _put(saver, twin_loop, 7)  # and the first saver kept no stale token
+    assert _count(saver, twin_loop, "7") == 3
+    # A thread id that cannot be one is refused before anything is sent.
+    for bad in ("a\0b", 1.5, None, ["t"]):
+        with pytest.raises(InvalidArgument):
+            saver.lease(bad)
+    assert _stored_keys(backend, namespace, "a\0b") == []
+
+
+def test_a_write_under_an_expired_lease_is_refused_even_if_nobody_took_it(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop
+):
+    other = _second(backend, flavor, namespace, twin_loop)
+    first = _put(saver, twin_loop, "t")
+    # A holder that froze past its 300 ms lease, nobody renewing it.
+    _call_op(saver, twin_loop, saver._core.acquire("t", "frozen-token", 300, 0, None))
+    time.sleep(0.4)
+    # Nobody else took the lease: the holder's late writes are refused all the same.
+    with pytest.raises(LeaseLost, match="no longer live"):
+        _put(saver, twin_loop, "t", first)
+    with pytest.raises(LeaseLost):
+        _call(saver, twin_loop, "put_writes", first, [("a", 1)], "task")
+    assert _count(saver, twin_loop, "t") == 1
+    # An unleased writer writes meanwhile (the lease expired): the holder must not fork the chain.
+    _put(other, twin_loop, "t", first)
+    with pytest.raises(LeaseLost):
+        _put(saver, twin_loop, "t", first)
+    assert _count(saver, twin_loop, "t") == 2
+    assert _call(saver, twin_loop, "get_tuple", first).pending_writes == []
+
+
+def test_a_crashed_holders_lease_key_expires(saver: Any, backend: Any, namespace: str, twin_loop):
+    _call_op(saver, twin_loop, saver._core.acquire("t", "crashed", 200, 0, None))
+    meta = Keys(namespace).thread("t").meta
+    assert 0 < _raw(backend).pttl(meta) <= 200
+    time.sleep(0.35)
+    assert not _raw(backend).exists(meta)
+
+
+async def test_losing_an_async_thread_lease_cancels_a_running_ainvoke(backend: Any, namespace: str):
+    """The loop blocked past the lease, then ainvoke: its first Redis command completes in the same loop
+    iteration as the keeper's cancel, which Python 3.11's asyncio.wait_for (in redis-py) swallows."""
+    saver = AsyncAgentStateSaver(backend.new_async_client(), namespace=namespace)
+    reached: list[str] = []
+
+    async def slow(state: State) -> dict[str, Any]:
+        await asyncio.sleep(3)
+        reached.append("end of node")
+        return {"count": 1}
+
+    b = StateGraph(State)
+    b.add_node("slow", slow)
+    b.add_edge(START, "slow")
+    b.add_edge("slow", END)
+    graph = b.compile(checkpointer=saver)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LeaseLost, match="work cancelled"):
+            async with saver.lease("t", lease_ms=1_000):
+                time.sleep(1.5)  # the event loop blocked: the keeper cannot renew
+                await graph.ainvoke({"messages": [], "count": 0, "blob": ""}, {"configurable": {"thread_id": "t"}})
+        await asyncio.sleep(0.1)
+        assert reached == []
+        assert time.monotonic() - started < 3.0  # stopped at the node's await, not at its end
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0  # every cancel of ours taken back
+        async with saver.lease("t", wait_ms=0):  # released on the way out
+            pass
+    finally:
+        await saver.client.aclose()
+
+
+def test_delete_thread_racing_an_unleased_writer_leaves_no_half_thread(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop
+):
+    writer = _second(backend, flavor, namespace, twin_loop)
+    cfg = generate_config("race")
+    first = _call(
+        writer,
+        twin_loop,
+        "put",
+        cfg,
+        generate_checkpoint(channel_values={"a": "x", "b": "y"}, channel_versions={"a": "1", "b": "1"}),
+        generate_metadata(run_id="run-1"),
+        {"a": "1", "b": "1"},
+    )
+    _call(saver, twin_loop, "delete_thread", "race")  # between two steps of the writer's run
+    nxt = generate_config("race")
+    nxt["configurable"]["checkpoint_id"] = first["configurable"]["checkpoint_id"]
+    # The writer's next checkpoint reads b at the version the deleted one wrote: storing it would
+    # resurrect the thread as an orphan whose channel b reads back missing.
+    with pytest.raises(InvalidArgument, match="not in thread 'race'"):
+        _call(
+            writer,
+            twin_loop,
+            "put",
+            nxt,
+            generate_checkpoint(channel_values={"a": "x2", "b": "y"}, channel_versions={"a": "2", "b": "1"}),
+            generate_metadata(run_id="run-1"),
+            {"a": "2"},
+        )
+    assert _call(saver, twin_loop, "get_tuple", generate_config("race")) is None
+    assert _call(saver, twin_loop, "list", generate_config("race")) == []
+    assert "race" not in {t.config["configurable"]["thread_id"] for t in _call(saver, twin_loop, "list", None)}
+    assert _stored_keys(backend, namespace, "race") == []
+    # A new run on the same thread id starts afresh.
+    _put(writer, twin_loop, "race")
+    assert _count(saver, twin_loop, "race") == 1
+
+
+# ---- the serializer -------------------------------------------------------------
+
+
+def _every_stored_byte(backend: Any, namespace: str, tid: str) -> bytes:
+    raw = _raw(backend)
+    k = Keys(namespace).thread(tid)
+    return b"".join(f + v for key in (k.records, k.blobs, k.writes) for f, v in raw.hgetall(key).items())
+
+
+def test_a_serializer_assigned_after_construction_is_used(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop
+):
+    # LangGraph's own docs and tests set the serializer this way, after building the saver.
+    saver.serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)
+    d = Driver(_plain_graph(saver), flavor, twin_loop)  # compile copies the saver (with_allowlist)
+    cfg = {"configurable": {"thread_id": "secret"}}
+    for i in range(3):
+        d.invoke(
+            {"messages": ["PLAINTEXT-MARKER"], "count": 0, "blob": "CLASSIFIED"} if i == 0 else {"messages": []}, cfg
+        )
+    _call(saver, twin_loop, "put_writes", d.get_state(cfg).config, [("blob", "WRITE-MARKER")], "task")
+    assert d.get_state(cfg).values["messages"][0] == "PLAINTEXT-MARKER"
+    assert _call(saver, twin_loop, "get_tuple", cfg).pending_writes[0][2] == "WRITE-MARKER"
+    stored = _every_stored_byte(backend, namespace, "secret")
+    assert b"MARKER" not in stored and b"CLASSIFIED" not in stored
+    assert b"+aes" in stored
+    # The plain saver next to it still reads its own plaintext: only this saver changed.
+    plain = _second(backend, flavor, namespace, twin_loop)
+    with pytest.raises(Exception):  # noqa: B017 - what the wrong serializer raises is LangGraph's
+        _call(plain, twin_loop, "get_tuple", cfg)
+
+
+def test_a_value_the_serializer_cannot_encode_is_invalid_argument(saver: Any, backend: Any, namespace: str, twin_loop):
+    first = _put(saver, twin_loop, "t")
+    before = {key: _raw(backend).dump(key) for key in _stored_keys(backend, namespace, "t")}
+    nxt = generate_config("t")
+    nxt["configurable"]["checkpoint_id"] = first["configurable"]["checkpoint_id"]
+    with pytest.raises(InvalidArgument, match="cannot be serialized"):
+        _call(
+            saver,
+            twin_loop,
+            "put",
+            nxt,
+            generate_checkpoint(channel_values={"a": threading.Lock()}, channel_versions={"a": "1"}),
+            generate_metadata(),
+            {"a": "1"},
+        )
+    with pytest.raises(InvalidArgument, match="cannot be serialized"):
+        _call(saver, twin_loop, "put", nxt, generate_checkpoint(), generate_metadata(extra=object()), {})
+    with pytest.raises(InvalidArgument, match="channel 'a'"):
+        _call(saver, twin_loop, "put_writes", first, [("a", object())], "task")
+    assert {key: _raw(backend).dump(key) for key in _stored_keys(backend, namespace, "t")} == before
+
+
+# ---- semantics shared with LangGraph's savers -------------------------------------
+
+
+def test_list_without_a_namespace_matches_the_in_memory_saver(saver: Any, twin_loop):
+    ref = InMemorySaver()
+    parents: dict[str, Any] = {}
+    # Interleaved puts in three namespaces (the root first, as a graph with subgraphs writes them).
+    for step, ns in enumerate(["", "sub:b", "", "sub:a", "sub:b", "", "sub:a", "sub:b"]):
+        cfg = generate_config("t", checkpoint_ns=ns)
+        if ns in parents:
+            cfg["configurable"]["checkpoint_id"] = parents[ns]
+        cp = generate_checkpoint()
+        md = generate_metadata(step=step, source="loop" if step % 2 else "input")
+        ours = _call(saver, twin_loop, "put", cfg, cp, md, {})
+        theirs = ref.put(cfg, cp, md, {})
+        assert ours == theirs
+        parents[ns] = cp["id"]
+
+    def ids(got: list[Any]) -> list[tuple[str, str]]:
+        return [(t.config["configurable"]["checkpoint_ns"], t.checkpoint["id"]) for t in got]
+
+    middle = {"configurable": {"checkpoint_id": parents["sub:a"]}}
+    for config, kw in [
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": None}}, {}),
+        ({"configurable": {"thread_id": "t"}}, {}),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": None}}, {"limit": 5}),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": None}}, {"filter": {"source": "loop"}}),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": None}}, {"before": middle}),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": "sub:b"}}, {}),
+        ({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, {}),
+    ]:
+        expected = ids(list(ref.list(config, **kw)))
+        assert ids(_call(saver, twin_loop, "list", config, **kw)) == expected, (config, kw)
+    assert len(ids(_call(saver, twin_loop, "list", {"configurable": {"thread_id": "t", "checkpoint_ns": None}}))) == 8
+
+
+def test_copy_thread_never_merges_and_runs_stay_with_their_thread(saver: Any, backend: Any, namespace: str, twin_loop):
+    first = _call(
+        saver, twin_loop, "put", generate_config("src"), generate_checkpoint(), generate_metadata(run_id="r1"), {}
+    )
+    _put(saver, twin_loop, "dst")
+    before = _call(saver, twin_loop, "list", generate_config("dst"))
+    # Onto a thread with checkpoints: refused, nothing written (the target's head stays its own).
+    with pytest.raises(InvalidArgument, match="already has checkpoints"):
+        _call(saver, twin_loop, "copy_thread", "src", "dst")
+    assert [t.checkpoint["id"] for t in _call(saver, twin_loop, "list", generate_config("dst"))] == [
+        t.checkpoint["id"] for t in before
+    ]
+    # Onto a new thread: a fork. Deleting the run that wrote the source's checkpoint rolls the
+    # source back, not its copies.
+    _call(saver, twin_loop, "copy_thread", "src", "fork")
+    _call(saver, twin_loop, "delete_for_runs", ["r1"])
+    assert _call(saver, twin_loop, "get_tuple", first) is None
+    fork = _call(saver, twin_loop, "list", generate_config("fork"))
+    assert [t.checkpoint["id"] for t in fork] == [first["configurable"]["checkpoint_id"]]
+    assert fork[0].metadata["run_id"] == "r1"
+
+
+def test_expired_threads_leave_the_shard_indexes(backend: Any, flavor: str, namespace: str, twin_loop):
+    if flavor == "sync":
+        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=0.3)
+    else:
+
+        async def build() -> Any:
+            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, ttl=0.3)
+
+        saver = twin_loop.run_until_complete(build())
+    raw = _raw(backend)
+    for tid in ("gone-1", "gone-2"):
+        first = _call(
+            saver,
+            twin_loop,
+            "put",
+            generate_config(tid),
+            generate_checkpoint(),
+            generate_metadata(run_id=f"r-{tid}"),
+            {},
+        )
+        nxt = generate_config(tid, checkpoint_ns="sub")
+        _call(saver, twin_loop, "put", nxt, generate_checkpoint(), generate_metadata(run_id="r-shared"), {})
+    assert first is not None
+    k = Keys(namespace).thread("gone-1")
+    assert raw.zscore(k.shard_threads, "gone-1") is not None
+    time.sleep(0.5)  # every data key expired; the shard indexes still name the threads
+    assert _call(saver, twin_loop, "list", None) == []
+    for tid in ("gone-1", "gone-2"):
+        t = Keys(namespace).thread(tid)
+        assert raw.zscore(t.shard_threads, tid) is None
+        assert [m for m in raw.zrange(t.shard_runs, 0, -1) if m.endswith(b"\0" + tid.encode())] == []
+
+
+def test_from_conn_string_setup_and_context_managers(real_server: Any, namespace: str):
+    url = require_real(real_server)
+    with AgentStateSaver.from_conn_string(url, namespace=namespace) as saver:
+        saver.setup()
+        with saver as same:
+            assert same is saver
+            stored = _put(saver, None, "t")
+        assert saver.get_tuple(stored) is not None
+    with pytest.raises(InvalidArgument), AgentStateSaver.from_conn_string("http://nowhere", namespace=namespace):
+        pass
+
+    async def run() -> None:
+        async with AsyncAgentStateSaver.from_conn_string(url, namespace=namespace) as asaver:
+            await asaver.asetup()
+            async with asaver as same:
+                assert same is asaver
+                assert (await asaver.aget_tuple(stored)) is not None
+
+    asyncio.run(run())
+
+
+def test_the_langgraph_extra_installs_langgraph():
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    extra = re.search(r"^langgraph = \[(.*)\]$", text, re.M)
+    assert extra is not None
+    names = {re.split(r"[<>=!~ ;\[]", r.strip().strip('"'))[0] for r in extra.group(1).split(",")}
+    # The README's LangGraph example imports langgraph.graph (StateGraph): the extra alone must run it.
+    assert {"langgraph", "langgraph-checkpoint"} <= names

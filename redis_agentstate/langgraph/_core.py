@@ -306,13 +306,35 @@ class SaverCore:
         if why == "lost":
             # The token stays until the lease block ends: every later write of this saver is refused the same way.
             raise LeaseLost(
-                f"{what} refused: this saver's lease on thread {thread_id!r} was taken over; nothing was written",
+                f"{what} refused: this saver's lease on thread {thread_id!r} is no longer live (it expired on the "
+                "server clock, or another writer took the thread over); nothing was written",
                 task_id=thread_id,
+            )
+        if why == "gone":
+            member = _text(reply[2])
+            raise InvalidArgument(
+                f"{what} refused: its parent checkpoint {member.partition(SEP)[2]!r} is not in thread {thread_id!r} "
+                "(the thread was deleted, or the checkpoint pruned, under this writer); nothing was written"
+            )
+        if why == "exists":
+            raise InvalidArgument(
+                f"{what} refused: thread {thread_id!r} already has checkpoints (a copy never merges two "
+                "histories: delete the target first); nothing was written"
             )
         raise AssertionError(f"unexpected reply {reply!r}")  # pragma: no cover
 
-    def _dumps(self, value: Any) -> bytes:
-        kind, data = self.serde.dumps_typed(value)
+    def _typed(self, value: Any, what: str) -> tuple[str, bytes]:
+        """``serde.dumps_typed(value)``; a value it cannot encode is the caller's: ``InvalidArgument``,
+        raised before anything is sent."""
+        try:
+            return self.serde.dumps_typed(value)
+        except Exception as exc:
+            raise InvalidArgument(
+                f"{what} cannot be serialized by {type(self.serde).__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _dumps(self, value: Any, what: str = "a channel value") -> bytes:
+        kind, data = self._typed(value, what)
         return cast(bytes, msgpack.packb([kind, data], use_bin_type=True))
 
     def _loads(self, blob: bytes, key: str) -> Any:
@@ -349,8 +371,8 @@ class SaverCore:
         md = get_serializable_checkpoint_metadata(config, metadata)
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
-        ck_kind, ck_data = self.serde.dumps_typed(body)
-        md_kind, md_data = self.serde.dumps_typed(md)
+        ck_kind, ck_data = self._typed(body, "the checkpoint")
+        md_kind, md_data = self._typed(md, "the checkpoint metadata")
         record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
         reads = [f"{ns}{SEP}{self._channel(ch)}{SEP}{self._version(v)}" for ch, v in versions.items()]
         blobs: list[tuple[str, bytes, tuple[str, str, str], _Remembered | None]] = []
@@ -366,7 +388,8 @@ class SaverCore:
         keys = self.thread_keys(tid)
         reads_list = _fields(reads)
         stored = b"%d:" % len(reads_list) + reads_list + record
-        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run]
+        parent_member = "" if parent is None else f"{ns}{SEP}{parent}"
+        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
             if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
@@ -469,7 +492,7 @@ class SaverCore:
             channel, value = pair
             self._channel(channel)
             i = WRITES_IDX_MAP.get(channel, idx)
-            kind, data = self.serde.dumps_typed(value)
+            kind, data = self._typed(value, f"the write to channel {channel!r}")
             payload = msgpack.packb([task, i, task_path, channel, kind, data], use_bin_type=True)
             # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
             args += [f"{task}{SEP}{i}", "1" if i < 0 else "0", payload]
@@ -623,7 +646,7 @@ class SaverCore:
         if config is not None:
             conf = _configurable(config)
             threads = [thread_of(config)]
-            if "checkpoint_ns" in conf:
+            if conf.get("checkpoint_ns") is not None:  # None or absent: every namespace, as InMemorySaver
                 ns = _ns(conf.get("checkpoint_ns"))
             c = conf.get("checkpoint_id")
             cid = None if c is None else _ident(c, "checkpoint_id")
@@ -671,22 +694,21 @@ class SaverCore:
         if src == dst:
             raise InvalidArgument("copy_thread needs two different threads")
         dump = yield Call(LG_DUMP, self.thread_keys(src), [])
-        records, blobs, writes, runs = dump
+        records, blobs, writes, _runs = dump
         if not records:
             return None
         keys = self.thread_key_set(src)
-        # The target's script indexes the records' members and the runs' ids: checked here, before it
-        # writes, with the framing of what it copies (a corrupt thread is reported, not duplicated).
+        # The target's script indexes the records' members: checked here, before it writes, with the
+        # framing of what it copies (a corrupt thread is reported, not duplicated).
         for member, stored in zip(records[::2], records[1::2], strict=True):
             _stored_member(member, keys.records)
             _reads_and_body(stored, keys.records)
         for packed in writes[1::2]:
             _unpack_writes(packed, keys.writes)
-        for m in runs:
-            if SEP.encode() not in (m if isinstance(m, bytes) else str(m).encode()):
-                raise corrupt_state(keys.runs, [keys.runs], f"holds a run member without its separator: {m!r:.80}")
-        args = [dst, self._token(dst), self._ttl_arg(), len(records), len(blobs), len(writes), len(runs)]
-        reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *blobs, *writes, *runs])
+        # The copy is a thread of its own: its checkpoints do not join the source's runs, so
+        # delete_for_runs (a run's rollback) deletes in the thread the run wrote, never in its copies.
+        args = [dst, self._token(dst), self._ttl_arg(), len(records), len(blobs), len(writes), 0]
+        reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *blobs, *writes])
         self._fenced(reply, dst, "copy_thread")
         return None
 
@@ -823,7 +845,12 @@ _EMPTY = _Empty()
 
 
 class Lister:
-    """The state of one ``list()``: threads to visit, the page cursor, the matches left."""
+    """The state of one ``list()``: threads to visit, the page cursor, the matches left.
+
+    Without a namespace a thread is listed namespace by namespace, as ``InMemorySaver`` does:
+    in the order they were first written to (their oldest checkpoint id: LangGraph's ids grow
+    with time), newest checkpoint first within each.
+    """
 
     def __init__(
         self,
@@ -843,18 +870,36 @@ class Lister:
         self.before = before
         self.left = limit
         self.thread_index = 0
+        #: The namespaces of the current thread still to list (None: not read yet).
+        self.spaces: list[str] | None = None
         self.hi: str | None = None
         self.done = limit is not None and limit <= 0
 
-    def _bounds(self) -> tuple[str, str]:
-        if self.ns is None:
-            return "+", "-"
+    def _bounds(self, ns: str) -> tuple[str, str]:
         if self.cid is not None:
-            member = f"{self.ns}{SEP}{self.cid}"
+            member = f"{ns}{SEP}{self.cid}"
             return f"[{member}", f"[{member}"
         if self.before is not None:
-            return f"({self.ns}{SEP}{self.before}", f"[{self.ns}{SEP}"
-        return f"({self.ns}\x01", f"[{self.ns}{SEP}"
+            return f"({ns}{SEP}{self.before}", f"[{ns}{SEP}"
+        return f"({ns}\x01", f"[{ns}{SEP}"
+
+    def _namespaces(self, index: str) -> Op[list[str]]:
+        """The namespaces of a thread's index, oldest first: one lex jump per namespace."""
+        found: list[tuple[str, str]] = []
+        lo = "-"
+        while True:
+            first = yield Command(["ZRANGEBYLEX", index, lo, "+", "LIMIT", 0, 1])
+            if not first:
+                break
+            ns, cid = _stored_member(first[0], index)
+            found.append((cid, ns))
+            lo = f"[{ns}\x01"  # past every member of ns (ids hold no byte below \x01)
+        return [ns for _, ns in sorted(found)]
+
+    def _next_thread(self) -> None:
+        self.thread_index += 1
+        self.spaces = None
+        self.hi = None
 
     def next_page(self) -> Op[list[CheckpointTuple] | None]:
         """The next matches (possibly none), or None when the listing is over."""
@@ -873,15 +918,29 @@ class Lister:
             return None
         tid = self.threads[self.thread_index]
         keys = self.core.thread_key_set(tid)
-        hi, lo = self._bounds()
+        if self.ns is not None:
+            ns = self.ns
+        else:
+            if self.spaces is None:
+                self.spaces = yield from self._namespaces(keys.index)
+                if not self.spaces:
+                    # No checkpoint at all: lg_list drops a thread that expired from the shard indexes.
+                    yield Call(LG_LIST, keys.as_list(), ["-", "-", 1, "0", tid])
+                    self._next_thread()
+                    return []
+            ns = self.spaces[0]
+        hi, lo = self._bounds(ns)
         # Without a metadata filter every checkpoint of the page is read: whole, in the same round trip.
         whole = not self.filter
         page = self.page_size(whole)
-        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, page, "1" if whole else "0"])
+        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, page, "1" if whole else "0", tid])
         members, items = reply
         if len(members) < page:
-            self.thread_index += 1
             self.hi = None
+            if self.spaces:
+                del self.spaces[0]
+            if not self.spaces:
+                self._next_thread()
         else:
             self.hi = "(" + _stored_text(members[-1], keys.index, "a checkpoint member")
         out: list[CheckpointTuple] = []

@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -20,14 +20,15 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
 from .._lease_core import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
 from .._ops import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ..clients import RedisClient
 from ..errors import LeaseLost
 from ..lease import exit_after_cancel
-from ._core import LG_SCRIPTS, SaverCore
+from ..spec import StoreSpec
+from ._core import LG_SCRIPTS, SaverCore, _ident
 
 __all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "ThreadLease"]
 
@@ -49,16 +50,44 @@ class _Savers(StoreShell[SaverCore], BaseCheckpointSaver[str]):
         core = SaverCore(namespace, self.serde, ttl, refresh_on_read)
         StoreShell.__init__(self, client, core, LG_SCRIPTS, retry)
 
+    # The core serializes: a serializer assigned after construction (``saver.serde =
+    # EncryptedSerializer(...)``, as LangGraph's docs do) must reach it, or values go out in plaintext.
+    @property
+    def serde(self) -> SerializerProtocol:
+        serde: SerializerProtocol = self.__dict__.get("_serde", BaseCheckpointSaver.serde)
+        return serde
+
+    @serde.setter
+    def serde(self, value: SerializerProtocol) -> None:
+        value = maybe_add_typed_methods(value)
+        self.__dict__["_serde"] = value
+        core = self.__dict__.get("_core")
+        if core is not None:
+            core.serde = value
+
+    def __copy__(self) -> Any:
+        """A shallow copy with a core of its own (its serde can change alone) sharing this one's
+        lease tokens and list cache: ``with_allowlist`` (``StateGraph.compile``) copies the saver,
+        and a lease taken on this saver must fence the compiled graph's writes."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.__dict__["_core"] = dataclasses.replace(self._core)
+        return clone
+
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> Any:
         """The base class's shallow clone with a stricter serde (``StateGraph.compile`` calls this).
 
         The clone's core serializes with the clone's serde, and shares this saver's lease
         tokens and list cache: a lease taken on this saver fences the compiled graph's writes.
         """
-        clone = super().with_allowlist(extra_allowlist)
-        if isinstance(clone, _Savers) and clone is not self:
-            clone._core = dataclasses.replace(self._core, serde=clone.serde)
-        return clone
+        return super().with_allowlist(extra_allowlist)
+
+    def setup(self) -> None:
+        """Nothing to create (as ``PostgresSaver.setup``, for code written against it): the
+        saver's keys are made by its first write and its scripts are loaded on first use."""
+
+    async def asetup(self) -> None:
+        """The async face of :meth:`setup` (a no-op too)."""
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         return SaverCore.next_version(current)
@@ -76,6 +105,34 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
     one writer. The ``a``-prefixed methods run the blocking ones in the default
     executor, so the saver also serves ``graph.ainvoke``.
     """
+
+    @classmethod
+    @contextlib.contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        cluster: bool = False,
+        namespace: str = "agentstate",
+        serde: SerializerProtocol | None = None,
+        ttl: float | timedelta | None = None,
+        refresh_on_read: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> Iterator[AgentStateSaver]:
+        """``with AgentStateSaver.from_conn_string(url) as saver:``, as LangGraph's Postgres and Redis
+        savers: a saver on a client of its own for ``url`` (any URL :class:`StoreSpec` takes;
+        ``cluster=True`` for a Redis Cluster), closed when the block ends."""
+        client = StoreSpec.redis(conn_string, cluster=cluster).client()
+        try:
+            yield cls(client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry)
+        finally:
+            client.close()
+
+    def __enter__(self) -> AgentStateSaver:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Nothing to close: the client is the caller's (``from_conn_string`` closes its own)."""
 
     # ---- the BaseCheckpointSaver interface --------------------------------
 
@@ -173,7 +230,7 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
 
     # ---- one writer per thread -------------------------------------------
 
-    def lease(self, thread_id: str, *, lease_ms: int = 30_000, wait_ms: int = 0) -> ThreadLease:
+    def lease(self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0) -> ThreadLease:
         """Claim ``thread_id`` for this saver (``with saver.lease(tid): graph.invoke(...)``).
 
         While held, this saver's writes to the thread are fenced in Redis (``LeaseLost``
@@ -184,15 +241,29 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
         return ThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
 
 
-class _ThreadLeaseBase:
-    """What both thread leases share, with no I/O: the acquire/renew/release steps and the lease state."""
+S = TypeVar("S", bound=_Savers)
 
-    def __init__(self, saver: _Savers, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
-        self._saver = saver
-        self.thread_id = thread_id
+#: How long the async keeper waits for the body to stop after cancelling it before it cancels
+#: again: a cancel can be swallowed on the way (Python < 3.12's ``asyncio.wait_for``, which
+#: redis-py awaits on every command, returns the result of an inner call that completed in the
+#: same loop iteration as the cancel and drops the cancel; LangGraph's first await in
+#: ``ainvoke`` is such a command).
+RECANCEL_S = 0.2
+
+
+class _ThreadLeaseBase(Generic[S]):
+    """What both thread leases share, with no I/O: the checks, the acquire/renew/release
+    steps, the keeper's decisions and the lease state; the shells only block or await them."""
+
+    def __init__(self, saver: S, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
+        # The id as every write stores it (an int or UUID thread id is its str): the token the
+        # lease leaves on the core must be the one the saver's writes look up, and release
+        # must find the same keys.
+        self.thread_id = _ident(thread_id, "thread_id")
         self.timing = LeaseTiming(lease_ms)
         self.wait_ms = wait_ms
         self.token = new_token()
+        self._saver = saver
         self._state: LeaseState | None = None
 
     @property
@@ -238,16 +309,15 @@ class _ThreadLeaseBase:
                 self._lost(reason)
         return step, delay
 
-    def _renew_failed(self, exc: Exception) -> None:
+    def _renew_outcome(self, sent: float, outcome: int | Exception | None) -> None:
+        """Record what a renewal sent at ``sent`` gave: the new expiry, None (refused) or the error it raised."""
         state = self._state
         assert state is not None
-        if (reason := state.renew_failed(monotonic(), exc)) is not None and state.lose(reason):
-            self._lost(reason)
-
-    def _renewed(self, sent: float, expires: int | None) -> None:
-        state = self._state
-        assert state is not None
-        if (reason := state.renewed(sent, monotonic(), expires)) is not None and state.lose(reason):
+        if isinstance(outcome, Exception):
+            reason = state.renew_failed(monotonic(), outcome)
+        else:
+            reason = state.renewed(sent, monotonic(), outcome)
+        if reason is not None and state.lose(reason):
             self._lost(reason)
 
     def _lost(self, reason: str) -> None:
@@ -255,18 +325,17 @@ class _ThreadLeaseBase:
         log.error("lease on thread %r lost: %s", self.thread_id, reason)
 
 
-class ThreadLease(_ThreadLeaseBase):
+class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
     """A claimed thread, kept alive by a background thread until the ``with`` block ends."""
 
-    def __init__(self, saver: AgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+    def __init__(self, saver: AgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
         super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
-        self._sync_saver = saver
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
     def __enter__(self) -> ThreadLease:
         sent = monotonic()
-        self._acquired(sent, self._sync_saver._run(self._acquire_op()))
+        self._acquired(sent, self._saver._run(self._acquire_op()))
         self._keeper = threading.Thread(target=self._keep, name=f"lease-{self.thread_id}", daemon=True)
         self._keeper.start()
         return self
@@ -282,7 +351,7 @@ class ThreadLease(_ThreadLeaseBase):
         self._stop.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(timeout=state.time_left(monotonic()))
-        return self._sync_saver._run(self._release_op())
+        return self._saver._run(self._release_op())
 
     def _keep(self) -> None:
         while True:
@@ -294,11 +363,10 @@ class ThreadLease(_ThreadLeaseBase):
                 continue
             sent = monotonic()
             try:
-                expires = self._sync_saver._run(self._renew_op())
+                outcome: int | Exception | None = self._saver._run(self._renew_op())
             except Exception as exc:
-                self._renew_failed(exc)
-                continue
-            self._renewed(sent, expires)
+                outcome = exc
+            self._renew_outcome(sent, outcome)
 
 
 class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
@@ -326,6 +394,34 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        cluster: bool = False,
+        namespace: str = "agentstate",
+        serde: SerializerProtocol | None = None,
+        ttl: float | timedelta | None = None,
+        refresh_on_read: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> AsyncIterator[AsyncAgentStateSaver]:
+        """``async with AsyncAgentStateSaver.from_conn_string(url) as saver:`` (see
+        :meth:`AgentStateSaver.from_conn_string`), on a ``redis.asyncio`` client closed at the end."""
+        client = StoreSpec.redis(conn_string, cluster=cluster).async_client()
+        try:
+            yield cls(client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry)
+        finally:
+            await client.aclose()
+
+    async def __aenter__(self) -> AsyncAgentStateSaver:
+        self._bind()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Nothing to close: the client is the caller's (``from_conn_string`` closes its own)."""
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._bind()
@@ -446,27 +542,32 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
 
     # ---- one writer per thread -------------------------------------------
 
-    def lease(self, thread_id: str, *, lease_ms: int = 30_000, wait_ms: int = 0) -> AsyncThreadLease:
+    def lease(self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0) -> AsyncThreadLease:
         """``async with saver.lease(tid): await graph.ainvoke(...)``: see :meth:`AgentStateSaver.lease`."""
         return AsyncThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
 
 
-class AsyncThreadLease(_ThreadLeaseBase):
+class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
     """The asyncio twin of :class:`ThreadLease`: the keeper is a task, and losing the lease
-    cancels the task that entered ``async with`` (it sees ``LeaseLost``), as ``AsyncLease`` does."""
+    cancels the task that entered ``async with`` (it sees ``LeaseLost``), as ``AsyncLease`` does.
 
-    def __init__(self, saver: AsyncAgentStateSaver, thread_id: str, *, lease_ms: int, wait_ms: int) -> None:
+    The keeper cancels again every ``RECANCEL_S`` until the body has stopped: a cancel
+    swallowed on the way (see ``RECANCEL_S``) must not let the graph run on.
+    """
+
+    def __init__(self, saver: AsyncAgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
         super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
-        self._async_saver = saver
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._work: asyncio.Task[Any] | None = None
         self._cancelled_work = False
+        #: Cancels sent to the body beyond the first (each is taken back when the block ends).
+        self._recancels = 0
 
     async def __aenter__(self) -> AsyncThreadLease:
-        self._async_saver._bind()
+        self._saver._bind()
         sent = monotonic()
-        self._acquired(sent, await self._async_saver._run(self._acquire_op()))
+        self._acquired(sent, await self._saver._run(self._acquire_op()))
         self._stop = asyncio.Event()
         self._work = asyncio.current_task()
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
@@ -474,6 +575,10 @@ class AsyncThreadLease(_ThreadLeaseBase):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._work = None  # from here on, a loss cancels nothing
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):
+            for _ in range(self._recancels):
+                task.uncancel()  # exit_after_cancel takes back the first
         await exit_after_cancel(self.release, exc, lambda: self._cancelled_work, self._lost_error)
 
     def _lost_error(self) -> LeaseLost:
@@ -490,9 +595,11 @@ class AsyncThreadLease(_ThreadLeaseBase):
             self._stop.set()
         keeper = self._keeper
         if keeper is not None and keeper is not asyncio.current_task():
+            if self._cancelled_work:
+                keeper.cancel()  # only re-cancelling the body, which has stopped
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(keeper, timeout=state.time_left(monotonic()))
-        return await self._async_saver._run(self._release_op())
+        return await self._saver._run(self._release_op())
 
     def _lost(self, reason: str) -> None:
         super()._lost(reason)
@@ -507,17 +614,23 @@ class AsyncThreadLease(_ThreadLeaseBase):
         while True:
             step, delay = self._next_step()
             if step in (STOP, LOST):
-                return
+                break
             if step == WAIT:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 continue
             sent = monotonic()
             try:
-                expires = await self._async_saver._run(self._renew_op())
+                outcome: int | Exception | None = await self._saver._run(self._renew_op())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._renew_failed(exc)
-                continue
-            self._renewed(sent, expires)
+                outcome = exc
+            self._renew_outcome(sent, outcome)
+        while self._cancelled_work:
+            await asyncio.sleep(RECANCEL_S)
+            work = self._work
+            if work is None or work.done():
+                return
+            self._recancels += 1
+            work.cancel(f"lease on thread {self.thread_id!r} lost (cancelled again: the first cancel was swallowed)")

@@ -28,16 +28,17 @@ local function probe()
   redis.call('LLEN', KEYS[7])
 end
 
--- '' when the caller may write: token holds the thread, or token is '' and no
--- live lease is held. 'busy': a live lease is held and the caller holds none.
--- 'lost': the caller's token no longer holds the thread (another took it over).
+-- '' when the caller may write: token holds a live lease on the thread, or token is ''
+-- and no live lease is held. 'busy': a live lease is held and the caller holds none.
+-- 'lost': the caller's token no longer holds a live lease (it expired on the server
+-- clock, whether or not another writer has taken the thread since).
 local function fence(token, now)
   local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
   if token == '' then
     if h[1] and (tonumber(h[2]) or 0) > now then return 'busy' end
     return ''
   end
-  if h[1] ~= token then return 'lost' end
+  if h[1] ~= token or (tonumber(h[2]) or 0) <= now then return 'lost' end
   return ''
 end
 
@@ -240,6 +241,23 @@ local function gc_runs(tid, runs)
   for run in pairs(runs) do
     if not still[run] then redis.call('ZREM', KEYS[9], run .. SEP .. tid) end
   end
+end
+
+-- Remove thread tid from the shard's thread and run indexes once it has no checkpoint
+-- (its keys expired with the saver's ttl, or were deleted): its own run list may be gone
+-- with them, so the run index is searched for its entries.
+local function forget_thread(tid)
+  redis.call('ZREM', KEYS[8], tid)
+  local suffix = SEP .. tid
+  local cursor = '0'
+  repeat
+    local page = redis.call('ZSCAN', KEYS[9], cursor, 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      local m = page[2][i]
+      if string.sub(m, -#suffix) == suffix then redis.call('ZREM', KEYS[9], m) end
+    end
+  until cursor == '0'
 end
 
 -- Everything of the thread but its lease; false (nothing written) if its run index is malformed.

@@ -6,12 +6,15 @@
 --   ARGV[4..7]  - how many ARGV entries each part of the dump takes (records,
 --                 blobs, writes: field/value pairs; runs: members)
 --   ARGV[8..]   - the parts, in that order (see lg_dump.lua)
--- Returns {DONE} copied; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing written).
+-- Returns {DONE} copied; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease; {REFUSED,
+-- 'exists'} the thread already has checkpoints (a copy never merges two histories); nothing
+-- written when refused.
 local tid, token, ttl = ARGV[1], ARGV[2], ARGV[3]
 
 probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
+if redis.call('ZCARD', KEYS[3]) > 0 then return {REPLY_REFUSED, 'exists'} end
 local i = 8
 local function pairs_into(n, key, index)
   for j = i, i + n - 1, 2 do
