@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -300,3 +302,112 @@ def test_signal_finishes_the_cycle_in_flight_then_exits(private_server: Any, sig
     assert any(line.startswith("task=t cycle=1 revision=1 token=slow:") and "committed" in line for line in lines)
     cp = store.load("t")
     assert cp.cycle_index == 1 and cp.messages == [1] and cp.claim_token is None
+
+
+# ---- failure reasons the wire cannot carry as they are (issue 19, item 6) -----------------------
+
+#: What ``os.fsdecode`` makes of a file name that is not UTF-8: a lone surrogate.
+SURROGATE = os.fsdecode(b"report-\xff.pdf")
+ESCAPED = "report-\\udcff.pdf"
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def test_a_release_reason_with_a_lone_surrogate_is_stored_escaped(make: Callable[..., Any]) -> None:
+    # Before: UnicodeEncodeError from the client, the claim left to lapse.
+    store = make(CheckpointStore, AsyncCheckpointStore)
+    for i, reason in enumerate(("a\ud800b", SURROGATE, "\udcff" * 5000)):
+        tid = f"t{i}"
+        store.create(Checkpoint(tid))
+        cp = store.claim(tid, 1, token="w", lease_ms=30_000)
+        assert store.release(tid, token="w", expected_revision=cp.revision, reason=reason)
+        got = store.load(tid)
+        assert (got.attempts, got.parked) == (1, False)
+        if i == 0:
+            assert got.last_failure == "a\\ud800b"
+        elif i == 1:
+            assert got.last_failure == ESCAPED
+        else:  # escaped, then cut like any long reason
+            assert got.last_failure.startswith("\\udcff\\udcff") and got.last_failure.endswith("...")
+            assert len(got.last_failure.encode()) <= 1024
+
+
+def test_a_lease_released_with_a_surrogate_reason_records_it(sync_store: CheckpointStore) -> None:
+    sync_store.create(Checkpoint("t"))
+    with sync_store.lease("t", 1, lease_ms=30_000) as lease:
+        assert lease.release(reason=f"OSError: {SURROGATE}")
+    sync_store.create(Checkpoint("u"))
+    with pytest.raises(OSError), sync_store.lease("u", 1, lease_ms=30_000):
+        raise OSError(SURROGATE)
+    assert sync_store.load("t").last_failure == f"OSError: {ESCAPED}"
+    u = sync_store.load("u")
+    assert (u.last_failure, u.attempts) == (f"OSError: {ESCAPED}", 1)
+
+
+async def test_an_async_lease_released_with_a_surrogate_reason_records_it(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t"))
+    async with async_store.lease("t", 1, lease_ms=30_000) as lease:
+        assert await lease.release(reason=f"OSError: {SURROGATE}")
+    await async_store.create(Checkpoint("u"))
+    with pytest.raises(OSError):
+        async with async_store.lease("u", 1, lease_ms=30_000):
+            raise OSError(SURROGATE)
+    assert (await async_store.load("t")).last_failure == f"OSError: {ESCAPED}"
+    u = await async_store.load("u")
+    assert (u.last_failure, u.attempts) == (f"OSError: {ESCAPED}", 1)
+
+
+def raise_bad_messages(cp: Checkpoint) -> StepResult:
+    """A handler failing with messages a release must survive: surrogates, an unprintable one, a huge one."""
+    if cp.task_id.startswith("fs"):
+        raise OSError(f"cannot open {SURROGATE}")
+    if cp.task_id == "unprintable":
+        raise Unprintable()
+    if cp.task_id == "huge":
+        raise ValueError(SURROGATE * 200_000)
+    return step(cp)
+
+
+BAD_TASKS = ("fs-0", "fs-1", "fs-2", "fs-3", "unprintable", "huge", "ok")
+
+
+def assert_failures_recorded(cps: dict[str, Checkpoint]) -> None:
+    for tid in ("fs-0", "fs-1", "fs-2", "fs-3"):
+        assert cps[tid].last_failure == f"OSError: cannot open {ESCAPED}", cps[tid]
+    assert cps["unprintable"].last_failure == f"{Unprintable.__module__}.Unprintable: <unprintable>"
+    huge = cps["huge"].last_failure
+    assert huge is not None and huge.startswith(f"ValueError: {ESCAPED}") and huge.endswith("...")
+    for tid in BAD_TASKS[:-1]:
+        assert (cps[tid].parked, cps[tid].attempts, cps[tid].claim_token) == (True, 1, None), cps[tid]
+    assert cps["ok"].is_terminal
+
+
+def test_the_runner_survives_handler_messages_the_wire_cannot_carry(sync_store: CheckpointStore) -> None:
+    # Before: 3 of 4 worker threads died of UnicodeEncodeError and the tasks' claims lapsed.
+    store = CheckpointStore(sync_store.client, namespace=sync_store.namespace, max_attempts=1)
+    for tid in BAD_TASKS:
+        store.create(Checkpoint(tid))
+    runner = Runner(store, raise_bad_messages, concurrency=4, lease_ms=30_000, handle_signals=False)
+    stats = runner.run(stop_when_idle=True)
+    assert (stats.failed, stats.parked, stats.finalized) == (6, 6, 1)
+    assert_failures_recorded({tid: store.load(tid) for tid in BAD_TASKS})
+
+
+async def test_the_async_runner_survives_handler_messages_the_wire_cannot_carry(
+    async_store: AsyncCheckpointStore,
+) -> None:
+    # Before: AsyncRunner.run() raised UnicodeEncodeError.
+    store = AsyncCheckpointStore(async_store.client, namespace=async_store.namespace, max_attempts=1)
+    for tid in BAD_TASKS:
+        await store.create(Checkpoint(tid))
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        return raise_bad_messages(cp)
+
+    runner = AsyncRunner(store, handler, concurrency=4, lease_ms=30_000, handle_signals=False)
+    stats = await runner.run(stop_when_idle=True)
+    assert (stats.failed, stats.parked, stats.finalized) == (6, 6, 1)
+    assert_failures_recorded({tid: await store.load(tid) for tid in BAD_TASKS})
