@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
+from redis_agentstate.lease import Lease
 from redis_agentstate.runner import AsyncRunner, Runner, StepResult, current_lease
 
 CYCLES = 3
@@ -156,17 +158,18 @@ def test_a_non_bool_replace_history_fails_the_cycle(sync_store: CheckpointStore)
     sync_store.create(Checkpoint("t", messages=["a"]))
     runner = Runner(
         sync_store, lambda cp: StepResult(cp, replace_history="yes"),  # type: ignore[arg-type]
-        handle_signals=False, failure_delay_ms=60_000,
+        handle_signals=False, failure_delay_ms=10, failure_delay_max_ms=10,
     )  # fmt: skip
-    assert runner.run(stop_when_idle=True).failed == 1
-    assert sync_store.load("t").revision == 1
+    assert runner.run(stop_when_idle=True).failed == 2  # the cycle and its one awaited retry
+    cp = sync_store.load("t")
+    assert (cp.cycle_index, cp.messages, cp.attempts) == (0, ["a"], 2)
 
 
 def test_a_bad_handler_result_fails_the_cycle(sync_store: CheckpointStore) -> None:
     sync_store.create(Checkpoint("t"))
-    runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=60_000)  # type: ignore[arg-type,return-value]
+    runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=10, failure_delay_max_ms=10)  # type: ignore[arg-type,return-value]
     stats = runner.run(stop_when_idle=True)
-    assert stats.failed == 1 and stats.committed == 0
+    assert stats.failed == 2 and stats.committed == 0
     assert sync_store.load("t").cycle_index == 0
 
 
@@ -174,19 +177,18 @@ def test_a_commit_the_store_refuses_is_retried_after_the_failure_delay_not_at_on
     sync_store: CheckpointStore,
 ) -> None:
     sync_store.create(Checkpoint("t"))
-    calls: list[int] = []
+    calls: list[float] = []
 
     def unstorable(cp: Checkpoint) -> StepResult:
-        calls.append(cp.claimed_cycle)
+        calls.append(time.monotonic())
         cp.shared_state["oops"] = {1, 2}  # msgpack cannot encode a set: commit raises InvalidArgument
         return step(cp)
 
-    runner = Runner(sync_store, unstorable, handle_signals=False, failure_delay_ms=1_000, idle_min_ms=5, idle_max_ms=10)
-    started = time.monotonic()
-    while time.monotonic() - started < 0.6:
-        runner.run(stop_when_idle=True)
-    assert calls == [1]  # released for 1 s, not reclaimed in a hot loop
-    assert runner.stats.failed == 1 and sync_store.load("t").revision == 1
+    runner = Runner(sync_store, unstorable, handle_signals=False, failure_delay_ms=500, idle_min_ms=5, idle_max_ms=10)
+    runner.run(stop_when_idle=True)  # waits for the one retry it owes, fails again, returns
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.45  # released for 0.5-1 s, not reclaimed in a hot loop
+    cp = sync_store.load("t")
+    assert runner.stats.failed == 2 and (cp.cycle_index, cp.messages, cp.shared_state) == (0, [], {})
 
 
 def test_a_lost_lease_is_reported_and_not_committed(sync_store: CheckpointStore) -> None:
@@ -411,3 +413,130 @@ async def test_the_async_runner_survives_handler_messages_the_wire_cannot_carry(
     stats = await runner.run(stop_when_idle=True)
     assert (stats.failed, stats.parked, stats.finalized) == (6, 6, 1)
     assert_failures_recorded({tid: await store.load(tid) for tid in BAD_TASKS})
+
+
+# ---- stop_when_idle waits for the retries it owes (issue 19, item 7) ---------------------------
+
+
+def fails_once(calls: list[tuple[int, float]]) -> Callable[[Checkpoint], StepResult]:
+    """``step``, except that the second call (cycle 2's first attempt) raises."""
+
+    def handler(cp: Checkpoint) -> StepResult:
+        calls.append((cp.claimed_cycle, time.monotonic()))
+        if len(calls) == 2:
+            raise RuntimeError("model timed out")
+        return step(cp)
+
+    return handler
+
+
+def always_fails(calls: list[tuple[int, float]]) -> Callable[[Checkpoint], StepResult]:
+    def handler(cp: Checkpoint) -> StepResult:
+        calls.append((cp.claimed_cycle, time.monotonic()))
+        raise RuntimeError("never works")
+
+    return handler
+
+
+def test_stop_when_idle_waits_for_the_retry_of_a_failed_cycle(sync_store: CheckpointStore) -> None:
+    # Before: run() returned at once after the failure, the retry pending and the task unfinished.
+    sync_store.create(Checkpoint("t"))
+    calls: list[tuple[int, float]] = []
+    runner = Runner(sync_store, fails_once(calls), concurrency=2, handle_signals=False, failure_delay_ms=300,
+                    failure_delay_max_ms=300)  # fmt: skip
+    stats = runner.run(stop_when_idle=True)
+    assert [cycle for cycle, _ in calls] == [1, 2, 2, 3]
+    assert calls[2][1] - calls[1][1] >= 0.25  # the retry came after its delay, not sooner
+    assert (stats.failed, stats.finalized) == (1, 1)
+    assert_all_done([sync_store.load("t")])
+
+
+async def test_async_stop_when_idle_waits_for_the_retry_of_a_failed_cycle(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t"))
+    calls: list[tuple[int, float]] = []
+    sync_handler = fails_once(calls)
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        return sync_handler(cp)
+
+    runner = AsyncRunner(async_store, handler, concurrency=2, handle_signals=False, failure_delay_ms=300,
+                         failure_delay_max_ms=300)  # fmt: skip
+    stats = await runner.run(stop_when_idle=True)
+    assert [cycle for cycle, _ in calls] == [1, 2, 2, 3]
+    assert calls[2][1] - calls[1][1] >= 0.25
+    assert (stats.failed, stats.finalized) == (1, 1)
+    assert_all_done([await async_store.load("t")])
+
+
+def test_stop_when_idle_waits_once_per_cycle_so_a_task_failing_for_ever_cannot_keep_it_running(
+    sync_store: CheckpointStore,
+) -> None:
+    sync_store.create(Checkpoint("t"))
+    calls: list[tuple[int, float]] = []
+    runner = Runner(sync_store, always_fails(calls), concurrency=3, handle_signals=False, failure_delay_ms=20,
+                    failure_delay_max_ms=40)  # fmt: skip
+    stats = runner.run(stop_when_idle=True)
+    assert [cycle for cycle, _ in calls] == [1, 1] and stats.failed == 2
+    cp = sync_store.load("t")
+    assert (cp.attempts, cp.parked, cp.last_failure) == (2, False, "RuntimeError: never works")
+    # A later run that claims the cycle owes it one retry again.
+    time.sleep(0.2)  # the retry is due (in at most 40 ms)
+    runner.run(stop_when_idle=True)
+    assert [cycle for cycle, _ in calls] == [1, 1, 1, 1] and runner.stats.failed == 4
+
+
+async def test_async_stop_when_idle_waits_once_per_cycle(async_store: AsyncCheckpointStore) -> None:
+    await async_store.create(Checkpoint("t"))
+    calls: list[tuple[int, float]] = []
+    sync_handler = always_fails(calls)
+
+    async def handler(cp: Checkpoint) -> StepResult:
+        return sync_handler(cp)
+
+    runner = AsyncRunner(async_store, handler, concurrency=3, handle_signals=False, failure_delay_ms=20,
+                         failure_delay_max_ms=40)  # fmt: skip
+    stats = await runner.run(stop_when_idle=True)
+    assert [cycle for cycle, _ in calls] == [1, 1] and stats.failed == 2
+
+
+def test_stop_when_idle_stops_waiting_for_a_retry_that_is_gone(sync_store: CheckpointStore) -> None:
+    # The task is deleted while its retry is pending: the run looks for it once it is due, then returns.
+    sync_store.create(Checkpoint("t"))
+    calls: list[tuple[int, float]] = []
+    deleted = threading.Event()
+
+    def delete_once_released() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            cp = sync_store.load("t")
+            if cp is not None and cp.last_failure is not None:
+                sync_store.delete("t")
+                deleted.set()
+                return
+            time.sleep(0.01)
+
+    deleter = threading.Thread(target=delete_once_released)
+    deleter.start()
+    runner = Runner(sync_store, always_fails(calls), handle_signals=False, failure_delay_ms=1_500,
+                    failure_delay_max_ms=1_500)  # fmt: skip
+    stats = runner.run(stop_when_idle=True)
+    deleter.join()
+    assert deleted.is_set() and sync_store.load("t") is None
+    assert len(calls) == 1 and stats.failed == 1
+
+
+def test_a_release_that_raises_does_not_kill_the_worker(
+    sync_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Whatever the release raises, the worker logs it and goes on with the next task.
+    for tid in ("a", "b"):
+        sync_store.create(Checkpoint(tid))
+
+    def broken_release(self: Any, **kw: Any) -> bool:
+        raise UnicodeEncodeError("utf-8", "x", 0, 1, "a bug")
+
+    monkeypatch.setattr(Lease, "release", broken_release)
+    runner = Runner(sync_store, always_fails([]), lease_ms=1_000, handle_signals=False)
+    stats = runner.run(stop_when_idle=True)
+    assert (stats.claimed, stats.failed) == (2, 2)
+    assert sum("releasing the failed cycle failed" in r.getMessage() for r in caplog.records) == 2
