@@ -12,7 +12,8 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -158,7 +159,7 @@ def test_a_non_bool_replace_history_fails_the_cycle(sync_store: CheckpointStore)
     sync_store.create(Checkpoint("t", messages=["a"]))
     runner = Runner(
         sync_store, lambda cp: StepResult(cp, replace_history="yes"),  # type: ignore[arg-type]
-        handle_signals=False, failure_delay_ms=10, failure_delay_max_ms=10,
+        handle_signals=False, failure_delay_ms=200, failure_delay_max_ms=200,
     )  # fmt: skip
     assert runner.run(stop_when_idle=True).failed == 2  # the cycle and its one awaited retry
     cp = sync_store.load("t")
@@ -167,7 +168,7 @@ def test_a_non_bool_replace_history_fails_the_cycle(sync_store: CheckpointStore)
 
 def test_a_bad_handler_result_fails_the_cycle(sync_store: CheckpointStore) -> None:
     sync_store.create(Checkpoint("t"))
-    runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=10, failure_delay_max_ms=10)  # type: ignore[arg-type,return-value]
+    runner = Runner(sync_store, lambda cp: "nope", handle_signals=False, failure_delay_ms=200, failure_delay_max_ms=200)  # type: ignore[arg-type,return-value]
     stats = runner.run(stop_when_idle=True)
     assert stats.failed == 2 and stats.committed == 0
     assert sync_store.load("t").cycle_index == 0
@@ -313,6 +314,31 @@ SURROGATE = os.fsdecode(b"report-\xff.pdf")
 ESCAPED = "report-\\udcff.pdf"
 
 
+class Formatted(logging.Filter):
+    """Formats each record (traceback included) into ``texts`` and drops it.
+
+    The runner's log of these failures holds the surrogates: it is kept out of pytest's captured
+    logs, which pytest-xdist cannot send from its workers ("strings must be utf-8 encodable").
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.texts.append(logging.Formatter().format(record))
+        return False
+
+
+@pytest.fixture
+def quiet() -> Iterator[tuple[logging.Logger, Formatted]]:
+    logger = logging.getLogger(f"test_runner.quiet.{uuid.uuid4().hex}")
+    formatted = Formatted()
+    logger.addFilter(formatted)
+    yield logger, formatted
+    logger.removeFilter(formatted)
+
+
 class Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no text for you")
@@ -387,19 +413,29 @@ def assert_failures_recorded(cps: dict[str, Checkpoint]) -> None:
     assert cps["ok"].is_terminal
 
 
-def test_the_runner_survives_handler_messages_the_wire_cannot_carry(sync_store: CheckpointStore) -> None:
+def assert_failures_logged(texts: list[str]) -> None:
+    """Each failure was logged with its traceback, the message as it was (surrogates and all)."""
+    failed = [t for t in texts if "handler failed" in t]
+    assert len(failed) == 6 and sum(f"OSError: cannot open {SURROGATE}" in t for t in failed) == 4
+    assert any("Unprintable" in t for t in failed)
+
+
+def test_the_runner_survives_handler_messages_the_wire_cannot_carry(
+    sync_store: CheckpointStore, quiet: tuple[logging.Logger, Formatted]
+) -> None:
     # Before: 3 of 4 worker threads died of UnicodeEncodeError and the tasks' claims lapsed.
     store = CheckpointStore(sync_store.client, namespace=sync_store.namespace, max_attempts=1)
     for tid in BAD_TASKS:
         store.create(Checkpoint(tid))
-    runner = Runner(store, raise_bad_messages, concurrency=4, lease_ms=30_000, handle_signals=False)
+    runner = Runner(store, raise_bad_messages, concurrency=4, lease_ms=30_000, handle_signals=False, logger=quiet[0])
     stats = runner.run(stop_when_idle=True)
     assert (stats.failed, stats.parked, stats.finalized) == (6, 6, 1)
     assert_failures_recorded({tid: store.load(tid) for tid in BAD_TASKS})
+    assert_failures_logged(quiet[1].texts)
 
 
 async def test_the_async_runner_survives_handler_messages_the_wire_cannot_carry(
-    async_store: AsyncCheckpointStore,
+    async_store: AsyncCheckpointStore, quiet: tuple[logging.Logger, Formatted]
 ) -> None:
     # Before: AsyncRunner.run() raised UnicodeEncodeError.
     store = AsyncCheckpointStore(async_store.client, namespace=async_store.namespace, max_attempts=1)
@@ -409,10 +445,11 @@ async def test_the_async_runner_survives_handler_messages_the_wire_cannot_carry(
     async def handler(cp: Checkpoint) -> StepResult:
         return raise_bad_messages(cp)
 
-    runner = AsyncRunner(store, handler, concurrency=4, lease_ms=30_000, handle_signals=False)
+    runner = AsyncRunner(store, handler, concurrency=4, lease_ms=30_000, handle_signals=False, logger=quiet[0])
     stats = await runner.run(stop_when_idle=True)
     assert (stats.failed, stats.parked, stats.finalized) == (6, 6, 1)
     assert_failures_recorded({tid: await store.load(tid) for tid in BAD_TASKS})
+    assert_failures_logged(quiet[1].texts)
 
 
 # ---- stop_when_idle waits for the retries it owes (issue 19, item 7) ---------------------------
@@ -473,14 +510,14 @@ def test_stop_when_idle_waits_once_per_cycle_so_a_task_failing_for_ever_cannot_k
 ) -> None:
     sync_store.create(Checkpoint("t"))
     calls: list[tuple[int, float]] = []
-    runner = Runner(sync_store, always_fails(calls), concurrency=3, handle_signals=False, failure_delay_ms=20,
-                    failure_delay_max_ms=40)  # fmt: skip
+    runner = Runner(sync_store, always_fails(calls), concurrency=3, handle_signals=False, failure_delay_ms=200,
+                    failure_delay_max_ms=200)  # fmt: skip
     stats = runner.run(stop_when_idle=True)
     assert [cycle for cycle, _ in calls] == [1, 1] and stats.failed == 2
     cp = sync_store.load("t")
     assert (cp.attempts, cp.parked, cp.last_failure) == (2, False, "RuntimeError: never works")
     # A later run that claims the cycle owes it one retry again.
-    time.sleep(0.2)  # the retry is due (in at most 40 ms)
+    time.sleep(0.3)  # the retry is due (in 200 ms)
     runner.run(stop_when_idle=True)
     assert [cycle for cycle, _ in calls] == [1, 1, 1, 1] and runner.stats.failed == 4
 
@@ -493,8 +530,8 @@ async def test_async_stop_when_idle_waits_once_per_cycle(async_store: AsyncCheck
     async def handler(cp: Checkpoint) -> StepResult:
         return sync_handler(cp)
 
-    runner = AsyncRunner(async_store, handler, concurrency=3, handle_signals=False, failure_delay_ms=20,
-                         failure_delay_max_ms=40)  # fmt: skip
+    runner = AsyncRunner(async_store, handler, concurrency=3, handle_signals=False, failure_delay_ms=200,
+                         failure_delay_max_ms=200)  # fmt: skip
     stats = await runner.run(stop_when_idle=True)
     assert [cycle for cycle, _ in calls] == [1, 1] and stats.failed == 2
 
