@@ -981,15 +981,22 @@ class CheckpointCore:
     def _reason(reason: object) -> str:
         """A failure reason as release.lua stores it: '' for none, else at most MAX_REASON_BYTES of UTF-8.
 
-        Too long a reason is cut, not refused: a release must never fail for its message.
+        Too long a reason is cut, not refused, and what UTF-8 cannot carry is escaped
+        (``'\\ud800'``): a release must never fail for its message.
         """
         if reason is None:
             return ""
         if not isinstance(reason, str):
             raise InvalidArgument(f"reason must be a str or None, got {type(reason).__name__}")
-        raw = reason.encode("utf-8", "replace")
+        # Only the head can be kept: a longer one need not be encoded whole (each char is 1+ bytes).
+        reason = reason[: MAX_REASON_BYTES + 1]
+        # A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8 form: sent as it
+        # is, the client's encoding raised and the claim was left to lapse. It is stored escaped.
+        raw = reason.encode("utf-8", "backslashreplace")
         if len(raw) > MAX_REASON_BYTES:
             reason = raw[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+        else:
+            reason = raw.decode("utf-8")
         # An empty reason would read as "no failure" (release.lua gives the attempt back).
         return reason if reason else "failed (no reason given)"
 

@@ -39,7 +39,9 @@ Stopping: :meth:`Runner.stop`, or SIGTERM/SIGINT when ``handle_signals`` (the
 default, main thread only). The first signal stops claiming and lets every
 in-flight cycle finish and commit; a second one exits at once (sync: raises
 ``SystemExit`` from :meth:`Runner.run`; async: cancels the cycles, which
-release their claims). Every log line about a cycle (logger
+release their claims). ``run(stop_when_idle=True)`` returns once idle: nothing due, and
+no retry of a cycle that run released after a failure pending (it waits for each such
+retry once; see :meth:`Runner.run`). Every log line about a cycle (logger
 ``redis_agentstate.runner``) carries ``task=... cycle=... revision=... token=...``.
 """
 
@@ -49,11 +51,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
 import random
 import signal
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
@@ -86,6 +90,9 @@ DEFAULT_MAX_CONSECUTIVE_CYCLES = 8
 #: The cap of the retry delay after failed attempts (unless ``failure_delay_ms`` is longer): a
 #: minute keeps a task that failed on a passing outage from waiting long after it ended.
 DEFAULT_FAILURE_DELAY_MAX_MS = 60_000
+#: How long past a retry's due time (on this host's clock) a ``stop_when_idle`` run's claim blocks for
+#: it: the server made it due no later than that time, so the claim finds it (or finds it taken).
+RETRY_MARGIN_MS = 20
 
 log = logging.getLogger("redis_agentstate.runner")
 
@@ -205,7 +212,20 @@ class _RunnerBase(Generic[S, H]):
         self._signals = 0
         #: The lease each worker (thread or task) claimed last; the live ones are the leases held now.
         self._leases: dict[object, Lease | AsyncLease] = {}
+        #: In a ``stop_when_idle`` run: the cycles it released after a failure whose retry it waits
+        #: for, with when they are due (monotonic), and every cycle it ever waited for (once each).
+        self._wait_retries = False
+        self._retries: dict[tuple[str, int], float] = {}
+        self._awaited: set[tuple[str, int]] = set()
         RUNNERS.add(self)
+
+    def _start_run(self, stop_when_idle: bool) -> None:
+        self._signals = 0
+        with self._stats_lock:
+            self._leases.clear()  # the previous run's workers are gone
+            self._wait_retries = stop_when_idle
+            self._retries.clear()
+            self._awaited.clear()
 
     def live_leases(self) -> list[Lease | AsyncLease]:
         """The leases this runner's workers hold now (claimed, not yet written, released or lost)."""
@@ -243,8 +263,31 @@ class _RunnerBase(Generic[S, H]):
 
         Blocking costs the server nothing while no work becomes due (the store's one subscription
         wakes a blocked worker when a task is due; see ``_waker``), so idle workers no longer poll.
+        A ``stop_when_idle`` run does not block (None) unless a retry it waits for is pending: then
+        until that retry is due (and ``RETRY_MARGIN_MS``), at most ``idle_max_ms``.
         """
-        return None if stop_when_idle else self.idle_max_ms
+        if not stop_when_idle:
+            return self.idle_max_ms
+        with self._stats_lock:
+            due = min(self._retries.values(), default=None)
+        if due is None:
+            return None
+        wait = math.ceil((due - time.monotonic()) * 1000) + RETRY_MARGIN_MS
+        return min(max(wait, RETRY_MARGIN_MS), self.idle_max_ms)
+
+    def _idle(self, stop_when_idle: bool, sent: float) -> bool:
+        """A claim sent at ``sent`` (monotonic) found nothing: True if the worker's run is over.
+
+        Only a ``stop_when_idle`` run ends, and only once no retry it waits for is pending. A retry
+        that was due before the claim was sent and was not found is not waited for any more:
+        another worker took it, or it was deleted, saved or requeued.
+        """
+        if not stop_when_idle:
+            return False
+        with self._stats_lock:
+            for key in [key for key, due in self._retries.items() if due <= sent]:
+                del self._retries[key]
+            return not self._retries
 
     def _idle_delay(self, idle_polls: int) -> float:
         """Full-jitter exponential backoff between ``idle_min_ms`` and ``idle_max_ms`` (seconds)."""
@@ -286,6 +329,7 @@ class _RunnerBase(Generic[S, H]):
         self._count("claimed")
         with self._stats_lock:
             self._leases[self._worker_slot()] = lease
+            self._retries.pop((lease.task_id, lease.cycle_index), None)
         clog = cycle_log(lease, self.log)
         clog.info("claimed (lease %d ms)", self.timing.lease_ms)
         return clog
@@ -322,11 +366,27 @@ class _RunnerBase(Generic[S, H]):
         clog.error("handler failed (attempt %d); releasing the cycle for retry in %d ms", attempts, delay, exc_info=exc)
         return delay, failure_reason(exc)
 
-    def _released(self, clog: CycleLog, lease: Lease | AsyncLease) -> None:
+    def _released(self, clog: CycleLog, lease: Lease | AsyncLease, after_ms: int | None) -> None:
+        """A failed cycle was released for a retry in ``after_ms`` (None: the release failed or was not ours).
+
+        A ``stop_when_idle`` run waits for that retry, once per cycle: if the retry fails too, the
+        next one is left to a later run, so a task that fails every time cannot keep it running.
+        """
         if lease.parked:
             self._count("parked")
             clog.error("task parked after %d attempt(s) at this cycle; `agentstate requeue` runs it again",
                        lease.checkpoint.attempts)  # fmt: skip
+            return
+        key = (lease.task_id, lease.cycle_index)
+        with self._stats_lock:
+            if after_ms is not None and self._wait_retries and key not in self._awaited:
+                self._awaited.add(key)
+                self._retries[key] = time.monotonic() + after_ms / 1000
+
+    def _release_failed(self, clog: CycleLog, exc: Exception) -> None:
+        # Whatever the release raised (Redis down, a bug), the worker goes on: the claim lapses.
+        clog.warning("releasing the failed cycle failed; it is claimable again when its lease expires: %r", exc,
+                     exc_info=not isinstance(exc, AgentStateError))  # fmt: skip
 
     def _written(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint, done: bool) -> None:
         self._count("finalized" if done else "committed")
@@ -391,11 +451,16 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         self._stop.set()
 
     def run(self, *, stop_when_idle: bool = False) -> RunnerStats:
-        """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
+        """Work until :meth:`stop` or a signal, or with ``stop_when_idle`` until idle.
+
+        Idle: a claim finds nothing due, and no retry this run waits for is pending. A cycle the
+        run released after a failure (the handler raised, or the store refused its write) is
+        retried after its failure delay; the run waits for that retry (that long, no longer) and
+        runs it, once per cycle: a retry that fails again is left to a later run or another
+        worker. Work other workers hold, or delayed by anyone else, is not waited for.
+        """
         self._stop.clear()
-        self._signals = 0
-        with self._stats_lock:
-            self._leases.clear()  # the previous run's threads are gone
+        self._start_run(stop_when_idle)
         restore = self._install_signals()
         try:
             threads = [
@@ -434,13 +499,14 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
     def _worker(self, stop_when_idle: bool) -> None:
         idle = 0
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 lease = Lease.next(self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs())
             except AgentStateError as exc:
                 self._stop.wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
-                if stop_when_idle:
+                if self._idle(stop_when_idle, sent):
                     return
                 idle += 1
                 continue
@@ -465,10 +531,7 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 self._lost(clog, lease, cp, exc)
                 return None
             except Exception as exc:
-                after_ms, reason = self._handler_failed(clog, lease, exc)
-                with contextlib.suppress(AgentStateError):
-                    lease.release(after_ms=after_ms, reason=reason)
-                self._released(clog, lease)
+                self._release(clog, lease, *self._handler_failed(clog, lease, exc))
                 return None
             finally:
                 _current.reset(reset)
@@ -483,15 +546,20 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                 self._lost(clog, lease, cp, exc)
                 return None
             except AgentStateError as exc:
-                after_ms, reason = self._handler_failed(clog, lease, exc)
-                with contextlib.suppress(AgentStateError):
-                    lease.release(after_ms=after_ms, reason=reason)
-                self._released(clog, lease)
+                self._release(clog, lease, *self._handler_failed(clog, lease, exc))
                 return None
             self._written(clog, lease, cp, done)
         if nxt is not None:
             self._count("continued")
         return nxt
+
+    def _release(self, clog: CycleLog, lease: Lease, after_ms: int, reason: str | None) -> None:
+        try:
+            released = lease.release(after_ms=after_ms, reason=reason)
+        except Exception as exc:
+            self._release_failed(clog, exc)
+            released = False
+        self._released(clog, lease, after_ms if released else None)
 
 
 class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
@@ -517,11 +585,9 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
             self._stop.set()
 
     async def run(self, *, stop_when_idle: bool = False) -> RunnerStats:
-        """Work until :meth:`stop` or a signal (or, with ``stop_when_idle``, until a poll finds nothing due)."""
+        """Work until :meth:`stop` or a signal, or with ``stop_when_idle`` until idle (see :meth:`Runner.run`)."""
         self._stop = asyncio.Event()
-        self._signals = 0
-        with self._stats_lock:
-            self._leases.clear()  # the previous run's tasks are gone
+        self._start_run(stop_when_idle)
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
         try:
@@ -565,6 +631,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         idle = 0
         assert self._stop is not None
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 lease = await AsyncLease.next(
                     self.store, block_ms=self._block_ms(stop_when_idle), **self._lease_kwargs()
@@ -573,7 +640,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 await self._wait(self._claim_failed(exc, idle))
                 continue
             if lease is None:
-                if stop_when_idle:
+                if self._idle(stop_when_idle, sent):
                     return
                 idle += 1
                 continue
@@ -598,10 +665,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 except LeaseLost:
                     raise
                 except Exception as exc:
-                    after_ms, reason = self._handler_failed(clog, lease, exc)
-                    with contextlib.suppress(AgentStateError):
-                        await lease.release(after_ms=after_ms, reason=reason)
-                    self._released(clog, lease)
+                    await self._release(clog, lease, *self._handler_failed(clog, lease, exc))
                     return None
                 finally:
                     _current.reset(reset)
@@ -617,10 +681,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 except LeaseLost:
                     raise
                 except AgentStateError as exc:
-                    after_ms, reason = self._handler_failed(clog, lease, exc)
-                    with contextlib.suppress(AgentStateError):
-                        await lease.release(after_ms=after_ms, reason=reason)
-                    self._released(clog, lease)
+                    await self._release(clog, lease, *self._handler_failed(clog, lease, exc))
                     return None
                 self._written(clog, lease, cp, done)
         except LeaseLost as exc:
@@ -629,3 +690,11 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
         if nxt is not None:
             self._count("continued")
         return nxt
+
+    async def _release(self, clog: CycleLog, lease: AsyncLease, after_ms: int, reason: str | None) -> None:
+        try:
+            released = await lease.release(after_ms=after_ms, reason=reason)
+        except Exception as exc:
+            self._release_failed(clog, exc)
+            released = False
+        self._released(clog, lease, after_ms if released else None)
