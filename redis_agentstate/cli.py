@@ -91,13 +91,15 @@ def _client(args: argparse.Namespace) -> redis.Redis | RedisCluster:
     url = args.url or os.environ.get("REDIS_URL")
     if not url:
         raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
-    if not url.startswith(URL_SCHEMES):  # as redis-py: case-sensitive
+    scheme, sep, rest = url.partition("://")
+    if sep:  # schemes are case-insensitive (RFC 3986), as StoreSpec takes them; redis-py wants lower case
+        url = scheme.lower() + sep + rest
+    if not url.startswith(URL_SCHEMES):
         schemes = f"{', '.join(URL_SCHEMES[:-1])} or {URL_SCHEMES[-1]}"
-        scheme, sep, _ = url.partition("://")
         # redact() lower-cases the scheme it shows: name the one given.
         why = f"it must start with {schemes}"
         if sep:
-            why = f"its scheme {scheme + sep!r} is none of {schemes} (lower case)"
+            why = f"its scheme {scheme + sep!r} is none of {schemes}"
         raise CliError(f"bad Redis URL {redact(url)!r}: {why}", "BadRedisURL")
     if url.startswith("redis+sentinel:"):
         try:

@@ -409,6 +409,13 @@ def test_a_bad_url_is_a_one_line_error_without_the_password() -> None:
 
 
 @pytest.mark.real
+def test_url_schemes_are_case_insensitive_as_in_store_spec(private_server: Any) -> None:
+    upper = "REDIS://" + private_server.url.partition("://")[2]
+    proc = agentstate("list", "--json", "--url", upper)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.real
 def test_cluster_flag_against_a_plain_server_is_a_one_line_error(private_server: Any) -> None:
     for command in (["list"], ["stats"], ["show", "t"], ["watch", "p", "--once"]):
         _one_line_error(agentstate(*command, "--cluster", "--url", private_server.url), "not a reachable Redis Cluster")
