@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from . import _ops
+from ._ops import shells
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import AgentStatus, Checkpoint
@@ -374,7 +374,7 @@ class LeaseBase(Generic[S]):
             first = self._require().lose(reason, fenced=fenced)
         if not first:
             return False
-        observer = _ops.TELEMETRY
+        observer = shells.TELEMETRY
         if observer is not None:
             observer.lease_lost(getattr(self._store, "namespace", ""), fenced=fenced)
         log.error("%s", self._describe(f"lease lost: {reason}"))
