@@ -12,7 +12,7 @@ data given a TTL go early; leases and fences carry no TTL and stay safe.
 ``noeviction`` (writes fail with OOM when memory is full, loudly) is the only
 policy under which nothing this library wrote disappears.
 
-The stores check once, after their first operation that succeeds (``_ops.StoreShell``;
+The stores check once, after their first operation that succeeds (``_ops.shells.StoreShell``;
 after, so that a call to a server that does not answer keeps its retry bound), and log
 the warning once per server and policy per process; ``agentstate stats``
 prints it. The policy is read from ``INFO memory``, not ``CONFIG GET``: INFO is
@@ -29,6 +29,8 @@ import logging
 import threading
 from collections.abc import Mapping
 from typing import Any, cast
+
+from .clients import is_cluster
 
 __all__ = ["check_async", "check_sync", "policies_async", "policies_sync", "reported", "risk", "warning_text"]
 
@@ -93,9 +95,7 @@ def _server_name(client: Any) -> str:
 
 def _targets(client: Any) -> list[tuple[str, Any]]:
     """``(name, node or None)`` of each server to ask: every primary of a Cluster, else the one server."""
-    from ._ops import _is_cluster
-
-    if _is_cluster(client):
+    if is_cluster(client):
         return [(f"primary {node.name}", node) for node in client.get_primaries()]
     return [(_server_name(client), None)]
 
@@ -118,11 +118,9 @@ def policies_sync(client: Any) -> dict[str, str] | None:
 
 async def policies_async(client: Any) -> dict[str, str] | None:
     """The asyncio twin of :func:`policies_sync`."""
-    from ._ops import _is_cluster
-
     out: dict[str, str] = {}
     try:
-        if _is_cluster(client):
+        if is_cluster(client):
             await cast(Any, client).initialize()
         for name, node in _targets(client):
             options = {} if node is None else {"target_nodes": node}

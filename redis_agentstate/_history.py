@@ -3,7 +3,7 @@
 ``HistoryCache`` holds, per task, the message and cycle lists a store last
 read or wrote and how many of their entries are stored in Redis, so a read
 fetches only the entries added since and a commit sends only its own. Used by
-``_checkpoint_core``; nothing here does I/O.
+the checkpoint core (``_checkpoint_base``, ``_checkpoint_write``); nothing here does I/O.
 """
 
 from __future__ import annotations

@@ -17,15 +17,17 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from . import _ops
+from ._ops import shells
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import AgentStatus, Checkpoint
 
 __all__ = [
+    "CLAIM_SENT",
     "DEFAULT_LEASE_MS",
     "JITTER_FACTOR",
     "LOST",
@@ -45,6 +47,13 @@ __all__ = [
 log = logging.getLogger("redis_agentstate.lease")  # the name users configure, wherever the code lives
 
 DEFAULT_LEASE_MS = 30_000
+
+#: ``time.monotonic()`` when the request of the caller's last ``claim_next`` that claimed was
+#: sent (after a block, that is its last attempt, not its start): ``Lease.next`` counts the lease
+#: from it. A context variable so that a subclass overriding ``claim_next`` (recording it, say)
+#: still reaches the lease through ``super()``.
+CLAIM_SENT: ContextVar[float | None] = ContextVar("agentstate_claim_sent", default=None)
+
 #: As in Kubernetes leader election: the renew deadline must exceed the renew interval by this factor.
 JITTER_FACTOR = 1.2
 
@@ -251,6 +260,7 @@ class Written:
 
 
 S = TypeVar("S")
+L = TypeVar("L", bound="LeaseBase[Any]")
 
 
 class LeaseBase(Generic[S]):
@@ -374,7 +384,7 @@ class LeaseBase(Generic[S]):
             first = self._require().lose(reason, fenced=fenced)
         if not first:
             return False
-        observer = _ops.TELEMETRY
+        observer = shells.TELEMETRY
         if observer is not None:
             observer.lease_lost(getattr(self._store, "namespace", ""), fenced=fenced)
         log.error("%s", self._describe(f"lease lost: {reason}"))
@@ -450,13 +460,16 @@ class LeaseBase(Generic[S]):
 
     @contextlib.contextmanager
     def _fenced_write(self, how: str, *, continuing: bool = False) -> Iterator[Written]:
-        """Around a commit's (or commit_and_claim's) I/O: the body sets ``applied`` (and ``next``);
-        on the way out the lease ends as ``how``, or is lost to the fence (``LeaseLost``). An error
-        leaves it claimed and re-raises; for ``continuing``, ``ClaimRejected`` can only come from a
-        re-send whose commit had applied while the next claim was taken since: committed, no successor."""
+        """Around a commit's (or commit_and_claim's) I/O: the body sets ``applied`` (``continuing``: ``next``,
+        the claim it returned, which says whether it applied); on the way out the lease ends as ``how``, or
+        is lost to the fence (``LeaseLost``). An error leaves it claimed and re-raises; for ``continuing``,
+        ``ClaimRejected`` can only come from a re-send whose commit had applied while the next claim was
+        taken since: committed, no successor."""
         out = Written()
         try:
             yield out
+            if continuing:
+                out.applied = out.next is not None  # None: fenced out, nothing written
         except ClaimRejected:
             if not continuing:
                 self._write_failed()
@@ -466,6 +479,18 @@ class LeaseBase(Generic[S]):
             self._write_failed()
             raise
         self._after_write(out.applied, how)
+
+    def _continued(self: L, nxt: Checkpoint | None, sent: float) -> L | None:
+        """The next cycle's lease, holding the claim a commit_and_claim sent at ``sent`` returned (None: none)."""
+        if nxt is None:
+            return None
+        lease = self._successor(nxt)
+        lease._adopt(nxt, sent)
+        return lease
+
+    def _successor(self: L, nxt: Checkpoint) -> L:
+        """A lease of this shell for the claim ``nxt``, with this lease's knobs (``_successor_options``)."""
+        raise NotImplementedError
 
     def _after_write(self, applied: bool, how: str) -> None:
         state = self._require()

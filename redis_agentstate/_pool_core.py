@@ -17,22 +17,46 @@ No script reads an unbounded range: ``watch`` reads the log ``page_size``
 records per script and ``snapshot`` the state hashes ``page_size`` fields per
 hash per script (``HSCAN``), so a pool of any size never blocks Redis for
 longer than one page (see ``snapshot`` for how pages make one moment).
+
+The checks and stored maps of the records are in ``_pool_records``, reading the
+log (``watch``) in ``_pool_log`` (``PoolLog``, this class's base); the writes and
+the snapshot are here.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import msgpack
-
-from ._ops import Call, Command, Op, list_indexes
-from ._validate import MAX_REVISION, check_id, check_int
-from .codec import decode, encode
-from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
+from ._ops import Call, Op, list_indexes
+from ._pool_log import MAX_WATCH_COUNT, PoolLog
+from ._pool_records import (
+    _canonical,
+    _condition_map,
+    _config_map,
+    _config_of,
+    _member_map,
+    _member_of,
+    _message_map,
+    _read,
+    _receipt_map,
+    _receipt_of,
+    _registration_map,
+    _registration_of,
+    _s,
+    _same,
+    _split_seq,
+    _stored_message_of,
+    _stored_wake_of,
+    check_config,
+    check_member,
+    check_message,
+    check_wake,
+)
+from ._validate import check_id, check_int
+from .codec import encode
+from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember
 from .keys import SHARDS, Keys, PoolKeys
 from .pool_models import (
     Cursor,
@@ -42,7 +66,6 @@ from .pool_models import (
     PoolRecord,
     PoolRecordKind,
     PoolSnapshot,
-    RecordPayload,
     RunMessage,
     StoredMessage,
     StoredWake,
@@ -60,7 +83,6 @@ from .scripts import (
     POOL_RECORD_WAKE,
     POOL_SCRIPTS,
     POOL_SNAPSHOT,
-    POOL_WATCH,
     PoolReply,
 )
 
@@ -81,290 +103,9 @@ REMEMBER_LEAVES = 1000
 #: Snapshot attempts before giving up when retention trims the records written
 #: while the pages were read faster than they can be replayed.
 SNAPSHOT_ATTEMPTS = 8
-#: block_ms is capped at a day: a watch that waits longer is a bug, not a watch.
-MAX_BLOCK_MS = 24 * 3600 * 1000
 #: A message retention longer than a century is a bug, not a retention.
 MAX_MESSAGE_TTL_MS = 100 * 366 * 24 * 3600 * 1000
-MAX_WATCH_COUNT = 1_000_000
-_KINDS = {k.value: k for k in PoolRecordKind}
 _NONE_BLOB = encode(None, what="pool_created payload")
-
-T = TypeVar("T")
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-# ---- canonical encoding (configs compare by their bytes in Lua) -----------
-
-
-#: How deep a pool config may nest (msgpack allows 511; walking and comparing one that
-#: deep recurses past Python's stack limit). A config that contains itself ends up here too.
-MAX_CONFIG_DEPTH = 128
-
-
-def _canonical_at(value: Any, depth: int) -> Any:
-    if depth > MAX_CONFIG_DEPTH:
-        raise InvalidArgument(f"pool config nests deeper than {MAX_CONFIG_DEPTH} levels (or contains itself)")
-    if isinstance(value, dict):
-        try:
-            items = sorted(((msgpack.packb(k, use_bin_type=True), k, v) for k, v in value.items()), key=lambda t: t[0])
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidArgument(f"pool config is not msgpack-serialisable: {exc}") from exc
-        out: dict[Any, Any] = {}
-        for _, k, v in items:  # a loop, not a comprehension: one stack frame per level
-            out[k] = _canonical_at(v, depth + 1)
-        return out
-    if isinstance(value, (list, tuple)):
-        seq = []
-        for v in value:
-            seq.append(_canonical_at(v, depth + 1))
-        return seq
-    return value
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` with every map's items in one order, so equal configs encode to equal bytes.
-
-    ``InvalidArgument`` for a config nested deeper than ``MAX_CONFIG_DEPTH`` or containing itself.
-    """
-    try:
-        return _canonical_at(value, 0)
-    except RecursionError as exc:
-        raise InvalidArgument(f"pool config nests too deeply to encode: {exc}") from exc
-
-
-# ---- checks -----------------------------------------------------------------
-
-
-def _check_type(value: object, cls: type[T], what: str) -> T:
-    if not isinstance(value, cls):
-        raise InvalidArgument(f"{what} must be a {cls.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _check_dict(value: object, what: str) -> dict[Any, Any]:
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{what} must be a dict, got {type(value).__name__}")
-    return value
-
-
-def _check_list(value: object, what: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise InvalidArgument(f"{what} must be a list, got {type(value).__name__}")
-    return value
-
-
-def _check_str_list(value: object, what: str) -> list[str]:
-    for item in _check_list(value, what):
-        check_id(item, f"each of {what}")
-    return value  # type: ignore[return-value]
-
-
-def _opt_id(value: object, what: str) -> str | None:
-    return None if value is None else check_id(value, what)
-
-
-def check_config(config: object) -> PoolConfig:
-    c = _check_type(config, PoolConfig, "config")
-    _check_dict(c.message_policy, "config.message_policy")
-    _check_dict(c.wake_policy, "config.wake_policy")
-    _check_list(c.policy_refs, "config.policy_refs")
-    return c
-
-
-def check_member(member: object) -> PoolMember:
-    m = _check_type(member, PoolMember, "member")
-    check_id(m.run_id, "member.run_id")
-    _check_str_list(m.topics, "member.topics")
-    _check_dict(m.metadata, "member.metadata")
-    return m
-
-
-def check_message(message: object, receipt: object) -> tuple[RunMessage, MessageReceipt]:
-    m = _check_type(message, RunMessage, "message")
-    check_id(m.message_id, "message.message_id")
-    check_id(m.idempotency_key, "message.idempotency_key")
-    _opt_id(m.topic, "message.topic")
-    _opt_id(m.sender, "message.sender")
-    r = _check_type(receipt, MessageReceipt, "receipt")
-    check_id(r.message_id, "receipt.message_id")
-    if r.message_id != m.message_id:
-        raise InvalidArgument(f"receipt.message_id {r.message_id!r} is not the message's {m.message_id!r}")
-    _check_str_list(r.recipients, "receipt.recipients")
-    _check_dict(r.metadata, "receipt.metadata")
-    return m, r
-
-
-def check_wake(condition: object, registration: object) -> tuple[WakeCondition, WakeRegistration]:
-    c = _check_type(condition, WakeCondition, "condition")
-    check_id(c.condition_id, "condition.condition_id")
-    check_id(c.idempotency_key, "condition.idempotency_key")
-    check_id(c.run_id, "condition.run_id")
-    _check_dict(c.filter, "condition.filter")
-    r = _check_type(registration, WakeRegistration, "registration")
-    check_id(r.condition_id, "registration.condition_id")
-    if r.condition_id != c.condition_id:
-        raise InvalidArgument(f"registration.condition_id {r.condition_id!r} is not the condition's {c.condition_id!r}")
-    _check_dict(r.metadata, "registration.metadata")
-    return c, r
-
-
-# ---- to and from stored maps --------------------------------------------------
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equality as JSON sees it: ``True`` is not ``1`` (Python says it is), ``1`` is ``1.0``."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
-
-
-def _config_map(c: PoolConfig) -> dict[str, Any]:
-    return {"message_policy": c.message_policy, "wake_policy": c.wake_policy, "policy_refs": c.policy_refs}
-
-
-def _member_map(m: PoolMember) -> dict[str, Any]:
-    return {"run_id": m.run_id, "topics": m.topics, "metadata": m.metadata}
-
-
-def _message_map(m: RunMessage) -> dict[str, Any]:
-    return {
-        "message_id": m.message_id,
-        "idempotency_key": m.idempotency_key,
-        "payload": m.payload,
-        "topic": m.topic,
-        "sender": m.sender,
-    }
-
-
-def _receipt_map(r: MessageReceipt) -> dict[str, Any]:
-    return {"message_id": r.message_id, "recipients": r.recipients, "metadata": r.metadata}
-
-
-def _condition_map(c: WakeCondition) -> dict[str, Any]:
-    return {
-        "condition_id": c.condition_id,
-        "idempotency_key": c.idempotency_key,
-        "run_id": c.run_id,
-        "filter": c.filter,
-    }
-
-
-def _registration_map(r: WakeRegistration) -> dict[str, Any]:
-    return {"condition_id": r.condition_id, "metadata": r.metadata}
-
-
-class _Shape(Exception):
-    """A decoded value does not have the shape this library writes."""
-
-
-def _field(m: Any, name: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
-    if not isinstance(m, dict) or name not in m:
-        raise _Shape(f"missing field {name!r}")
-    value = m[name]
-    if value is None and optional:
-        return None
-    if not isinstance(value, kind):
-        raise _Shape(f"field {name!r} is {type(value).__name__}")
-    return value
-
-
-def _config_of(m: Any) -> PoolConfig:
-    return PoolConfig(_field(m, "message_policy", dict), _field(m, "wake_policy", dict), _field(m, "policy_refs", list))
-
-
-def _member_of(m: Any) -> PoolMember:
-    return PoolMember(_field(m, "run_id", str), _field(m, "topics", list), _field(m, "metadata", dict))
-
-
-def _message_of(m: Any) -> RunMessage:
-    if not isinstance(m, dict) or "payload" not in m:
-        raise _Shape("missing field 'payload'")
-    return RunMessage(
-        _field(m, "message_id", str),
-        _field(m, "idempotency_key", str),
-        m["payload"],
-        _field(m, "topic", str, optional=True),
-        _field(m, "sender", str, optional=True),
-    )
-
-
-def _receipt_of(m: Any) -> MessageReceipt:
-    return MessageReceipt(_field(m, "message_id", str), _field(m, "recipients", list), _field(m, "metadata", dict))
-
-
-def _stored_message_of(m: Any) -> StoredMessage:
-    return StoredMessage(_message_of(_field(m, "message", dict)), _receipt_of(_field(m, "receipt", dict)))
-
-
-def _condition_of(m: Any) -> WakeCondition:
-    return WakeCondition(
-        _field(m, "condition_id", str),
-        _field(m, "idempotency_key", str),
-        _field(m, "run_id", str),
-        _field(m, "filter", dict),
-    )
-
-
-def _registration_of(m: Any) -> WakeRegistration:
-    return WakeRegistration(_field(m, "condition_id", str), _field(m, "metadata", dict))
-
-
-def _stored_wake_of(m: Any) -> StoredWake:
-    if not isinstance(m, dict) or "compiled_filter" not in m:
-        raise _Shape("missing field 'compiled_filter'")
-    return StoredWake(
-        _condition_of(_field(m, "condition", dict)),
-        m["compiled_filter"],
-        _registration_of(_field(m, "registration", dict)),
-    )
-
-
-def _read(blob: Any, key: str, what: str, build: Callable[[Any], T]) -> T:
-    """Decode ``blob`` (stored at ``key``) and build a model from it; ``CorruptState`` naming the key."""
-    if not isinstance(blob, bytes):
-        raise CorruptState(f"{what} at {key!r} is not a blob: {blob!r}", key=key)
-    value = decode(blob, key=key)
-    try:
-        return build(value)
-    except _Shape as exc:
-        raise CorruptState(f"{what} at {key!r} is malformed: {exc}", key=key) from exc
-
-
-def _split_seq(raw: Any, key: str) -> tuple[int, bytes]:
-    """``b"<seq>:<blob>"`` -> (seq, blob)."""
-    try:
-        head, _, blob = raw.partition(b":")
-        return int(head), blob
-    except (AttributeError, ValueError) as exc:
-        raise CorruptState(f"dedupe entry at {key!r} is malformed: {raw!r}", key=key) from exc
-
-
-def _xread_entries(reply: Any) -> list[tuple[bytes, bytes, bytes]]:
-    """``(seq, kind, blob)`` of an ``XREAD`` of one stream, as parsed by redis-py on RESP2 or RESP3."""
-    if not reply:
-        return []
-    streams = list(reply.values()) if isinstance(reply, dict) else [s[1] for s in reply]
-    out = []
-    for entries in streams:
-        # redis-py's RESP3 parser wraps a stream's entry list in one more list.
-        if entries and isinstance(entries[0], list) and entries[0] and isinstance(entries[0][0], (list, tuple)):
-            entries = [e for sub in entries for e in sub]
-        for entry_id, fields in entries:
-            f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=False))
-            out.append((entry_id.split(b"-", 1)[0], f.get(b"k", b""), f.get(b"p", b"")))
-    return out
-
-
-def _entries(reply: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
-    """``(seq, kind, blob)`` triples of a ``pool_watch`` reply."""
-    return [(reply[i], reply[i + 1], reply[i + 2]) for i in range(2, len(reply) - 2, 3)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +119,7 @@ class _Page:
     items: list[list[tuple[bytes, Any]]]
 
 
-class PoolCore:
+class PoolCore(PoolLog):
     """Validation, request building and reply parsing for the pools of one namespace."""
 
     def __init__(
@@ -405,19 +146,11 @@ class PoolCore:
 
     # ---- helpers ------------------------------------------------------
 
-    def _pool(self, pool_id: object) -> tuple[str, PoolKeys]:
-        pid = check_id(pool_id, "pool_id")
-        return pid, self.keys.pool(pid)
-
     def _encode(self, value: Any, what: str) -> bytes:
         blob = encode(value, what=what)
         if len(blob) > self.max_record_bytes:
             raise InvalidArgument(f"{what} is {len(blob)} bytes, over max_record_bytes={self.max_record_bytes}")
         return blob
-
-    @staticmethod
-    def _not_open(pid: str) -> PoolNotOpen:
-        return PoolNotOpen(f"agent pool {pid!r} is not open")
 
     def _cursor(self, reply: Sequence[Any], pid: str) -> Cursor:
         if reply[0] == PoolReply.NOT_OPEN:
@@ -526,80 +259,6 @@ class PoolCore:
             f"records: {SNAPSHOT_ATTEMPTS} snapshots in a row could not replay the writes made while they read",
             key=keys.log,
         )
-
-    def _range(self, pid: str, keys: PoolKeys, start: int, end: int) -> Op[list[PoolRecord]]:
-        """Records ``start + 1 .. end``, page by page; ``CursorExpired`` if any was trimmed."""
-        out: list[PoolRecord] = []
-        seq = start
-        while seq < end:
-            reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", min(self.page_size, end - seq)])
-            if reply[0] == PoolReply.NOT_OPEN:
-                raise self._not_open(pid)
-            head = int(reply[1])
-            if head < end:
-                raise CursorExpired(f"the log of agent pool {pid!r} went back from {end} to {head}", key=keys.log)
-            got = self._records(pid, keys, seq, head, _entries(reply))
-            out.extend(got)
-            seq = got[-1].cursor.sequence
-        return out
-
-    def _records(
-        self,
-        pid: str,
-        keys: PoolKeys,
-        after: int,
-        head: int | None,
-        entries: list[tuple[Any, Any, Any]],
-        *,
-        oldest: bool = False,
-    ) -> list[PoolRecord]:
-        """Records from ``(seq, kind, blob)`` entries read after ``after``; ``CursorExpired`` on a gap.
-
-        ``oldest``: the read had no cursor and starts at the oldest record kept, wherever that is.
-        """
-        if not entries:
-            if head is not None and head > after:
-                raise CursorExpired(
-                    f"records of pool {pid!r} after sequence {after} were trimmed by retention", key=keys.log
-                )
-            return []
-        expect = after + 1
-        out: list[PoolRecord] = []
-        for seq_raw, kind_raw, blob in entries:
-            try:
-                seq = int(seq_raw)
-                kind = _KINDS[_s(kind_raw)]
-            except (ValueError, KeyError, UnicodeDecodeError) as exc:
-                raise CorruptState(
-                    f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log
-                ) from exc
-            if oldest and not out and seq > expect:
-                expect = seq
-            if seq != expect:
-                if not out and seq > expect:
-                    raise CursorExpired(
-                        f"records {expect}..{seq - 1} of pool {pid!r} were trimmed by retention "
-                        f"(oldest kept: {seq}); cursor {after} has expired",
-                        key=keys.log,
-                    )
-                raise CorruptState(
-                    f"record log of pool {pid!r} at {keys.log!r} skips from {expect} to {seq}", key=keys.log
-                )
-            out.append(PoolRecord(pid, Cursor(seq), kind, self._payload(kind, blob, keys.log)))
-            expect += 1
-        return out
-
-    @staticmethod
-    def _payload(kind: PoolRecordKind, blob: Any, key: str) -> RecordPayload:
-        if kind is PoolRecordKind.POOL_OPENED:
-            return _read(blob, key, "pool_opened record", _config_of)
-        if kind is PoolRecordKind.POOL_CREATED:
-            return None
-        if kind in (PoolRecordKind.MEMBER_JOINED, PoolRecordKind.MEMBER_LEFT):
-            return _read(blob, key, f"{kind.value} record", _member_of)
-        if kind is PoolRecordKind.RUN_MESSAGE:
-            return _read(blob, key, "run_message record", _stored_message_of)
-        return _read(blob, key, "wake record", _stored_wake_of)
 
     # ---- operations ----------------------------------------------------
 
@@ -710,99 +369,6 @@ class PoolCore:
         pid, keys = self._pool(pool_id)
         reply = yield Call(POOL_NEXT_EVENT_SEQUENCE, keys.as_list(), [])
         return self._cursor(reply, pid).sequence
-
-    def watch(
-        self,
-        pool_id: str,
-        after: Cursor | None = None,
-        *,
-        count: int | None = None,
-        block_ms: int | None = None,
-        slice_ms: int | None = None,
-    ) -> Op[list[PoolRecord]]:
-        """Records after ``after`` (from the oldest kept if None), at most ``count`` (None: up to the head).
-
-        Read ``page_size`` records per script. With ``block_ms`` and nothing
-        new, waits with ``XREAD BLOCK`` in slices of at most ``slice_ms`` (the
-        shell sets it from the client's read timeout, so a long wait never
-        trips it) and returns the records that woke it and any behind them.
-        """
-        pid, keys = self._pool(pool_id)
-        if after is None:
-            seq = 0
-        else:
-            seq = check_int(_check_type(after, Cursor, "after").sequence, "after.sequence", 0, MAX_REVISION)
-        limit = None if count is None else check_int(count, "count", 1, MAX_WATCH_COUNT)
-        wait = 0 if block_ms is None else check_int(block_ms, "block_ms", 0, MAX_BLOCK_MS)
-        out = yield from self._pages(pid, keys, seq, limit, oldest=after is None)
-        if out or not wait:
-            return out
-        deadline = time.monotonic() + wait / 1000
-        n = self.page_size if limit is None else min(limit, self.page_size)
-        while True:
-            left = math.ceil((deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                return []
-            block = min(left, slice_ms) if slice_ms else left
-            raw = yield Command(["XREAD", "COUNT", n, "BLOCK", block, "STREAMS", keys.log, f"{seq}-0"])
-            found = _xread_entries(raw)
-            if found:
-                out = self._records(pid, keys, seq, None, found)
-                break
-        if len(found) == n and (limit is None or limit > n):
-            # A burst filled the page: read the rest the way a non-blocking call would.
-            try:
-                more = yield from self._pages(pid, keys, out[-1].cursor.sequence, limit and limit - n)
-            except CursorExpired:
-                more = []  # trimmed meanwhile: the next watch from out[-1] says so
-            out.extend(more)
-        return out
-
-    def _pages(
-        self, pid: str, keys: PoolKeys, seq: int, limit: int | None, *, oldest: bool = False
-    ) -> Op[list[PoolRecord]]:
-        """Records after ``seq``, ``page_size`` per script, until ``limit`` or the head seen by the first page.
-
-        Stopping at that head keeps a reader from chasing a writer forever. If
-        retention trims records between two pages, the records read so far
-        are returned (they are consecutive) and the next read from the last
-        of them raises ``CursorExpired``: nothing is skipped silently.
-        """
-        out: list[PoolRecord] = []
-        end: int | None = None
-        while True:
-            n = self.page_size if limit is None else min(self.page_size, limit - len(out))
-            if end is not None:
-                n = min(n, end - seq)
-            reply = yield Call(POOL_WATCH, keys.as_list(), [f"{seq + 1}-0", n])
-            if reply[0] == PoolReply.NOT_OPEN:
-                raise self._not_open(pid)
-            head = int(reply[1])
-            if seq > head and out:
-                return out  # the log went back under us: the next read from out[-1] says so
-            if seq > head:
-                # A cursor from the future: the log lost records (a restart without
-                # persistence, a failover to a lagging replica) or the cursor is another
-                # pool's. Waiting for record seq + 1 would silently skip the ones between.
-                raise CursorExpired(
-                    f"cursor {seq} of agent pool {pid!r} is ahead of its log (last record {head}): "
-                    "records were lost or the cursor belongs elsewhere; resync from snapshot()",
-                    key=keys.log,
-                )
-            entries = _entries(reply)
-            try:
-                got = self._records(pid, keys, seq, head, entries, oldest=oldest and not out)
-            except CursorExpired:
-                if out:
-                    return out
-                raise
-            out.extend(got)
-            end = head if end is None else end
-            if len(entries) < n or not got:
-                return out
-            seq = got[-1].cursor.sequence
-            if seq >= end or (limit is not None and len(out) >= limit):
-                return out
 
     def list(self) -> Op[list[str]]:
         """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""

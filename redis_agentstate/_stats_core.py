@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checkpoint_core import CheckpointCore, _time_ms, _zset_entries
+from ._checkpoint_base import _time_ms, _zset_entries
+from ._checkpoint_core import CheckpointCore
 from ._ops import Op, Pipe, member_id
 from .errors import AgentStateError
 from .keys import SHARDS, Keys

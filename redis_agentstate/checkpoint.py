@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
+from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
 from .models import Checkpoint
 
+# The stores build leases (``lease()``), so lease.py imports this module for types only and takes
+# CLAIM_SENT and DEFAULT_LEASE_MS from _lease_core, below both: no import circle.
 if TYPE_CHECKING:
     from .lease import AsyncLease, Lease
 
-#: Default lease of ``lease()`` (the same as ``lease.DEFAULT_LEASE_MS``).
-DEFAULT_LEASE_MS = 30_000
-
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
-
-#: ``time.monotonic()`` when the request of the caller's last ``claim_next`` that claimed was
-#: sent (after a block, that is its last attempt, not its start): ``Lease.next`` counts the lease
-#: from it. A context variable so that a subclass overriding ``claim_next`` (recording it, say)
-#: still reaches the lease through ``super()``.
-CLAIM_SENT: ContextVar[float | None] = ContextVar("agentstate_claim_sent", default=None)
 
 
 class _Checkpoints(StoreShell[CheckpointCore]):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Protocol, TypeAlias
 
-__all__ = ["AsyncClient", "AsyncPipeline", "RedisClient", "Script", "SyncClient", "SyncPipeline"]
+__all__ = ["AsyncClient", "AsyncPipeline", "RedisClient", "Script", "SyncClient", "SyncPipeline", "is_cluster"]
 
 
 class Script(Protocol):
@@ -76,3 +76,11 @@ class AsyncClient(Protocol):
 
 #: Either flavor (what code shared by the twins accepts).
 RedisClient: TypeAlias = SyncClient | AsyncClient
+
+
+def is_cluster(client: object) -> bool:
+    """True for a Redis Cluster client (sync or asyncio), whose keyless commands need a target node."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))

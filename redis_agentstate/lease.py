@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ._lease_core import (
+    CLAIM_SENT,
     DEFAULT_LEASE_MS,
     JITTER_FACTOR,
     LOST,
@@ -65,7 +66,6 @@ from ._lease_core import (
     log,
     monotonic,
 )
-from .checkpoint import CLAIM_SENT
 from .errors import LeaseLost
 from .models import Checkpoint
 
@@ -273,15 +273,12 @@ class Lease(LeaseBase["CheckpointStore"]):
         sent = self._clock.now()
         with self._fenced_write("committed", continuing=True) as out:
             out.next = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-            out.applied = out.next is not None
-        nxt = out.next
         self._stop.set()
-        if nxt is None:
-            return None
-        lease = Lease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
-                      clock=self._clock, **self._successor_options())  # fmt: skip
-        lease._adopt(nxt, sent)
-        return lease
+        return self._continued(out.next, sent)
+
+    def _successor(self, nxt: Checkpoint) -> Lease:
+        return Lease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
+                     clock=self._clock, **self._successor_options())  # fmt: skip
 
     def release(self, *, after_ms: int = 1, reason: str | None = None) -> bool:
         """Give the cycle up: it becomes claimable again after ``after_ms``. False if it was not ours any more.
@@ -476,16 +473,13 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         sent = self._clock.now()
         with self._fenced_write("committed", continuing=True) as out:
             out.next = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-            out.applied = out.next is not None
-        nxt = out.next
         if self._stop is not None:
             self._stop.set()
-        if nxt is None:
-            return None
-        lease = AsyncLease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
-                           cancel_on_loss=self._cancel_on_loss, **self._successor_options())  # fmt: skip
-        lease._adopt(nxt, sent)
-        return lease
+        return self._continued(out.next, sent)
+
+    def _successor(self, nxt: Checkpoint) -> AsyncLease:
+        return AsyncLease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
+                          cancel_on_loss=self._cancel_on_loss, **self._successor_options())  # fmt: skip
 
     async def release(self, *, after_ms: int = 1, reason: str | None = None) -> bool:
         """Give the cycle up: claimable again after ``after_ms`` (``reason``: see :meth:`Lease.release`)."""

@@ -10,7 +10,7 @@
 
 Off until :func:`instrument` is called: the library never imports OpenTelemetry
 by itself, and a store operation then pays one global read and compare
-(``_ops.TELEMETRY is None``; benchmarks/README.md measures it). Once on, every
+(``_ops.shells.TELEMETRY is None``; benchmarks/README.md measures it). Once on, every
 store operation (checkpoint, pool, key/value, LangGraph saver) goes through one
 wrapper (``StoreShell._run``), which:
 
@@ -65,9 +65,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import _ops
 from . import scripts as S
-from ._ops import Batch, Call, Op, Request, request_keys
+from ._ops import Batch, Call, Op, Request, request_keys, shells
 from .keys import describe_key
 from .scripts import Reply
 
@@ -333,11 +332,11 @@ class Telemetry:
     def install(self) -> Telemetry:
         """Make this the process's telemetry (what :func:`instrument` does with a new one); returns self."""
         with _lock:
-            previous = _ops.TELEMETRY
+            previous = shells.TELEMETRY
             if isinstance(previous, Telemetry):
                 previous._active = False
             self._active = True
-            _ops.TELEMETRY = self
+            shells.TELEMETRY = self
         return self
 
     # ---- events -------------------------------------------------------------------
@@ -479,13 +478,13 @@ def instrument(
 def uninstrument() -> None:
     """Turn telemetry off again (stores then pay one compare per operation); a no-op when off."""
     with _lock:
-        previous = _ops.TELEMETRY
+        previous = shells.TELEMETRY
         if isinstance(previous, Telemetry):
             previous._active = False  # its gauges observe nothing from now on
-        _ops.TELEMETRY = None
+        shells.TELEMETRY = None
 
 
 def active() -> Telemetry | None:
     """The installed :class:`Telemetry`, or None when telemetry is off."""
-    observer = _ops.TELEMETRY
+    observer = shells.TELEMETRY
     return observer if isinstance(observer, Telemetry) else None

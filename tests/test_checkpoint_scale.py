@@ -74,7 +74,7 @@ class TestClaimRace:
 
 class TestListScale:
     def test_list_pages_through_every_shard(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_ops, "LIST_PAGE", 3)
+        monkeypatch.setattr(_ops.indexes, "LIST_PAGE", 3)
         ids = [f"task-{i:04d}" for i in range(700)]
         for t in ids:
             store.create(Checkpoint(t))

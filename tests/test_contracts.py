@@ -203,7 +203,7 @@ def check_named(name: str, header: Header, args: list[Any]) -> None:
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_ops.Call]]:
     """Every script call the sync driver sends, alone or in a Batch."""
     seen: list[_ops.Call] = []
-    send = _ops._send_sync
+    send = _ops.drivers._send_sync
 
     def record(client: Any, scripts_: dict[str, Any], req: Any) -> Any:
         if isinstance(req, _ops.Call):
@@ -212,7 +212,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[_ops.Call]]:
             seen.extend(req.calls)
         return send(client, scripts_, req)
 
-    monkeypatch.setattr(_ops, "_send_sync", record)
+    monkeypatch.setattr(_ops.drivers, "_send_sync", record)
     yield seen
 
 

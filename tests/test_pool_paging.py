@@ -18,7 +18,6 @@ from redis_agentstate import CursorExpired, NotAMember, scripts
 from redis_agentstate._ops import Call
 from redis_agentstate._pool_core import (
     POOL_SNAPSHOT,
-    POOL_WATCH,
     PoolCore,
     _member_map,
     _message_map,
@@ -39,6 +38,7 @@ from redis_agentstate.pool_models import (
     WakeRegistration,
 )
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
+from redis_agentstate.scripts import POOL_WATCH
 
 CONFIG = PoolConfig(message_policy={"route": "topic"})
 

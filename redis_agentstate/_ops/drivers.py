@@ -1,0 +1,197 @@
+"""The drivers: ``run_sync`` and ``run_async`` send an operation's requests and feed it the replies.
+
+The only two places that talk to Redis, so the sync and async stores are
+shells and no rule can drift between them; retries (``retry.py``), batches
+(``pipelines.py``) and replica waits (``replicas.py``) happen here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis.exceptions as rex
+
+from ..clients import AsyncClient, SyncClient
+from ..errors import AgentStateError
+from .failures import _explain, _translate
+from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
+from .replicas import ReplicaAck, _learn_async, _learn_sync, _write_calls
+from .requests import Batch, Call, Command, Op, Request, T
+from .retry import NO_RETRY, RetryPolicy
+
+__all__ = ["run_async", "run_sync"]
+
+
+def _send_acked_sync(client: SyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck) -> Any:
+    calls = _write_calls(req)
+    if calls is None:
+        return _send_sync(client, scripts, req)
+    if not ack.checked:
+        _learn_sync(client, ack)
+    replies, _ = _send_batch_sync(client, scripts, Batch(calls), ack)
+    return replies[0] if isinstance(req, Call) else replies
+
+
+async def _send_acked_async(client: AsyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck) -> Any:
+    calls = _write_calls(req)
+    if calls is None:
+        return await _send_async(client, scripts, req)
+    if not ack.checked:
+        await _learn_async(client, ack)
+    replies, _ = await _send_batch_async(client, scripts, Batch(calls), ack)
+    return replies[0] if isinstance(req, Call) else replies
+
+
+def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
+    if isinstance(req, Call):
+        return scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Batch):
+        return _send_batch_sync(client, scripts, req)[0]
+    if isinstance(req, Command):
+        return client.execute_command(*req.args)
+    pipe = client.pipeline(transaction=False)
+    for cmd in req.commands:
+        pipe.execute_command(*cmd)
+    return _raise_first_error(req.commands, pipe.execute(raise_on_error=False), req.wrongtype_ok)
+
+
+async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
+    if isinstance(req, Call):
+        return await scripts[req.script](keys=req.keys, args=req.args, client=client)
+    if isinstance(req, Batch):
+        return (await _send_batch_async(client, scripts, req))[0]
+    if isinstance(req, Command):
+        return await client.execute_command(*req.args)
+    pipe = client.pipeline(transaction=False)
+    for cmd in req.commands:
+        pipe.execute_command(*cmd)
+    return _raise_first_error(req.commands, await pipe.execute(raise_on_error=False), req.wrongtype_ok)
+
+
+def _send_one_sync(client: SyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck | None) -> Any:
+    return _send_sync(client, scripts, req) if ack is None else _send_acked_sync(client, scripts, req, ack)
+
+
+async def _send_one_async(client: AsyncClient, scripts: dict[str, Any], req: Request, ack: ReplicaAck | None) -> Any:
+    return await (_send_async(client, scripts, req) if ack is None else _send_acked_async(client, scripts, req, ack))
+
+
+def _retry_sync(
+    client: SyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    req: Request,
+    ack: ReplicaAck | None,
+    started: float,
+    failed: BaseException | None,
+) -> Any:
+    """Re-send ``req`` after its first try (begun at ``started``) failed with ``failed``, per ``retry``."""
+    for attempt in retry.sync(started):
+        with attempt:
+            if failed is not None:
+                # tenacity's attempt 1 is the failure above: it decides from there whether to wait and re-send.
+                first, failed = failed, None
+                raise first
+            return _send_one_sync(client, scripts, req, ack)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def run_sync(
+    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+) -> T:
+    """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write."""
+    try:
+        req = next(op)
+        while True:
+            # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
+            # the deadline counts from its start all the same (redis-py's own retries and
+            # connect timeouts inside it are within max_delay_s, not on top of it).
+            started = time.monotonic()
+            try:
+                try:
+                    if ack is None:
+                        reply = _send_sync(client, scripts, req)
+                    else:
+                        reply = _send_acked_sync(client, scripts, req, ack)
+                except retry.retry_on as exc:
+                    reply = _retry_sync(client, scripts, retry, req, ack, started, exc)
+            except rex.RedisError as exc:
+                # Thrown into the op, which may recover (claim_next skips a corrupt task).
+                req = op.throw(_caused(_error_sync(client, scripts, req, exc), exc))
+                continue
+            req = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()
+
+
+def _caused(error: AgentStateError, cause: rex.RedisError) -> AgentStateError:
+    """``error`` as if raised ``from cause`` (it is thrown into the op, not raised here)."""
+    error.__cause__ = cause
+    return error
+
+
+def _error_sync(client: SyncClient, scripts: dict[str, Any], req: Request, exc: rex.RedisError) -> AgentStateError:
+    try:
+        return run_sync(client, scripts, NO_RETRY, _explain(req, exc))
+    except AgentStateError:
+        return _translate(exc)  # Redis failed again while we looked: report the first error
+
+
+async def _error_async(
+    client: AsyncClient, scripts: dict[str, Any], req: Request, exc: rex.RedisError
+) -> AgentStateError:
+    try:
+        return await run_async(client, scripts, NO_RETRY, _explain(req, exc))
+    except AgentStateError:
+        return _translate(exc)
+
+
+async def _retry_async(
+    client: AsyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    req: Request,
+    ack: ReplicaAck | None,
+    started: float,
+    failed: BaseException | None,
+) -> Any:
+    """The asyncio twin of :func:`_retry_sync`."""
+    async for attempt in retry.asyncio(started):
+        with attempt:
+            if failed is not None:
+                first, failed = failed, None
+                raise first
+            return await _send_one_async(client, scripts, req, ack)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+async def run_async(
+    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+) -> T:
+    """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write."""
+    try:
+        req = next(op)
+        while True:
+            started = time.monotonic()  # as run_sync: the first try outside tenacity
+            try:
+                try:
+                    if ack is None and type(req) is Call:
+                        # The hot path, inlined: one coroutine fewer per script call than via _send_async.
+                        reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
+                    elif ack is None:
+                        reply = await _send_async(client, scripts, req)
+                    else:
+                        reply = await _send_acked_async(client, scripts, req, ack)
+                except retry.retry_on as exc:
+                    reply = await _retry_async(client, scripts, retry, req, ack, started, exc)
+            except rex.RedisError as exc:
+                req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
+                continue
+            req = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()

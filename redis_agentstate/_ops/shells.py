@@ -1,0 +1,172 @@
+"""The stores' shells: what every store holds, ``_run`` for the sync and asyncio twins, and the telemetry hook."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from .. import _eviction, scripts
+from ..clients import AsyncClient, RedisClient, SyncClient
+from ..errors import InvalidArgument
+from ..keys import Keys
+from .client_checks import check_client
+from .drivers import run_async, run_sync
+from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
+from .requests import Op, T
+from .retry import RetryPolicy
+
+__all__ = ["C", "TELEMETRY", "AsyncShell", "Observer", "StoreShell", "SyncShell", "Watch"]
+
+
+class _Core(Protocol):
+    @property
+    def keys(self) -> Keys: ...
+
+
+C = TypeVar("C", bound=_Core)
+
+
+class StoreShell(Generic[C]):
+    """What every store holds: its core, the client, the client's registered scripts, the retry policy.
+
+    A store class is ``(<its own __init__ building the core>, SyncShell)`` or
+    ``(..., AsyncShell)``; the only difference between the twins is ``_run`` (and the
+    client flavor each accepts).
+    """
+
+    #: True: needs a ``redis.asyncio`` client; False: a sync one (set by the twins).
+    _ASYNCIO: ClassVar[bool | None] = None
+
+    _client: RedisClient
+
+    def __init__(
+        self,
+        client: RedisClient,
+        core: C,
+        script_names: tuple[str, ...],
+        retry: RetryPolicy | None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+    ) -> None:
+        check_client(client, want_asyncio=self._ASYNCIO)
+        if not isinstance(wait_replicas, int) or isinstance(wait_replicas, bool) or wait_replicas < 0:
+            raise InvalidArgument(f"wait_replicas must be an int >= 0, got {wait_replicas!r}")
+        if not isinstance(wait_timeout_ms, int) or isinstance(wait_timeout_ms, bool) or wait_timeout_ms < 1:
+            # WAIT's timeout 0 blocks forever: never what a worker holding a lease wants.
+            raise InvalidArgument(f"wait_timeout_ms must be an int >= 1, got {wait_timeout_ms!r}")
+        self._core: C = core
+        self._client = client
+        self._scripts: dict[str, Any] = scripts.register(client, script_names)
+        self._retry = retry or RetryPolicy()
+        #: None: writes are not followed by WAIT (``wait_replicas=0``).
+        self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
+        #: The server's maxmemory-policy is checked after the first operation that succeeds
+        #: (``_eviction``): after, so a call to a server that does not answer stays within its
+        #: retry bound (no extra attempt before it); successful, so the server does answer.
+        self._eviction_unchecked = True
+
+    @property
+    def namespace(self) -> str:
+        return self._core.keys.namespace
+
+    @property
+    def client(self) -> Any:
+        """The client the store was built with (typed ``Any`` so its whole command API stays usable)."""
+        return self._client
+
+
+class SyncShell(StoreShell[C]):
+    _ASYNCIO = False
+    _client: SyncClient  # checked in __init__
+
+    def _run(self, op: Op[T]) -> T:
+        # Every store operation passes here once (run_sync also drives internal follow-ups,
+        # which are part of the operation): the one place telemetry wraps. Disabled, it
+        # costs this global read and compare.
+        observer = TELEMETRY
+        if observer is None:
+            return self._drive(op)
+        return observer.run_sync(self, op)
+
+    def _drive(self, op: Op[T]) -> T:
+        """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
+        result = run_sync(self._client, self._scripts, self._retry, op, self._ack)
+        if self._eviction_unchecked:
+            # After the first operation that succeeds: a server that does not answer keeps its retry bound.
+            self._eviction_unchecked = False
+            _eviction.check_sync(self._client)
+        return result
+
+    @contextlib.contextmanager
+    def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Any]]:
+        """A runner of ops (as ``_run``) that together make one public call ``name``: one operation to
+        telemetry (one span, one duration), e.g. the probes of a blocked ``claim_next`` at each wake-up."""
+        observer = TELEMETRY
+        if observer is None:
+            yield self._drive
+            return
+        with observer.operation(self, name) as watch:
+            yield lambda op: self._drive(watch(op))
+
+
+class AsyncShell(StoreShell[C]):
+    _ASYNCIO = True
+    _client: AsyncClient  # checked in __init__
+
+    #: The eviction check of an asyncio store, running beside the caller (see ``_run``).
+    _eviction_check: asyncio.Task[None] | None = None
+
+    async def _run(self, op: Op[T]) -> T:
+        observer = TELEMETRY
+        if observer is None:
+            return await self._drive(op)
+        return await observer.run_async(self, op)
+
+    async def _drive(self, op: Op[T]) -> T:
+        """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
+        result = await run_async(self._client, self._scripts, self._retry, op, self._ack)
+        if self._eviction_unchecked:
+            self._eviction_unchecked = False
+            # A task of its own, not awaited here: a caller's timeout or cancellation must never
+            # land on the check and lose the result of a write that applied.
+            self._eviction_check = asyncio.ensure_future(_eviction.check_async(self._client))
+        return result
+
+    @contextlib.contextmanager
+    def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:
+        """The asyncio twin of ``SyncShell._operation`` (the runner returns an awaitable)."""
+        observer = TELEMETRY
+        if observer is None:
+            yield self._drive
+            return
+        with observer.operation(self, name) as watch:
+            yield lambda op: self._drive(watch(op))
+
+
+# ---- telemetry hook ---------------------------------------------------------------
+#
+# ``redis_agentstate.telemetry.instrument()`` sets TELEMETRY; nothing else does.
+# This module never imports OpenTelemetry: while TELEMETRY is None (the extra not
+# installed, or not enabled) a store operation pays one global read and compare.
+
+
+#: Wraps an op so that its requests and replies count towards an operation under way.
+Watch = Callable[[Op[Any]], Op[Any]]
+
+
+class Observer(Protocol):
+    """What ``telemetry.instrument()`` installs: wraps every store operation, hears of lease events."""
+
+    def run_sync(self, shell: SyncShell[Any], op: Op[T]) -> T: ...
+
+    async def run_async(self, shell: AsyncShell[Any], op: Op[T]) -> T: ...
+
+    def lease_lost(self, namespace: str, *, fenced: bool) -> None: ...
+
+    def operation(self, shell: StoreShell[Any], name: str) -> contextlib.AbstractContextManager[Watch]: ...
+
+
+#: The installed observer; None: telemetry is off.
+TELEMETRY: Observer | None = None

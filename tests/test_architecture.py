@@ -1,0 +1,229 @@
+"""The shape of the package: no import circle between its modules, no class over 400 lines.
+
+Imports are read from the source (``ast``), not by importing it. Counted: every
+``import``/``from ... import`` of a ``redis_agentstate`` module, at module level
+and inside functions (a lazy import inside a function still ties the two modules
+together: the circles this test was written against were held by such imports),
+except those under ``if TYPE_CHECKING:``, which never run. Importing ``a.b.c``
+also loads the package ``a.b``; a module's own enclosing packages are loaded
+before it anyway, so they are not an edge (``from . import x`` is an edge to
+``x``, and to the package only when it takes a name defined in its
+``__init__``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import redis_agentstate
+
+PACKAGE = Path(redis_agentstate.__file__).parent
+
+#: The longest class the package may hold, in lines (``class`` line to its last line).
+MAX_CLASS_LINES = 400
+
+
+#: Classes over MAX_CLASS_LINES in files other branches are editing now; the lead empties this
+#: once they are split (stale entries fail too). Not an allow-list: it is meant to be empty.
+#: TODO(merge): langgraph/_core.py is being changed on the saver branches (issue 19).
+OVERSIZED_CLASSES_SPLIT_AFTER_MERGE: set[str] = {"redis_agentstate.langgraph._core.SaverCore"}
+
+
+def modules(root: Path = PACKAGE) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package ``__init__``)."""
+    out: dict[str, tuple[Path, bool]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(nodes: list[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: at any depth, but not under ``if TYPE_CHECKING:``."""
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _type_checking(node):
+            yield from _imports(list(node.orelse))
+        else:
+            yield from _imports(list(ast.iter_child_nodes(node)))
+
+
+def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``node`` (in module ``name``) loads."""
+    if isinstance(node, ast.Import):
+        wanted = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = name.split(".") if is_package else name.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source = node.module or ""
+        subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known]
+        enclosing = (name + ".").startswith(source + ".")
+        wanted = [*subs, *([source] if not enclosing or len(subs) < len(node.names) else [])]
+    out: set[str] = set()
+    for target in wanted:
+        parts = target.split(".")
+        # Importing a.b.c loads the package a.b too (not the root: every module here needs it first).
+        for i in range(2, len(parts) + 1):
+            loaded = ".".join(parts[:i])
+            if loaded in known and not (name + ".").startswith(loaded + "."):
+                out.add(loaded)
+        if target in known and "." not in target and target != name:
+            out.add(target)
+    out.discard(name)
+    return out
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (see the module docstring for what counts)."""
+    found = modules(root)
+    known = set(found)
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, (path, is_package) in found.items():
+        tree = ast.parse(path.read_text("utf-8"), str(path))
+        for node in _imports(list(tree.body)):
+            graph[name] |= _targets(name, is_package, node, known)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan), i.e. the import circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def class_sizes(root: Path = PACKAGE) -> dict[str, int]:
+    """``module.Class`` (nested classes too) -> its length in lines."""
+    out: dict[str, int] = {}
+    for name, (path, _) in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                out[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def _describe(graph: dict[str, set[str]], circle: frozenset[str]) -> str:
+    edges = [f"{a} -> {b}" for a in sorted(circle) for b in sorted(graph[a] & circle)]
+    return "; ".join(edges)
+
+
+# ---- the package ------------------------------------------------------------------------------
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "import circles: " + " | ".join(_describe(graph, c) for c in found)
+
+
+def test_no_class_over_400_lines() -> None:
+    sizes = class_sizes()
+    over = {name: n for name, n in sizes.items() if n > MAX_CLASS_LINES}
+    unexpected = {name: n for name, n in over.items() if name not in OVERSIZED_CLASSES_SPLIT_AFTER_MERGE}
+    assert not unexpected, f"classes over {MAX_CLASS_LINES} lines: {unexpected}"
+    stale = OVERSIZED_CLASSES_SPLIT_AFTER_MERGE - set(over)
+    assert not stale, f"within {MAX_CLASS_LINES} lines now, remove from OVERSIZED_CLASSES_SPLIT_AFTER_MERGE: {stale}"
+
+
+def test_the_graph_sees_the_imports() -> None:
+    """Not vacuous: module-level, relative, subpackage and function-level imports are all edges."""
+    graph = import_graph()
+    assert "redis_agentstate._checkpoint_core" in graph["redis_agentstate.checkpoint"]
+    assert {"redis_agentstate._ops", "redis_agentstate._ops.shells"} <= graph["redis_agentstate.telemetry"]
+    assert "redis_agentstate._ops.requests" in graph["redis_agentstate._ops.drivers"]
+    # CheckpointStore.lease() imports lease.py inside the method; lease.py imports checkpoint.py
+    # only under TYPE_CHECKING, which is no edge.
+    assert "redis_agentstate.lease" in graph["redis_agentstate.checkpoint"]
+    assert "redis_agentstate.checkpoint" not in graph["redis_agentstate.lease"]
+    sizes = class_sizes()
+    assert sizes["redis_agentstate._checkpoint_core.CheckpointCore"] > 10
+
+
+# ---- the analysis itself, on small packages ----------------------------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+#: A module whose import of ``pkg.a`` sits inside a method's ``try``: still an edge.
+_NESTED = "class C:\n    def f(self):\n        try:\n            import pkg.a\n        finally:\n            pass\n"
+_TYPING_ONLY = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "circle"),
+    [
+        ("from .b import x\n", "from .a import y\n", True),
+        ("from . import b\n", "def f():\n    from . import a\n", True),  # function-level counts
+        ("from .b import x\n", _TYPING_ONLY, False),
+        ("from .b import x\n", _NESTED, True),
+        ("from .sub import x\n", "", False),
+    ],
+)
+def test_cycle_finder(tmp_path: Path, a: str, b: str, circle: bool) -> None:
+    root = _package(tmp_path, {"a.py": a, "b.py": b, "sub/__init__.py": "from .m import x\n", "sub/m.py": "x = 1\n"})
+    found = cycles(import_graph(root))
+    assert (frozenset({"pkg.a", "pkg.b"}) in found) is circle
+    assert all(len(c) > 1 for c in found)
+
+
+def test_a_subpackage_init_that_imports_back_is_a_circle(tmp_path: Path) -> None:
+    # sub/m.py imports a.py, which imports sub (its __init__ loads sub/m.py): a circle through the package.
+    root = _package(tmp_path, {"a.py": "from .sub import x\n", "sub/__init__.py": "from .m import x\n",
+                               "sub/m.py": "from .. import a\nx = 1\n"})  # fmt: skip
+    assert cycles(import_graph(root)) == {frozenset({"pkg.a", "pkg.sub", "pkg.sub.m"})}
+
+
+def test_class_sizes(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"a.py": "class A:\n" + "    x = 1\n" * 9 + "\n\nclass B:\n    pass\n"})
+    assert class_sizes(root) == {"pkg.a.A": 10, "pkg.a.B": 2}
