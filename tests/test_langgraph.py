@@ -646,9 +646,9 @@ def test_refresh_on_read_extends_the_ttl(backend: Any, namespace: str):
 def test_anchors_and_full_copies_rebuild_exactly(
     saver: Any, backend: Any, flavor: str, namespace: str, twin_loop, monkeypatch: pytest.MonkeyPatch
 ):
-    import redis_agentstate.langgraph._core as core
+    import redis_agentstate.langgraph._put as put
 
-    monkeypatch.setattr(core, "TAIL_CHAIN", 3)  # an anchor every 3rd version, a full copy every 3rd anchor
+    monkeypatch.setattr(put, "TAIL_CHAIN", 3)  # an anchor every 3rd version, a full copy every 3rd anchor
     d = Driver(_plain_graph(saver), flavor, twin_loop)
     ref = Driver(_plain_graph(InMemorySaver()), flavor, twin_loop)
     cfg = {"configurable": {"thread_id": "anchors"}}

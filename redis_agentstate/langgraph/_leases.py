@@ -1,0 +1,62 @@
+"""The thread leases' operations: acquire (waiting on the release list), renew, release.
+
+``saver.ThreadLease`` / ``AsyncThreadLease`` drive them; a held lease's token is kept in
+``SaverBase.tokens``, so every write of this saver on the thread is fenced by it.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from .._ops import Call, Command, Op
+from .._validate import MAX_LEASE_MS, check_int
+from ..errors import ThreadBusy
+from ..scripts import LG_LEASE, LG_RELEASE, LG_RENEW, Reply
+from ._base import SaverBase, _ident
+
+__all__ = ["ThreadLeases"]
+
+
+class ThreadLeases(SaverBase):
+    """Claiming, renewing and releasing a thread for one writer."""
+
+    def acquire(self, thread_id: str, token: str, lease_ms: int, wait_ms: int, slice_ms: int | None) -> Op[int]:
+        """Claim ``thread_id`` for ``token``; returns the lease's expiry (server ms).
+
+        While it is held by another, waits on the thread's release list (``BLPOP``): woken by
+        the holder's release, or at the holder's expiry, whichever is first; ``wait_ms`` is
+        counted on the server clock from the first attempt. ``slice_ms`` caps one ``BLPOP``
+        (inside the client's read timeout).
+        """
+        tid = _ident(thread_id, "thread_id")
+        check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+        check_int(wait_ms, "wait_ms", 0, MAX_LEASE_MS)
+        keys = self.thread_keys(tid)
+        deadline: int | None = None
+        while True:
+            reply = yield Call(LG_LEASE, keys, [token, lease_ms])
+            code, expires, now = int(reply[0]), int(reply[1]), int(reply[2])
+            if code == Reply.DONE:
+                self.tokens[tid] = token
+                return expires
+            if deadline is None:
+                deadline = now + wait_ms
+            if now >= deadline:
+                raise ThreadBusy(
+                    f"thread {thread_id!r} is leased by another writer (until server time {expires} ms)"
+                    + (f"; waited {wait_ms} ms" if wait_ms else ""),
+                    task_id=tid,
+                )
+            block = max(1, min(deadline, expires) - now)
+            if slice_ms is not None:
+                block = min(block, slice_ms)
+            yield Command(["BLPOP", self.thread_key_set(tid).released, f"{block / 1000:.3f}"])
+
+    def renew(self, thread_id: str, token: str, lease_ms: int) -> Op[int | None]:
+        reply = yield Call(LG_RENEW, self.thread_keys(thread_id), [token, lease_ms])
+        return int(reply[1]) if int(reply[0]) == Reply.DONE else None
+
+    def release(self, thread_id: str, token: str) -> Op[bool]:
+        if self.tokens.get(thread_id) == token:
+            del self.tokens[thread_id]
+        reply = yield Call(LG_RELEASE, self.thread_keys(thread_id), [token])
+        return bool(int(reply))

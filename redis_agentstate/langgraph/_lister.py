@@ -1,0 +1,189 @@
+"""``list()``: the listing's state (``Lister``), one page of matches per step, and its checks.
+
+Nothing here does I/O: the savers drive ``Lister.next_page`` until it returns None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+
+from .._ops import Call, Command, Op, Pipe, list_indexes
+from ..errors import InvalidArgument
+from ..keys import SHARDS
+from ..scripts import LG_GET, LG_LIST
+from ._base import _configurable, _ident, _ns, thread_of
+from ._reads import SaverReads
+from ._records import SEP, _foreign_id, _stored_id, _stored_member, _stored_text
+
+__all__ = ["LIST_PAGE", "Lister", "Listing"]
+
+#: Checkpoints fetched per list round trip.
+LIST_PAGE = 100
+
+
+class Listing(SaverReads):
+    """Checking a ``list()`` call's arguments into a ``Lister``."""
+
+    def lister(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Lister:
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)):
+            raise InvalidArgument(f"limit must be an int or None, got {limit!r}")
+        if filter is not None and not isinstance(filter, Mapping):
+            raise InvalidArgument(f"filter must be a dict or None, got {type(filter).__name__}")
+        before_id = None
+        if before is not None:
+            b = _configurable(before).get("checkpoint_id")
+            before_id = None if b is None else _ident(b, "before checkpoint_id")
+        threads: list[str] | None = None
+        ns: str | None = None
+        cid: str | None = None
+        if config is not None:
+            conf = _configurable(config)
+            threads = [thread_of(config)]
+            if conf.get("checkpoint_ns") is not None:  # None or absent: every namespace, as InMemorySaver
+                ns = _ns(conf.get("checkpoint_ns"))
+            c = conf.get("checkpoint_id")
+            cid = None if c is None else _ident(c, "checkpoint_id")
+        return Lister(self, threads, ns, cid, dict(filter or {}), before_id, limit)
+
+
+class Lister:
+    """The state of one ``list()``: threads to visit, the page cursor, the matches left.
+
+    Without a namespace a thread is listed namespace by namespace, as ``InMemorySaver`` does:
+    in the order they were first written to (their oldest checkpoint id: LangGraph's ids grow
+    with time), newest checkpoint first within each.
+    """
+
+    def __init__(
+        self,
+        core: SaverReads,
+        threads: list[str] | None,
+        ns: str | None,
+        cid: str | None,
+        filter: dict[str, Any],
+        before: str | None,
+        limit: int | None,
+    ) -> None:
+        self.core = core
+        self.threads = threads
+        self.ns = ns
+        self.cid = cid
+        self.filter = filter
+        self.before = before
+        self.left = limit
+        self.thread_index = 0
+        #: The namespaces of the current thread still to list (None: not read yet).
+        self.spaces: list[str] | None = None
+        self.hi: str | None = None
+        self.done = limit is not None and limit <= 0
+
+    def _bounds(self, ns: str) -> tuple[str, str]:
+        if self.cid is not None:
+            member = f"{ns}{SEP}{self.cid}"
+            return f"[{member}", f"[{member}"
+        if self.before is not None:
+            return f"({ns}{SEP}{self.before}", f"[{ns}{SEP}"
+        return f"({ns}\x01", f"[{ns}{SEP}"
+
+    def _namespaces(self, index: str) -> Op[list[str]]:
+        """The namespaces of a thread's index, oldest first: one lex jump per namespace."""
+        found: list[tuple[str, str]] = []
+        lo = "-"
+        while True:
+            first = yield Command(["ZRANGEBYLEX", index, lo, "+", "LIMIT", 0, 1])
+            if not first:
+                break
+            ns, cid = _stored_member(first[0], index)
+            found.append((cid, ns))
+            lo = f"[{ns}\x01"  # past every member of ns (ids hold no byte below \x01)
+        return [ns for _, ns in sorted(found)]
+
+    def _next_thread(self) -> None:
+        self.thread_index += 1
+        self.spaces = None
+        self.hi = None
+
+    def next_page(self) -> Op[list[CheckpointTuple] | None]:
+        """The next matches (possibly none), or None when the listing is over."""
+        if self.done:
+            return None
+        if self.threads is None:
+            shards = [self.core.keys.shard_threads(s) for s in range(SHARDS)]
+            found = yield from list_indexes(shards)
+            for t in found:
+                if _foreign_id(t):  # named with the shard index that holds it
+                    held = yield Pipe([("ZSCORE", key, t.encode()) for key in shards])
+                    _stored_id(t, next((k for k, h in zip(shards, held, strict=True) if h is not None), shards[0]))
+            self.threads = found
+        if self.thread_index >= len(self.threads):
+            self.done = True
+            return None
+        tid = self.threads[self.thread_index]
+        keys = self.core.thread_key_set(tid)
+        if self.ns is not None:
+            ns = self.ns
+        else:
+            if self.spaces is None:
+                self.spaces = yield from self._namespaces(keys.index)
+                if not self.spaces:
+                    # No checkpoint at all: lg_list drops a thread that expired from the shard indexes.
+                    yield Call(LG_LIST, keys.as_list(), ["-", "-", 1, "0", tid])
+                    self._next_thread()
+                    return []
+            ns = self.spaces[0]
+        hi, lo = self._bounds(ns)
+        # Without a metadata filter every checkpoint of the page is read: whole, in the same round trip.
+        whole = not self.filter
+        page = self.page_size(whole)
+        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, page, "1" if whole else "0", tid])
+        members, items = reply
+        if len(members) < page:
+            self.hi = None
+            if self.spaces:
+                del self.spaces[0]
+            if not self.spaces:
+                self._next_thread()
+        else:
+            self.hi = "(" + _stored_text(members[-1], keys.index, "a checkpoint member")
+        out: list[CheckpointTuple] = []
+        for m, item in zip(members, items, strict=True):
+            if item is None:
+                continue  # deleted under the index (not by this library's scripts, which do both)
+            ns, cid = _stored_member(m, keys.index)
+            if self.cid is not None and cid != self.cid:
+                continue
+            if self.before is not None and cid >= self.before:
+                continue
+            if whole:
+                got = item
+            else:
+                md = self.core._metadata(item, keys.records)
+                if not all(md.get(k) == v for k, v in self.filter.items()):
+                    continue
+                got = yield Call(LG_GET, keys.as_list(), [ns, cid, ""])
+                if not got:
+                    continue  # deleted between the page and this read
+            out.append(self.core._tuple(tid, got))
+            if self.left is not None:
+                self.left -= 1
+                if self.left <= 0:
+                    self.done = True
+                    break
+        return out
+
+    def page_size(self, whole: bool) -> int:
+        """Checkpoints per round trip: no more than the listing still needs when they are read whole."""
+        if whole and self.left is not None:
+            return max(1, min(LIST_PAGE, self.left))
+        return LIST_PAGE

@@ -1,0 +1,212 @@
+"""The saver's writes: ``put`` (a checkpoint, and the blobs of the channels it bumped) and ``put_writes``.
+
+A list channel that grew since the version this saver last wrote is sent as its
+new items only, a tail naming its base (see ``_core`` and ``_records``); a put the
+script refuses because a tail's base is gone is sent again with that value in full.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    get_serializable_checkpoint_metadata,
+)
+
+from .._ops import Call, Op
+from ..errors import InvalidArgument
+from ..scripts import LG_PUT, LG_PUT_WRITES, Reply
+from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
+from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
+
+__all__ = ["SaverWrites"]
+
+#: Tails between anchors, and anchors between full copies, of a list channel (see ``_core``).
+TAIL_CHAIN = 64
+#: Threads x channels whose last written list this saver remembers (to store tails).
+TAIL_CACHE = 4096
+
+
+class SaverWrites(SaverBase):
+    """Checking, framing and sending a checkpoint and its pending writes."""
+
+    # ---- put ------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Op[RunnableConfig]:
+        conf = _configurable(config)
+        tid = thread_of(config)
+        ns = _ns(conf.get("checkpoint_ns"))
+        parent = conf.get("checkpoint_id")
+        parent = None if parent is None else _ident(parent, "checkpoint_id")
+        if not isinstance(checkpoint, Mapping) or "id" not in checkpoint:
+            raise InvalidArgument(f"checkpoint must be a Checkpoint dict with an 'id', got {checkpoint!r:.120}")
+        cid = _ident(checkpoint["id"], "checkpoint id")
+        values: dict[str, Any] = dict(checkpoint.get("channel_values") or {})
+        body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        versions = dict(checkpoint.get("channel_versions") or {})
+        if versions and all(isinstance(v, str) for v in versions.values()):
+            # Rebuilt on read from the list of blob fields, which names each channel and version:
+            # stored once, not twice (a large share of a checkpoint's bytes).
+            del body["channel_versions"]
+        md = get_serializable_checkpoint_metadata(config, metadata)
+        run_id = md.get("run_id")
+        run = "" if run_id is None else _ident(run_id, "metadata run_id")
+        ck_kind, ck_data = self._typed(body, "the checkpoint")
+        md_kind, md_data = self._typed(md, "the checkpoint metadata")
+        record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
+        reads = [f"{ns}{SEP}{self._channel(ch)}{SEP}{self._version(v)}" for ch, v in versions.items()]
+        blobs: list[tuple[str, bytes, tuple[str, str, str], _Remembered | None]] = []
+        for ch, v in new_versions.items():
+            version = self._version(v)
+            fld = f"{ns}{SEP}{self._channel(ch)}{SEP}{version}"
+            if ch not in values:
+                # LangGraph's "empty" blob: read back exactly as a missing one (no value), so not stored.
+                self._remember((tid, ns, ch), None)
+                continue
+            value, remembered = self._blob(tid, ns, ch, version, values)
+            blobs.append((fld, value, (tid, ns, ch), remembered))
+        keys = self.thread_keys(tid)
+        reads_list = _fields(reads)
+        stored = b"%d:" % len(reads_list) + reads_list + record
+        parent_member = "" if parent is None else f"{ns}{SEP}{parent}"
+        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
+        while True:
+            reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
+            if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
+                # The base of a tail is gone (pruned, deleted): store those values in full.
+                missing = _text(reply[2])
+                blobs = [self._full_again(b) if b[0] == missing else b for b in blobs]
+                continue
+            break
+        self._fenced(reply, tid, "put")
+        for _, _, cache_key, remembered in blobs:
+            self._remember(cache_key, remembered)
+        return _config(tid, ns, cid)
+
+    @staticmethod
+    def _channel(ch: object) -> str:
+        if not isinstance(ch, str) or not ch or SEP in ch:
+            raise InvalidArgument(f"channel names must be non-empty str without NUL, got {ch!r:.80}")
+        return ch
+
+    @staticmethod
+    def _version(v: object) -> str:
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise InvalidArgument(f"channel versions must be str, int or float, got {v!r:.80}")
+        text = str(v)
+        if SEP in text or not text:
+            raise InvalidArgument(f"channel version {text!r:.80} is empty or contains NUL")
+        return text
+
+    def _blob(
+        self, tid: str, ns: str, ch: str, version: str, values: Mapping[str, Any]
+    ) -> tuple[bytes, _Remembered | None]:
+        """The stored form of channel ``ch`` at ``version``: full, or the tail of the list last stored."""
+        value = values[ch]
+        if type(value) is not list:
+            return _FULL + self._dumps(value), None
+        prev = self.lists.get((tid, ns, ch))
+        n = 0 if prev is None else len(prev.items)
+        if prev is not None and prev.version != version and len(value) >= n and _same_prefix(prev.items, value):
+            added = _snapshot(value[n:])
+            items = None if added is None else prev.items + added
+            if prev.depth + 1 < TAIL_CHAIN:
+                tail = self._tail(prev.version, value[n:])
+                return tail, None if items is None else _Remembered(
+                    version, items, prev.depth + 1, prev.anchor_version, prev.anchor_len, prev.anchors
+                )
+            if prev.anchors + 1 < TAIL_CHAIN:
+                # A new anchor: everything since the previous anchor, so later reads skip the small tails.
+                tail = self._tail(prev.anchor_version, value[prev.anchor_len :])
+                return tail, None if items is None else _Remembered(
+                    version, items, 0, version, len(value), prev.anchors + 1
+                )
+        snap = _snapshot(value)
+        full = _FULL + self._dumps(value)
+        return full, None if snap is None else _Remembered(version, snap, 0, version, len(value), 0)
+
+    def _tail(self, base: str, items: list[Any]) -> bytes:
+        b = base.encode()
+        return _TAIL + b"%d:%s" % (len(b), b) + self._dumps(items)
+
+    def _full_again(
+        self, blob: tuple[str, bytes, tuple[str, str, str], _Remembered | None]
+    ) -> tuple[str, bytes, tuple[str, str, str], _Remembered | None]:
+        fld, _, cache_key, remembered = blob
+        assert remembered is not None  # only tails have a base
+        self.lists.pop(cache_key, None)
+        return (
+            fld,
+            _FULL + self._dumps(remembered.items),
+            cache_key,
+            _Remembered(remembered.version, remembered.items, 0, remembered.version, len(remembered.items), 0),
+        )
+
+    def _remember(self, cache_key: tuple[str, str, str], remembered: _Remembered | None) -> None:
+        if remembered is None:
+            self.lists.pop(cache_key, None)
+            return
+        self.lists[cache_key] = remembered
+        self.lists.move_to_end(cache_key)
+        while len(self.lists) > TAIL_CACHE:
+            self.lists.popitem(last=False)
+
+    # ---- put_writes -----------------------------------------------------
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> Op[None]:
+        conf = _configurable(config)
+        tid = thread_of(config)
+        ns = _ns(conf.get("checkpoint_ns"))
+        if conf.get("checkpoint_id") is None:
+            raise InvalidArgument("put_writes needs config['configurable']['checkpoint_id']")
+        cid = _ident(conf["checkpoint_id"], "checkpoint_id")
+        task = _ident(task_id, "task_id")
+        if not isinstance(task_path, str):
+            raise InvalidArgument(f"task_path must be a str, got {type(task_path).__name__}")
+        args: list[Any] = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}"]
+        for idx, pair in enumerate(writes):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidArgument(f"each write must be a (channel, value) pair, got {pair!r:.80}")
+            channel, value = pair
+            self._channel(channel)
+            i = WRITES_IDX_MAP.get(channel, idx)
+            kind, data = self._typed(value, f"the write to channel {channel!r}")
+            payload = msgpack.packb([task, i, task_path, channel, kind, data], use_bin_type=True)
+            # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
+            args += [f"{task}{SEP}{i}", "1" if i < 0 else "0", payload]
+        if len(args) == 4:
+            return None
+        reply = yield Call(LG_PUT_WRITES, self.thread_keys(tid), args)
+        self._fenced(reply, tid, "put_writes")
+        return None
+
+    @staticmethod
+    def next_version(current: str | int | float | None) -> str:
+        # As the postgres saver: a zero-padded counter (so versions sort as strings) and a
+        # random suffix (so two writers forking a thread never mint the same version), but
+        # 21 characters, not 49: a version is repeated in every checkpoint, blob field and
+        # versions_seen entry, so its length is a large share of a thread's memory.
+        if current is None:
+            n = 0
+        elif isinstance(current, (int, float)):
+            n = int(current)
+        else:
+            n = int(str(current).split(".")[0])
+        return f"{n + 1:012d}.{random.getrandbits(32):08x}"

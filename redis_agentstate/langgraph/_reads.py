@@ -1,0 +1,110 @@
+"""The saver's reads: ``get_tuple``, and a stored checkpoint rebuilt as a ``CheckpointTuple``.
+
+A channel value is read back from its blob chain (newest first): a full value, or
+a full list plus the tails stored since. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import msgpack
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, writes_sort_key
+
+from .._ops import Call, Op, corrupt_state
+from ..scripts import LG_GET
+from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
+from ._records import _EMPTY, _FULL, _TAIL, SEP, _length_at, _stored_member, _stored_text, _unpack_writes
+
+__all__ = ["SaverReads"]
+
+
+class SaverReads(SaverBase):
+    """Reading one checkpoint back, with its channel values and pending writes."""
+
+    def get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
+        conf = _configurable(config)
+        tid = thread_of(config)
+        ns = _ns(conf.get("checkpoint_ns"))
+        cid = conf.get("checkpoint_id")
+        cid = "" if cid is None else _ident(cid, "checkpoint_id")
+        ttl = self._ttl_arg() if self.refresh_on_read else ""
+        reply = yield Call(LG_GET, self.thread_keys(tid), [ns, cid, ttl])
+        return self._tuple(tid, reply) if reply else None
+
+    def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
+        keys = self.thread_key_set(tid)
+        ns, cid = _stored_member(reply[0], keys.index)
+        parent, checkpoint, metadata = self._record(reply[1], keys.records)
+        values: dict[str, Any] = {}
+        blobs = reply[2]
+        rebuilt: dict[str, str] = {}
+        for i in range(0, len(blobs), 2):
+            parts = _stored_text(blobs[i], keys.records, "a blob field").split(SEP)
+            if len(parts) != 3:
+                raise corrupt_state(keys.records, [keys.records], f"reads a malformed blob field {blobs[i]!r:.80}")
+            _, ch, version = parts
+            rebuilt[ch] = version
+            chain = blobs[i + 1]
+            if chain:
+                value = self._rebuild(chain, keys.blobs)
+                if value is not _EMPTY:
+                    values[ch] = value
+        writes = []
+        for raw in _unpack_writes(reply[3], keys.writes):
+            try:
+                task, idx, path, channel, kind, data = msgpack.unpackb(raw, raw=False)
+            except Exception as exc:
+                raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
+            if not (
+                isinstance(task, str)
+                and isinstance(path, str)
+                and isinstance(channel, str)
+                and isinstance(idx, int)
+                and not isinstance(idx, bool)
+            ):
+                raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
+            value = self._load(kind, data, keys.writes, "a pending write")
+            writes.append((writes_sort_key(path, task, idx), (task, channel, value)))
+        writes.sort(key=lambda w: w[0])
+        if "channel_versions" not in checkpoint:
+            checkpoint["channel_versions"] = rebuilt
+        return CheckpointTuple(
+            config=_config(tid, ns, cid),
+            checkpoint=cast(Checkpoint, {**checkpoint, "channel_values": values}),
+            metadata=metadata,
+            parent_config=_config(tid, ns, parent) if parent else None,
+            pending_writes=[w for _, w in writes],
+        )
+
+    def _rebuild(self, chain: Sequence[bytes], key: str) -> Any:
+        """The value of a blob chain (newest first): a full value, or a full list plus its tails."""
+        root = chain[-1]
+        if root[:1] != _FULL:
+            raise corrupt_state(key, [key], "holds a list tail whose base version is missing")
+        value = self._value(root[1:], key)
+        if len(chain) == 1:
+            return value
+        if type(value) is not list:
+            raise corrupt_state(key, [key], "holds a list tail on a value that is not a list")
+        items = list(value)
+        for piece in reversed(chain[:-1]):
+            base = _length_at(piece, 1) if piece[:1] == _TAIL else None
+            if base is None:
+                raise corrupt_state(key, [key], "holds a malformed value in a tail chain")
+            tail = self._value(piece[base[1] + base[0] :], key)
+            if type(tail) is not list:
+                raise corrupt_state(key, [key], "holds a list tail that is not a list")
+            items.extend(tail)
+        return items
+
+    def _value(self, blob: bytes, key: str) -> Any:
+        try:
+            kind, data = msgpack.unpackb(blob, raw=False)
+        except Exception as exc:
+            raise corrupt_state(key, [key], f"holds a value that is not a serialized channel value: {exc}") from exc
+        if kind == "empty":
+            return _EMPTY
+        return self._load(kind, data, key, "a channel value")
