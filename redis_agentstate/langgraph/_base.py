@@ -158,13 +158,6 @@ class SaverBase:
         kind, data = self._typed(value, what)
         return cast(bytes, msgpack.packb([kind, data], use_bin_type=True))
 
-    def _loads(self, blob: bytes, key: str) -> Any:
-        try:
-            kind, data = msgpack.unpackb(blob, raw=False)
-        except Exception as exc:
-            raise corrupt_state(key, [key], f"holds a value that is not a serialized channel value: {exc}") from exc
-        return self._load(kind, data, key, "a channel value")
-
     def _load(self, kind: Any, data: Any, key: str, what: str) -> Any:
         """``serde.loads_typed`` of a value read from ``key``: one it cannot read is corrupt data, not a crash."""
         try:
