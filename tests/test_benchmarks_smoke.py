@@ -255,3 +255,21 @@ def test_the_testing_hook_drives_a_store_operation_by_hand(sync_store: Any) -> N
         assert internals(other).scripts
     with pytest.raises(TypeError):
         internals(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_demo_fence_runs_the_demo_and_counts_the_fence() -> None:
+    """``benchmarks.demo_fence``: one demo run, no added load, reports the fence shown."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.demo_fence", "--runs", "1", "--busy", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the fence shown in 1 of 1 runs" in proc.stdout
