@@ -41,9 +41,85 @@ from cluster_support import cluster_backend, port_taken, redis_cluster  # noqa: 
 
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 
+# ---- the default run and the full suite ---------------------------------------------------------
+# `python -m pytest` (README's command) runs a fast, representative suite; the long tail runs when
+# FULL_SUITE_ENV=1 is set or `--full` is given, and by default under CI=true (`.ci/run` sets both).
+# AGENTSTATE_FULL_SUITE=0 keeps the fast run under CI=true. What the fast run leaves out is chosen
+# by the rules in `_long_tail` and `_thin_cases` below, never by listing tests; tests/test_suite_layout.py
+# checks the split. Nothing is skipped: the rest is deselected, and pytest's summary counts it.
+FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
+# Whole files of scale, benchmark-harness and many-process runs (minutes together, little per-store logic).
+LONG_TAIL_FILES = frozenset({"test_checkpoint_scale.py", "test_pool_concurrency.py", "test_benchmarks_smoke.py"})
+# The fast run's chaos fleet: long enough for every fault kind to bite and the poison tasks to park.
+FAST_CHAOS_SECONDS = "20"
+# The parameters that make a store test's variant, {fake, real, cluster} x {sync, async} (the
+# `backend` and `flavor` fixtures); any other parameter is a case of the test.
+STORE_PARAMS = ("backend", "flavor")
+
+
+def full_suite(config: pytest.Config) -> bool:
+    if config.getoption("--full"):
+        return True
+    value = os.environ.get(FULL_SUITE_ENV, "").strip().lower()
+    if value:
+        return value not in {"0", "false", "no", "off"}
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _long_tail(item: pytest.Item) -> bool:
+    """Scale, benchmark smoke, the failover series and every test marked ``slow`` but the chaos fleet."""
+    if item.path.name in LONG_TAIL_FILES:
+        return True
+    return "slow" in item.keywords and "chaos" not in item.keywords
+
+
+def _thin_cases(items: list[pytest.Item]) -> set[pytest.Item]:
+    """A store test's extra cases (the corrupt-data matrix, hostile ids, bad arguments...) spread over its variants.
+
+    For a test with ``C`` cases on ``V`` store variants, the fast run keeps the ``c``-th case on
+    the ``v``-th variant when ``c % m == v % m`` (``m = min(C, V)``): every case still runs once, on
+    one variant, and every variant still runs: ``max(C, V)`` items instead of ``C * V``. Cases and
+    variants are numbered in collection order, the same in every xdist worker; a case is its
+    parameter objects (one parametrize list serves every variant).
+    """
+    groups: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]] = {}
+    for item in items:
+        params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
+        if not params or not any(p in params for p in STORE_PARAMS):
+            continue
+        variant = tuple(params.get(p) for p in STORE_PARAMS)
+        case = tuple((name, id(value)) for name, value in sorted(params.items()) if name not in STORE_PARAMS)
+        if case:
+            groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
+    dropped: set[pytest.Item] = set()
+    for members in groups.values():
+        variants = {v: n for n, v in enumerate(dict.fromkeys(v for v, _, _ in members))}
+        cases = {c: n for n, c in enumerate(dict.fromkeys(c for _, c, _ in members))}
+        m = min(len(variants), len(cases))
+        for variant, case, item in members:
+            if cases[case] % m != variants[variant] % m:
+                dropped.add(item)
+    return dropped
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--benchmarks", action="store_true", help="also run tests marked 'benchmark'")
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help=f"run the full suite, long tail included (as {FULL_SUITE_ENV}=1 does; CI=true too unless it is 0)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not full_suite(config):
+        os.environ.setdefault("CHAOS_SECONDS", FAST_CHAOS_SECONDS)  # test_chaos.py reads it; a value given wins
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if full_suite(config):
+        return "agentstate: the full suite"
+    return f"agentstate: the fast default suite (the full one: {FULL_SUITE_ENV}=1 or --full)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,6 +129,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "chaos" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("chaos"))
+    if not full_suite(config):
+        thinned = _thin_cases(items)
+        deselected = [item for item in items if item in thinned or _long_tail(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item not in thinned and not _long_tail(item)]
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")
