@@ -7,9 +7,9 @@ the fast default suite, or the whole suite with ``AGENTSTATE_FULL_SUITE=1`` (or
 the others run ``SUBSET`` of it (the fast or the full suite, by the same switch):
 every store test on a real redis-server, sync and async, with the CLI, README,
 TLS, Valkey and packaging tests (the fakeredis variants, marked ``fakeredis``,
-run on 3.11: the interpreter runs our code the same against either backend, and they were 1,385 of the subset's 3,166 tests
-when the 15-minute CI budget needed the room). Arguments after ``--`` replace the pytest arguments:
-``nox -s tests-3.13 -- tests/test_kv.py -x``.
+run on 3.11: the interpreter runs our code the same against either backend, and
+they were 1,385 of the subset's 3,166 tests when the 15-minute CI budget needed the room).
+Arguments after ``--`` replace the pytest arguments: ``nox -s tests-3.13 -- tests/test_kv.py -x``.
 
 Interpreters come from pyenv first (``$PYENV_ROOT/versions/3.X.*``, where a
 shim for a version that is not pyenv's global one does not run), then from

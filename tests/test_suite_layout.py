@@ -24,7 +24,7 @@ from conftest import FULL_SUITE_ENV, LONG_TAIL_FILES, STORE_PARAMS, full_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PROBE = '''
+PROBE = """
 import json, os
 import pytest
 
@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(session, config, items):
     with open(os.environ["LAYOUT_PROBE_OUT"], "w") as f:
         json.dump({"before": before, "after": _record(items)}, f)
     return result
-'''
+"""
 
 
 def _collect(tmp_path: Path, *args: str, full: str) -> tuple[str, dict[str, Any]]:
