@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 # `python -m pytest` (README's command) runs a fast, representative suite; the long tail runs when
 # FULL_SUITE_ENV=1 is set or `--full` is given, and by default under CI=true (`.ci/run` sets both).
 # AGENTSTATE_FULL_SUITE=0 keeps the fast run under CI=true. What the fast run leaves out is chosen
-# by the rules in `_long_tail` and `_thin_cases` below, never by listing tests; tests/test_suite_layout.py
+# by the rules in `_long_tail` and `_thin_store_matrix` below, never by listing tests; tests/test_suite_layout.py
 # checks the split. Nothing is skipped: the rest is deselected, and pytest's summary counts it.
 FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
 # Whole files of scale, benchmark-harness and many-process runs (minutes together, little per-store logic).
@@ -73,14 +74,17 @@ def _long_tail(item: pytest.Item) -> bool:
     return "slow" in item.keywords and "chaos" not in item.keywords
 
 
-def _thin_cases(items: list[pytest.Item]) -> set[pytest.Item]:
-    """A store test's extra cases (the corrupt-data matrix, hostile ids, bad arguments...) spread over its variants.
+def _thin_store_matrix(items: list[pytest.Item]) -> set[pytest.Item]:
+    """The store tests' variants and cases the default run leaves to the full suite.
 
-    For a test with ``C`` cases on ``V`` store variants, the fast run keeps the ``c``-th case on
-    the ``v``-th variant when ``c % m == v % m`` (``m = min(C, V)``): every case still runs once, on
-    one variant, and every variant still runs: ``max(C, V)`` items instead of ``C * V``. Cases and
-    variants are numbered in collection order, the same in every xdist worker; a case is its
-    parameter objects (one parametrize list serves every variant).
+    Every store test runs on each of its backends (fake, real, cluster) in one flavor, sync or
+    async, alternating from one test to the next and from one backend to the next, so each file
+    still runs every store x flavor (a file's only store test runs both). A test's extra cases
+    (the corrupt-data matrix, hostile ids, bad arguments...) are spread over those variants: with
+    ``C`` cases on ``V`` variants, the ``c``-th case runs on the ``v``-th variant when
+    ``c % m == v % m`` (``m = min(C, V)``), so every case still runs once and every variant still
+    runs. Tests, variants and cases are numbered in collection order, the same in every xdist
+    worker; a case is its parameter objects (one parametrize list serves every variant).
     """
     groups: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]] = {}
     for item in items:
@@ -89,15 +93,22 @@ def _thin_cases(items: list[pytest.Item]) -> set[pytest.Item]:
             continue
         variant = tuple(params.get(p) for p in STORE_PARAMS)
         case = tuple((name, id(value)) for name, value in sorted(params.items()) if name not in STORE_PARAMS)
-        if case:
-            groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
+        groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
+    per_file = Counter(members[0][2].path for members in groups.values())
     dropped: set[pytest.Item] = set()
-    for members in groups.values():
-        variants = {v: n for n, v in enumerate(dict.fromkeys(v for v, _, _ in members))}
+    for number, members in enumerate(groups.values()):
+        by_backend: dict[Any, list[tuple[Any, ...]]] = {}
+        for variant in dict.fromkeys(v for v, _, _ in members):
+            by_backend.setdefault(variant[0], []).append(variant)
+        if per_file[members[0][2].path] == 1:  # a file's only store test keeps both flavors
+            kept = [v for flavors in by_backend.values() for v in flavors]
+        else:
+            kept = [flavors[(number + b) % len(flavors)] for b, flavors in enumerate(by_backend.values())]
+        variants = {v: n for n, v in enumerate(kept)}
         cases = {c: n for n, c in enumerate(dict.fromkeys(c for _, c, _ in members))}
         m = min(len(variants), len(cases))
         for variant, case, item in members:
-            if cases[case] % m != variants[variant] % m:
+            if variant not in variants or cases[case] % m != variants[variant] % m:
                 dropped.add(item)
     return dropped
 
@@ -130,7 +141,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "chaos" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("chaos"))
     if not full_suite(config):
-        thinned = _thin_cases(items)
+        thinned = _thin_store_matrix(items)
         deselected = [item for item in items if item in thinned or _long_tail(item)]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
