@@ -42,7 +42,6 @@ SUBSET = [
     "--ignore=tests/test_checkpoint_scale.py",
     "--ignore=tests/test_pool_concurrency.py",
     "--ignore=tests/test_benchmarks_smoke.py",
-    "--deselect=tests/test_pool_paging.py::TestBoundedScripts::test_watch_and_snapshot_of_20000_records_read_bounded_pages",
     "--deselect=tests/test_docs.py::test_the_site_builds_strict",
     # The fast/full split is checked by collecting the suite, the same on every interpreter.
     "--ignore=tests/test_suite_layout.py",
