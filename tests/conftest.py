@@ -51,8 +51,6 @@ from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
 # Whole files of scale, benchmark-harness and many-process runs (minutes together, little per-store logic).
 LONG_TAIL_FILES = frozenset({"test_checkpoint_scale.py", "test_pool_concurrency.py", "test_benchmarks_smoke.py"})
-# The fast run's chaos fleet: long enough for every fault kind to bite and the poison tasks to park.
-FAST_CHAOS_SECONDS = "20"
 # The parameters that make a store test's variant, {fake, real, cluster} x {sync, async} (the
 # `backend` and `flavor` fixtures); any other parameter is a case of the test.
 STORE_PARAMS = ("backend", "flavor")
@@ -120,11 +118,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help=f"run the full suite, long tail included (as {FULL_SUITE_ENV}=1 does; CI=true too unless it is 0)",
     )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not full_suite(config):
-        os.environ.setdefault("CHAOS_SECONDS", FAST_CHAOS_SECONDS)  # test_chaos.py reads it; a value given wins
 
 
 def pytest_report_header(config: pytest.Config) -> str:
