@@ -45,7 +45,8 @@ from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 # ---- the default run and the full suite ---------------------------------------------------------
 # `python -m pytest` (README's command) runs a fast, representative suite; the long tail runs when
 # FULL_SUITE_ENV=1 is set or `--full` is given, and by default under CI=true (`.ci/run` sets both).
-# AGENTSTATE_FULL_SUITE=0 keeps the fast run under CI=true. What the fast run leaves out is chosen
+# AGENTSTATE_FULL_SUITE=0 keeps the fast run under CI=true. Files or tests named on the command line
+# (`pytest tests/test_kv.py`) run whole, split or not. What the fast run leaves out is chosen
 # by the rules in `_long_tail` and `_thin_store_matrix` below, never by listing tests; tests/test_suite_layout.py
 # checks the split. Nothing is skipped: the rest is deselected, and pytest's summary counts it.
 FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
@@ -133,12 +134,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "chaos" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("chaos"))
-    if not full_suite(config):
+    # The split applies to the whole suite (pytest's testpaths): a file or test named on the
+    # command line runs whole, and tests marked benchmark run when --benchmarks asks for them.
+    if not full_suite(config) and not config.option.file_or_dir:
         thinned = _thin_store_matrix(items)
-        deselected = [item for item in items if item in thinned or _long_tail(item)]
+        benchmarks = config.getoption("--benchmarks")
+
+        def left_out(item: pytest.Item) -> bool:
+            if benchmarks and "benchmark" in item.keywords:
+                return False
+            return item in thinned or _long_tail(item)
+
+        deselected = [item for item in items if left_out(item)]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if item not in thinned and not _long_tail(item)]
+            items[:] = [item for item in items if not left_out(item)]
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")

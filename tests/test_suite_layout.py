@@ -4,8 +4,9 @@
 (and ``CI=true``, as in ``.ci/run``) adds the long tail. One collection of the whole suite, with
 a probe plugin recording the items before and after conftest's collection hook, checks the
 rules: every test left out entirely is long tail (a scale, benchmark-smoke or many-process file,
-or marked ``slow``), and every other store test keeps every store variant and every case. Small
-collections check that the switch turns the long tail on.
+or marked ``slow``), and every other store test keeps every backend and every case, and each
+file every store x flavor. Small collections check that the switch turns the long tail on, and
+that a file named on the command line runs whole.
 """
 
 from __future__ import annotations
@@ -121,13 +122,14 @@ def test_the_default_run_leaves_out_the_long_tail_and_keeps_every_store_variant_
     assert variants == {(b, f) for b in ("fake", "real", "cluster") for f in ("sync", "async")}
 
 
-def test_the_switch_runs_the_long_tail(tmp_path: Path) -> None:
+def test_the_switch_runs_the_long_tail_and_a_file_named_runs_whole(tmp_path: Path) -> None:
     files = ["tests/test_checkpoint_scale.py", "tests/test_corrupt_state.py"]
-    _, fast = _collect(tmp_path, *files, full="0")
+    testpaths = ["-o", "testpaths=" + " ".join(files)]  # the default run's shape: no file named
+    _, fast = _collect(tmp_path, *testpaths, full="0")
     assert 0 < len(fast["after"]) < len(fast["before"])
     assert not any(i["file"] == "test_checkpoint_scale.py" for i in fast["after"])
-    for env, args in (("1", []), ("0", ["--full"])):
-        stdout, full = _collect(tmp_path, *args, *files, full=env)
+    for env, args in (("1", testpaths), ("0", [*testpaths, "--full"]), ("0", files)):
+        stdout, full = _collect(tmp_path, *args, full=env)
         assert [i["id"] for i in full["after"]] == [i["id"] for i in fast["before"]], (env, args)
         assert "deselected" not in stdout, stdout[-500:]
 
