@@ -6,7 +6,8 @@ a probe plugin recording the items before and after conftest's collection hook, 
 rules: every test left out entirely is long tail (a scale, benchmark-smoke or many-process file,
 or marked ``slow``), and every other store test keeps every backend and every case, and each
 file every store x flavor. Small collections check that the switch turns the long tail on, and
-that a file named on the command line runs whole.
+that a file named on the command line runs whole. The whole-suite check is itself long tail: the
+full suite (``.ci/run``) runs it.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def _is_long_tail(item: dict[str, Any]) -> bool:
     return item["file"] in LONG_TAIL_FILES or ("slow" in item["markers"] and "chaos" not in item["markers"])
 
 
+@pytest.mark.slow  # a collection of the whole suite (~15 s): the full suite, and so .ci/run, checks the default run
 def test_the_default_run_leaves_out_the_long_tail_and_keeps_every_store_variant_and_case(tmp_path: Path) -> None:
     _, layout = _collect(tmp_path, full="0")
     before, after = layout["before"], layout["after"]
