@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,9 +42,89 @@ from cluster_support import cluster_backend, port_taken, redis_cluster  # noqa: 
 
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 
+# ---- the default run and the full suite ---------------------------------------------------------
+# `python -m pytest` (README's command) runs a fast, representative suite; the long tail runs when
+# FULL_SUITE_ENV=1 is set or `--full` is given, and by default under CI=true (`.ci/run` sets both).
+# AGENTSTATE_FULL_SUITE=0 keeps the fast run under CI=true. Files or tests named on the command line
+# (`pytest tests/test_kv.py`) run whole, split or not. What the fast run leaves out is chosen
+# by the rules in `_long_tail` and `_thin_store_matrix` below, never by listing tests; tests/test_suite_layout.py
+# checks the split. Nothing is skipped: the rest is deselected, and pytest's summary counts it.
+FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
+# Whole files of scale, benchmark-harness and many-process runs (minutes together, little per-store logic).
+LONG_TAIL_FILES = frozenset({"test_checkpoint_scale.py", "test_pool_concurrency.py", "test_benchmarks_smoke.py"})
+# The parameters that make a store test's variant, {fake, real, cluster} x {sync, async} (the
+# `backend` and `flavor` fixtures); any other parameter is a case of the test.
+STORE_PARAMS = ("backend", "flavor")
+
+
+def full_suite(config: pytest.Config) -> bool:
+    if config.getoption("--full"):
+        return True
+    value = os.environ.get(FULL_SUITE_ENV, "").strip().lower()
+    if value:
+        return value not in {"0", "false", "no", "off"}
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _long_tail(item: pytest.Item) -> bool:
+    """Scale, benchmark smoke, the failover series and every test marked ``slow`` but the chaos fleet."""
+    if item.path.name in LONG_TAIL_FILES:
+        return True
+    return "slow" in item.keywords and "chaos" not in item.keywords
+
+
+def _thin_store_matrix(items: list[pytest.Item]) -> set[pytest.Item]:
+    """The store tests' variants and cases the default run leaves to the full suite.
+
+    Every store test runs on each of its backends (fake, real, cluster) in one flavor, sync or
+    async, alternating from one test to the next and from one backend to the next, so each file
+    still runs every store x flavor (a file's only store test runs both). A test's extra cases
+    (the corrupt-data matrix, hostile ids, bad arguments...) are spread over those variants: with
+    ``C`` cases on ``V`` variants, the ``c``-th case runs on the ``v``-th variant when
+    ``c % m == v % m`` (``m = min(C, V)``), so every case still runs once and every variant still
+    runs. Tests, variants and cases are numbered in collection order, the same in every xdist
+    worker; a case is its parameter objects (one parametrize list serves every variant).
+    """
+    groups: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]] = {}
+    for item in items:
+        params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
+        if not params or not any(p in params for p in STORE_PARAMS):
+            continue
+        variant = tuple(params.get(p) for p in STORE_PARAMS)
+        case = tuple((name, id(value)) for name, value in sorted(params.items()) if name not in STORE_PARAMS)
+        groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
+    per_file = Counter(members[0][2].path for members in groups.values())
+    dropped: set[pytest.Item] = set()
+    for number, members in enumerate(groups.values()):
+        by_backend: dict[Any, list[tuple[Any, ...]]] = {}
+        for variant in dict.fromkeys(v for v, _, _ in members):
+            by_backend.setdefault(variant[0], []).append(variant)
+        if per_file[members[0][2].path] == 1:  # a file's only store test keeps both flavors
+            kept = [v for flavors in by_backend.values() for v in flavors]
+        else:
+            kept = [flavors[(number + b) % len(flavors)] for b, flavors in enumerate(by_backend.values())]
+        variants = {v: n for n, v in enumerate(kept)}
+        cases = {c: n for n, c in enumerate(dict.fromkeys(c for _, c, _ in members))}
+        m = min(len(variants), len(cases))
+        for variant, case, item in members:
+            if variant not in variants or cases[case] % m != variants[variant] % m:
+                dropped.add(item)
+    return dropped
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--benchmarks", action="store_true", help="also run tests marked 'benchmark'")
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help=f"run the full suite, long tail included (as {FULL_SUITE_ENV}=1 does; CI=true too unless it is 0)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if full_suite(config):
+        return "agentstate: the full suite"
+    return f"agentstate: the fast default suite (the full one: {FULL_SUITE_ENV}=1 or --full)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,6 +134,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "chaos" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("chaos"))
+    # The split applies to the whole suite (pytest's testpaths): a file or test named on the
+    # command line runs whole, and tests marked benchmark run when --benchmarks asks for them.
+    if not full_suite(config) and not config.option.file_or_dir:
+        thinned = _thin_store_matrix(items)
+        benchmarks = config.getoption("--benchmarks")
+
+        def left_out(item: pytest.Item) -> bool:
+            if benchmarks and "benchmark" in item.keywords:
+                return False
+            return item in thinned or _long_tail(item)
+
+        deselected = [item for item in items if left_out(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if not left_out(item)]
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")

@@ -143,6 +143,7 @@ def fold(records: list[Any]) -> dict[str, Any]:
 class TestBoundedScripts:
     PAGE = 50
 
+    @pytest.mark.slow  # a scale test: the full suite runs it (tests/conftest.py)
     def test_watch_and_snapshot_of_20000_records_read_bounded_pages(
         self, make: Callable[..., Any], raw: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
