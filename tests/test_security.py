@@ -55,10 +55,10 @@ pytestmark = pytest.mark.real
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
     "blpop", "del", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
-    "hlen", "hmget", "hscan", "hset", "hvals", "incr", "info", "llen", "lrange", "memory|usage", "persist", "pexpire",
+    "hlen", "hmget", "hscan", "hset", "incr", "info", "llen", "lrange", "memory|usage", "persist", "pexpire",
     "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe", "time", "type", "wait",
     "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex",
-    "zrangebyscore", "zrem", "zrevrangebylex", "zscore",
+    "zrangebyscore", "zrem", "zrevrangebylex", "zscan", "zscore",
 )  # fmt: skip
 
 
@@ -101,7 +101,7 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
     found: set[str] = set()
     for lua in (_PKG / "lua").glob("*.lua"):
         found |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Z]+)['\"]", lua.read_text())}
-    for py in [*_PKG.glob("*.py"), *(_PKG / "langgraph").glob("*.py")]:
+    for py in _PKG.rglob("*.py"):  # every subpackage: _ops/, langgraph/, fleet/
         found |= {c.lower() for c in re.findall(r"[(\[]\s*\"([A-Z]+)\"", py.read_text()) if is_command(c)}
     # MEMORY is sent as MEMORY USAGE only (agentstate stats), and granted so: not MEMORY PURGE.
     if "memory" in found:
