@@ -270,8 +270,9 @@ class CheckpointWrites(CheckpointBase):
         """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
         (``_claimed_entry``), and ``written.entry`` is that."""
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
-        # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task).
-        keys = self._wire_keys(cp.task_id)[1 if script == S.FINALIZE else 2]
+        # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task);
+        # all three drop the cycle's durable step results (KEYS[10]).
+        keys = self._wire_keys(cp.task_id)[3]
         ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
