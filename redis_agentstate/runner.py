@@ -33,7 +33,7 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
   than ``failure_delay_ms``. With the store's
   ``max_attempts``, the task is parked after its last attempt fails, whether
   the handler raised or the worker died (its lease lapsing counts too).
-* A handler that takes a second positional parameter gets the cycle's
+* A handler that takes a second positional parameter (without a default) gets the cycle's
   :class:`Cycle` (:class:`AsyncCycle` on asyncio): ``cycle.step(name, fn,
   *args)`` runs ``fn`` once per (task, cycle, name), its result memoized in
   Redis under the lease (:meth:`Lease.step`), so the retry of a cycle whose
@@ -185,17 +185,20 @@ class AsyncCycle:
 
 
 def takes_cycle(handler: Callable[..., Any]) -> bool:
-    """Whether ``handler`` has a second positional parameter (it then gets the :class:`Cycle`).
+    """Whether ``handler`` has a second positional parameter without a default (it then gets the
+    :class:`Cycle`).
 
-    ``*args`` alone does not count: a wrapper without ``functools.wraps`` around a
-    one-parameter handler must keep getting one argument.
+    One with a default (``def step(cp, who="w")``) or ``*args`` does not count: a handler
+    written before cycles existed, or a wrapper without ``functools.wraps`` around one, must
+    keep getting one argument.
     """
     try:
         params = inspect.signature(handler).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable without a signature: as before
         return False
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in params if p.kind in kinds) >= 2
+    positional = [p for p in params if p.kind in kinds]
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
 
 
 Outcome = StepResult | Checkpoint
