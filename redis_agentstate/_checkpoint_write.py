@@ -129,8 +129,9 @@ class CheckpointWrites(CheckpointBase):
         body = self._body(cp)
         _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
         args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c)
-        # A save replaces a parked task too: it takes the parked index to take the task out of it.
-        reply = yield Call(script, keys.with_parked() if script == S.SAVE else keys.as_list(), args)
+        # A save replaces a parked task too: it takes the parked index to take the task out of it, and
+        # drops the durable steps' results (KEYS[10]) with the rest of what the task held.
+        reply = yield Call(script, keys.stepped() if script == S.SAVE else keys.as_list(), args)
         if reply[0] == Reply.REFUSED:
             return False
         if reply[0] == Reply.DONE_BEFORE:

@@ -181,7 +181,7 @@ class TaskKeys:
 
     def stepped(self) -> list[str]:
         """``counted()`` and the task's step results: the KEYS of the scripts that drop them (commit,
-        commit_and_claim, finalize, acknowledge_terminal, delete)."""
+        commit_and_claim, finalize, acknowledge_terminal, delete, save)."""
         return [*self.counted(), self.steps]
 
     def for_steps(self) -> list[str]:

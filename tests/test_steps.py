@@ -25,6 +25,7 @@ from redis_agentstate import (
     LeaseLost,
 )
 from redis_agentstate._steps import MAX_STEP_NAME_BYTES
+from redis_agentstate.codec import encode
 from redis_agentstate.keys import Keys
 from redis_agentstate.lease import Clock, Lease
 from redis_agentstate.runner import AsyncCycle, AsyncRunner, Cycle, Runner, StepResult, takes_cycle
@@ -161,18 +162,29 @@ def test_delete_finalize_and_acknowledge_remove_them(sync_store: CheckpointStore
 
 
 def test_a_result_is_read_only_by_its_own_cycle(sync_store: CheckpointStore, raw: Any) -> None:
-    """The field carries the cycle: a result stored for cycle 1 (a save moved the task on without a
-    commit) is not cycle 2's."""
+    """The field carries the cycle: a result stored for cycle 1 (left over, say) is not cycle 2's."""
+    sync_store.create(Checkpoint("t"))
+    llm = Counter()
+    with sync_store.lease("t", 1, lease_ms=5_000) as lease:
+        lease.commit(next_cycle(lease.checkpoint))
+    raw.hset(steps_key(sync_store, "t"), "1\0llm", encode("cycle 1's", what="test"))
+    with sync_store.lease("t", 2, lease_ms=5_000) as lease:
+        assert lease.step("llm", llm, "two") == {"answer": "TWO", "pair": [1, 2]}
+    assert llm.calls == ["two"]
+
+
+def test_a_save_drops_them(sync_store: CheckpointStore, raw: Any) -> None:
+    """A save replaces what the task held: moved back to an earlier cycle, it does not replay another run's."""
     sync_store.create(Checkpoint("t"))
     llm = Counter()
     with pytest.raises(Crash), sync_store.lease("t", 1, lease_ms=5_000) as lease:
         lease.step("llm", llm, "one")
         raise Crash
-    time.sleep(0.01)
-    sync_store.save(Checkpoint("t", cycle_index=1, revision=50))
-    with sync_store.lease("t", 2, lease_ms=5_000) as lease:
-        lease.step("llm", llm, "two")
-    assert llm.calls == ["one", "two"]
+    sync_store.save(Checkpoint("t", cycle_index=0, revision=50))
+    assert not raw.exists(steps_key(sync_store, "t"))
+    with sync_store.lease("t", 1, lease_ms=5_000) as lease:
+        lease.step("llm", llm, "one again")
+    assert llm.calls == ["one", "one again"]
 
 
 # ---- what is not memoized ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@
 --   KEYS[10] - ns:{ns#SS}:steps:<task>  hash  '<cycle>\0<name>' -> result blob of a durable step
 --                                         (step_record.lua); taken by the scripts that end a
 --                                         cycle or the task (commit, commit_and_claim, finalize,
---                                         acknowledge_terminal, delete: keys.TaskKeys.stepped()),
+--                                         acknowledge_terminal, delete, save: TaskKeys.stepped()),
 --                                         which drop it: a cycle's results never outlive it
 --
 -- Hash fields hold decimal strings; absent optional values are ''. 'term' is
