@@ -105,15 +105,17 @@ class CheckpointBase:
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
 
-    def _encode_keys(self, task_id: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
+    def _encode_keys(
+        self, task_id: str
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
         """The task's KEYS as the scripts take them, UTF-8 encoded once: ``as_list()``, ``with_parked()``,
-        ``counted()``.
+        ``counted()``, ``stepped()``.
 
         A hot task's calls send the same 7 to 9 keys every time, and redis-py's
         asyncio client encodes each str argument of every command it packs.
         """
-        every = tuple(k.encode() for k in self._task_keys(task_id).counted())
-        return every[:7], every[:8], every
+        every = tuple(k.encode() for k in self._task_keys(task_id).stepped())
+        return every[:7], every[:8], every[:9], every
 
     # ---- checks ---------------------------------------------------------
 

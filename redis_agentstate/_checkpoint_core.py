@@ -5,7 +5,8 @@ stores drive with their own client. Nothing here blocks or awaits.
 ``CheckpointCore`` composes one module per concern: ``_checkpoint_base``
 (state, checks, reply parsing), ``_checkpoint_write`` (the write identity and
 the fenced writes), ``_claim_next`` (scheduling), ``_release`` (release,
-requeue, parking) and ``_checkpoint_listing`` (what operators read); the
+requeue, parking), ``_checkpoint_listing`` (what operators read) and ``_steps`` (durable
+steps' results); the
 single-script operations that need no more (load, claim, renew, delete, ...)
 are here. They are mixins of one class, not helper objects, so a hot call
 resolves its methods as one class would.
@@ -21,6 +22,7 @@ from ._claim_next import MAX_BLOCK_MS, ClaimNextFound, ClaimScheduling
 from ._history import HistoryCache
 from ._ops import Call, Op
 from ._release import Releases
+from ._steps import DurableSteps
 from ._validate import MAX_CYCLE, check_id, check_int
 from .models import Checkpoint
 from .scripts import Reply
@@ -31,7 +33,7 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BLOCK_MS", "CheckpointCore", "Claim
 ACK_REMEMBER_MS = 3_600_000
 
 
-class CheckpointCore(CheckpointWrites, ClaimScheduling, Releases, CheckpointListing):
+class CheckpointCore(CheckpointWrites, ClaimScheduling, Releases, CheckpointListing, DurableSteps):
     """Validation, request building and reply parsing for one namespace."""
 
     def __init__(
@@ -89,12 +91,12 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Releases, CheckpointList
         # The identity of an acknowledgement is the task and the revision it deletes:
         # a re-send by anyone is recognised (the tombstone), a different revision is not.
         args = [f"ack:{expected}", expected, ACK_REMEMBER_MS]
-        reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.as_list(), args)
+        reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.stepped(), args)
         if reply == Reply.DONE:
             self.history.drop(tid)
         return bool(reply == Reply.DONE)
 
     def delete(self, task_id: str) -> Op[None]:
         tid, keys = self._task(task_id)
-        yield Call(S.DELETE, keys.with_parked(), [])
+        yield Call(S.DELETE, keys.stepped(), [])
         self.history.drop(tid)

@@ -129,8 +129,9 @@ class CheckpointWrites(CheckpointBase):
         body = self._body(cp)
         _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
         args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c)
-        # A save replaces a parked task too: it takes the parked index to take the task out of it.
-        reply = yield Call(script, keys.with_parked() if script == S.SAVE else keys.as_list(), args)
+        # A save replaces a parked task too: it takes the parked index to take the task out of it, and
+        # drops the durable steps' results (KEYS[10]) with the rest of what the task held.
+        reply = yield Call(script, keys.stepped() if script == S.SAVE else keys.as_list(), args)
         if reply[0] == Reply.REFUSED:
             return False
         if reply[0] == Reply.DONE_BEFORE:
@@ -270,8 +271,9 @@ class CheckpointWrites(CheckpointBase):
         """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
         (``_claimed_entry``), and ``written.entry`` is that."""
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
-        # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task).
-        keys = self._wire_keys(cp.task_id)[1 if script == S.FINALIZE else 2]
+        # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task);
+        # all three drop the cycle's durable step results (KEYS[10]).
+        keys = self._wire_keys(cp.task_id)[3]
         ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ._ops import shells
+from ._steps import check_step_name, step_key
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
 from .models import AgentStatus, Checkpoint
@@ -357,6 +358,45 @@ class LeaseBase(Generic[S]):
             raise LeaseLost(
                 self._describe(f"lease already ended ({state.ended})"), task_id=self.task_id, revision=self.revision
             )
+
+    # ---- durable steps (the shells' ``step``) ------------------------------------
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of step ``name`` of this cycle: the same for every attempt at it.
+
+        Pass it to the service the step calls (a payment API's ``Idempotency-Key``, an email
+        provider's dedupe id), so that the one case ``step`` cannot cover, a crash inside the
+        step after its effect and before its result was recorded, is deduplicated there.
+        """
+        return step_key(getattr(self._store, "namespace", ""), self.task_id, self.cycle_index, check_step_name(name))
+
+    def _step_args(self, name: str) -> dict[str, Any]:
+        """``_step_load``/``_step_record``'s: the name checked, and this claim, checked live here first."""
+        name = check_step_name(name)
+        self.check()
+        return {"token": self.token, "expected_revision": self.revision, "cycle_index": self.cycle_index,
+                "name": name}  # fmt: skip
+
+    def _step_refused(self, name: str) -> LeaseLost:
+        self._lose("Redis refused a durable step: the claim is no longer current (taken over, or its lease lapsed)")
+        return LeaseLost(
+            self._describe(f"step {name!r}: the lease is not current, nothing was recorded"),
+            task_id=self.task_id,
+            revision=self.revision,
+        )
+
+    def _step_found(self, name: str, found: tuple[bool, Any] | None) -> tuple[bool, Any]:
+        """What ``_step_load`` answered: ``(True, result)`` to return, ``(False, None)`` to run the step."""
+        if found is None:
+            raise self._step_refused(name)
+        return found
+
+    def _step_recorded(self, name: str, recorded: tuple[bool, Any]) -> Any:
+        """What ``_step_record`` answered: the result as stored, or LeaseLost (the step is not recorded)."""
+        applied, result = recorded
+        if not applied:
+            raise self._step_refused(name)
+        return result
 
     # ---- shared rules ---------------------------------------------------------
 

@@ -229,6 +229,14 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Every parked task id of the namespace, sorted."""
         return self._run(self._core.list_parked())
 
+    def _step_load(self, task_id: str, **lease: Any) -> tuple[bool, Any] | None:
+        """A durable step's stored result, for :meth:`Lease.step` (``CheckpointCore.step_load``)."""
+        return self._run(self._core.step_load(task_id, **lease))
+
+    def _step_record(self, task_id: str, result: Any, **lease: Any) -> tuple[bool, Any]:
+        """Record a durable step's result, for :meth:`Lease.step` (``CheckpointCore.step_record``)."""
+        return self._run(self._core.step_record(task_id, result, **lease))
+
     def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
         """Server time and a summary row per task, for the CLI (``CheckpointCore.summaries``)."""
         return self._run(self._core.summaries(task_ids))
@@ -356,6 +364,14 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""
         return await self._run(self._core.list_parked())
+
+    async def _step_load(self, task_id: str, **lease: Any) -> tuple[bool, Any] | None:
+        """A durable step's stored result, for :meth:`AsyncLease.step` (``CheckpointCore.step_load``)."""
+        return await self._run(self._core.step_load(task_id, **lease))
+
+    async def _step_record(self, task_id: str, result: Any, **lease: Any) -> tuple[bool, Any]:
+        """Record a durable step's result, for :meth:`AsyncLease.step` (``CheckpointCore.step_record``)."""
+        return await self._run(self._core.step_record(task_id, result, **lease))
 
     async def _summaries(self, task_ids: Sequence[str]) -> tuple[int, list[dict[str, Any]]]:
         """Server time and a summary row per task, for operator tooling (``CheckpointCore.summaries``)."""

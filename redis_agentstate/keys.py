@@ -6,6 +6,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:msgs:<task_id>     list   one msgpack blob per message (append-only)
     ns:{ns#SS}:cycles:<task_id>   list   one msgpack blob per cycle record
     ns:{ns#SS}:tomb:<task_id>     string the write ring of an acknowledged task (TTL; see _common.lua)
+    ns:{ns#SS}:steps:<task_id>    hash   "<cycle>\0<name>" -> result blob of a durable step (Lease.step)
     ns:{ns#SS}:tasks              zset   every task id of shard SS (score 0, lex order)
     ns:{ns#SS}:ready              zset   claimable task ids, score = ms they became claimable
     ns:{ns#SS}:parked             zset   parked (poison) task ids of shard SS (score 0, lex order)
@@ -95,7 +96,7 @@ MAX_NAMESPACE_CHARS = 128
 
 #: The Redis type the library keeps under each kind of key (the segment after the shard tag).
 KEY_TYPES = {
-    "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string",
+    "cp": "hash", "msgs": "list", "cycles": "list", "tomb": "string", "steps": "hash",
     "tasks": "zset", "ready": "zset", "gen": "string", "parked": "zset", "counters": "hash",
     "pool": "hash", "pool-members": "hash", "pool-msgs": "hash", "pool-msg-dedupe": "hash",
     "pool-wakes": "hash", "pool-wake-dedupe": "hash", "pool-log": "stream", "pool-runs": "hash",
@@ -104,7 +105,7 @@ KEY_TYPES = {
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
 }  # fmt: skip
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
-_TASK_KINDS = {"cp", "msgs", "cycles", "tomb"}
+_TASK_KINDS = {"cp", "msgs", "cycles", "tomb", "steps"}
 #: The keys of the fleet demo (``Keys.demo``).
 DEMO_KEYS = ("stats", "busy", "acks", "ready")
 
@@ -161,6 +162,9 @@ class TaskKeys:
     #: The shard's counter hash: KEYS[9] of the scripts that count (claim, claim_next, commit,
     #: commit_and_claim), after ``with_parked()``'s eight (``counted()``).
     counters: str
+    #: The task's durable step results: KEYS[10] of the scripts that end a cycle or the task
+    #: (``stepped()``), KEYS[2] of step_load.lua and step_record.lua (``for_steps()``).
+    steps: str
 
     def as_list(self) -> list[str]:
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb]
@@ -174,6 +178,15 @@ class TaskKeys:
         (claim, claim_next, commit, commit_and_claim)."""
         return [self.checkpoint, self.messages, self.cycles, self.ready, self.tasks, self.gen, self.tomb, self.parked,
                 self.counters]  # fmt: skip
+
+    def stepped(self) -> list[str]:
+        """``counted()`` and the task's step results: the KEYS of the scripts that drop them (commit,
+        commit_and_claim, finalize, acknowledge_terminal, delete, save)."""
+        return [*self.counted(), self.steps]
+
+    def for_steps(self) -> list[str]:
+        """The checkpoint hash and the step results: the KEYS of step_load.lua and step_record.lua."""
+        return [self.checkpoint, self.steps]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +281,7 @@ class Keys:
             tomb=p + "tomb:" + task_id,
             parked=p + "parked",
             counters=p + "counters",
+            steps=p + "steps:" + task_id,
         )
 
     def pool(self, pool_id: str) -> PoolKeys:

@@ -46,10 +46,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._lease_core import (
     CLAIM_SENT,
@@ -71,6 +72,8 @@ from .models import Checkpoint
 
 if TYPE_CHECKING:
     from .checkpoint import AsyncCheckpointStore, CheckpointStore
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_LEASE_MS",
@@ -276,6 +279,28 @@ class Lease(LeaseBase["CheckpointStore"]):
         self._stop.set()
         return self._continued(out.next, sent)
 
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once for this cycle: a durable step named ``name``.
+
+        The first attempt at the cycle runs ``fn`` and stores its result in Redis, fenced by
+        this lease (live on the server clock), before returning it; a later attempt at the same
+        cycle (after a crash, a lapse, a release for retry) gets the stored result back without
+        calling ``fn``. Results are dropped when the cycle is committed (or finalized), so the
+        next cycle runs its steps afresh. The result is returned as the codec reads it back
+        (a tuple as a list), the same on the first run and on a replay; it must encode and be
+        at most the store's ``max_payload_bytes`` (``InvalidArgument``, nothing recorded).
+
+        A step that raises is not recorded: the exception propagates and the retry runs it
+        again. A crash inside ``fn``, after its effect and before its result is stored, also
+        runs it again: pass :meth:`step_key` to the service ``fn`` calls. ``LeaseLost`` when
+        the lease is no longer current: nothing was read or recorded, and the work must stop.
+        """
+        hit, result = self._step_found(name, self._store._step_load(self.task_id, **self._step_args(name)))
+        if hit:
+            return result  # type: ignore[no-any-return]
+        result = fn(*args, **kwargs)
+        return self._step_recorded(name, self._store._step_record(self.task_id, result, **self._step_args(name)))  # type: ignore[no-any-return]
+
     def _successor(self, nxt: Checkpoint) -> Lease:
         return Lease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
                      clock=self._clock, **self._successor_options())  # fmt: skip
@@ -476,6 +501,21 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         if self._stop is not None:
             self._stop.set()
         return self._continued(out.next, sent)
+
+    async def step(self, name: str, fn: Callable[..., Awaitable[T] | T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` once for this cycle (see :meth:`Lease.step`).
+
+        ``fn`` is a coroutine function (a plain function's result is used as it is).
+        """
+        loaded = await self._store._step_load(self.task_id, **self._step_args(name))
+        hit, result = self._step_found(name, loaded)
+        if hit:
+            return result  # type: ignore[no-any-return]
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        recorded = await self._store._step_record(self.task_id, result, **self._step_args(name))
+        return self._step_recorded(name, recorded)  # type: ignore[no-any-return]
 
     def _successor(self, nxt: Checkpoint) -> AsyncLease:
         return AsyncLease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,

@@ -4,6 +4,8 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
 
     def handler(cp: Checkpoint) -> StepResult | Checkpoint: ...
     async def handler(cp: Checkpoint) -> StepResult | Checkpoint: ...   # AsyncRunner
+    def handler(cp: Checkpoint, cycle: Cycle) -> StepResult | Checkpoint: ...   # with durable steps
+    async def handler(cp: Checkpoint, cycle: AsyncCycle) -> ...                  # AsyncRunner
 
 * ``cp`` is the checkpoint as claimed: ``cp.claimed_cycle`` is the cycle to
   run, ``cp.cycle_index`` the last committed one. It is the handler's to
@@ -31,6 +33,14 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
   than ``failure_delay_ms``. With the store's
   ``max_attempts``, the task is parked after its last attempt fails, whether
   the handler raised or the worker died (its lease lapsing counts too).
+* A handler that takes a second positional parameter (without a default) gets the cycle's
+  :class:`Cycle` (:class:`AsyncCycle` on asyncio): ``cycle.step(name, fn,
+  *args)`` runs ``fn`` once per (task, cycle, name), its result memoized in
+  Redis under the lease (:meth:`Lease.step`), so the retry of a cycle whose
+  worker died does not call the model or send the email again;
+  ``cycle.step_key(name)`` is the idempotency key to hand the service ``fn``
+  calls; ``cycle.lease`` the lease. The signature is read once, when the runner
+  is built; one-parameter handlers are called as before.
 * A long handler should call ``current_lease().check()`` between steps: it
   raises :class:`~redis_agentstate.errors.LeaseLost` as soon as the lease is
   lost. On asyncio, losing the lease cancels the handler by itself.
@@ -49,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import math
@@ -73,7 +84,16 @@ from .models import Checkpoint
 if TYPE_CHECKING:
     from .checkpoint import AsyncCheckpointStore, CheckpointStore
 
-__all__ = ["DEFAULT_MAX_CONSECUTIVE_CYCLES", "AsyncRunner", "Runner", "RunnerStats", "StepResult", "current_lease"]
+__all__ = [
+    "DEFAULT_MAX_CONSECUTIVE_CYCLES",
+    "AsyncCycle",
+    "AsyncRunner",
+    "Cycle",
+    "Runner",
+    "RunnerStats",
+    "StepResult",
+    "current_lease",
+]
 
 #: How many cycles of one task a worker runs in a row (the first claimed by ``claim_next``, the
 #: others by ``commit_and_claim``) before it commits plainly and goes back to ``claim_next``.
@@ -127,9 +147,63 @@ class RunnerStats:
     parked: int = 0
 
 
+T = TypeVar("T")
+
+
+class Cycle:
+    """What a two-parameter handler gets besides the checkpoint: the cycle's lease and its durable steps."""
+
+    __slots__ = ("lease",)
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` once per (task, cycle, name), its result memoized (:meth:`Lease.step`)."""
+        return self.lease.step(name, fn, *args, **kwargs)
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of step ``name`` of this cycle, the same for every attempt (:meth:`Lease.step_key`)."""
+        return self.lease.step_key(name)
+
+
+class AsyncCycle:
+    """The asyncio twin of :class:`Cycle` (``await cycle.step(name, fn, *args)``, ``fn`` a coroutine function)."""
+
+    __slots__ = ("lease",)
+
+    def __init__(self, lease: AsyncLease) -> None:
+        self.lease = lease
+
+    async def step(self, name: str, fn: Callable[..., Awaitable[T] | T], /, *args: Any, **kwargs: Any) -> T:
+        """``await fn(*args, **kwargs)`` once per (task, cycle, name), memoized (:meth:`AsyncLease.step`)."""
+        return await self.lease.step(name, fn, *args, **kwargs)
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of step ``name`` of this cycle (:meth:`Lease.step_key`)."""
+        return self.lease.step_key(name)
+
+
+def takes_cycle(handler: Callable[..., Any]) -> bool:
+    """Whether ``handler`` has a second positional parameter without a default (it then gets the
+    :class:`Cycle`).
+
+    One with a default (``def step(cp, who="w")``) or ``*args`` does not count: a handler
+    written before cycles existed, or a wrapper without ``functools.wraps`` around one, must
+    keep getting one argument.
+    """
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: as before
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in params if p.kind in kinds]
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
+
+
 Outcome = StepResult | Checkpoint
-Handler = Callable[[Checkpoint], Outcome]
-AsyncHandler = Callable[[Checkpoint], Awaitable[Outcome]]
+Handler = Callable[[Checkpoint], Outcome] | Callable[[Checkpoint, Cycle], Outcome]
+AsyncHandler = Callable[[Checkpoint], Awaitable[Outcome]] | Callable[[Checkpoint, AsyncCycle], Awaitable[Outcome]]
 
 _current: ContextVar[Lease | AsyncLease | None] = ContextVar("agentstate_current_lease", default=None)
 
@@ -190,6 +264,8 @@ class _RunnerBase(Generic[S, H]):
             raise InvalidArgument("handler must be callable")
         self.store = store
         self.handler = handler
+        #: Read once: a handler with a second positional parameter gets the cycle (Cycle / AsyncCycle).
+        self._takes_cycle = takes_cycle(handler)
         self.concurrency = check_int(concurrency, "concurrency", 1, 4096)
         self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
         self.idle_min_ms = check_int(idle_min_ms, "idle_min_ms", 1, 3_600_000)
@@ -525,7 +601,10 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         with lease:
             reset = _current.set(lease)
             try:
-                result = self.handler(lease.checkpoint)
+                if self._takes_cycle:
+                    result = self.handler(lease.checkpoint, Cycle(lease))  # type: ignore[call-arg]
+                else:
+                    result = self.handler(lease.checkpoint)  # type: ignore[call-arg]
                 cp, done, replace_history = self._outcome(result, lease)
             except LeaseLost as exc:
                 self._lost(clog, lease, cp, exc)
@@ -660,7 +739,10 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
             async with lease:
                 reset = _current.set(lease)
                 try:
-                    result = await self.handler(lease.checkpoint)
+                    if self._takes_cycle:
+                        result = await self.handler(lease.checkpoint, AsyncCycle(lease))  # type: ignore[call-arg]
+                    else:
+                        result = await self.handler(lease.checkpoint)  # type: ignore[call-arg]
                     cp, done, replace_history = self._outcome(result, lease)
                 except LeaseLost:
                     raise

@@ -47,6 +47,8 @@ __all__ = [
     "RENEW",
     "REQUEUE",
     "SAVE",
+    "STEP_LOAD",
+    "STEP_RECORD",
     "SUMMARY",
     "Reply",
     "WRITES",
@@ -70,10 +72,12 @@ SUMMARY = "summary"
 RELEASE = "release"
 REQUEUE = "requeue"
 PRUNE = "prune"
+STEP_LOAD = "step_load"
+STEP_RECORD = "step_record"
 
 CHECKPOINT_SCRIPTS = (
     CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
-    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE,
+    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE, STEP_LOAD, STEP_RECORD,
 )  # fmt: skip
 
 KV_SET = "kv_set"
@@ -126,14 +130,16 @@ LG_SCRIPTS = (
 #: ``_ops.Command``) are reads only: every write is a script.
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
-    RELEASE, REQUEUE, PRUNE,
+    RELEASE, REQUEUE, PRUNE, STEP_RECORD,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
-READS = frozenset({LOAD, SUMMARY, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP})
+READS = frozenset(
+    {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP}
+)
 
 #: The preludes each script is built on, in order (after the rendered constants).
 PRELUDES: dict[str, tuple[str, ...]] = {

@@ -177,6 +177,21 @@ def test_script_floor_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_steps_benchmark_runs() -> None:
+    """The durable steps' cost measurement runs every contender and prints its figures."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.steps", "--rounds", "2", "--steps", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("step: median", "step replay: median", "commit_and_claim: median"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_client_ab_runs_both_sides(tmp_path: Path) -> None:
     """The client A/B imports another commit's package next to this one and measures both in the same rounds."""
     _need_redis_server()

@@ -38,6 +38,8 @@ NEXT_TOKEN = "tok-contract-next"
 LEASE_MS = 4321
 AFTER_MS = 1234
 REASON = "contract: ValueError: boom"
+STEP_NAME = "contract-step"
+STEP_RESULT = ["contract", 1]
 STATUS_VALUES = {s.value for s in AgentStatus}
 
 
@@ -189,6 +191,8 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "have_c": lambda v, a, i: _int(v) == 0 or 20 <= _int(v) < 100,
     # The blobs follow the fixed slots: as many message blobs as this says, then the cycle blobs.
     "n_messages": lambda v, a, i: 0 <= v <= len(a) - i - 1,
+    "name": lambda v, a, i: v == STEP_NAME,
+    "result": lambda v, a, i: isinstance(v, bytes) and decode(v, key="result") == STEP_RESULT,
 }
 
 
@@ -225,6 +229,10 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     cp = store.claim("a", 4, token=TOKEN, lease_ms=LEASE_MS)
     assert cp is not None
     assert store.renew("a", token=TOKEN, expected_revision=cp.revision, lease_ms=LEASE_MS)
+    held = {"token": TOKEN, "expected_revision": cp.revision, "cycle_index": 4, "name": STEP_NAME}
+    assert store._step_load("a", **held) == (False, None)
+    assert store._step_record("a", STEP_RESULT, **held) == (True, STEP_RESULT)
+    assert store._step_load("a", **held) == (True, STEP_RESULT)
     cp.cycle_index = 4
     cp.messages.append("new")
     cp = store.commit_and_claim(cp, token=TOKEN, expected_revision=cp.revision, lease_ms=LEASE_MS,
@@ -303,12 +311,12 @@ def test_header_check_catches_a_builder_out_of_step() -> None:
     header = Header("commit")
     body = encode([{}, None, None], what="body")
     good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, "0", b"e", 20, 20, 1, b"m"]
-    header.check("commit", ["k"] * 9, good)
+    header.check("commit", ["k"] * 10, good)
     check_named("commit", header, good)
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 9, good[:12])
+        header.check("commit", ["k"] * 10, good[:12])
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 8, good)
+        header.check("commit", ["k"] * 9, good)
     swapped = [good[0], good[2], good[1], *good[3:]]
     with pytest.raises(AssertionError):
         check_named("commit", header, swapped)

@@ -87,9 +87,11 @@ class TestTerminalTTL:
         finish_claimed(store, "t1")
         keys = task_keys(store, "t1")
         mine = per_task_keys(keys)
-        # keys.py's per-task keys are the checkpoint, both histories and the tombstone: all exist now.
-        assert set(mine) == {keys.checkpoint, keys.messages, keys.cycles, keys.tomb}
-        for key in mine:
+        # keys.py's per-task keys are the checkpoint, both histories, the tombstone and the durable
+        # steps' results, which the terminal write dropped: the other four exist now.
+        assert set(mine) == {keys.checkpoint, keys.messages, keys.cycles, keys.tomb, keys.steps}
+        assert not raw.exists(keys.steps)
+        for key in set(mine) - {keys.steps}:
             ttl = raw.pttl(key)
             assert 0 < ttl <= 120_000, (key, ttl)
         # One absolute time for the task's own keys (PEXPIREAT): all of them are there, or none.
@@ -105,8 +107,10 @@ class TestTerminalTTL:
         cp = store.load("f")
         cp.status, cp.terminal_result = AgentStatus.FAILED, {"why": "operator"}
         assert store.finalize(cp, expected_revision=cp.revision)
-        for key in per_task_keys(task_keys(store, "f")):
+        keys = task_keys(store, "f")
+        for key in set(per_task_keys(keys)) - {keys.steps}:  # the step results were dropped, not kept
             assert 0 < raw.pttl(key) <= 120_000, key
+        assert not raw.exists(keys.steps)
 
     def test_a_parked_task_finalized_leaves_the_parked_index_and_expires_whole(
         self, make: Callable[..., Any], raw: Any
@@ -126,7 +130,7 @@ class TestTerminalTTL:
         assert store.finalize(parked, expected_revision=parked.revision)
         assert store.list_parked() == [] and raw.zscore(keys.parked, "poison") is None
         mine = per_task_keys(keys)
-        assert set(mine) == {keys.checkpoint, keys.messages, keys.cycles, keys.tomb}
+        assert set(mine) == {keys.checkpoint, keys.messages, keys.cycles, keys.tomb, keys.steps}
         for key in (keys.checkpoint, keys.messages, keys.cycles):
             assert 0 < raw.pttl(key) <= TTL, key
         wait_for(lambda: not any(raw.exists(k) for k in (keys.checkpoint, keys.messages, keys.cycles)))

@@ -15,6 +15,11 @@
 --                                         (or of an expiring terminal one, see expire_terminal)
 --   KEYS[8] - ns:{ns#SS}:parked         zset  parked (poison) task ids of the shard (score 0, lex order)
 --   KEYS[9] - ns:{ns#SS}:counters       hash  claims/commits/takeovers of the shard (see count)
+--   KEYS[10] - ns:{ns#SS}:steps:<task>  hash  '<cycle>\0<name>' -> result blob of a durable step
+--                                         (step_record.lua); taken by the scripts that end a
+--                                         cycle or the task (commit, commit_and_claim, finalize,
+--                                         acknowledge_terminal, delete, save: TaskKeys.stepped()),
+--                                         which drop it: a cycle's results never outlive it
 --
 -- Hash fields hold decimal strings; absent optional values are ''. 'term' is
 -- '1' when a terminal_result is stored. 'epoch' names the current history
@@ -384,8 +389,27 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '')
   if expiring then expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb) end
+  -- The cycle is written: its durable steps' results are over (DEL cannot fail half-way).
+  if keys[10] then redis.call('DEL', keys[10]) end
   if claim then return {REPLY_DONE, epoch, lease} end
   return {REPLY_DONE, epoch}
+end
+
+-- ---- durable steps (step_load, step_record) --------------------------------
+
+-- {REPLY_REFUSED} unless ``token`` holds cycle ``cycle`` (a decimal string) of the
+-- task whose hash is ``keys[1]`` at revision ``expected``, with its lease live on
+-- the server clock (renew.lua's rule); nil when it does. A malformed field gets
+-- the corrupt() error reply.
+local function lease_not_current(keys, token, expected, cycle)
+  local h = redis.call('HMGET', keys[1], 'rev', 'token', 'claimed', 'lease')
+  if not h[1] then return {REPLY_REFUSED} end
+  if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
+  if h[4] and h[4] ~= '' and not int_in(h[4], 0, MAX_REVISION) then return corrupt(1, 'lease') end
+  if tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle or (tonumber(h[4]) or 0) <= server_now_ms() then
+    return {REPLY_REFUSED}
+  end
+  return nil
 end
 
 -- ---- the claim of one cycle (claim, commit_and_claim) ----------------------

@@ -1,5 +1,8 @@
 -- acknowledge_terminal.lua: delete a terminal checkpoint at the expected revision.
 --   KEYS[1..7] - the task's keys (see _common.lua)
+--   KEYS[8..9] - the shard's parked index and counters (see _common.lua): not written, sent for
+--                the common layout
+--   KEYS[10]   - the task's step results (see _common.lua): removed with the task
 --   ARGV[1]    - identity: of this acknowledgement ('ack:<revision>'); kept in
 --                the tombstone KEYS[7] for ARGV[3] ms so that a re-send (by
 --                anyone) still returns REPLY_DONE
@@ -20,7 +23,7 @@ if h[1] then
 end
 if h[1] and tonumber(h[1]) == expected and h[2] == '1' then
   local task_id = task_id_of(KEYS[1])
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[10])
   redis.call('ZREM', KEYS[4], task_id)
   redis.call('ZREM', KEYS[5], task_id)
   -- The tombstone keeps the task's write ring, so a re-sent commit/finalize is still recognised.

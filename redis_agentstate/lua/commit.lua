@@ -3,6 +3,7 @@
 --   KEYS[8]    - the shard's parked index (see _common.lua): not written (a commit never
 --                finds its task parked: parking clears the claim), sent for the common layout
 --   KEYS[9]    - the shard's counters (see _common.lua): a commit applied now is counted
+--   KEYS[10]   - the task's step results (see _common.lua): dropped by a commit applied now
 --   ARGV[1]    - identity: of this write, a digest of its content (a re-send returns REPLY_DONE_BEFORE)
 --   ARGV[2]    - token: the claim token that holds the cycle
 --   ARGV[3]    - expected_revision: the one the claim returned

@@ -4,6 +4,7 @@
 --   KEYS[8]    - the shard's parked index (see _common.lua)
 --   KEYS[9]    - the shard's counters (see _common.lua): counts the commit and the claim
 --                applied now (a re-send's claim only when it is a fresh one: claim_cycle)
+--   KEYS[10]   - the task's step results (see _common.lua): dropped by a commit applied now
 --   ARGV[1]    - identity: of this write, a digest of its content (as commit.lua)
 --   ARGV[2]    - token: the claim token that holds cycle N
 --   ARGV[3]    - expected_revision: the one the claim returned

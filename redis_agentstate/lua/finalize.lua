@@ -2,6 +2,8 @@
 --   KEYS[1..7] - the task's keys (see _common.lua)
 --   KEYS[8]    - the shard's parked index (see _common.lua): a parked task
 --                (nobody holds it) may be finalized, and leaves it
+--   KEYS[9]    - the shard's counters (see _common.lua): not written, sent for the common layout
+--   KEYS[10]   - the task's step results (see _common.lua): dropped by a finalize applied now
 --   ARGV[1]    - identity: of this write, a digest of its content (a re-send returns REPLY_DONE_BEFORE)
 --   ARGV[2]    - expected_revision
 --   ARGV[3]    - cycle_index

@@ -2,6 +2,9 @@
 -- whatever the task held, history included.
 --   KEYS[1..7] - the task's keys (see _common.lua)
 --   KEYS[8]    - the shard's parked index (see _common.lua): a saved task is not parked
+--   KEYS[9]    - the shard's counters (see _common.lua): not written, sent for the common layout
+--   KEYS[10]   - the task's step results (see _common.lua): dropped, as the rest of what the
+--                task held (a save that moves the task back must not replay another run's steps)
 --   ARGV[1]    - nonce: of this call
 --   ARGV[2]    - token: claim_token to store ('' for none)
 --   ARGV[3]    - revision: to store
@@ -29,6 +32,7 @@ redis.call('ZREM', KEYS[8], task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
   'epoch', epoch, 'applied', ring_push(h[1], nonce), 'att', '0', 'parked', '', 'why', '', 'failrev', '')
+redis.call('DEL', KEYS[10])
 -- A save over a terminal task that was set to expire (terminal_ttl_ms) stores
 -- what it is given, to be kept: the history was just rewritten without a TTL.
 redis.call('PERSIST', KEYS[1])
