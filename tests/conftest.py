@@ -88,18 +88,29 @@ def _thin_store_matrix(items: list[pytest.Item]) -> set[pytest.Item]:
     groups: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]] = {}
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
-        if not params or not any(p in params for p in STORE_PARAMS):
-            continue
+        if not params or not any(p in params for p in STORE_PARAMS) or _long_tail(item):
+            continue  # the long tail is left out whole: it takes no part in the alternation
         variant = tuple(params.get(p) for p in STORE_PARAMS)
         case = tuple((name, id(value)) for name, value in sorted(params.items()) if name not in STORE_PARAMS)
         groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
-    per_file = Counter(members[0][2].path for members in groups.values())
+
+    def two_flavored(members: list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]) -> bool:
+        return len({v for v, _, _ in members}) > len({v[0] for v, _, _ in members})
+
+    # Only tests that run in both flavors alternate: a file's only such test keeps both.
+    per_file = Counter(members[0][2].path for members in groups.values() if two_flavored(members))
+    # They are numbered within their file, so they alternate among themselves (numbered across
+    # the suite, or counting one-flavor tests, a file's two could both land on one flavor).
+    numbers: Counter[Any] = Counter()
     dropped: set[pytest.Item] = set()
-    for number, members in enumerate(groups.values()):
+    for members in groups.values():
+        path = members[0][2].path
+        number = numbers[path]
+        numbers[path] += two_flavored(members)
         by_backend: dict[Any, list[tuple[Any, ...]]] = {}
         for variant in dict.fromkeys(v for v, _, _ in members):
             by_backend.setdefault(variant[0], []).append(variant)
-        if per_file[members[0][2].path] == 1:  # a file's only store test keeps both flavors
+        if per_file[path] <= 1:  # a file's only store test in both flavors keeps both
             kept = [v for flavors in by_backend.values() for v in flavors]
         else:
             kept = [flavors[(number + b) % len(flavors)] for b, flavors in enumerate(by_backend.values())]
