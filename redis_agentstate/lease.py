@@ -36,10 +36,10 @@ Once lost: :attr:`Lease.lost` is True, :meth:`Lease.check` and every later
 ``commit``/``finalize`` raise :class:`~redis_agentstate.errors.LeaseLost`, the
 ``on_lost`` callback runs and an error is logged; the async keeper also
 cancels the task that entered ``async with`` (which then sees ``LeaseLost``
-instead of ``CancelledError``), and again every :data:`RECANCEL_S` until it has
-left the block, since a cancel can be swallowed on its way. A commit that reaches Redis is still fenced
-there by the claim's revision, so even a worker that ignores all of this can
-never overwrite a newer claim.
+instead of ``CancelledError``), and again every :data:`RECANCEL_S` until it
+has left the block, since a cancel can be swallowed on its way. A commit that
+reaches Redis is still fenced there by the claim's revision, so even a worker
+that ignores all of this can never overwrite a newer claim.
 """
 
 from __future__ import annotations
@@ -421,7 +421,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         self._stop = asyncio.Event()
         self._body.enter()
         self._keeper = asyncio.get_running_loop().create_task(
-            self._body.keeping(self._keep()), name=f"agentstate-lease-{self.task_id}"
+            self._body.keeping(self._keep), name=f"agentstate-lease-{self.task_id}"
         )
         return self
 
@@ -604,9 +604,9 @@ class CancelOnLoss:
             self._sent += 1
             work.cancel(message)
 
-    async def keeping(self, renewals: Awaitable[None]) -> None:
-        """The keeper task: ``renewals`` (until the lease is lost or over), then the re-cancels."""
-        await renewals
+    async def keeping(self, renewals: Callable[[], Awaitable[None]]) -> None:
+        """The keeper task: ``renewals()`` (until the lease is lost or over), then the re-cancels."""
+        await renewals()
         left = self._left
         while self.cancelled and left is not None:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -615,7 +615,7 @@ class CancelOnLoss:
             if work is None or work.done():
                 return
             self._sent += 1
-            work.cancel(f"{self._message} (cancelled again: the first cancel was swallowed)")
+            work.cancel(f"{self._message} (cancelled again: the body has not left the block)")
 
     async def exit(
         self, close: Callable[[], Awaitable[Any]], exc: BaseException | None, lost: Callable[[], LeaseLost]

@@ -561,7 +561,7 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
         self._acquired(sent, await self._saver._run(self._acquire_op()))
         self._stop = asyncio.Event()
         self._body.enter()
-        self._keeper = asyncio.get_running_loop().create_task(self._body.keeping(self._keep()))
+        self._keeper = asyncio.get_running_loop().create_task(self._body.keeping(self._keep))
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
