@@ -569,8 +569,9 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
 #: How long the async keeper waits for the body to leave the block after cancelling it before it
 #: cancels again: a cancel can be swallowed on the way (Python < 3.12's ``asyncio.wait_for``, which
-#: redis-py awaits on every command sent with a ``socket_timeout``, returns the result of an inner
-#: call that completed in the same loop iteration as the cancel and drops the cancel).
+#: redis-py awaits on every command sent with a ``socket_timeout``, 5 s by default in redis-py 8,
+#: returns the result of an inner call that completed in the same loop iteration as the cancel and
+#: drops the cancel).
 RECANCEL_S = 0.2
 
 
