@@ -36,9 +36,10 @@ Once lost: :attr:`Lease.lost` is True, :meth:`Lease.check` and every later
 ``commit``/``finalize`` raise :class:`~redis_agentstate.errors.LeaseLost`, the
 ``on_lost`` callback runs and an error is logged; the async keeper also
 cancels the task that entered ``async with`` (which then sees ``LeaseLost``
-instead of ``CancelledError``). A commit that reaches Redis is still fenced
-there by the claim's revision, so even a worker that ignores all of this can
-never overwrite a newer claim.
+instead of ``CancelledError``), and again every :data:`RECANCEL_S` until it
+has left the block, since a cancel can be swallowed on its way. A commit that
+reaches Redis is still fenced there by the claim's revision, so even a worker
+that ignores all of this can never overwrite a newer claim.
 """
 
 from __future__ import annotations
@@ -351,7 +352,8 @@ class Lease(LeaseBase["CheckpointStore"]):
 
 class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
     """The asyncio twin of :class:`Lease`: the keeper is a task, and losing the
-    lease cancels the task that entered ``async with`` (it sees ``LeaseLost``)."""
+    lease cancels the task that entered ``async with`` (it sees ``LeaseLost``),
+    again every :data:`RECANCEL_S` until it has left the block (:class:`CancelOnLoss`)."""
 
     def __init__(
         self,
@@ -374,8 +376,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         self._cancel_on_loss = cancel_on_loss
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
-        self._work: asyncio.Task[Any] | None = None
-        self._cancelled_work = False
+        self._body = CancelOnLoss()
 
     @classmethod
     async def next(
@@ -418,17 +419,17 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             )
             self._adopt(cp, sent)
         self._stop = asyncio.Event()
-        self._work = asyncio.current_task()
-        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"agentstate-lease-{self.task_id}")
+        self._body.enter()
+        self._keeper = asyncio.get_running_loop().create_task(
+            self._body.keeping(self._keep), name=f"agentstate-lease-{self.task_id}"
+        )
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._work = None  # from here on, a loss cancels nothing
         self._exiting(exc)
-        await exit_after_cancel(
+        await self._body.exit(
             self.close,
             exc,
-            lambda: self._cancelled_work,
             lambda: LeaseLost(
                 self._describe(f"lease lost, work cancelled: {self.lost_reason}"),
                 task_id=self.task_id,
@@ -466,10 +467,8 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
     def _lose(self, reason: str, *, fenced: bool = False) -> bool:
         first = super()._lose(reason, fenced=fenced)
-        work = self._work
-        if first and self._cancel_on_loss and work is not None and not work.done():
-            self._cancelled_work = True
-            work.cancel(self._describe(f"lease lost: {reason}"))
+        if first and self._cancel_on_loss:
+            self._body.cancel(self._describe(f"lease lost: {reason}"))
         return first
 
     async def commit(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
@@ -568,29 +567,82 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             self._lose(f"lease keeper task crashed: {exc!r}")
 
 
-async def exit_after_cancel(
-    close: Callable[[], Awaitable[Any]],
-    exc: BaseException | None,
-    cancelled_work: Callable[[], bool],
-    lost: Callable[[], LeaseLost],
-) -> None:
-    """Leave an ``async with`` whose keeper may have cancelled the body on loss: ``close()``, then turn
-    our own cancellation into ``lost()`` (uncancelling the task), and let anyone else's through."""
-    delivered = isinstance(exc, asyncio.CancelledError)
-    try:
-        await close()
-        if cancelled_work() and not delivered:
-            # Our cancel may still be pending if the body finished without awaiting: take it here.
-            await asyncio.sleep(0)
-    except asyncio.CancelledError as cancel:
-        if not cancelled_work() or delivered:
-            raise
-        delivered = True
-        exc = exc or cancel
-    if not cancelled_work():
-        return
-    task = asyncio.current_task()
-    if delivered and task is not None and hasattr(task, "uncancel"):
-        task.uncancel()
-    if exc is None or isinstance(exc, asyncio.CancelledError):
-        raise lost() from exc
+#: How long the async keeper waits for the body to leave the block after cancelling it before it
+#: cancels again: a cancel can be swallowed on the way (Python < 3.12's ``asyncio.wait_for``, which
+#: redis-py awaits on every command sent with a ``socket_timeout``, 5 s by default in redis-py 8,
+#: returns the result of an inner call that completed in the same loop iteration as the cancel and
+#: drops the cancel).
+RECANCEL_S = 0.2
+
+
+class CancelOnLoss:
+    """The task inside an async lease's ``async with``, which losing the lease cancels.
+
+    Shared by :class:`AsyncLease` and the LangGraph saver's ``AsyncThreadLease``: ``enter`` in
+    ``__aenter__``; ``cancel`` when the lease is lost; the keeper task runs ``keeping(renewals)``,
+    which once the renewals have ended cancels the body again every :data:`RECANCEL_S` until it
+    has left the block (a swallowed cancel must not let it run on); ``exit`` in ``__aexit__``.
+    """
+
+    def __init__(self) -> None:
+        self._work: asyncio.Task[Any] | None = None
+        self._left: asyncio.Event | None = None
+        self._message = ""
+        #: Cancels sent to the body, delivered or swallowed: ``exit`` takes each back.
+        self._sent = 0
+        self.cancelled = False
+
+    def enter(self) -> None:
+        self._work = asyncio.current_task()
+        self._left = asyncio.Event()
+
+    def cancel(self, message: str) -> None:
+        """Cancel the body, unless it has left the block (or there is none)."""
+        work = self._work
+        if work is not None and not work.done():
+            self.cancelled = True
+            self._message = message
+            self._sent += 1
+            work.cancel(message)
+
+    async def keeping(self, renewals: Callable[[], Awaitable[None]]) -> None:
+        """The keeper task: ``renewals()`` (until the lease is lost or over), then the re-cancels."""
+        await renewals()
+        left = self._left
+        while self.cancelled and left is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(left.wait(), timeout=RECANCEL_S)
+            work = self._work
+            if work is None or work.done():
+                return
+            self._sent += 1
+            work.cancel(f"{self._message} (cancelled again: the body has not left the block)")
+
+    async def exit(
+        self, close: Callable[[], Awaitable[Any]], exc: BaseException | None, lost: Callable[[], LeaseLost]
+    ) -> None:
+        """Leave the ``async with``: from here on a loss cancels nothing; ``close()``, then turn our own
+        cancellation into ``lost()`` and let anyone else's through. Every cancel we sent is taken back
+        (``uncancel``), so the task's ``cancelling()`` count is what it was (``asyncio.timeout`` reads it)."""
+        self._work = None
+        if self._left is not None:
+            self._left.set()
+        delivered = isinstance(exc, asyncio.CancelledError)
+        try:
+            await close()
+            if self.cancelled and not delivered:
+                # Our cancel may still be pending if the body finished without awaiting: take it here.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError as cancel:
+            if not self.cancelled or delivered:
+                raise
+            delivered = True
+            exc = exc or cancel
+        if not self.cancelled:
+            return
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):
+            for _ in range(self._sent):
+                task.uncancel()
+        if exc is None or isinstance(exc, asyncio.CancelledError):
+            raise lost() from exc

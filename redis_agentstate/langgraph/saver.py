@@ -26,7 +26,7 @@ from .._lease_core import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, 
 from .._ops import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ..clients import RedisClient
 from ..errors import LeaseLost
-from ..lease import exit_after_cancel
+from ..lease import CancelOnLoss
 from ..spec import StoreSpec
 from ._core import LG_SCRIPTS, SaverCore, _ident
 
@@ -242,13 +242,6 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
 
 
 S = TypeVar("S", bound=_Savers)
-
-#: How long the async keeper waits for the body to stop after cancelling it before it cancels
-#: again: a cancel can be swallowed on the way (Python < 3.12's ``asyncio.wait_for``, which
-#: redis-py awaits on every command, returns the result of an inner call that completed in the
-#: same loop iteration as the cancel and drops the cancel; LangGraph's first await in
-#: ``ainvoke`` is such a command).
-RECANCEL_S = 0.2
 
 
 class _ThreadLeaseBase(Generic[S]):
@@ -552,34 +545,27 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
     cancels the task that entered ``async with`` (it sees ``LeaseLost``), as ``AsyncLease`` does.
 
     The keeper cancels again every ``RECANCEL_S`` until the body has stopped: a cancel
-    swallowed on the way (see ``RECANCEL_S``) must not let the graph run on.
+    swallowed on the way (see ``lease.RECANCEL_S``; LangGraph's first await in ``ainvoke`` is a
+    Redis command) must not let the graph run on.
     """
 
     def __init__(self, saver: AsyncAgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
         super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
         self._stop: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None
-        self._work: asyncio.Task[Any] | None = None
-        self._cancelled_work = False
-        #: Cancels sent to the body beyond the first (each is taken back when the block ends).
-        self._recancels = 0
+        self._body = CancelOnLoss()
 
     async def __aenter__(self) -> AsyncThreadLease:
         self._saver._bind()
         sent = monotonic()
         self._acquired(sent, await self._saver._run(self._acquire_op()))
         self._stop = asyncio.Event()
-        self._work = asyncio.current_task()
-        self._keeper = asyncio.get_running_loop().create_task(self._keep())
+        self._body.enter()
+        self._keeper = asyncio.get_running_loop().create_task(self._body.keeping(self._keep))
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._work = None  # from here on, a loss cancels nothing
-        task = asyncio.current_task()
-        if task is not None and hasattr(task, "uncancel"):
-            for _ in range(self._recancels):
-                task.uncancel()  # exit_after_cancel takes back the first
-        await exit_after_cancel(self.release, exc, lambda: self._cancelled_work, self._lost_error)
+        await self._body.exit(self.release, exc, self._lost_error)
 
     def _lost_error(self) -> LeaseLost:
         state = self._state
@@ -595,7 +581,7 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
             self._stop.set()
         keeper = self._keeper
         if keeper is not None and keeper is not asyncio.current_task():
-            if self._cancelled_work:
+            if self._body.cancelled:
                 keeper.cancel()  # only re-cancelling the body, which has stopped
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(keeper, timeout=state.time_left(monotonic()))
@@ -603,10 +589,7 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
 
     def _lost(self, reason: str) -> None:
         super()._lost(reason)
-        work = self._work
-        if work is not None and not work.done():
-            self._cancelled_work = True
-            work.cancel(f"lease on thread {self.thread_id!r} lost: {reason}")
+        self._body.cancel(f"lease on thread {self.thread_id!r} lost: {reason}")
 
     async def _keep(self) -> None:
         stop = self._stop
@@ -627,10 +610,3 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
             except Exception as exc:
                 outcome = exc
             self._renew_outcome(sent, outcome)
-        while self._cancelled_work:
-            await asyncio.sleep(RECANCEL_S)
-            work = self._work
-            if work is None or work.done():
-                return
-            self._recancels += 1
-            work.cancel(f"lease on thread {self.thread_id!r} lost (cancelled again: the first cancel was swallowed)")
