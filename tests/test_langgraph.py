@@ -761,6 +761,19 @@ def test_a_crashed_holders_lease_key_expires(saver: Any, backend: Any, namespace
     assert not _raw(backend).exists(meta)
 
 
+@pytest.mark.parametrize("exp", ["inf", "nan", "-inf", "1e400", "0x10", "12abc", ""])
+def test_a_lease_whose_expiry_is_unreadable_holds_nothing(
+    saver: Any, backend: Any, namespace: str, twin_loop, exp: str
+):
+    """A lease key this library did not write (a hand-edited ``exp``, no TTL) is no lease: it must
+    neither hold the thread for ever (``inf`` read as a live lease) nor fail every call on it."""
+    meta = Keys(namespace).thread("t").meta
+    _raw(backend).hset(meta, mapping={"holder": "ghost", "exp": exp})
+    _call_op(saver, twin_loop, saver._core.acquire("t", "mine", 5_000, 0, None))
+    assert _raw(backend).hget(meta, "holder") in (b"mine", "mine")
+    assert 0 < _raw(backend).pttl(meta) <= 5_000
+
+
 async def test_losing_an_async_thread_lease_cancels_a_running_ainvoke(backend: Any, namespace: str):
     """The loop blocked past the lease, then ainvoke: its first Redis command completes in the same loop
     iteration as the keeper's cancel, which Python 3.11's asyncio.wait_for (in redis-py) swallows."""

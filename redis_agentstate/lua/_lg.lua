@@ -28,6 +28,14 @@ local function probe()
   redis.call('LLEN', KEYS[7])
 end
 
+-- The expiry (server ms) of a lease as lg_lease.lua writes it: ASCII digits. Anything else
+-- (a hand-edited 'inf', '1e400', which tonumber reads as a lease for ever) holds nothing: 0.
+local function lease_exp(raw)
+  local ms = 0
+  if raw and #raw <= 15 and string.match(raw, '^%d+$') then ms = tonumber(raw) end
+  return ms
+end
+
 -- '' when the caller may write: token holds a live lease on the thread, or token is ''
 -- and no live lease is held. 'busy': a live lease is held and the caller holds none.
 -- 'lost': the caller's token no longer holds a live lease (it expired on the server
@@ -35,17 +43,17 @@ end
 local function fence(token, now)
   local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
   if token == '' then
-    if h[1] and (tonumber(h[2]) or 0) > now then return 'busy' end
+    if h[1] and lease_exp(h[2]) > now then return 'busy' end
     return ''
   end
-  if h[1] ~= token or (tonumber(h[2]) or 0) <= now then return 'lost' end
+  if h[1] ~= token or lease_exp(h[2]) <= now then return 'lost' end
   return ''
 end
 
 -- True while somebody holds a live lease on the thread.
 local function leased(now)
   local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
-  return h[1] ~= false and h[1] ~= nil and (tonumber(h[2]) or 0) > now
+  return h[1] ~= false and h[1] ~= nil and lease_exp(h[2]) > now
 end
 
 -- Expiry of every data key of the thread (not the lease: it has its own).

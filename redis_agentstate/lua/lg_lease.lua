@@ -12,7 +12,7 @@ local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 redis.call('HLEN', KEYS[1])
 local now = server_now_ms()
 local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
-local exp = tonumber(h[2]) or 0
+local exp = lease_exp(h[2])
 if h[1] and h[1] ~= token and exp > now then return {REPLY_REFUSED, string.format('%d', exp), string.format('%d', now)} end
 local expires = string.format('%d', now + lease_ms)
 redis.call('HSET', KEYS[1], 'holder', token, 'exp', expires)

@@ -9,7 +9,7 @@ local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 
 local now = server_now_ms()
 local h = redis.call('HMGET', KEYS[1], 'holder', 'exp')
-if h[1] ~= token or (tonumber(h[2]) or 0) <= now then return {REPLY_REFUSED} end
+if h[1] ~= token or lease_exp(h[2]) <= now then return {REPLY_REFUSED} end
 local expires = string.format('%d', now + lease_ms)
 redis.call('HSET', KEYS[1], 'exp', expires)
 redis.call('PEXPIRE', KEYS[1], lease_ms)
