@@ -45,7 +45,7 @@ from .pool_models import (
     WakeRegistration,
 )
 from .pools import AsyncPoolStore, PoolStore
-from .runner import AsyncRunner, Runner, RunnerStats, StepResult, current_lease
+from .runner import AsyncCycle, AsyncRunner, Cycle, Runner, RunnerStats, StepResult, current_lease
 from .spec import StoreSpec
 
 __version__ = "0.1.0"
@@ -58,6 +58,7 @@ __all__ = [
     "AgentStatus",
     "AlreadyClaimed",
     "AsyncCheckpointStore",
+    "AsyncCycle",
     "AsyncKeyValueStore",
     "AsyncLease",
     "AsyncPoolStore",
@@ -72,6 +73,7 @@ __all__ = [
     "CorruptState",
     "Cursor",
     "CursorExpired",
+    "Cycle",
     "CycleConflict",
     "InvalidArgument",
     "KeyValueStore",
