@@ -225,6 +225,13 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Make a parked task runnable again at its cycle, attempts from 0 (``TaskNotFound``, ``NotParked``)."""
         self._run(self._core.requeue(task_id))
 
+    def cancel(self, task_id: str, *, reason: str | None = None) -> bool:
+        """End the task at once, status ``cancelled``, its holder fenced out: False if terminal already.
+
+        ``reason`` is kept as ``last_failure``; ``TaskNotFound`` when there is no such task.
+        """
+        return self._run(self._core.cancel(task_id, reason=reason))
+
     def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""
         return self._run(self._core.list_parked())
@@ -360,6 +367,10 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def requeue(self, task_id: str) -> None:
         """Make a parked task runnable again (see :meth:`CheckpointStore.requeue`)."""
         await self._run(self._core.requeue(task_id))
+
+    async def cancel(self, task_id: str, *, reason: str | None = None) -> bool:
+        """End the task at once, status ``cancelled`` (see :meth:`CheckpointStore.cancel`)."""
+        return await self._run(self._core.cancel(task_id, reason=reason))
 
     async def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""

@@ -172,6 +172,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         cycle, rev = ("?", "?") if r["status"] == "corrupt" else (r["cycle_index"], r["revision"])
         if r["status"] == "corrupt":
             claim = f"not data redis_agentstate wrote: {esc(r['corrupt'])}"
+        elif r["status"] == "cancelled":
+            claim = f"reason: {esc(r.get('last_failure') or '(none given)')}"
         print(f"{tid.ljust(width)}  {status:<24}  {cycle:>6}  {rev:>6}  {claim}")
     if hidden:
         print(f"... and {hidden} more task(s) (--limit {args.limit}; raise or drop --limit to list them)")
@@ -232,6 +234,21 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     cycle = (row.get("cycle_index") or 0) + 1
     print(f"requeued {esc(args.task)}: runnable again at cycle {cycle} (it had {data['attempts']} attempt(s); "
           f"last failure: {why})")  # fmt: skip
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``cancel TASK [--reason ...]``: the task ends at once, status cancelled; its holder is fenced out."""
+    store = _store(args)
+    cancelled = store.cancel(args.task, reason=args.reason)  # TaskNotFound: exit status 1, one line
+    data = {"task_id": args.task, "cancelled": cancelled}
+    if args.json:
+        print(_dump(data))
+        return 0
+    if cancelled:
+        print(f"cancelled {esc(args.task)}: it will not be claimed again (its holder's next write is refused)")
+    else:
+        print(f"{esc(args.task)} was terminal already: nothing changed")
     return 0
 
 
@@ -442,6 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     requeue = sub.add_parser("requeue", parents=[common], help="make a parked (poison) task runnable again")
     requeue.add_argument("task")
     requeue.set_defaults(func=cmd_requeue)
+
+    cancel = sub.add_parser("cancel", parents=[common], help="end a task at once (status cancelled)")
+    cancel.add_argument("task")
+    cancel.add_argument("--reason", default=None, help="kept as the task's last failure (`show` prints it)")
+    cancel.set_defaults(func=cmd_cancel)
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")

@@ -19,12 +19,16 @@ class AgentStatus(str, enum.Enum):
     FAILED = "failed"
     MAX_CYCLES = "max_cycles"
     RECONCILIATION_REQUIRED = "reconciliation_required"
+    #: Ended by ``store.cancel`` (not one of the seed's statuses): terminal, its reason in ``last_failure``.
+    CANCELLED = "cancelled"
 
     def __str__(self) -> str:
         return self.value
 
 
-TERMINAL_STATUSES = frozenset({AgentStatus.COMPLETED, AgentStatus.FAILED, AgentStatus.MAX_CYCLES})
+TERMINAL_STATUSES = frozenset(
+    {AgentStatus.COMPLETED, AgentStatus.FAILED, AgentStatus.MAX_CYCLES, AgentStatus.CANCELLED}
+)
 """Statuses after which no cycle can ever be claimed again."""
 
 
@@ -51,7 +55,8 @@ class Checkpoint:
     the task was parked as a poison task after ``max_attempts`` attempts
     (``CheckpointStore(max_attempts=...)``; ``requeue`` clears it);
     ``last_failure``, the last recorded failure of the current cycle (a
-    released attempt's reason, or a lapsed lease), None when there is none.
+    released attempt's reason, or a lapsed lease), or a cancelled task's reason
+    (``store.cancel``), None when there is none.
     """
 
     task_id: str

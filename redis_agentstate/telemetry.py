@@ -43,7 +43,8 @@ The counters (``agentstate.<name>``, attributes ``agentstate.namespace`` and
 * ``leases_lost``: leases a ``Lease`` or ``Runner`` lost (``agentstate.fenced``: the fence said so);
 * ``parked``: tasks parked after too many attempts (by ``claim``, ``claim_next`` or
   ``release``: the script that parked it says so in its reply);
-* ``requeued``: parked tasks made runnable again by ``requeue``.
+* ``requeued``: parked tasks made runnable again by ``requeue``;
+* ``cancels``: tasks ended by ``cancel`` (a re-send whose first reply was lost included).
 
 The Runner's gauges, observed at each collection over every live
 :class:`~redis_agentstate.runner.Runner` / ``AsyncRunner`` (attributes
@@ -103,6 +104,7 @@ COUNTERS: dict[str, tuple[str, str, str]] = {
     "leases_lost": ("agentstate.leases_lost", "{lease}", "Leases lost by a Lease or Runner"),
     "parked": ("agentstate.parked", "{task}", "Tasks parked after too many attempts"),
     "requeued": ("agentstate.requeued", "{task}", "Parked tasks made runnable again"),
+    "cancels": ("agentstate.cancels", "{task}", "Tasks ended by cancel"),
 }
 #: The histogram of every store operation's duration.
 DURATION = ("agentstate.operation.duration", "s", "Duration of agentstate store operations (all round trips)")
@@ -151,6 +153,11 @@ def _requeue_events(reply: Any) -> Sequence[str]:
     return ("requeued",) if _code(reply) in (Reply.DONE, Reply.DONE_BEFORE) else ()
 
 
+def _cancel_events(reply: Any) -> Sequence[str]:
+    # DONE_BEFORE: a re-send whose first reply was lost; that cancel applied.
+    return ("cancels",) if _code(reply) in (Reply.DONE, Reply.DONE_BEFORE) else ()
+
+
 def _commit_events(reply: Any) -> Sequence[str]:
     code = _code(reply)
     if code in _APPLIED:
@@ -187,6 +194,7 @@ REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {
     S.CLAIM_NEXT: _claim_next_events,
     S.RELEASE: _release_events,
     S.REQUEUE: _requeue_events,
+    S.CANCEL: _cancel_events,
     S.COMMIT: _commit_events,
     S.FINALIZE: _commit_events,
     S.COMMIT_AND_CLAIM: _commit_and_claim_events,

@@ -262,6 +262,8 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     assert store.list_parked() == ["p"]
     store.requeue("p")
     assert store.list_parked() == []
+    # Cancelled (parked or not, held or not): terminal at once.
+    assert store.cancel("p", reason=REASON)
 
 
 def langgraph_contract_flow(client: Any, namespace: str) -> None:

@@ -8,12 +8,13 @@
 --                anyone) still returns REPLY_DONE
 --   ARGV[2]    - expected_revision
 --   ARGV[3]    - tomb_ms: how long the tombstone is kept, in ms
+-- A task is acknowledged when it holds a terminal result, or was cancelled (cancel.lua).
 -- Returns REPLY_DONE deleted (or this revision acknowledged already, or the
 -- task expired at this revision: terminal_ttl_ms, see expire_terminal in
 -- _common.lua, while its tombstone lasts); REPLY_REFUSED otherwise.
 local id, expected, tomb_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 
-local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied')
+local h = redis.call('HMGET', KEYS[1], 'rev', 'term', 'applied', 'status')
 -- Deleting comes first: a task created again since an earlier acknowledgement
 -- and terminal at the same revision must be deleted, not reported as done
 -- from the old tombstone.
@@ -21,7 +22,8 @@ if h[1] then
   if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
   probe(2, 3, 4, 5, 7)
 end
-if h[1] and tonumber(h[1]) == expected and h[2] == '1' then
+-- A terminal result stored, or a cancel (cancel.lua: terminal without a result).
+if h[1] and tonumber(h[1]) == expected and (h[2] == '1' or h[4] == 'cancelled') then
   local task_id = task_id_of(KEYS[1])
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[10])
   redis.call('ZREM', KEYS[4], task_id)
