@@ -51,6 +51,7 @@ from redis_agentstate import (
     CycleConflict,
     InvalidArgument,
     NotRunnable,
+    TaskNotFound,
 )
 from redis_agentstate.codec import encode
 from redis_agentstate.models import TERMINAL_STATUSES
@@ -361,12 +362,32 @@ class StoreMachine(RuleBasedStateMachine):
         t = self.model.tasks[tid]
         rev = data.draw(st.sampled_from([t.revision, t.revision + 1]))
         ok = self.store.acknowledge_terminal(tid, expected_revision=rev)
-        if t.revision == rev and t.term:
+        if t.revision == rev and (t.term or t.status == AgentStatus.CANCELLED.value):
             assert ok
             self.model.acknowledge(tid, rev)
         else:
             # Nothing to delete: True only for an acknowledgement of this revision that applied already.
             assert ok == (("ack", rev) in self.model.tombs.get(tid, []))
+
+    @rule(tid=ids)
+    def cancel(self, tid: str) -> None:
+        t = self.model.tasks.get(tid)
+        if t is None:
+            with pytest.raises(TaskNotFound):
+                self.store.cancel(tid)
+            return
+        cancelled = self.store.cancel(tid, reason="fuzz")
+        if t.term or AgentStatus(t.status) in TERMINAL_STATUSES:
+            assert cancelled is False
+            return
+        assert cancelled is True
+        t.status, t.revision, t.token, t.claimed, t.live = (
+            AgentStatus.CANCELLED.value,
+            t.revision + 1,
+            None,
+            None,
+            False,
+        )
 
     @rule(tid=ids)
     def delete(self, tid: str) -> None:
