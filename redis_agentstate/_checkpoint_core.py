@@ -15,7 +15,7 @@ resolves its methods as one class would.
 from __future__ import annotations
 
 from . import scripts as S
-from ._checkpoint_base import _CLAIMED, DEFAULT_MAX_PAYLOAD_BYTES
+from ._checkpoint_base import _CLAIMED, DEFAULT_MAX_PAYLOAD_BYTES, _s
 from ._checkpoint_listing import CheckpointListing
 from ._checkpoint_write import CheckpointWrites
 from ._claim_next import MAX_BLOCK_MS, ClaimNextFound, ClaimScheduling
@@ -24,6 +24,7 @@ from ._ops import Call, Op
 from ._release import Releases
 from ._steps import DurableSteps
 from ._validate import MAX_CYCLE, check_id, check_int
+from .errors import TaskCancelled
 from .models import Checkpoint
 from .scripts import Reply
 
@@ -80,10 +81,24 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Releases, CheckpointList
 
     def renew(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> Op[int | None]:
         """Returns the new ``lease_expires_at_ms`` (server clock), or None if not renewed."""
+        expires, _ = yield from self.lease_renew(task_id, token=token, expected_revision=expected_revision,
+                                                 lease_ms=lease_ms)  # fmt: skip
+        return expires
+
+    def lease_renew(
+        self, task_id: str, *, token: str, expected_revision: int, lease_ms: int
+    ) -> Op[tuple[int | None, TaskCancelled | None]]:
+        """A lease keeper's renewal: ``(new lease_expires_at_ms, None)``, ``(None, None)`` if not
+        renewed, or ``(None, TaskCancelled)`` if not renewed because the task was cancelled."""
         tid = check_id(task_id, "task_id")
         args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
         reply = yield Call(S.RENEW, self._wire_keys(tid)[0], args)
-        return int(reply[1]) if reply[0] == Reply.DONE else None
+        if reply[0] == Reply.DONE:
+            return int(reply[1]), None
+        if reply[0] == Reply.TERMINAL:
+            reason = _s(reply[2])
+            return None, TaskCancelled(f"task {tid!r} was cancelled: {reason}", task_id=tid, reason=reason)
+        return None, None
 
     def acknowledge_terminal(self, task_id: str, *, expected_revision: int) -> Op[bool]:
         tid, keys = self._task(task_id)

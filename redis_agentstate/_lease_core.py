@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 from ._ops import shells
 from ._steps import check_step_name, step_key
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
-from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost
+from .errors import BackendError, BackendUnavailable, ClaimRejected, InvalidArgument, LeaseLost, TaskCancelled
 from .models import AgentStatus, Checkpoint
 
 __all__ = [
@@ -183,6 +183,8 @@ class LeaseState:
         self.lost_reason: str | None = None
         self.ended: str | None = None
         self.writing = False  # a commit/finalize is in flight: the fence decides, not the keeper
+        #: Why the lease was lost, when it was lost because the task was cancelled.
+        self.cancel: TaskCancelled | None = None
 
     def expired(self, now: float) -> bool:
         return now >= self.valid_until
@@ -240,11 +242,20 @@ class LeaseState:
             return None
         return f"renewal failed: {exc!r}"
 
-    def lose(self, reason: str, *, fenced: bool = False) -> bool:
+    def lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
         """Mark lost; False if it already was lost or had ended, or (unless ``fenced``) a write is in flight."""
         if self.lost_reason is not None or self.ended is not None or (self.writing and not fenced):
             return False
         self.lost_reason = reason
+        self.cancel = cancel
+        return True
+
+    def renew_now(self) -> bool:
+        """A hint that the claim may be gone (a cancel was announced): renew at the next step; False if
+        the keeper has nothing to renew any more."""
+        if self.lost_reason is not None or self.ended is not None:
+            return False
+        self.next_renew_at = float("-inf")
         return True
 
     def end(self, how: str) -> None:
@@ -347,13 +358,18 @@ class LeaseBase(Generic[S]):
         """Seconds left before the keeper's deadline, on the local monotonic clock."""
         return 0.0 if self._state is None else self._state.time_left(self._clock.now())
 
+    @property
+    def cancelled(self) -> TaskCancelled | None:
+        """The cancel, once the lease was lost because the task was cancelled (``store.cancel``); else None."""
+        return None if self._state is None else self._state.cancel
+
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost (or already over); else return."""
         state = self._require()
         reason = state.loss_reason(self._clock.now())
         if reason is not None:
             self._lose(reason)
-            raise LeaseLost(self._describe(f"lease lost: {reason}"), task_id=self.task_id, revision=self.revision)
+            raise self._lost_error(f"lease lost: {reason}")
         if state.ended is not None:
             raise LeaseLost(
                 self._describe(f"lease already ended ({state.ended})"), task_id=self.task_id, revision=self.revision
@@ -418,16 +434,23 @@ class LeaseBase(Generic[S]):
         self._sent_at = sent_at
         self._state = LeaseState(self.timing, sent_at=sent_at, expires_at_ms=cp.lease_expires_at_ms)
 
-    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
+    def _lost_error(self, what: str) -> LeaseLost:
+        """The LeaseLost to raise: its ``__cause__`` is the cancel when the task was cancelled."""
+        exc = LeaseLost(self._describe(what), task_id=self.task_id, revision=self.revision)
+        exc.__cause__ = self.cancelled
+        return exc
+
+    def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
         """Mark lost, log, run ``on_lost``; True only for the call that did it."""
         with self._lock:
-            first = self._require().lose(reason, fenced=fenced)
+            first = self._require().lose(reason, fenced=fenced, cancel=cancel)
         if not first:
             return False
         observer = shells.TELEMETRY
         if observer is not None:
             observer.lease_lost(getattr(self._store, "namespace", ""), fenced=fenced)
-        log.error("%s", self._describe(f"lease lost: {reason}"))
+        # A cancel is someone's decision, no fault of the worker's: a warning, not an error.
+        log.log(logging.ERROR if cancel is None else logging.WARNING, "%s", self._describe(f"lease lost: {reason}"))
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
@@ -539,21 +562,42 @@ class LeaseBase(Generic[S]):
                 state.end(how)
             return
         self._lose("Redis rejected the write: the claim's revision is no longer current (fenced out)", fenced=True)
-        raise LeaseLost(
-            self._describe(f"write rejected by the fence, nothing was {how}"),
-            task_id=self.task_id,
-            revision=self.revision,
-        )
+        raise self._lost_error(f"write rejected by the fence, nothing was {how}")
 
-    def _on_renew_reply(self, sent_at: float, expires_at_ms: int | None) -> bool:
-        """Apply a renewal reply; False when the keeper must stop (lost)."""
+    def _on_renew_reply(self, sent_at: float, reply: tuple[int | None, TaskCancelled | None]) -> bool:
+        """Apply a renewal reply (``store._lease_renew``'s); False when the keeper must stop (lost)."""
+        expires_at_ms, cancel = reply
         state = self._require()
+        if cancel is not None:
+            self._lose(f"the task was cancelled ({cancel.reason})", cancel=cancel)
+            return False
         with self._lock:
             reason = state.renewed(sent_at, self._clock.now(), expires_at_ms)
         if reason is not None:
             self._lose(reason)
             return False
         return True
+
+    def _cancel_heard(self) -> bool:
+        """A cancel of this task was announced: True if the keeper must wake and renew now (the
+        renewal's refusal says whether the task was really cancelled, see renew.lua)."""
+        state = self._state
+        if state is None:
+            return False
+        with self._lock:
+            return state.renew_now()
+
+    def _watch_cancels(self, heard: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``heard`` (the shell's: ``_cancel_heard``, then wake the keeper) on a cancel announcement
+        of this task, while the keeper runs; returns the unwatch."""
+        watch = getattr(self._store, "_watch_cancel", None)
+        if watch is None:
+            return None
+        try:
+            return watch(self.task_id, heard)  # type: ignore[no-any-return]
+        except Exception:  # the hint is optional: the renewals find the cancel anyway
+            log.debug("%s", self._describe("cancel announcements unavailable"), exc_info=True)
+            return None
 
     def _on_renew_error(self, exc: BaseException) -> bool:
         state = self._require()

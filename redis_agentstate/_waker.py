@@ -25,6 +25,12 @@ it ("the timer"). While the subscription is down (connecting, a lost
 connection, an ACL without the channels) callers poll instead, so they are
 slower but never stuck; a lost connection wakes every caller.
 
+The same subscription carries cancels (``cancel.lua`` publishes ``cancel <task id>``): a lease
+that holds a task registers a watch (``watch``) for as long as it holds it, which keeps the
+subscription up (it lingers out only with neither blocked callers nor watches), and a cancel
+of a watched task calls its callbacks, on the listener's thread or task. The lease then renews
+at once and learns from the refusal that the task was cancelled: the message is only a hint.
+
 ``WakeState`` holds every decision and no I/O; ``SyncWaker`` (a listener
 thread per connection) and ``AsyncWaker`` (a listener task per connection)
 only read messages and signal waiters.
@@ -91,6 +97,28 @@ class WakeState:
     last_busy: float = field(default_factory=time.monotonic)
     #: A failed subscription was logged at warning level (reset by the next success).
     down_logged: bool = False
+    #: Held leases' cancel callbacks by task id (``watch``): they keep the subscription up.
+    watches: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+
+    def watch(self, task_id: str, callback: Callable[[], None]) -> None:
+        self.watches.setdefault(task_id, []).append(callback)
+
+    def unwatch(self, task_id: str, callback: Callable[[], None]) -> None:
+        callbacks = self.watches.get(task_id)
+        if callbacks is not None:
+            with contextlib.suppress(ValueError):
+                callbacks.remove(callback)
+            if not callbacks:
+                del self.watches[task_id]
+        self.last_busy = time.monotonic()
+
+    def cancelled(self, task_id: str) -> list[Callable[[], None]]:
+        """The callbacks to run for a cancel of ``task_id``."""
+        return list(self.watches.get(task_id, ()))
+
+    def idle(self, now: float) -> bool:
+        """Nobody needs the subscription: no blocked caller, no watch, for ``LINGER_S``."""
+        return not self.waiters and not self.watches and now - self.last_busy > LINGER_S
 
     def enter(self, waiter: Waiter) -> int:
         self.waiters.append(waiter)
@@ -191,17 +219,32 @@ def _is_cluster(client: object) -> bool:
     return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
+#: ``_parse``'s "delay" of a cancel message (``notify_cancel``): not an announcement of work.
+CANCEL = -1
+
+
 def _parse(message: dict[str, Any]) -> tuple[int, str | None] | None:
-    """``(ms until due, task id)`` of a ``notify_due`` message; None for another kind of message."""
+    """``(ms until due, task id)`` of a ``notify_due`` message, ``(CANCEL, task id)`` of a
+    ``notify_cancel`` one; None for another kind of message."""
     if message.get("type") not in ("smessage", b"smessage"):
         return None
     data = message.get("data")
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
     delay, _, task_id = text.partition(" ")
+    if delay == "cancel":
+        return CANCEL, task_id
     try:
         return int(delay), task_id or None
     except ValueError:
         return 0, None
+
+
+def _run_callbacks(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # one lease's bug must not stop the listener that serves them all
+            logger.exception("cancel callback failed")
 
 
 # ---- threads --------------------------------------------------------------------------
@@ -328,11 +371,33 @@ class SyncWaker:
         if parsed is None:
             return
         delay, task_id = parsed
+        if delay == CANCEL:
+            with self.lock:
+                callbacks = self.state.cancelled(task_id or "")
+            _run_callbacks(callbacks)
+            return
         if delay <= 0 and task_id is not None and self._on_due is not None:
             self._on_due(task_id)
         with self.lock:
             woken = self.state.announced(delay, time.monotonic())
         self.signal(woken)
+
+    def watch(self, task_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (on the listener thread) when ``task_id`` is cancelled, until the returned
+        function is called. Subscribes in the background if not subscribed: never blocks the caller."""
+        if self._pid != os.getpid():
+            self._forked()
+        with self.lock:
+            self.state.watch(task_id, callback)
+            start = not self._running and time.monotonic() >= self._retry_at
+        if start:
+            threading.Thread(target=self.ensure_started, name="agentstate-waker-start", daemon=True).start()
+
+        def unwatch() -> None:
+            with self.lock:
+                self.state.unwatch(task_id, callback)
+
+        return unwatch
 
     def _listen(self, pubsub: Any, generation: int) -> None:
         try:
@@ -340,8 +405,7 @@ class SyncWaker:
                 with self.lock:
                     if generation != self._generation:
                         return
-                    idle = not self.state.waiters and time.monotonic() - self.state.last_busy > LINGER_S
-                    if idle:
+                    if self.state.idle(time.monotonic()):
                         self._running = False
                         self._generation += 1
                         self.state.subscribed = False
@@ -445,6 +509,8 @@ class AsyncWaker:
         self._generation = 0
         self._retry_at = 0.0
         self._conns: list[Any] = []
+        #: Subscriptions started by ``watch`` (referenced, so they are not collected mid-way).
+        self._starters: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def signal(waiters: list[Waiter]) -> None:
@@ -550,15 +616,36 @@ class AsyncWaker:
         if parsed is None:
             return
         delay, task_id = parsed
+        if delay == CANCEL:
+            _run_callbacks(self.state.cancelled(task_id or ""))
+            return
         if delay <= 0 and task_id is not None and self._on_due is not None:
             self._on_due(task_id)
         self.signal(self.state.announced(delay, time.monotonic()))
+
+    def watch(self, task_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """The asyncio twin of :meth:`SyncWaker.watch` (``callback`` runs on the listener task); call
+        it from the event loop the store is used on."""
+        self.state.watch(task_id, callback)
+        if (
+            not self._running()
+            and time.monotonic() >= self._retry_at
+            and (self._starting is None or self._starting.done())
+        ):
+            start = asyncio.get_running_loop().create_task(self.ensure_started(), name="agentstate-waker-start")
+            self._starters.add(start)
+            start.add_done_callback(self._starters.discard)
+
+        def unwatch() -> None:
+            self.state.unwatch(task_id, callback)
+
+        return unwatch
 
     async def _listen(self, pubsub: Any, own: Any, generation: int) -> None:
         """Read ``pubsub`` until the listener lingers out or fails; ``own``: a per-node client to close then."""
         try:
             while generation == self._generation:
-                if not self.state.waiters and time.monotonic() - self.state.last_busy > LINGER_S:
+                if self.state.idle(time.monotonic()):
                     self._generation += 1
                     self.state.subscribed = False
                     return

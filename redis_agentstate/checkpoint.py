@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import scripts
@@ -12,6 +12,7 @@ from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
+from .errors import TaskCancelled
 from .models import Checkpoint
 
 # The stores build leases (``lease()``), so lease.py imports this module for types only and takes
@@ -116,9 +117,7 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         if block is None:
             CLAIM_SENT.set(time.monotonic())
             return self._run(self._core.claim_next(token=tok, lease_ms=lease))
-        if self._waker is None:
-            self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
-        waker: SyncWaker = self._waker
+        waker = self._wakes()
         # One call however many wake-ups it probes at: one operation to telemetry (one span).
         with self._operation("claim_next") as run:
             found, sent = waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
@@ -183,6 +182,21 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     def renew_until(self, task_id: str, *, token: str, expected_revision: int, lease_ms: int) -> int | None:
         """Like ``renew``, returning the new ``lease_expires_at_ms`` (server clock) or None."""
         return self._run(self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms))
+
+    def _lease_renew(
+        self, task_id: str, *, token: str, expected_revision: int, lease_ms: int
+    ) -> tuple[int | None, TaskCancelled | None]:
+        return self._run(self._core.lease_renew(task_id, token=token, expected_revision=expected_revision,
+                                                lease_ms=lease_ms))  # fmt: skip
+
+    def _wakes(self) -> SyncWaker:
+        if self._waker is None:
+            self._waker = SyncWaker(self._client, self._core.keys, self._core.announced)
+        return self._waker  # type: ignore[no-any-return]
+
+    def _watch_cancel(self, task_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when ``task_id`` is cancelled (a held lease's hint); returns the unwatch."""
+        return self._wakes().watch(task_id, callback)
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint (``cp.terminal_result`` required); False if fenced out.
@@ -278,9 +292,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         if block is None:
             CLAIM_SENT.set(time.monotonic())
             return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
-        if self._waker is None:
-            self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
-        waker: AsyncWaker = self._waker
+        waker = self._wakes()
         with self._operation("claim_next") as run:  # one operation to telemetry (see the sync twin)
             found, sent = await waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
         CLAIM_SENT.set(sent)
@@ -338,6 +350,21 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return await self._run(
             self._core.renew(task_id, token=token, expected_revision=expected_revision, lease_ms=lease_ms)
         )
+
+    async def _lease_renew(
+        self, task_id: str, *, token: str, expected_revision: int, lease_ms: int
+    ) -> tuple[int | None, TaskCancelled | None]:
+        return await self._run(self._core.lease_renew(task_id, token=token, expected_revision=expected_revision,
+                                                      lease_ms=lease_ms))  # fmt: skip
+
+    def _wakes(self) -> AsyncWaker:
+        if self._waker is None:
+            self._waker = AsyncWaker(self._client, self._core.keys, self._core.announced)
+        return self._waker  # type: ignore[no-any-return]
+
+    def _watch_cancel(self, task_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when ``task_id`` is cancelled (see the sync twin); from the store's event loop."""
+        return self._wakes().watch(task_id, callback)
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:
         """Write a terminal checkpoint for an unclaimed task (see :meth:`CheckpointStore.finalize`)."""

@@ -14,6 +14,7 @@ Every exception the library raises on purpose derives from one root::
     ├── TaskNotFound             no such task (requeue)
     ├── NotParked                the task is not parked (requeue)
     ├── LeaseLost                a lease keeper could not keep its lease
+    ├── TaskCancelled            the task was cancelled (a cancelled lease's LeaseLost.__cause__)
     ├── ThreadBusy               another writer holds the LangGraph thread's lease
     ├── CursorExpired            retention trimmed the log past a watch cursor
     ├── PoolNotOpen              the pool was never opened
@@ -47,6 +48,7 @@ __all__ = [
     "NotParked",
     "NotRunnable",
     "PoolNotOpen",
+    "TaskCancelled",
     "TaskNotFound",
     "TaskParked",
     "ThreadBusy",
@@ -148,7 +150,20 @@ class NotParked(AgentStateError):
 
 
 class LeaseLost(AgentStateError):
-    """A lease could not be kept; the work under it must stop."""
+    """A lease could not be kept; the work under it must stop (``cancelled``: because of ``store.cancel``)."""
+
+    @property
+    def cancelled(self) -> bool:
+        """True when the lease was lost because the task was cancelled (``__cause__`` is the TaskCancelled)."""
+        return isinstance(self.__cause__, TaskCancelled)
+
+
+class TaskCancelled(AgentStateError):
+    """The task was cancelled (``store.cancel``); ``reason`` is the cancel's. The cause of its lease's LeaseLost."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, reason: str = "") -> None:
+        super().__init__(message, task_id=task_id)
+        self.reason = reason
 
 
 class ThreadBusy(AgentStateError):

@@ -68,7 +68,7 @@ from ._lease_core import (
     log,
     monotonic,
 )
-from .errors import LeaseLost
+from .errors import LeaseLost, TaskCancelled
 from .models import Checkpoint
 
 if TYPE_CHECKING:
@@ -226,8 +226,8 @@ class Lease(LeaseBase["CheckpointStore"]):
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout=5)
 
-    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
-        first = super()._lose(reason, fenced=fenced)
+    def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
+        first = super()._lose(reason, fenced=fenced, cancel=cancel)
         if first:
             self.lost_event.set()
         self._stop.set()
@@ -324,10 +324,18 @@ class Lease(LeaseBase["CheckpointStore"]):
             self._thread.join(timeout=self._require().time_left(self._clock.now()))
         return self._released(self._store._release(self.task_id, **args))
 
+    def _on_cancel_heard(self) -> None:
+        if self._cancel_heard():
+            self._stop.set()  # wakes the keeper, which renews now (see _keep)
+
     def _keep(self) -> None:
         state = self._require()
+        unwatch = self._watch_cancels(self._on_cancel_heard)
         try:
             while True:
+                # ``_stop`` only wakes the keeper; what it does next is the state's decision, made
+                # after the clear, so a wake-up set from here on is never missed.
+                self._stop.clear()
                 step, delay = self._next_step()
                 if step in (STOP, LOST):
                     return
@@ -335,7 +343,7 @@ class Lease(LeaseBase["CheckpointStore"]):
                     self._clock.wait(self._stop, delay)
                     continue
                 sent = self._clock.now()
-                call = _Call(functools.partial(self._store.renew_until, self.task_id, **self._renew_args()))
+                call = _Call(functools.partial(self._store._lease_renew, self.task_id, **self._renew_args()))
                 if not self._clock.wait(call.done, state.time_left(sent)):
                     self._renew_timed_out()
                     return
@@ -348,6 +356,9 @@ class Lease(LeaseBase["CheckpointStore"]):
             # A keeper that dies must not leave a lease that looks alive.
             self._lose(f"lease keeper thread crashed: {exc!r}")
             raise
+        finally:
+            if unwatch is not None:
+                unwatch()
 
 
 class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
@@ -430,11 +441,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         await self._body.exit(
             self.close,
             exc,
-            lambda: LeaseLost(
-                self._describe(f"lease lost, work cancelled: {self.lost_reason}"),
-                task_id=self.task_id,
-                revision=self.revision,
-            ),
+            lambda: self._lost_error(f"lease lost, work cancelled: {self.lost_reason}"),
         )
 
     async def close(self) -> None:
@@ -465,8 +472,8 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
                 keeper.cancel()
                 raise
 
-    def _lose(self, reason: str, *, fenced: bool = False) -> bool:
-        first = super()._lose(reason, fenced=fenced)
+    def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
+        first = super()._lose(reason, fenced=fenced, cancel=cancel)
         if first and self._cancel_on_loss:
             self._body.cancel(self._describe(f"lease lost: {reason}"))
         return first
@@ -528,12 +535,18 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         await self._stop_keeper()  # a renewal in flight lands first
         return self._released(await self._store._release(self.task_id, **args))
 
+    def _on_cancel_heard(self) -> None:
+        if self._cancel_heard() and self._stop is not None:
+            self._stop.set()  # wakes the keeper, which renews now (see _keep)
+
     async def _keep(self) -> None:
         state = self._require()
         stop = self._stop
         assert stop is not None
+        unwatch = self._watch_cancels(self._on_cancel_heard)
         try:
             while True:
+                stop.clear()  # as the sync keeper: a wake-up, then the state decides
                 step, delay = self._next_step()
                 if step in (STOP, LOST):
                     return
@@ -543,8 +556,8 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
                     continue
                 sent = self._clock.now()
                 try:
-                    expires = await asyncio.wait_for(
-                        self._store.renew_until(self.task_id, **self._renew_args()), timeout=state.time_left(sent)
+                    reply = await asyncio.wait_for(
+                        self._store._lease_renew(self.task_id, **self._renew_args()), timeout=state.time_left(sent)
                     )
                 except asyncio.TimeoutError:
                     self._renew_timed_out()
@@ -555,7 +568,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
                     if not self._on_renew_error(exc):
                         return
                     continue
-                if not self._on_renew_reply(sent, expires):
+                if not self._on_renew_reply(sent, reply):
                     return
         except asyncio.CancelledError:
             if state.ended is None and state.lost_reason is None:
@@ -565,6 +578,9 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             # Logged (with the traceback) and turned into a lost lease, which cancels the work.
             log.error("%s", self._describe("lease keeper task crashed"), exc_info=exc)
             self._lose(f"lease keeper task crashed: {exc!r}")
+        finally:
+            if unwatch is not None:
+                unwatch()
 
 
 #: How long the async keeper waits for the body to leave the block after cancelling it before it
@@ -645,4 +661,6 @@ class CancelOnLoss:
             for _ in range(self._sent):
                 task.uncancel()
         if exc is None or isinstance(exc, asyncio.CancelledError):
-            raise lost() from exc
+            error = lost()
+            # A cancelled task's LeaseLost keeps the TaskCancelled as its cause (``LeaseLost.cancelled``).
+            raise error from (error.__cause__ or exc)

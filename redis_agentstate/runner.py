@@ -44,6 +44,12 @@ The handler contract (the same for :class:`Runner` and :class:`AsyncRunner`)::
 * A long handler should call ``current_lease().check()`` between steps: it
   raises :class:`~redis_agentstate.errors.LeaseLost` as soon as the lease is
   lost. On asyncio, losing the lease cancels the handler by itself.
+* ``store.cancel(task_id)`` reaches the worker that holds the task within
+  milliseconds (announced through the store's wake-up subscription; at the
+  latest at the lease's next renewal): an async handler is cancelled, a sync
+  handler's result is dropped (its commit is refused before anything is
+  sent), the cycle is logged and counted (``RunnerStats.cancelled``), and the
+  worker goes on with other tasks.
 
 Stopping: :meth:`Runner.stop`, or SIGTERM/SIGINT when ``handle_signals`` (the
 default, main thread only). The first signal stops claiming and lets every
@@ -145,6 +151,8 @@ class RunnerStats:
     continued: int = 0
     #: Tasks this runner parked: their failed cycle was the last attempt (the store's ``max_attempts``).
     parked: int = 0
+    #: Cycles dropped because their task was cancelled while the handler ran (also counted in ``lost``).
+    cancelled: int = 0
 
 
 T = TypeVar("T")
@@ -475,7 +483,12 @@ class _RunnerBase(Generic[S, H]):
 
     def _lost(self, clog: CycleLog, lease: Lease | AsyncLease, cp: Checkpoint | None, exc: LeaseLost) -> None:
         self._count("lost")
-        clog.warning("lease lost, cycle not committed: %s", exc)
+        cancel = lease.cancelled
+        if cancel is not None:
+            self._count("cancelled")
+            clog.info("task cancelled (%s): handler stopped, cycle dropped", cancel.reason)
+        else:
+            clog.warning("lease lost, cycle not committed: %s", exc)
         if self.on_lease_lost is not None:
             try:
                 self.on_lease_lost(lease, cp)

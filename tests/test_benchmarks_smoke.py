@@ -192,6 +192,21 @@ def test_steps_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_cancel_delivery_benchmark_runs() -> None:
+    """The cancel delivery measurement runs every contender and prints its percentiles."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cancel_delivery", "--cancels", "5", "--fallback", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("async, announced: p50", "sync, announced: p50", "sync, renewal only: p50"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_client_ab_runs_both_sides(tmp_path: Path) -> None:
     """The client A/B imports another commit's package next to this one and measures both in the same rounds."""
     _need_redis_server()

@@ -4,7 +4,9 @@ a re-sent cancel answers as the first did, and the CLI cancels too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +18,7 @@ from redis_agentstate import (
     TERMINAL_STATUSES,
     AgentStatus,
     AsyncCheckpointStore,
+    AsyncRunner,
     Checkpoint,
     CheckpointStore,
     CheckpointTerminal,
@@ -23,7 +26,9 @@ from redis_agentstate import (
     LeaseLost,
     Runner,
     StepResult,
+    TaskCancelled,
     TaskNotFound,
+    current_lease,
 )
 from redis_agentstate import cli as cli_mod
 from redis_agentstate import scripts as S
@@ -177,10 +182,14 @@ def test_a_resent_cancel_answers_as_the_first(backend: Any, namespace: str) -> N
     assert script(keys=other.keys, args=other.args, client=store.client)[0] == S.Reply.TERMINAL
 
 
-def test_the_lease_keeper_tells_the_holder_within_a_renew_interval(sync_store: CheckpointStore) -> None:
+def test_the_lease_keeper_tells_the_holder_within_a_renew_interval(
+    sync_store: CheckpointStore, monkeypatch: Any
+) -> None:
+    """Without the announcement (no subscription), the next renewal's refusal says it was a cancel."""
     store = sync_store
+    monkeypatch.setattr(store, "_watch_cancel", None)
     store.create(Checkpoint("t"))
-    with pytest.raises(LeaseLost), store.lease("t", 1, lease_ms=1_500, renew_interval_ms=100) as lease:
+    with pytest.raises(LeaseLost) as lost, store.lease("t", 1, lease_ms=1_500, renew_interval_ms=100) as lease:
         other = CheckpointStore(store.client, namespace=store.namespace)
         assert other.cancel("t", reason="stop")
         deadline = time.monotonic() + 5
@@ -188,7 +197,121 @@ def test_the_lease_keeper_tells_the_holder_within_a_renew_interval(sync_store: C
             lease.check()  # raises LeaseLost once the keeper's renew is refused
             time.sleep(0.02)
         raise AssertionError("the lease was never reported lost")
+    assert lost.value.cancelled and isinstance(lost.value.__cause__, TaskCancelled)
+    assert lost.value.__cause__.reason == "stop" and lease.cancelled is lost.value.__cause__
     assert store.load("t").status == AgentStatus.CANCELLED
+
+
+# A lease this long renews every 7.5 s: a holder that learns of the cancel within DELIVERY_S learnt
+# it from the announcement, not from a renewal.
+DELIVERY_S = 3.0
+
+
+class TestCancelDelivery:
+    """The holder hears of a cancel at once, through the store's wake-up subscription."""
+
+    def test_a_sync_holder_is_told_before_its_next_renewal(self, sync_store: CheckpointStore) -> None:
+        store = sync_store
+        for tid in ("t", "bystander"):
+            store.create(Checkpoint(tid))
+        canceller = CheckpointStore(store.client, namespace=store.namespace)
+        with store.lease("bystander", 1, lease_ms=LONG_MS) as bystander:
+            with store.lease("t", 1, lease_ms=LONG_MS) as lease:
+                time.sleep(0.2)  # the subscription, started in the background, is up
+                sent = time.monotonic()
+                assert canceller.cancel("t", reason="the user left")
+                assert lease.lost_event.wait(DELIVERY_S), "the cancel was not delivered"
+                took = time.monotonic() - sent
+                assert lease.renewals == 0 and took < DELIVERY_S
+                assert lease.cancelled is not None and lease.cancelled.reason == "the user left"
+                with pytest.raises(LeaseLost) as lost:
+                    lease.check()
+                assert lost.value.cancelled and lost.value.__cause__ is lease.cancelled
+                cp = lease.checkpoint
+                cp.cycle_index = 1
+                with pytest.raises(LeaseLost):
+                    lease.commit(cp)  # refused before anything is sent
+            assert not bystander.lost  # a cancel of another task is not this lease's
+            cp = bystander.checkpoint
+            cp.cycle_index = 1
+            bystander.commit(cp)
+        assert store.load("t").status == AgentStatus.CANCELLED and store.load("t").cycle_index == 0
+        assert store.load("bystander").cycle_index == 1
+
+    async def test_an_async_holders_body_is_cancelled(self, async_store: AsyncCheckpointStore) -> None:
+        store = async_store
+        await store.create(Checkpoint("t"))
+        canceller = AsyncCheckpointStore(store.client, namespace=store.namespace)
+        body_cancelled = False
+
+        async def cancel_soon() -> float:
+            await asyncio.sleep(0.2)
+            sent = time.monotonic()
+            assert await canceller.cancel("t", reason="stop")
+            return sent
+
+        canceller_task = asyncio.get_running_loop().create_task(cancel_soon())
+        with pytest.raises(LeaseLost) as lost:
+            async with store.lease("t", 1, lease_ms=LONG_MS) as lease:
+                try:
+                    await asyncio.sleep(DELIVERY_S * 3)
+                except asyncio.CancelledError:
+                    body_cancelled = True
+                    raise
+        took = time.monotonic() - await canceller_task
+        assert body_cancelled and took < DELIVERY_S and lease.renewals == 0
+        assert lost.value.cancelled and lost.value.__cause__.reason == "stop"
+
+    async def test_an_async_runner_cancels_the_handler_and_goes_on(self, async_store: AsyncCheckpointStore) -> None:
+        store = async_store
+        for tid in ("cancel-me", "other"):
+            await store.create(Checkpoint(tid))
+        canceller = AsyncCheckpointStore(store.client, namespace=store.namespace)
+        started, seen = asyncio.Event(), []
+
+        async def step(cp: Checkpoint) -> StepResult:
+            if cp.task_id == "cancel-me":
+                started.set()
+                try:
+                    await asyncio.sleep(DELIVERY_S * 3)
+                except asyncio.CancelledError:
+                    seen.append(time.monotonic())
+                    raise
+            cp.messages.append("done")
+            cp.status, cp.terminal_result = AgentStatus.COMPLETED, {"ok": True}
+            return StepResult(cp, done=True)
+
+        runner = AsyncRunner(store, step, concurrency=2, lease_ms=LONG_MS, handle_signals=False)
+        run = asyncio.get_running_loop().create_task(runner.run(stop_when_idle=True))
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.2)
+        sent = time.monotonic()
+        assert await canceller.cancel("cancel-me", reason="operator")
+        stats = await asyncio.wait_for(run, 30)
+        assert seen and seen[0] - sent < DELIVERY_S
+        assert (stats.cancelled, stats.lost, stats.finalized) == (1, 1, 1)
+        cancelled, other = await store.load("cancel-me"), await store.load("other")
+        assert (cancelled.status, cancelled.messages) == (AgentStatus.CANCELLED, [])
+        assert other.status == AgentStatus.COMPLETED
+
+    def test_a_sync_runner_drops_the_result_and_counts_it(self, sync_store: CheckpointStore) -> None:
+        store = sync_store
+        store.create(Checkpoint("t"))
+        canceller = CheckpointStore(store.client, namespace=store.namespace)
+        told = threading.Event()
+
+        def step(cp: Checkpoint) -> StepResult:
+            time.sleep(0.2)
+            assert canceller.cancel(cp.task_id, reason="operator")
+            lease = current_lease()
+            assert lease is not None and lease.lost_event.wait(DELIVERY_S)
+            told.set()
+            cp.messages.append("late")
+            return StepResult(cp)
+
+        stats = Runner(store, step, lease_ms=LONG_MS, handle_signals=False).run(stop_when_idle=True)
+        assert told.is_set() and (stats.cancelled, stats.committed) == (1, 0)
+        assert store.load("t").messages == [] and store.load("t").status == AgentStatus.CANCELLED
 
 
 def test_the_runner_drops_a_cancelled_handlers_result_and_goes_on(sync_store: CheckpointStore) -> None:

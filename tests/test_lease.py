@@ -373,7 +373,7 @@ def test_missing_task_and_taken_task(sync_store: CheckpointStore) -> None:
 def test_a_renewal_that_raises_loses_the_lease(sync_store: CheckpointStore, monkeypatch: Any) -> None:
     sync_store.create(Checkpoint("t"))
     with sync_store.lease("t", 1, lease_ms=200) as lease:
-        monkeypatch.setattr(sync_store, "renew_until", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bug")))
+        monkeypatch.setattr(sync_store, "_lease_renew", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bug")))
         assert lease.lost_event.wait(1.0)
         assert "RuntimeError('bug')" in (lease.lost_reason or "")
 

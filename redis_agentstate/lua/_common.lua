@@ -169,6 +169,16 @@ local function notify_due(ready_key, delay_ms, task_id)
   redis.pcall('SPUBLISH', string.sub(ready_key, 1, -6) .. 'due', fmt(delay_ms) .. ' ' .. task_id)
 end
 
+-- A cancel (cancel.lua) is announced on the same channel, payload 'cancel <task id>': a
+-- lease that holds the task (its store's subscriber is up while it holds one, _waker.py)
+-- renews at once, and the renewal's refusal tells it the task was cancelled and why. The
+-- message is only a hint (nothing is trusted from it): a lease that misses it learns the
+-- same at its next renewal. A subscriber that does not know the word wakes one blocked
+-- caller for nothing, which re-checks and sleeps again.
+local function notify_cancel(ready_key, task_id)
+  redis.pcall('SPUBLISH', string.sub(ready_key, 1, -6) .. 'due', 'cancel ' .. task_id)
+end
+
 -- Keep the shard indexes in step with the hash (same slot, same script).
 local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now)
   redis.call('ZADD', tasks_key, 0, task_id)

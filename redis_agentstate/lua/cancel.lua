@@ -10,7 +10,8 @@
 -- The status becomes 'cancelled' (terminal: TERMINAL in the prelude), the claim is cleared and the
 -- revision bumped, so the holder's next commit, commit_and_claim, renew or finalize is fenced out
 -- with nothing written; the task leaves the ready and parked indexes and is never claimed again.
--- History, body and cycle are kept as they were.
+-- History, body and cycle are kept as they were. The cancel is announced on the shard's wake-up
+-- channel (notify_cancel in _common.lua), so a holder hears of it before its next renewal.
 -- Returns {REPLY_DONE, revision} cancelled now; {REPLY_DONE_BEFORE} this nonce cancelled it already;
 -- {REPLY_REFUSED} no such task; {REPLY_TERMINAL, status} terminal already (nothing written);
 -- an AGENTSTATE_CORRUPT error reply for a field this library would not write (nothing written).
@@ -44,4 +45,5 @@ redis.call('HSET', KEYS[1], 'status', 'cancelled', 'rev', fmt(rev), 'token', '',
 redis.call('DEL', KEYS[10])
 if ttl_ms > 0 then expire_terminal(KEYS, ttl_ms, now, rev, ring, old_tomb) end
 count(KEYS[9], 'cancels')
+notify_cancel(KEYS[4], task_id)
 return {REPLY_DONE, fmt(rev)}

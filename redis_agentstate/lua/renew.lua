@@ -4,9 +4,10 @@
 --   ARGV[2]    - expected_revision: the one the claim returned
 --   ARGV[3]    - lease_ms: the new lease duration, counted from now on the server clock
 -- An already expired lease is not revived: another worker may be about to
--- claim, and the holder must treat its lease as lost. A lease shortened (a
--- publishes notify_due (_common.lua); Lease.release has its own script (release.lua).
--- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_REFUSED} not renewed; an
+-- claim, and the holder must treat its lease as lost. A lease shortened (to
+-- release the claim) publishes notify_due (_common.lua); Lease.release has its own script (release.lua).
+-- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_TERMINAL, 'cancelled', reason} not
+-- renewed because the task was cancelled (cancel.lua); {REPLY_REFUSED} not renewed otherwise; an
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
@@ -16,6 +17,10 @@ if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if h[3] and h[3] ~= '' and not int_in(h[3], 0, MAX_REVISION) then return corrupt(1, 'lease') end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
+  -- The refusal says why when the task was cancelled: the holder's lease is lost with the cancel as
+  -- its cause (read only on this path: a renewal that passes costs nothing more).
+  local why = redis.call('HMGET', KEYS[1], 'status', 'why')
+  if why[1] == 'cancelled' then return {REPLY_TERMINAL, 'cancelled', why[2] or ''} end
   return {REPLY_REFUSED}
 end
 local expires = now + lease_ms
