@@ -20,6 +20,7 @@ from ._history import History, HistoryCache, hashed
 from ._ops import member_id
 from ._validate import (
     MAX_CYCLE,
+    MAX_DELAY_MS,
     MAX_LEASE_MS,
     MAX_REVISION,
     MAX_STORED_REVISION,
@@ -35,6 +36,7 @@ from .errors import (
     CorruptState,
     CycleConflict,
     InvalidArgument,
+    NotDue,
     NotRunnable,
     TaskParked,
 )
@@ -46,6 +48,8 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "CheckpointBase"]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 2**20
 _STATUSES = {s.value: s for s in AgentStatus}
+#: The statuses a write may give a delay_ms (the timers note in _common.lua).
+_SCHEDULABLE = frozenset({AgentStatus.RUNNING, AgentStatus.WAIT_USER})
 #: The codes of a claim reply that carries the claimed checkpoint.
 _CLAIMED = (Reply.DONE, Reply.TAKEN_OVER, Reply.DONE_BEFORE)
 #: A status (an ``AgentStatus`` or its value) -> its value as a plain str: what ``AgentStatus(x).value``
@@ -130,6 +134,21 @@ class CheckpointBase:
     @staticmethod
     def _lease(lease_ms: object) -> int:
         return check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+
+    @staticmethod
+    def _delay(delay_ms: object, cp: Checkpoint) -> int:
+        """A write's ``delay_ms`` (None: 0): of a running task's next cycle, or a waiting task's deadline."""
+        if delay_ms is None:
+            return 0
+        delay = check_int(delay_ms, "delay_ms", 0, MAX_DELAY_MS)
+        if delay and (cp.terminal_result is not None or cp.status not in _SCHEDULABLE):
+            raise InvalidArgument(
+                f"delay_ms delays a running task's next cycle or sets a waiting (wait_user) task's deadline; "
+                f"task {cp.task_id!r} is written with status {_STATUS_VALUE[cp.status]!r}"
+                + (" and a terminal_result" if cp.terminal_result is not None else ""),
+                task_id=cp.task_id,
+            )
+        return delay
 
     @staticmethod
     def _revision(revision: object, what: str = "expected_revision", *, bumped: bool = False) -> int:
@@ -222,7 +241,8 @@ class CheckpointBase:
         """
         try:
             # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
-            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _ = reply[at : at + _NF]
+            fields = reply[at : at + _NF]
+            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _, due = fields
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + _NF : at + _NF + 5])
             blobs = reply[at + _NF + 5 :]
             shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
@@ -242,6 +262,7 @@ class CheckpointBase:
                 attempts=int(att) if att else 0,
                 parked=parked == b"1",
                 last_failure=_s(why) if why else None,
+                due_at_ms=_opt_int(due),
             )
             if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
                 raise ValueError("history reply is inconsistent")
@@ -296,6 +317,14 @@ class CheckpointBase:
             )
         if code == Reply.NOT_RUNNING:
             raise NotRunnable(f"checkpoint for task {tid!r} is not running (status {detail})", task_id=tid)
+        if code == Reply.NOT_DUE:
+            if not detail.isdigit():
+                raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
+            raise NotDue(
+                f"cycle {cycle_index} of task {tid!r} is delayed: not claimable before {detail} (server ms)",
+                task_id=tid,
+                due_at_ms=int(detail),
+            )
         if code == Reply.CYCLE_CONFLICT:
             found = int(detail)
             raise CycleConflict(

@@ -5,7 +5,8 @@ stores drive with their own client. Nothing here blocks or awaits.
 ``CheckpointCore`` composes one module per concern: ``_checkpoint_base``
 (state, checks, reply parsing), ``_checkpoint_write`` (the write identity and
 the fenced writes), ``_claim_next`` (scheduling), ``_release`` (release,
-requeue, parking), ``_checkpoint_listing`` (what operators read) and ``_steps`` (durable
+requeue, parking), ``_lifecycle`` (cancel, resume),
+``_checkpoint_listing`` (what operators read) and ``_steps`` (durable
 steps' results); the
 single-script operations that need no more (load, claim, renew, delete, ...)
 are here. They are mixins of one class, not helper objects, so a hot call
@@ -20,8 +21,8 @@ from ._checkpoint_listing import CheckpointListing
 from ._checkpoint_write import CheckpointWrites
 from ._claim_next import MAX_BLOCK_MS, ClaimNextFound, ClaimScheduling
 from ._history import HistoryCache
+from ._lifecycle import Lifecycle
 from ._ops import Call, Op
-from ._release import Releases
 from ._steps import DurableSteps
 from ._validate import MAX_CYCLE, check_id, check_int
 from .errors import TaskCancelled
@@ -34,7 +35,7 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BLOCK_MS", "CheckpointCore", "Claim
 ACK_REMEMBER_MS = 3_600_000
 
 
-class CheckpointCore(CheckpointWrites, ClaimScheduling, Releases, CheckpointListing, DurableSteps):
+class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointListing, DurableSteps):
     """Validation, request building and reply parsing for one namespace."""
 
     def __init__(

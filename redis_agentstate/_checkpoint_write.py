@@ -46,14 +46,16 @@ class CheckpointWrites(CheckpointBase):
     """Building, identifying and reading back the checkpoint writes."""
 
     @staticmethod
-    def _store_argv(cp: Checkpoint, nonce: str, body: bytes, blobs_m: list[bytes], blobs_c: list[bytes]) -> list[Any]:
+    def _store_argv(
+        cp: Checkpoint, nonce: str, body: bytes, blobs_m: list[bytes], blobs_c: list[bytes], delay_ms: int = 0
+    ) -> list[Any]:
         """ARGV of create.lua and save.lua (their headers give the layout)."""
         term = "0" if cp.terminal_result is None else "1"
         claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
         lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
         return [
             nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
-            body, claimed, lease, len(blobs_m), *blobs_m, *blobs_c,
+            body, claimed, lease, delay_ms, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
     @staticmethod
@@ -68,14 +70,20 @@ class CheckpointWrites(CheckpointBase):
         replace: bool,
         claim: tuple[Any, ...] = (),
         ttl_ms: int = 0,
+        delay_ms: int = 0,
     ) -> list[Any]:
         """ARGV of commit.lua, finalize.lua (which takes no token) or commit_and_claim.lua (``claim``:
         its next_token and lease_ms): their headers give the layout. ``ttl_ms``: the ttl_ms slot of
-        commit.lua and finalize.lua (terminal_ttl_ms, 0 for none)."""
+        commit.lua and finalize.lua (terminal_ttl_ms, 0 for none); ``delay_ms``: commit.lua's."""
         (epoch, base_m, base_c), blobs_m, blobs_c = part
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
-        extra = claim if script == S.COMMIT_AND_CLAIM else (ttl_ms,)
+        if script == S.COMMIT_AND_CLAIM:
+            extra: tuple[Any, ...] = claim
+        elif script == S.COMMIT:
+            extra = (ttl_ms, delay_ms)
+        else:
+            extra = (ttl_ms,)
         return [
             *head, int(expected), int(cp.cycle_index), _STATUS_VALUE[cp.status], term, body, *extra,
             "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
@@ -113,22 +121,23 @@ class CheckpointWrites(CheckpointBase):
         d.update(body)
         return d.hexdigest()
 
-    def create(self, cp: Checkpoint) -> Op[bool]:
-        """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins."""
+    def create(self, cp: Checkpoint, *, delay_ms: int | None = None) -> Op[bool]:
+        """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins.
+        ``delay_ms``: the first cycle is not claimable before that long from now (server clock)."""
         # A generator of its own (not _store's), so telemetry names the operation "create".
-        return (yield from self._store(S.CREATE, cp))
+        return (yield from self._store(S.CREATE, cp, self._delay(delay_ms, cp)))
 
     def save(self, cp: Checkpoint) -> Op[None]:
         yield from self._store(S.SAVE, cp)
         return None
 
-    def _store(self, script: str, cp: Checkpoint) -> Op[bool]:
+    def _store(self, script: str, cp: Checkpoint, delay_ms: int = 0) -> Op[bool]:
         self.validate(cp)
         keys = self._task_keys(cp.task_id)
         messages, cycles = list(cp.messages), list(cp.cycles)  # exactly what this write sends
         body = self._body(cp)
         _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
-        args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c)
+        args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c, delay_ms)
         # A save replaces a parked task too: it takes the parked index to take the task out of it, and
         # drops the durable steps' results (KEYS[10]) with the rest of what the task held.
         reply = yield Call(script, keys.stepped() if script == S.SAVE else keys.as_list(), args)
@@ -143,11 +152,21 @@ class CheckpointWrites(CheckpointBase):
         self.history.put(cp.task_id, entry)
         return True
 
-    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> Op[bool]:
+    def commit(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        replace_history: bool = False,
+        delay_ms: int | None = None,
+    ) -> Op[bool]:
         self.validate(cp, stores_revision=False)
+        delay = self._delay(delay_ms, cp)
         token = self._token(token)
         expected = self._revision(expected_revision, bumped=True)
-        written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history)
+        written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history,
+                                                delay_ms=delay)  # fmt: skip
         return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
@@ -267,9 +286,11 @@ class CheckpointWrites(CheckpointBase):
         replace: bool,
         claim: tuple[Any, ...] = (),
         claim_revision: int | None = None,
+        delay_ms: int = 0,
     ) -> Op[_Written]:
         """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
-        (``_claimed_entry``), and ``written.entry`` is that."""
+        (``_claimed_entry``), and ``written.entry`` is that. ``delay_ms`` (commit): the next cycle's delay,
+        part of the write's identity (a different delay is a different write)."""
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
         # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task);
         # all three drop the cycle's durable step results (KEYS[10]).
@@ -299,8 +320,10 @@ class CheckpointWrites(CheckpointBase):
             _, blobs_m, blobs_c = part
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
-            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c, claim[:1])
-            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim, ttl_ms)
+            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c,
+                                      claim[:1] or ((delay_ms,) if delay_ms else ()))  # fmt: skip
+            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim, ttl_ms,
+                                     delay_ms)  # fmt: skip
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)

@@ -480,9 +480,12 @@ class LeaseBase(Generic[S]):
         if not ok:
             self.check()  # raises LeaseLost
 
-    def _write_args(self, replace_history: bool) -> dict[str, Any]:
+    def _write_args(self, replace_history: bool, delay_ms: int | None = None) -> dict[str, Any]:
         """A lease's commit and finalize are both the fenced commit of its claim."""
-        return {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history}
+        args = {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history}
+        if delay_ms is not None:
+            args["delay_ms"] = delay_ms
+        return args
 
     def _can_continue(self, cp: Checkpoint) -> bool:
         """Whether ``cp`` may be committed with the next cycle claimed in the same script.

@@ -1,8 +1,8 @@
-"""Giving a claim up, and the parked tasks that leaves: release, requeue, list_parked; and cancel.
+"""Giving a claim up, and the parked tasks that leaves: release, requeue, list_parked.
 
 A release with a reason records a failed attempt (``release.lua`` parks the
 task when it was attempt ``max_attempts``); a parked task runs again after
-``requeue``. ``cancel`` ends a task whoever holds it (cancel.lua). Nothing here does I/O.
+``requeue``. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAX_REASON_BYTES = 1024
 
 
 class Releases(CheckpointBase):
-    """release, requeue, cancel and the parked tasks' listing."""
+    """release, requeue and the parked tasks' listing."""
 
     @staticmethod
     def _reason(reason: object) -> str:
@@ -86,27 +86,6 @@ class Releases(CheckpointBase):
             raise NotParked(f"task {tid!r} is not parked (status {status}): nothing to requeue", task_id=tid,
                             status=status)  # fmt: skip
         raise CorruptState(f"unexpected requeue reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)
-
-    def cancel(self, task_id: str, *, reason: str | None = None) -> Op[bool]:
-        """End the task at once, status ``cancelled`` (cancel.lua): True, or False if it was terminal already.
-
-        The revision is bumped and the claim cleared, so the holder's next write is fenced out; the
-        reason (cut and escaped as a release's) is kept as ``last_failure``. Raises TaskNotFound
-        when there is no such task. A re-send after a lost reply is recognised by its nonce and
-        answers True, as the first did.
-        """
-        tid, keys = self._task(task_id)
-        why = "cancelled (no reason given)" if reason is None else self._reason(reason)
-        reply = yield Call(S.CANCEL, keys.stepped(), [new_nonce(), why, self.terminal_ttl_ms or 0])
-        code = reply[0]
-        if code in (Reply.DONE, Reply.DONE_BEFORE):
-            self.history.drop(tid)
-            return True
-        if code == Reply.TERMINAL:
-            return False
-        if code == Reply.REFUSED:
-            raise TaskNotFound(f"no task {tid!r} in namespace {self.keys.namespace!r}", task_id=tid)
-        raise CorruptState(f"unexpected cancel reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)
 
     def list_parked(self) -> Op[builtins.list[str]]:
         """Every parked task id, from the per-shard parked indexes, paged (never KEYS or SCAN)."""

@@ -30,6 +30,8 @@ MAX_STORED_REVISION = 2**52
 MAX_CLAIM_FROM_REVISION = MAX_REVISION - 2
 #: A lease longer than a year is a bug, not a lease.
 MAX_LEASE_MS = 366 * 24 * 3600 * 1000
+#: The longest delay of a cycle (``delay_ms``), or a wait's deadline: a year, as a lease.
+MAX_DELAY_MS = MAX_LEASE_MS
 #: ``terminal_ttl_ms`` longer than ten years is a bug, not a retention.
 MAX_TERMINAL_TTL_MS = 10 * 366 * 24 * 3600 * 1000
 #: How long, at most, a task that expired (``terminal_ttl_ms``) is remembered after

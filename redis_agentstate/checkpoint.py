@@ -90,9 +90,10 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
     should use the same value.
     """
 
-    def create(self, cp: Checkpoint) -> bool:
-        """Store ``cp`` as a new task; False if the task already exists."""
-        return self._run(self._core.create(cp))
+    def create(self, cp: Checkpoint, *, delay_ms: int | None = None) -> bool:
+        """Store ``cp`` as a new task; False if the task already exists. ``delay_ms``: its first cycle
+        is not claimable before that long from now (server clock; a scheduled start)."""
+        return self._run(self._core.create(cp, delay_ms=delay_ms))
 
     def save(self, cp: Checkpoint) -> None:
         """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
@@ -138,11 +139,19 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
 
         return Lease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
 
-    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
-        """Write the claimed cycle's checkpoint; False if fenced out."""
-        return self._run(
-            self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
-        )
+    def commit(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        replace_history: bool = False,
+        delay_ms: int | None = None,
+    ) -> bool:
+        """Write the claimed cycle's checkpoint; False if fenced out. ``delay_ms``: the next cycle is not
+        claimable before that long from now (server clock); with status ``wait_user``, the wait's deadline."""
+        return self._run(self._core.commit(cp, token=token, expected_revision=expected_revision,
+                                           replace_history=replace_history, delay_ms=delay_ms))  # fmt: skip
 
     def commit_and_claim(
         self,
@@ -246,6 +255,11 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """
         return self._run(self._core.cancel(task_id, reason=reason))
 
+    def resume(self, task_id: str, *, message: Any = None) -> bool:
+        """A task waiting for a person (``wait_user``) runs again, due now, ``message`` appended to its
+        messages; True. NotWaiting if it is not waiting, TaskNotFound if there is no such task."""
+        return self._run(self._core.resume(task_id, message=message))
+
     def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""
         return self._run(self._core.list_parked())
@@ -270,9 +284,9 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
 class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
 
-    async def create(self, cp: Checkpoint) -> bool:
-        """Store ``cp`` as a new task; False if the task already exists."""
-        return await self._run(self._core.create(cp))
+    async def create(self, cp: Checkpoint, *, delay_ms: int | None = None) -> bool:
+        """Store ``cp`` as a new task; False if it already exists (``delay_ms``: see the sync twin)."""
+        return await self._run(self._core.create(cp, delay_ms=delay_ms))
 
     async def save(self, cp: Checkpoint) -> None:
         """Store ``cp`` unconditionally (admin/import): no fencing, history replaced."""
@@ -313,12 +327,17 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return AsyncLease(self, task_id, cycle_index, token=token, lease_ms=lease_ms, **options)
 
     async def commit(
-        self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        replace_history: bool = False,
+        delay_ms: int | None = None,
     ) -> bool:
-        """Write the claimed cycle's checkpoint; False if fenced out."""
-        return await self._run(
-            self._core.commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
-        )
+        """Write the claimed cycle's checkpoint; False if fenced out (``delay_ms``: see the sync twin)."""
+        return await self._run(self._core.commit(cp, token=token, expected_revision=expected_revision,
+                                                 replace_history=replace_history, delay_ms=delay_ms))  # fmt: skip
 
     async def commit_and_claim(
         self,
@@ -398,6 +417,10 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def cancel(self, task_id: str, *, reason: str | None = None) -> bool:
         """End the task at once, status ``cancelled`` (see :meth:`CheckpointStore.cancel`)."""
         return await self._run(self._core.cancel(task_id, reason=reason))
+
+    async def resume(self, task_id: str, *, message: Any = None) -> bool:
+        """A waiting task runs again, ``message`` appended (see :meth:`CheckpointStore.resume`)."""
+        return await self._run(self._core.resume(task_id, message=message))
 
     async def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""

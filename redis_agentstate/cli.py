@@ -5,7 +5,10 @@
     agentstate demo                      # a fleet on a private Redis: crash, freeze, takeover, fencing
     agentstate list                      # tasks: status, cycle, revision, claim
     agentstate list --parked             # parked (poison) tasks: attempts and last failure
+    agentstate list --waiting            # tasks waiting for a person, with their deadline
     agentstate requeue TASK              # a parked task runs again
+    agentstate cancel TASK [--reason R]  # a task ends at once (status cancelled)
+    agentstate resume TASK [--message J] # a waiting task runs again, the JSON message appended
     agentstate show TASK                 # one checkpoint
     agentstate watch POOL [--from N]     # a pool's record log, then a live tail
     agentstate stats                     # tasks by status, live/expired leases, pool sizes, memory
@@ -151,6 +154,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.parked:
         return _list_parked(args, store)
+    if args.waiting:
+        return _list_waiting(args, store)
     rows, hidden = _limited_rows(store, store.list(), args.limit)
     if args.json:
         print(_dump(rows))
@@ -174,6 +179,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             claim = f"not data redis_agentstate wrote: {esc(r['corrupt'])}"
         elif r["status"] == "cancelled":
             claim = f"reason: {esc(r.get('last_failure') or '(none given)')}"
+        elif not claim and r.get("due_in_ms") is not None and r["due_in_ms"] > 0:
+            claim = ("deadline" if r["status"] == "wait_user" else "due") + f" in {_seconds(r['due_in_ms'])}"
         print(f"{tid.ljust(width)}  {status:<24}  {cycle:>6}  {rev:>6}  {claim}")
     if hidden:
         print(f"... and {hidden} more task(s) (--limit {args.limit}; raise or drop --limit to list them)")
@@ -216,6 +223,64 @@ def _list_parked(args: argparse.Namespace, store: Any) -> int:
     if hidden:
         print(f"... and {hidden} more parked task(s) (--limit {args.limit}; raise or drop --limit to list them)")
     print("(`agentstate requeue TASK` runs one again)")
+    return 0
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.1f}s"
+
+
+def _list_waiting(args: argparse.Namespace, store: Any) -> int:
+    """``list --waiting``: the tasks waiting for a person (status wait_user), with their deadline if any."""
+    # Every task's scalar fields, as `list` reads them (a wait is no index of its own): O(tasks).
+    _, every = task_rows(store, store.list())
+    rows = [r for r in every if r["status"] in ("wait_user", "corrupt")]
+    hidden = 0
+    if args.limit is not None and len(rows) > args.limit:
+        hidden, rows = len(rows) - args.limit, rows[: args.limit]
+    if args.json:
+        print(_dump(rows))
+        return 0
+    if not rows:
+        print(f"no tasks waiting for a person in namespace {esc(repr(store.namespace))}")
+        return 0
+    ids_shown = [esc(r["task_id"]) for r in rows]
+    width = max(4, *(len(t) for t in ids_shown))
+    print(f"{'TASK'.ljust(width)}  {'CYCLE':>6}  DEADLINE")
+    for tid, r in zip(ids_shown, rows, strict=True):
+        if r["status"] == "corrupt":
+            print(f"{tid.ljust(width)}  {'?':>6}  not data redis_agentstate wrote: {esc(r['corrupt'])}")
+            continue
+        due = r["due_in_ms"]
+        if due is None:
+            deadline = "none (waits for `agentstate resume`)"
+        elif r["claim_token"]:
+            deadline = f"passed: handled by {esc(r['claim_token'])}"
+        else:
+            deadline = f"in {_seconds(due)}" if due > 0 else f"passed {_seconds(-due)} ago (due to run)"
+        print(f"{tid.ljust(width)}  {r['cycle_index']:>6}  {deadline}")
+    if hidden:
+        print(f"... and {hidden} more waiting task(s) (--limit {args.limit}; raise or drop --limit to list them)")
+    print("(`agentstate resume TASK --message JSON` answers one)")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """``resume TASK [--message JSON]``: a task waiting for a person runs again, the message appended."""
+    store = _store(args)
+    message = None
+    if args.message is not None:
+        try:
+            message = json.loads(args.message)
+        except ValueError as exc:
+            raise InvalidArgument(f"--message is not JSON: {exc}") from exc
+    store.resume(args.task, message=message)  # TaskNotFound / NotWaiting: exit status 1, one line
+    data = {"task_id": args.task, "resumed": True}
+    if args.json:
+        print(_dump(data))
+        return 0
+    with_message = "" if message is None else ", the message appended"
+    print(f"resumed {esc(args.task)}: due now{with_message}")
     return 0
 
 
@@ -452,8 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", parents=[common], help="list tasks with status, cycle, revision and claim")
     lst.add_argument("--limit", type=_positive, default=None, metavar="N",
                      help="list at most N tasks (in id order) and say how many more there are")  # fmt: skip
-    lst.add_argument("--parked", action="store_true",
-                     help="only the parked (poison) tasks, with their attempts and last failure")  # fmt: skip
+    kind = lst.add_mutually_exclusive_group()
+    kind.add_argument("--parked", action="store_true",
+                      help="only the parked (poison) tasks, with their attempts and last failure")  # fmt: skip
+    kind.add_argument("--waiting", action="store_true",
+                      help="only the tasks waiting for a person (wait_user), with their deadline")  # fmt: skip
     lst.set_defaults(func=cmd_list)
 
     requeue = sub.add_parser("requeue", parents=[common], help="make a parked (poison) task runnable again")
@@ -464,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("task")
     cancel.add_argument("--reason", default=None, help="kept as the task's last failure (`show` prints it)")
     cancel.set_defaults(func=cmd_cancel)
+
+    resume = sub.add_parser("resume", parents=[common], help="answer a task waiting for a person: it runs again")
+    resume.add_argument("task")
+    resume.add_argument("--message", default=None, metavar="JSON",
+                        help="appended to the task's messages (a JSON value)")  # fmt: skip
+    resume.set_defaults(func=cmd_resume)
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")

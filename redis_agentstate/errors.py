@@ -10,9 +10,11 @@ Every exception the library raises on purpose derives from one root::
     │   ├── NotRunnable          its status is not ``running``
     │   ├── CycleConflict        it is at another cycle than the claim expects
     │   ├── AlreadyClaimed       another token holds a live lease on it
+    │   ├── NotDue               its next cycle is delayed (``delay_ms``): not claimable before ``due_at_ms``
     │   └── TaskParked           it is parked: too many attempts at its cycle failed
     ├── TaskNotFound             no such task (requeue)
     ├── NotParked                the task is not parked (requeue)
+    ├── NotWaiting               the task is not waiting for a person (resume)
     ├── LeaseLost                a lease keeper could not keep its lease
     ├── TaskCancelled            the task was cancelled (a cancelled lease's LeaseLost.__cause__)
     ├── ThreadBusy               another writer holds the LangGraph thread's lease
@@ -45,6 +47,8 @@ __all__ = [
     "InvalidArgument",
     "LeaseLost",
     "NotAMember",
+    "NotDue",
+    "NotWaiting",
     "NotParked",
     "NotRunnable",
     "PoolNotOpen",
@@ -127,6 +131,14 @@ class AlreadyClaimed(ClaimRejected):
         self.lease_expires_at_ms = lease_expires_at_ms
 
 
+class NotDue(ClaimRejected):
+    """The next cycle is delayed (``delay_ms``): not claimable before ``due_at_ms`` (server ms)."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, due_at_ms: int = 0) -> None:
+        super().__init__(message, task_id=task_id)
+        self.due_at_ms = due_at_ms
+
+
 class TaskParked(ClaimRejected):
     """The task is parked (a poison task): ``attempts`` claims of its cycle ended without a commit;
     ``reason`` is the last failure. ``store.requeue(task_id)`` makes it runnable again."""
@@ -143,6 +155,14 @@ class TaskNotFound(AgentStateError):
 
 class NotParked(AgentStateError):
     """The task is not parked (``status`` is its status); nothing was written."""
+
+    def __init__(self, message: str, *, task_id: str | None = None, status: str | None = None) -> None:
+        super().__init__(message, task_id=task_id)
+        self.status = status
+
+
+class NotWaiting(AgentStateError):
+    """The task is not waiting for a person (``status`` is its status): nothing to resume, nothing written."""
 
     def __init__(self, message: str, *, task_id: str | None = None, status: str | None = None) -> None:
         super().__init__(message, task_id=task_id)

@@ -233,13 +233,15 @@ class Lease(LeaseBase["CheckpointStore"]):
         self._stop.set()
         return first
 
-    def commit(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
+    def commit(self, cp: Checkpoint, *, replace_history: bool = False, delay_ms: int | None = None) -> None:
         """Write the claimed cycle (``cp.cycle_index`` must be :attr:`cycle_index`); ends the lease.
 
+        ``delay_ms``: the next cycle is not claimable before that long from now (server clock);
+        with ``cp.status`` ``wait_user``, the wait's deadline (see ``CheckpointStore.commit``).
         Raises :class:`LeaseLost` if the lease is lost, before sending
         anything, or if Redis fences the write out.
         """
-        self._write(cp, final=False, replace_history=replace_history)
+        self._write(cp, final=False, replace_history=replace_history, delay_ms=delay_ms)
 
     def finalize(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle as the task's terminal checkpoint (``terminal_result`` required).
@@ -252,10 +254,10 @@ class Lease(LeaseBase["CheckpointStore"]):
         """
         self._write(cp, final=True, replace_history=replace_history)
 
-    def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
+    def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool, delay_ms: int | None = None) -> None:
         self._check_write(cp, final=final)
         with self._fenced_write("finalized" if final else "committed") as out:
-            out.applied = self._store.commit(cp, **self._write_args(replace_history))
+            out.applied = self._store.commit(cp, **self._write_args(replace_history, delay_ms))
         self._stop.set()
 
     def commit_and_claim(
@@ -478,18 +480,18 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
             self._body.cancel(self._describe(f"lease lost: {reason}"))
         return first
 
-    async def commit(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
+    async def commit(self, cp: Checkpoint, *, replace_history: bool = False, delay_ms: int | None = None) -> None:
         """Write the claimed cycle; ends the lease (see :meth:`Lease.commit`)."""
-        await self._write(cp, final=False, replace_history=replace_history)
+        await self._write(cp, final=False, replace_history=replace_history, delay_ms=delay_ms)
 
     async def finalize(self, cp: Checkpoint, *, replace_history: bool = False) -> None:
         """Write the claimed cycle as the terminal checkpoint (see :meth:`Lease.finalize`)."""
         await self._write(cp, final=True, replace_history=replace_history)
 
-    async def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool) -> None:
+    async def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool, delay_ms: int | None = None) -> None:
         self._check_write(cp, final=final)
         with self._fenced_write("finalized" if final else "committed") as out:
-            out.applied = await self._store.commit(cp, **self._write_args(replace_history))
+            out.applied = await self._store.commit(cp, **self._write_args(replace_history, delay_ms))
         if self._stop is not None:
             self._stop.set()
 

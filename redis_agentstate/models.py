@@ -56,7 +56,10 @@ class Checkpoint:
     (``CheckpointStore(max_attempts=...)``; ``requeue`` clears it);
     ``last_failure``, the last recorded failure of the current cycle (a
     released attempt's reason, or a lapsed lease), or a cancelled task's reason
-    (``store.cancel``), None when there is none.
+    (``store.cancel``), None when there is none; ``due_at_ms``, the server time
+    before which the next cycle cannot be claimed (``delay_ms`` of the write
+    that set it), or the deadline of a task waiting for a person, None when
+    there is none.
     """
 
     task_id: str
@@ -74,6 +77,7 @@ class Checkpoint:
     attempts: int = 0
     parked: bool = False
     last_failure: str | None = None
+    due_at_ms: int | None = None
 
     @property
     def is_terminal(self) -> bool:

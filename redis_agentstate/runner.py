@@ -129,12 +129,16 @@ class StepResult:
 
     ``replace_history=True`` stores ``checkpoint.messages``/``cycles`` as the whole history
     (e.g. after compacting or summarising it) instead of appending what was added since the
-    claim; it is passed to the commit or finalize.
+    claim; it is passed to the commit or finalize. ``delay_ms``: the task's next cycle is not
+    claimable before that long from now (server clock): a timer, "look again in an hour"; with
+    ``checkpoint.status`` ``wait_user``, the deadline of the wait for a person (at it the task
+    is due by itself, status still ``wait_user``; ``store.resume`` makes it ``running``).
     """
 
     checkpoint: Checkpoint
     done: bool = False
     replace_history: bool = False
+    delay_ms: int | None = None
 
 
 @dataclass
@@ -326,9 +330,10 @@ class _RunnerBase(Generic[S, H]):
         """A fresh claim token per claimed cycle: log lines and histories tell the cycles apart."""
         return f"{self.worker_id}:{next(self._tokens)}"
 
-    def _continues(self, cp: Checkpoint, done: bool, streak: int) -> bool:
-        """Whether to claim the task's next cycle with this commit (see ``max_consecutive_cycles``)."""
-        return not done and streak < self.max_consecutive_cycles and not self.stopping
+    def _continues(self, cp: Checkpoint, done: bool, streak: int, delay_ms: int | None = None) -> bool:
+        """Whether to claim the task's next cycle with this commit (see ``max_consecutive_cycles``); never
+        when the next cycle is delayed (it is not due)."""
+        return not done and not delay_ms and streak < self.max_consecutive_cycles and not self.stopping
 
     @property
     def stopping(self) -> bool:
@@ -382,10 +387,11 @@ class _RunnerBase(Generic[S, H]):
         with self._stats_lock:
             setattr(self.stats, what, getattr(self.stats, what) + 1)
 
-    def _outcome(self, result: object, lease: Lease | AsyncLease) -> tuple[Checkpoint, bool, bool]:
-        """``(checkpoint to write, done, replace_history)`` from what the handler returned."""
-        replace_history = False
+    def _outcome(self, result: object, lease: Lease | AsyncLease) -> tuple[Checkpoint, bool, bool, int | None]:
+        """``(checkpoint to write, done, replace_history, delay_ms)`` from what the handler returned."""
+        replace_history, delay_ms = False, None
         if isinstance(result, StepResult):
+            delay_ms = result.delay_ms
             cp, done = result.checkpoint, bool(result.done)
             if not isinstance(result.replace_history, bool):
                 raise InvalidArgument(
@@ -400,8 +406,10 @@ class _RunnerBase(Generic[S, H]):
             raise InvalidArgument(f"StepResult.checkpoint must be a Checkpoint, got {type(cp).__name__}")
         if done and cp.terminal_result is None:
             raise InvalidArgument("a done StepResult needs checkpoint.terminal_result")
+        if done and delay_ms:
+            raise InvalidArgument("a done StepResult has no next cycle to delay: drop delay_ms")
         cp = replace(cp, cycle_index=lease.cycle_index, claim_token=None, claimed_cycle=None, lease_expires_at_ms=None)
-        return cp, done, replace_history
+        return cp, done, replace_history, delay_ms
 
     def _claim_failed(self, exc: Exception, idle_polls: int) -> float:
         self._count("claim_errors")
@@ -618,7 +626,7 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
                     result = self.handler(lease.checkpoint, Cycle(lease))  # type: ignore[call-arg]
                 else:
                     result = self.handler(lease.checkpoint)  # type: ignore[call-arg]
-                cp, done, replace_history = self._outcome(result, lease)
+                cp, done, replace_history, delay_ms = self._outcome(result, lease)
             except LeaseLost as exc:
                 self._lost(clog, lease, cp, exc)
                 return None
@@ -630,10 +638,10 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
             try:
                 if done:
                     lease.finalize(cp, replace_history=replace_history)
-                elif self._continues(cp, done, streak):
+                elif self._continues(cp, done, streak, delay_ms):
                     nxt = lease.commit_and_claim(cp, replace_history=replace_history, next_token=self._new_token())
                 else:
-                    lease.commit(cp, replace_history=replace_history)
+                    lease.commit(cp, replace_history=replace_history, delay_ms=delay_ms)
             except LeaseLost as exc:
                 self._lost(clog, lease, cp, exc)
                 return None
@@ -756,7 +764,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                         result = await self.handler(lease.checkpoint, AsyncCycle(lease))  # type: ignore[call-arg]
                     else:
                         result = await self.handler(lease.checkpoint)  # type: ignore[call-arg]
-                    cp, done, replace_history = self._outcome(result, lease)
+                    cp, done, replace_history, delay_ms = self._outcome(result, lease)
                 except LeaseLost:
                     raise
                 except Exception as exc:
@@ -767,12 +775,12 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
                 try:
                     if done:
                         await lease.finalize(cp, replace_history=replace_history)
-                    elif self._continues(cp, done, streak):
+                    elif self._continues(cp, done, streak, delay_ms):
                         nxt = await lease.commit_and_claim(
                             cp, replace_history=replace_history, next_token=self._new_token()
                         )
                     else:
-                        await lease.commit(cp, replace_history=replace_history)
+                        await lease.commit(cp, replace_history=replace_history, delay_ms=delay_ms)
                 except LeaseLost:
                     raise
                 except AgentStateError as exc:

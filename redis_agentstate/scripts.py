@@ -46,6 +46,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "REQUEUE",
+    "RESUME",
     "CANCEL",
     "SAVE",
     "STEP_LOAD",
@@ -73,13 +74,14 @@ SUMMARY = "summary"
 RELEASE = "release"
 REQUEUE = "requeue"
 CANCEL = "cancel"
+RESUME = "resume"
 PRUNE = "prune"
 STEP_LOAD = "step_load"
 STEP_RECORD = "step_record"
 
 CHECKPOINT_SCRIPTS = (
     CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
-    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE, STEP_LOAD, STEP_RECORD, CANCEL,
+    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE, STEP_LOAD, STEP_RECORD, CANCEL, RESUME,
 )  # fmt: skip
 
 KV_SET = "kv_set"
@@ -132,7 +134,7 @@ LG_SCRIPTS = (
 #: ``_ops.Command``) are reads only: every write is a script.
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
-    RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL,
+    RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
@@ -154,12 +156,14 @@ PRELUDES: dict[str, tuple[str, ...]] = {
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),
 #: in the order ``read_checkpoint`` returns them. Besides these the hash holds
 #: 'applied' (the write ring, see ``_common.lua``), which is never returned.
-#: The last four are the attempts at the current cycle, the parked flag, the last
-#: failure and the revision of the claim whose release recorded it (see the
-#: attempts note in ``_common.lua``); data written before they existed lacks them.
+#: Then the attempts at the current cycle, the parked flag, the last failure and
+#: the revision of the claim whose release recorded it (see the attempts note in
+#: ``_common.lua``), and 'due': the server ms before which the next cycle may not
+#: be claimed (a delayed cycle), or a waiting task's deadline (see the timers note
+#: in ``_common.lua``). Data written before they existed lacks them.
 HASH_FIELDS = (
     "status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch",
-    "att", "parked", "why", "failrev",
+    "att", "parked", "why", "failrev", "due",
 )  # fmt: skip
 
 
@@ -193,6 +197,10 @@ class Reply(enum.IntEnum):
     PARKED = -8
     #: requeue: the task is not parked.
     NOT_PARKED = -9
+    #: resume: the task is not waiting for a person (its status follows).
+    NOT_WAITING = -10
+    #: The next cycle is delayed: not claimable before the due time that follows (server ms).
+    NOT_DUE = -11
     #: Claimed (as DONE), from another token whose lease had lapsed without a commit: a takeover.
     TAKEN_OVER = 3
 
@@ -244,6 +252,7 @@ def constants_prelude() -> str:
         f"local MAX_CLAIM_FROM_REV = {_lua_int(MAX_CLAIM_FROM_REVISION)}",
         f"local STATUSES = {{ {statuses} }}",
         f"local TERMINAL = {{ {terminal} }}",
+        f"local WAIT_USER = {_lua_str(AgentStatus.WAIT_USER.value)}",
         f"local TOMB_MS = {_lua_int(TERMINAL_TOMB_MS)}",
         f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
         *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),

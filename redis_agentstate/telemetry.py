@@ -44,7 +44,8 @@ The counters (``agentstate.<name>``, attributes ``agentstate.namespace`` and
 * ``parked``: tasks parked after too many attempts (by ``claim``, ``claim_next`` or
   ``release``: the script that parked it says so in its reply);
 * ``requeued``: parked tasks made runnable again by ``requeue``;
-* ``cancels``: tasks ended by ``cancel`` (a re-send whose first reply was lost included).
+* ``cancels``: tasks ended by ``cancel`` (a re-send whose first reply was lost included);
+* ``resumes``: waiting tasks resumed by ``resume`` (the same).
 
 The Runner's gauges, observed at each collection over every live
 :class:`~redis_agentstate.runner.Runner` / ``AsyncRunner`` (attributes
@@ -105,6 +106,7 @@ COUNTERS: dict[str, tuple[str, str, str]] = {
     "parked": ("agentstate.parked", "{task}", "Tasks parked after too many attempts"),
     "requeued": ("agentstate.requeued", "{task}", "Parked tasks made runnable again"),
     "cancels": ("agentstate.cancels", "{task}", "Tasks ended by cancel"),
+    "resumes": ("agentstate.resumes", "{task}", "Waiting tasks resumed"),
 }
 #: The histogram of every store operation's duration.
 DURATION = ("agentstate.operation.duration", "s", "Duration of agentstate store operations (all round trips)")
@@ -158,6 +160,10 @@ def _cancel_events(reply: Any) -> Sequence[str]:
     return ("cancels",) if _code(reply) in (Reply.DONE, Reply.DONE_BEFORE) else ()
 
 
+def _resume_events(reply: Any) -> Sequence[str]:
+    return ("resumes",) if _code(reply) in (Reply.DONE, Reply.DONE_BEFORE) else ()
+
+
 def _commit_events(reply: Any) -> Sequence[str]:
     code = _code(reply)
     if code in _APPLIED:
@@ -195,6 +201,7 @@ REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {
     S.RELEASE: _release_events,
     S.REQUEUE: _requeue_events,
     S.CANCEL: _cancel_events,
+    S.RESUME: _resume_events,
     S.COMMIT: _commit_events,
     S.FINALIZE: _commit_events,
     S.COMMIT_AND_CLAIM: _commit_and_claim_events,

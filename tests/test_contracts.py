@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from flows import kv_flow, pool_flow
 
-from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, _lease_core, _ops, scripts
+from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, NotDue, _lease_core, _ops, scripts
 from redis_agentstate._checkpoint_core import ACK_REMEMBER_MS
 from redis_agentstate._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
 from redis_agentstate.codec import decode, encode
@@ -40,6 +40,8 @@ AFTER_MS = 1234
 REASON = "contract: ValueError: boom"
 STEP_NAME = "contract-step"
 STEP_RESULT = ["contract", 1]
+DELAY_MS = 60_000
+RESUME_MESSAGE = {"answer": "contract"}
 STATUS_VALUES = {s.value for s in AgentStatus}
 
 
@@ -167,6 +169,9 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "next_token": lambda v, a, i: v == NEXT_TOKEN,
     "lease_ms": lambda v, a, i: _int(v) == LEASE_MS,
     "ttl_ms": lambda v, a, i: _int(v) >= 0,
+    "delay_ms": lambda v, a, i: _int(v) in (0, DELAY_MS),
+    "has_message": lambda v, a, i: v in ("0", "1"),
+    "message": lambda v, a, i: v == b"" or (isinstance(v, bytes) and decode(v, key="message") == RESUME_MESSAGE),
     "tomb_ms": lambda v, a, i: _int(v) == ACK_REMEMBER_MS,
     "after_ms": lambda v, a, i: _int(v) == AFTER_MS,
     "reason": lambda v, a, i: v == REASON,
@@ -264,6 +269,16 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     assert store.list_parked() == []
     # Cancelled (parked or not, held or not): terminal at once.
     assert store.cancel("p", reason=REASON)
+    # Waiting for a person with a deadline, resumed with their answer; a delayed start.
+    assert store.create(Checkpoint("w", cycle_index=3, revision=1000, **history), delay_ms=DELAY_MS)  # type: ignore[arg-type]
+    with pytest.raises(NotDue):
+        store.claim("w", 4, token=TOKEN, lease_ms=LEASE_MS)
+    store.save(Checkpoint("w", cycle_index=3, revision=1000, **history))  # type: ignore[arg-type]
+    cp = store.claim("w", 4, token=TOKEN, lease_ms=LEASE_MS)
+    assert cp is not None
+    cp.cycle_index, cp.status = 4, AgentStatus.WAIT_USER
+    assert store.commit(cp, token=TOKEN, expected_revision=cp.revision, delay_ms=DELAY_MS)
+    assert store.resume("w", message=RESUME_MESSAGE)
 
 
 def langgraph_contract_flow(client: Any, namespace: str) -> None:
@@ -312,11 +327,11 @@ def test_header_check_catches_a_builder_out_of_step() -> None:
     """The check itself fails for one slot too many, too few, or two slots swapped."""
     header = Header("commit")
     body = encode([{}, None, None], what="body")
-    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, "0", b"e", 20, 20, 1, b"m"]
+    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, 0, "0", b"e", 20, 20, 1, b"m"]
     header.check("commit", ["k"] * 10, good)
     check_named("commit", header, good)
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 10, good[:12])
+        header.check("commit", ["k"] * 10, good[:13])
     with pytest.raises(AssertionError):
         header.check("commit", ["k"] * 9, good)
     swapped = [good[0], good[2], good[1], *good[3:]]

@@ -121,6 +121,7 @@ local function bad_field(h)
   if h[5] and h[5] ~= '' and not int_in(h[5], 1, MAX_CYCLE) then return 'claimed' end
   if h[6] and h[6] ~= '' and not int_in(h[6], 0, MAX_REVISION) then return 'lease' end
   if h[7] and h[7] ~= '0' and h[7] ~= '1' then return 'term' end
+  if h[14] and h[14] ~= '' and not int_in(h[14], 0, MAX_REVISION) then return 'due' end
   return bad_parking(h[10], h[11])
 end
 
@@ -179,15 +180,41 @@ local function notify_cancel(ready_key, task_id)
   redis.pcall('SPUBLISH', string.sub(ready_key, 1, -6) .. 'due', 'cancel ' .. task_id)
 end
 
+-- ---- timers: delayed cycles and waiting deadlines ---------------------------
+-- 'due' (HASH_FIELDS 14, server ms, '' for none) is written by every write that
+-- sets the next cycle's terms (create, save, commit and the other fenced writes,
+-- resume): now + delay_ms, or ''. A running task is claimable once 'due' has
+-- passed: claim answers REPLY_NOT_DUE before, and the ready index scores it
+-- 'due', so claim_next does not meet it earlier and blocked callers time
+-- themselves by it (the same timer as a lapsing lease: one mechanism). A task
+-- in 'wait_user' with a 'due' is waiting with a deadline: at 'due' its next
+-- cycle becomes claimable by itself, status still 'wait_user' (so the handler
+-- tells a timeout from a resume, which sets 'running'); without one it waits
+-- for resume.lua and is in no ready index. A claim leaves 'due' as it was (a
+-- lapsed claim of a timed-out wait is claimable again); the write that ends the
+-- cycle sets it anew.
+
+-- Whether status ``status`` with due time ``due`` (the stored string) can have a
+-- cycle claimed at some time: running, or waiting with a deadline.
+local function schedulable(status, due)
+  return status == 'running' or (status == WAIT_USER and due ~= nil and due ~= '')
+end
+
 -- Keep the shard indexes in step with the hash (same slot, same script).
-local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now)
+-- ``due``: the hash's 'due' as written ('' or nil for none).
+local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now, due)
   redis.call('ZADD', tasks_key, 0, task_id)
-  if status == 'running' and not is_terminal(status, term) then
+  if schedulable(status, due) and not is_terminal(status, term) then
     local at = now
-    if token ~= '' then at = tonumber(lease) or now end
+    if token ~= '' then
+      at = tonumber(lease) or now
+    elseif due and due ~= '' then
+      at = math.max(now, tonumber(due))
+    end
     redis.call('ZADD', ready_key, at, task_id)
-    -- Unclaimed: due now. (A claimed one is due when its lease lapses: no event.)
-    if token == '' then notify_due(ready_key, 0, task_id) end
+    -- Unclaimed: due at ``at`` (now, or later: the waiters' timers). A claimed one is due when its
+    -- lease lapses: no event.
+    if token == '' then notify_due(ready_key, at - now, task_id) end
   else
     redis.call('ZREM', ready_key, task_id)
   end
@@ -361,10 +388,15 @@ end
 -- same HSET then also claims that next cycle (revision + 2, lease from now),
 -- and the reply carries the lease's expiry as a third entry.
 -- ``ttl_ms`` (commit, finalize: their ttl_ms slot), if above 0: a write that
--- leaves the task terminal sets its expiry (expire_terminal).
+-- leaves the task terminal sets its expiry (expire_terminal). ``delay_ms``
+-- (commit's delay_ms slot), if above 0: the next cycle is due that long from
+-- now (the timers note), or a 'wait_user' write's deadline.
 local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim,
-                            ttl_ms)
+                            ttl_ms, delay_ms)
   local now = server_now_ms()
+  -- The next cycle's due time (the timers note above): '' unless delayed.
+  local due = ''
+  if delay_ms and delay_ms > 0 then due = fmt(now + delay_ms) end
   local rev, token, claimed, lease = expected + 1, '', '', ''
   if claim then
     rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
@@ -384,7 +416,7 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
       -- is not terminal, or commit_and_claim (KEYS[8] given too, for the layout),
       -- spends no command here.
       if keys[8] and is_terminal(status, term) then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
-      reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now)
+      reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now, due)
     end)
   if not epoch then
     if err == 'resend' then return {REPLY_RESEND_HISTORY} end
@@ -397,7 +429,7 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
   local ring = ring_push(applied, id)
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-    'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '')
+    'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '', 'due', due)
   if expiring then expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb) end
   -- The cycle is written: its durable steps' results are over (DEL cannot fail half-way).
   if keys[10] then redis.call('DEL', keys[10]) end
@@ -469,7 +501,7 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
 
   if is_terminal(status, h[7]) then return {REPLY_TERMINAL, status} end
   if h[11] == '1' then return {REPLY_PARKED, h[10] or '0', h[12] or ''} end
-  if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
+  if not schedulable(status, h[14]) then return {REPLY_NOT_RUNNING, status} end
   if current_cycle ~= tonumber(cycle_arg) - 1 then return {REPLY_CYCLE_CONFLICT, h[2]} end
 
   local now = server_now_ms()
@@ -478,6 +510,12 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
     local out = read_checkpoint(keys, epoch, have_m, have_c, h)
     table.insert(out, 1, REPLY_DONE_BEFORE)
     return out
+  end
+  local due = tonumber(h[14] or '')
+  if due and due > now then
+    -- A waiting task before its deadline waits for a person; a running one is delayed.
+    if status ~= 'running' then return {REPLY_NOT_RUNNING, status} end
+    return {REPLY_NOT_DUE, h[14]}
   end
   if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
   local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE

@@ -69,7 +69,7 @@ if held_by == token and lease > now and claimed == fmt(next_cycle) then
   return out
 end
 
-if is_terminal(status, h[7]) or status ~= 'running' or h[11] == '1' or next_cycle > MAX_CYCLE then
+if is_terminal(status, h[7]) or not schedulable(status, h[14]) or h[11] == '1' or next_cycle > MAX_CYCLE then
   -- Not claimable at all: it must not be in the index.
   if score then redis.call('ZREM', KEYS[4], task_id) end
   return lost_race()
@@ -84,6 +84,13 @@ end
 if held_by ~= '' and lease > now then
   -- Live claim (someone won the race): the index must say when it expires.
   if not score or tonumber(score) ~= lease then redis.call('ZADD', KEYS[4], lease, task_id) end
+  return lost_race()
+end
+
+local due = tonumber(h[14] or '')
+if due and due > now then
+  -- Delayed (or waiting before its deadline): the index must say when it falls due.
+  if not score or tonumber(score) ~= due then redis.call('ZADD', KEYS[4], due, task_id) end
   return lost_race()
 end
 

@@ -4,12 +4,12 @@
 --               tasks of one shard
 -- Returns {now, <SUMMARY_STRIDE entries per key>}, now in server ms; per key
 --   'ok', status, cycle, rev, token, claimed, lease, term,
---         att, parked, why                                 as stored ('' when absent)
+--         att, parked, why, due                            as stored ('' when absent)
 --   'missing'                                                no such task (deleted since it was listed)
 --   'corrupt', what                                          data this library would not have written
 -- each padded with '' to SUMMARY_STRIDE entries. One corrupt task does not
 -- hide the others: it is a row of its own.
-local SUMMARY_STRIDE = 11
+local SUMMARY_STRIDE = 12
 local out = { fmt(server_now_ms()) }
 local n = 1
 for i = 1, #KEYS do
@@ -20,11 +20,12 @@ for i = 1, #KEYS do
   elseif not present(h) then
     kind = 'missing'
   else
-    -- Attempts, parked, last failure (HASH_FIELDS 10..12): never the body.
-    local p = redis.call('HMGET', KEYS[i], unpack(HASH_FIELDS, 10, 12))
+    -- Attempts, parked, last failure (HASH_FIELDS 10..12) and the due time (14): never the body.
+    local p = redis.call('HMGET', KEYS[i], HASH_FIELDS[10], HASH_FIELDS[11], HASH_FIELDS[12], HASH_FIELDS[14])
     local bad = bad_field(h) or bad_parking(p[1], p[2])
+    if not bad and p[4] and p[4] ~= '' and not int_in(p[4], 0, MAX_REVISION) then bad = 'due' end
     if bad then kind, what = 'corrupt', 'malformed ' .. bad end
-    for j = 1, 3 do h[7 + j] = p[j] end
+    for j = 1, 4 do h[7 + j] = p[j] end
   end
   out[n + 1] = kind
   for j = 1, SUMMARY_STRIDE - 1 do
