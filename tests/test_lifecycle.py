@@ -56,7 +56,9 @@ def wait_until(raw: Any, at_ms: int) -> None:
 class TestTimers:
     """``delay_ms``: not claimable before it (``NotDue``), skipped by claim_next, claimable after."""
 
-    def test_a_delayed_start_is_not_due_before_its_time(self, make: Callable[..., Any], raw: Any, namespace: str) -> None:
+    def test_a_delayed_start_is_not_due_before_its_time(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
         store = make(CheckpointStore, AsyncCheckpointStore)
         before = server_ms(raw)
         assert store.create(Checkpoint("t"), delay_ms=DELAY_MS)
