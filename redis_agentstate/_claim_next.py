@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import random
 import threading
 import time
@@ -37,6 +36,11 @@ logger = logging.getLogger("redis_agentstate")
 _LOST_RACE = (Reply.REFUSED, Reply.PARKED)
 
 
+#: The heap score of an announced candidate (plus its announcement's sequence number): above any
+#: ready score (server ms), still exact in a float.
+ANNOUNCED = 2.0**52
+
+
 class _Candidates:
     """Due ready entries a peek saw, shared by every caller of one store: the next claim_next tries
     the oldest of them in one round trip instead of peeking at 64 shard heads first.
@@ -53,6 +57,9 @@ class _Candidates:
         self._heap: list[tuple[float, str]] = []
         self._queued: set[str] = set()
         self._at = 0.0
+        self._announced = 0
+        #: The last peek saw nothing due but what it claimed: an announcement is then the oldest due work.
+        self._quiet = True
         self._lock = threading.Lock()
 
     def reset(self, entries: Sequence[tuple[str, float]]) -> None:
@@ -60,22 +67,35 @@ class _Candidates:
             self._heap = [(score, tid) for tid, score in entries]
             heapq.heapify(self._heap)
             self._queued = {tid for tid, _ in entries}
+            self._quiet = not entries
             self._at = time.monotonic()
 
     def add(self, tid: str, score: float) -> None:
         with self._lock:
+            self._quiet = False
             if tid not in self._queued and time.monotonic() - self._at < self.max_age_s:
                 heapq.heappush(self._heap, (score, tid))
                 self._queued.add(tid)
 
     def announce(self, tid: str) -> None:
-        """A task announced due now (``notify_due``): a candidate behind those a peek saw."""
+        """A task announced due now (``notify_due``): a candidate behind those a peek saw.
+
+        Once the peek's entries are too old, the announcement alone is a candidate only if that
+        peek saw nothing else due (an idle fleet woken by new work: one round trip, no peek);
+        otherwise it is dropped and the next claim peeks, so it cannot skip older due work.
+        """
         with self._lock:
             if time.monotonic() - self._at >= self.max_age_s:
                 self._heap, self._queued = [], set()
+                if not self._quiet:
+                    return
                 self._at = time.monotonic()
             if tid not in self._queued:
-                heapq.heappush(self._heap, (math.inf, tid))
+                # Behind every peeked entry (a ms timestamp is far below ANNOUNCED), and among the
+                # announced in the order they were announced: a tie broken by the id would serve the
+                # task that sorts first again and again (a Runner's streak cap would not let others in).
+                self._announced += 1
+                heapq.heappush(self._heap, (ANNOUNCED + self._announced, tid))
                 self._queued.add(tid)
 
     def discard(self, tid: str) -> None:

@@ -481,11 +481,9 @@ class LeaseBase(Generic[S]):
             self.check()  # raises LeaseLost
 
     def _write_args(self, replace_history: bool, delay_ms: int | None = None) -> dict[str, Any]:
-        """A lease's commit and finalize are both the fenced commit of its claim."""
-        args = {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history}
-        if delay_ms is not None:
-            args["delay_ms"] = delay_ms
-        return args
+        """A lease's commit and finalize are both the fenced commit of its claim (``delay_ms``: a commit's only)."""
+        delay = {} if delay_ms is None else {"delay_ms": delay_ms}  # a store subclass may not know it
+        return {"token": self.token, "expected_revision": self.revision, "replace_history": replace_history, **delay}
 
     def _can_continue(self, cp: Checkpoint) -> bool:
         """Whether ``cp`` may be committed with the next cycle claimed in the same script.

@@ -285,7 +285,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
 
     async def create(self, cp: Checkpoint, *, delay_ms: int | None = None) -> bool:
-        """Store ``cp`` as a new task; False if it already exists (``delay_ms``: see the sync twin)."""
+        """Store ``cp`` as a new task; False if it already exists (``delay_ms``: :meth:`CheckpointStore.create`)."""
         return await self._run(self._core.create(cp, delay_ms=delay_ms))
 
     async def save(self, cp: Checkpoint) -> None:
@@ -335,7 +335,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         replace_history: bool = False,
         delay_ms: int | None = None,
     ) -> bool:
-        """Write the claimed cycle's checkpoint; False if fenced out (``delay_ms``: see the sync twin)."""
+        """Write the claimed cycle's checkpoint; False if fenced out (``delay_ms``: :meth:`CheckpointStore.commit`)."""
         return await self._run(self._core.commit(cp, token=token, expected_revision=expected_revision,
                                                  replace_history=replace_history, delay_ms=delay_ms))  # fmt: skip
 
@@ -382,7 +382,8 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         return self._waker  # type: ignore[no-any-return]
 
     def _watch_cancel(self, task_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` when ``task_id`` is cancelled (see the sync twin); from the store's event loop."""
+        """Call ``callback`` when ``task_id`` is cancelled (as :meth:`CheckpointStore._watch_cancel`); from the
+        store's event loop."""
         return self._wakes().watch(task_id, callback)
 
     async def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> bool:

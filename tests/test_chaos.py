@@ -17,6 +17,14 @@ it; ``CHAOS_SEED`` picks the schedule, default 5):
   commit after Redis applied it; SIGKILL redis-server and restart it on the
   same data dir. The first rounds go through every kind once (shuffled), so
   each happens at least once, and the run asserts that each one bit;
+* lifecycle tasks in the mix: 8 ``ask-*`` tasks wait for a person every
+  other cycle (half of the waits with a deadline), 8 ``timer-*`` tasks delay
+  each next cycle by 50-400 ms, and 8 ``cancel-*`` tasks run until an
+  operator thread (its own client, through the proxy: it meets the faults
+  too) cancels them one by one, while it resumes the waiting tasks with
+  messages of its own; the checker proves no cancelled task got a later
+  commit, every acknowledged resume's message is there once, and no timer
+  fired early (rules 7-9 of ``faults.checker``);
 * at the end the workers get SIGTERM, and ``faults.checker`` holds the
   histories against the final state. The figures are printed (run with
   ``-s`` to see them) and written to ``$CHAOS_REPORT`` if set.
@@ -37,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -50,7 +59,7 @@ from conftest import RealServer, RedisServerProcess, require_real
 from faults import FaultProxy
 from faults.checker import FinalTask, check, read_histories
 
-from redis_agentstate import AlreadyClaimed, Checkpoint, CheckpointStore
+from redis_agentstate import AlreadyClaimed, BackendError, Checkpoint, CheckpointStore, NotWaiting, RetryPolicy
 from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.scripts import script_text
@@ -63,6 +72,9 @@ SKEW_S = 3 * 3600.0
 ZOMBIE_WORKER = 6
 MAX_ATTEMPTS = 4
 POISON = ["poison-raise-0", "poison-raise-1", "poison-kill-0", "poison-kill-1"]
+ASK = [f"ask-{i:02d}" for i in range(8)]
+TIMERS = [f"timer-{i:02d}" for i in range(8)]
+CANCELS = [f"cancel-{i:02d}" for i in range(8)]
 FAULTS = ("kill_worker", "pause_worker", "proxy_reset", "proxy_blackhole", "proxy_delay", "lose_reply", "redis_restart")
 
 
@@ -191,13 +203,75 @@ def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
             fleet.restart_redis()
 
 
+class Operator:
+    """Cancels the ``cancel-*`` tasks one by one and resumes the waiting ``ask-*`` tasks, through the proxy,
+    recording each call as the workers do (``invoke``, then ``ok`` / ``unknown``) in its own history."""
+
+    def __init__(self, fleet: Fleet, rng: random.Random) -> None:
+        self.client = redis.Redis(port=fleet.proxy.port, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self.store = CheckpointStore(self.client, namespace=fleet.ns, retry=RetryPolicy(attempts=3, max_wait_s=0.2))
+        self.rng = rng
+        self.history = open(fleet.dir / "history-operator.jsonl", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        #: Task -> what a load read right after its cancel was acknowledged (rule 7).
+        self.cancelled: dict[str, dict[str, Any]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="chaos-operator", daemon=True)
+
+    def write(self, **entry: Any) -> None:
+        entry.update(t=time.monotonic(), w="operator", pid=os.getpid())
+        self.history.write(json.dumps(entry, separators=(",", ":")) + "\n")
+
+    def _cancel(self, tid: str) -> None:
+        self.write(op="cancel", type="invoke", task=tid)
+        while not self.stop.is_set():
+            try:
+                self.store.cancel(tid, reason="chaos operator")  # False: an earlier unknown one applied
+                cp = self.store.load(tid)
+            except BackendError:
+                self.write(op="cancel", type="unknown", task=tid)
+                time.sleep(0.1)
+                continue
+            assert cp is not None
+            self.write(op="cancel", type="ok", task=tid)
+            self.cancelled[tid] = {"status": str(cp.status), "revision": cp.revision}
+            return
+
+    def _resume(self, tid: str) -> None:
+        key = uuid.uuid4().hex[:12]
+        self.write(op="resume", type="invoke", task=tid, key=key)
+        try:
+            self.store.resume(tid, message={"resume": key})
+        except NotWaiting:
+            self.write(op="resume", type="fail", task=tid, key=key)
+        except BackendError:
+            self.write(op="resume", type="unknown", task=tid, key=key)
+        else:
+            self.write(op="resume", type="ok", task=tid, key=key)
+
+    def _run(self) -> None:
+        todo = list(CANCELS)
+        next_cancel = time.monotonic() + 2.0
+        while not self.stop.wait(self.rng.uniform(0.1, 0.4)):
+            self._resume(self.rng.choice(ASK))
+            if todo and time.monotonic() >= next_cancel:
+                self._cancel(todo.pop(0))
+                next_cancel = time.monotonic() + self.rng.uniform(1.0, 4.0)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.history.close()
+        self.client.close()
+
+
 def _final_state(client: redis.Redis, ns: str, tids: list[str]) -> tuple[dict[str, FinalTask], list[str]]:
     store = CheckpointStore(client, namespace=ns)
     final = {}
     for tid in tids:
         cp = store.load(tid)
         assert cp is not None, f"task {tid} vanished"
-        final[tid] = FinalTask(tid, cp.cycle_index, cp.revision, cp.messages, cp.terminal_result is not None)
+        final[tid] = FinalTask(tid, cp.cycle_index, cp.revision, cp.messages, cp.terminal_result is not None,
+                               str(cp.status))  # fmt: skip
     records = PoolStore(client, namespace=ns).watch("chaos-pool", Cursor(0))
     keys = [r.payload.message.idempotency_key for r in records if isinstance(r.payload, StoredMessage)]
     return final, keys
@@ -223,6 +297,7 @@ def test_chaos_fleet() -> None:
     try:
         store = CheckpointStore(admin, namespace=fleet.ns)
         tids = [f"long-{i:02d}" for i in range(64)] + [f"short-{i:02d}" for i in range(16)] + POISON
+        tids += ASK + TIMERS + CANCELS
         for tid in tids:
             assert store.create(Checkpoint(tid))
         PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
@@ -230,8 +305,13 @@ def test_chaos_fleet() -> None:
         for i in range(WORKERS):
             fleet.spawn(i)
         t0 = time.monotonic()
-        _nemesis(fleet, rng, t0 + seconds)
-        proxy.set_mode("pass")
+        operator = Operator(fleet, random.Random(seed + 1))
+        operator.thread.start()
+        try:
+            _nemesis(fleet, rng, t0 + seconds)
+        finally:
+            proxy.set_mode("pass")
+            operator.close()
         time.sleep(2 * LEASE_MS / 1000)  # a quiet stretch: the fleet must make progress after the faults
         for p in fleet.procs.values():
             p.send_signal(signal.SIGTERM)
@@ -248,7 +328,7 @@ def test_chaos_fleet() -> None:
         final, pool_keys = _final_state(admin, fleet.ns, tids)
         ops = CheckpointStore(admin, namespace=fleet.ns)
         history = read_histories(sorted(base.glob("history-*.jsonl")))
-        report = check(history, final, pool_keys)
+        report = check(history, final, pool_keys, operator.cancelled)
         figures = report.figures()
         figures.update(
             seed=seed, seconds=round(elapsed, 1), workers=WORKERS, faults=dict(fleet.faults),
@@ -261,6 +341,10 @@ def test_chaos_fleet() -> None:
             Path(os.environ["CHAOS_REPORT"]).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
 
         assert report.violations == [], "\n".join(report.violations[:50])
+        # The lifecycle was in the mix: cancels, resumes, waits with deadlines and delayed cycles.
+        assert report.cancels >= 3 and report.resumes >= 5, figures
+        assert report.timed_cycles >= 50, figures
+        assert all(final[t].status == "cancelled" for t in operator.cancelled)
         # Each fault was injected, and bit.
         assert all(n > 0 for n in fleet.faults.values()), fleet.faults
         assert all(rc == -signal.SIGKILL for rc in fleet.evidence["killed_rc"])

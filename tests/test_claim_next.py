@@ -477,3 +477,28 @@ def test_claim_next_on_redis_cluster(redis_cluster: Any, twin_loop: Any) -> None
             assert commit_cycle(stores[which], cp, cp.claim_token)
     for tid in tids:
         assert [m["cycle"] for m in stores[0].load(tid).messages] == [1, 2]
+
+
+def test_announced_candidates_are_served_in_announcement_order_behind_peeked_ones() -> None:
+    from redis_agentstate._claim_next import _Candidates
+
+    c = _Candidates(max_age_s=60)
+    c.reset([("old", 100.0)])
+    for tid in ("b", "a", "c"):  # a tie broken by the id would serve "a" first, every time
+        c.announce(tid)
+    assert [c.take() for _ in range(5)] == ["old", "b", "a", "c", None]
+
+
+def test_an_announcement_after_a_busy_peek_aged_out_waits_for_the_next_peek() -> None:
+    from redis_agentstate._claim_next import _Candidates
+
+    busy = _Candidates(max_age_s=0)
+    busy.reset([])
+    busy.add("due-elsewhere", 100.0)  # the peek saw more due work than it claimed
+    busy.announce("t")
+    assert busy.take() is None  # not "t": the next claim peeks, and serves the oldest due first
+    quiet = _Candidates(max_age_s=0.5)
+    quiet.reset([])  # the peek saw nothing due: an announcement is the oldest due work there is
+    time.sleep(0.6)
+    quiet.announce("t")
+    assert quiet.take() == "t"

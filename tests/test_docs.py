@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 #: The guides: each shows its subject in code that runs.
-GUIDES = ["quickstart", "leases", "fleet", "pools", "kv", "langgraph", "operations"]
+GUIDES = ["quickstart", "leases", "fleet", "lifecycle", "pools", "kv", "langgraph", "operations"]
 
 
 def page_blocks(lang: str) -> list[tuple[str, str]]:

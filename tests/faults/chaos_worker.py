@@ -94,7 +94,15 @@ class RecordingStore(CheckpointStore):
             )
         return cp
 
-    def commit(self, cp: Checkpoint, *, token: str, expected_revision: int, replace_history: bool = False) -> bool:
+    def commit(
+        self,
+        cp: Checkpoint,
+        *,
+        token: str,
+        expected_revision: int,
+        replace_history: bool = False,
+        delay_ms: int | None = None,
+    ) -> bool:
         op_id = uuid.uuid4().hex[:12]
         kind = "finalize" if cp.terminal_result is not None else "commit"
         last = cp.messages[-1] if cp.messages else None
@@ -103,7 +111,8 @@ class RecordingStore(CheckpointStore):
                 "attempt": attempt}  # fmt: skip
         self.history.write(type="invoke", rev=expected_revision, final=kind == "finalize", **base)
         try:
-            ok = super().commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history)
+            ok = super().commit(cp, token=token, expected_revision=expected_revision, replace_history=replace_history,
+                                delay_ms=delay_ms)  # fmt: skip
         except BackendError as exc:
             self.history.write(type="unknown", error=type(exc).__name__, **base)
             raise
@@ -232,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         cycle = cp.claimed_cycle or 0
         lease = current_lease()
         assert lease is not None
+        # The claim's server time and the due time it was claimed under: the checker holds every
+        # committed cycle to "never claimed before it was due".
+        claimed_at = (cp.lease_expires_at_ms or 0) - args.lease_ms
+        seen = {"claimed_at": claimed_at, "due": cp.due_at_ms, "status": str(cp.status)}
         if cp.task_id.startswith("poison-raise-"):
             raise RuntimeError(f"poison: cannot handle {cp.task_id} (attempt {cp.attempts})")
         if cp.task_id.startswith("poison-kill-"):
@@ -250,13 +263,24 @@ def main(argv: list[str] | None = None) -> int:
         history.write(op="pool", type="ok", key=key)
         if not args.zombie:
             lease.check()
-        cp.messages.append({"cycle": cycle, "token": lease.token, "attempt": uuid.uuid4().hex[:12]})
+        cp.messages.append({"cycle": cycle, "token": lease.token, "attempt": uuid.uuid4().hex[:12], **seen})
         cp.cycles.append({"cycle": cycle, "w": args.worker})
         limit = args.done_at_small if cp.task_id.startswith("short-") else args.done_at
         done = cycle >= limit
+        delay_ms: int | None = None
+        # Lifecycle tasks: an ``ask-*`` task waits for a person every other cycle (half the time with a
+        # deadline), whoever answers (the operator's resume, or the deadline); a ``timer-*`` task delays
+        # each next cycle. Either way the next cycle comes back through claim_next.
+        cp.status = AgentStatus.RUNNING
+        if cp.task_id.startswith("ask-") and cycle % 2 == 1:
+            cp.status = AgentStatus.WAIT_USER
+            delay_ms = rng.choice((None, 300, 800))
+        elif cp.task_id.startswith("timer-"):
+            delay_ms = rng.randint(50, 400)
         if done:
             cp.status = AgentStatus.COMPLETED
             cp.terminal_result = {"cycles": cycle}
+            delay_ms = None
         if args.zombie:
             # A worker that ignores its lease: it writes straight away, whether or not
             # the lease is still alive (after a SIGSTOP it is not). Only the revision
@@ -264,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
             # writes the same cycle again (another attempt id): always fenced out.
             zombie = copy.deepcopy(cp)
             zombie.cycle_index = cycle
-            store.commit(zombie, token=lease.token, expected_revision=lease.revision)
+            store.commit(zombie, token=lease.token, expected_revision=lease.revision, delay_ms=delay_ms)
             cp.messages[-1] = dict(cp.messages[-1], attempt=uuid.uuid4().hex[:12])
-        return StepResult(cp, done=done)
+        return StepResult(cp, done=done, delay_ms=delay_ms)
 
     runner = Runner(
         store, handler, lease_ms=args.lease_ms, idle_min_ms=20, idle_max_ms=200, failure_delay_ms=50,

@@ -19,6 +19,15 @@ figures and every violation found. The rules, per task:
    "never twice"; unknowns are counted, and how many turned out applied).
 6. **Every pool message with an idempotency key appears exactly once**, and
    every acknowledged one appears.
+7. **A cancelled task gets no later commit**: it ends cancelled, at the
+   revision read right after its cancel was acknowledged, and no worker
+   commit invoked after that acknowledgement was acknowledged itself.
+8. **Every acknowledged resume's message is present exactly once**, and no
+   resume message twice (an unknown one: present once or absent).
+9. **No timer fires early**: every committed cycle was claimed (server time)
+   no sooner than the due time it was claimed under; a ``timer-*`` task's
+   every cycle after its first was claimed under one (each commit delays the
+   next).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ class FinalTask:
     revision: int
     messages: list[Any]
     terminal: bool
+    status: str = ""
 
 
 @dataclass
@@ -51,6 +61,9 @@ class Report:
     unknown_applied: int = 0
     unknown_absent: int = 0
     pool_messages: int = 0
+    cancels: int = 0
+    resumes: int = 0
+    timed_cycles: int = 0
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -64,6 +77,9 @@ class Report:
             "tasks": self.tasks,
             "committed_cycles_in_final_state": self.committed_cycles,
             "pool_messages": self.pool_messages,
+            "cancelled_tasks": self.cancels,
+            "acknowledged_resumes": self.resumes,
+            "cycles_claimed_under_a_due_time": self.timed_cycles,
             "violations": len(self.violations),
         }
 
@@ -81,7 +97,14 @@ def read_histories(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def check(history: list[dict[str, Any]], final: dict[str, FinalTask], pool_keys: list[str]) -> Report:
+def check(
+    history: list[dict[str, Any]],
+    final: dict[str, FinalTask],
+    pool_keys: list[str],
+    cancelled: dict[str, dict[str, Any]] | None = None,
+) -> Report:
+    """``cancelled``: task -> ``{"status", "revision"}`` as read right after its cancel was acknowledged
+    (rule 7); the operator's ``cancel``/``resume`` entries are in ``history``."""
     r = Report(tasks=len(final))
     v = r.violations
 
@@ -156,6 +179,46 @@ def check(history: list[dict[str, Any]], final: dict[str, FinalTask], pool_keys:
             v.append(f"{tid}: a claim saw revision {max(c['rev'] for c in cs)} > final {final_rev}")
     # Two claims of the same cycle may both be granted (after a lease expired), but
     # then never both committed: rule 1 checks that on the final state.
+
+    # ---- rule 7: a cancelled task gets no later commit -------------------------
+    for e in history:
+        if e.get("op") == "cancel" and e.get("type") == "ok":
+            tid, acked = e["task"], e["t"]
+            r.cancels += 1
+            after = (cancelled or {}).get(tid)
+            if after is None or after["status"] != "cancelled":
+                v.append(f"{tid}: cancel acknowledged but the task read after it was {after}")
+            elif final[tid].revision != after["revision"]:
+                v.append(f"{tid}: revision {after['revision']} after the cancel, {final[tid].revision} at the end")
+            if final[tid].status != "cancelled":
+                v.append(f"{tid}: cancelled, but ends {final[tid].status}")
+            late = [i for i, inv in invokes.items() if inv["task"] == tid and inv["t"] > acked
+                    and outcome.get(i) == "ok"]  # fmt: skip
+            if late:
+                v.append(f"{tid}: {len(late)} commit(s) invoked after its cancel were acknowledged")
+
+    # ---- rule 8: each acknowledged resume's message exactly once --------------
+    resumed = Counter(m["resume"] for t in final.values() for m in t.messages if isinstance(m, dict) and "resume" in m)
+    for key, n in resumed.items():
+        if n > 1:
+            v.append(f"resume message {key} appended {n} times")
+    for e in history:
+        if e.get("op") == "resume" and e.get("type") == "ok":
+            r.resumes += 1
+            if resumed.get(e["key"], 0) != 1:
+                v.append(f"{e['task']}: acknowledged resume {e['key']} appears {resumed.get(e['key'], 0)} times")
+
+    # ---- rule 9: no timer fires early -----------------------------------------
+    for tid, t in final.items():
+        for m in t.messages:
+            if not (isinstance(m, dict) and "cycle" in m and "claimed_at" in m):
+                continue
+            if m.get("due") is not None:
+                r.timed_cycles += 1
+                if m["claimed_at"] < m["due"]:
+                    v.append(f"{tid} cycle {m['cycle']}: claimed at {m['claimed_at']}, before it was due ({m['due']})")
+            elif tid.startswith("timer-") and m["cycle"] > 1:
+                v.append(f"{tid} cycle {m['cycle']}: claimed with no due time after a delayed commit")
 
     # ---- rule 6: pool messages exactly once ----------------------------------
     counts = Counter(pool_keys)
