@@ -115,6 +115,51 @@ def test_client_clock_skew_changes_nothing(real_server: RealServer, monkeypatch:
     client.close()
 
 
+# ---- the checker's lifecycle rules, fast ------------------------------------------
+
+
+def _msg(cycle: int, attempt: str, claimed_at: int, due: int | None) -> dict[str, Any]:
+    return {"cycle": cycle, "token": "w", "attempt": attempt, "claimed_at": claimed_at, "due": due}
+
+
+def _commit(op_id: str, tid: str, cycle: int, attempt: str, t: float, result: str) -> list[dict[str, Any]]:
+    base = {"op": "commit", "id": op_id, "task": tid, "cycle": cycle, "token": "w", "attempt": attempt}
+    return [dict(base, type="invoke", t=t), dict(base, type=result, t=t + 0.01)]
+
+
+def test_the_checker_holds_cancels_resumes_and_timers() -> None:
+    """Rules 7-9 pass a clean history and catch each violation they are for."""
+    timer = FinalTask("timer-0", 2, 4, [_msg(1, "a1", 1000, None), _msg(2, "a2", 1500, 1400)], False, "running")
+    cancelled = FinalTask("cancel-0", 1, 3, [_msg(1, "c1", 1000, None)], False, "cancelled")
+    asked = FinalTask("ask-0", 0, 1, [{"resume": "k1"}], False, "running")
+    history = [
+        *_commit("1", "timer-0", 1, "a1", 1.0, "ok"), *_commit("2", "timer-0", 2, "a2", 2.0, "ok"),
+        *_commit("3", "cancel-0", 1, "c1", 1.0, "ok"),
+        {"op": "cancel", "type": "ok", "task": "cancel-0", "t": 1.5},
+        {"op": "resume", "type": "ok", "task": "ask-0", "key": "k1", "t": 1.2},
+    ]  # fmt: skip
+    after = {"cancel-0": {"status": "cancelled", "revision": 3}}
+
+    def violations(final: list[FinalTask], extra: list[dict[str, Any]] = (), cancels: Any = after) -> list[str]:
+        return check(
+            sorted([*history, *extra], key=lambda e: e["t"]), {t.task_id: t for t in final}, [], cancels
+        ).violations
+
+    assert violations([timer, cancelled, asked]) == []
+    early = FinalTask("timer-0", 2, 4, [_msg(1, "a1", 1000, None), _msg(2, "a2", 1300, 1400)], False, "running")
+    assert any("before it was due" in v for v in violations([early, cancelled, asked]))
+    undelayed = FinalTask("timer-0", 2, 4, [_msg(1, "a1", 1000, None), _msg(2, "a2", 1300, None)], False, "running")
+    assert any("no due time" in v for v in violations([undelayed, cancelled, asked]))
+    late = _commit("4", "cancel-0", 2, "c2", 1.6, "ok")
+    assert any("after its cancel" in v for v in violations([timer, cancelled, asked], late))
+    moved = FinalTask("cancel-0", 1, 5, cancelled.messages, False, "cancelled")
+    assert any("at the end" in v for v in violations([timer, moved, asked]))
+    lost = FinalTask("ask-0", 0, 1, [], False, "running")
+    assert any("appears 0 times" in v for v in violations([timer, cancelled, lost]))
+    twice = FinalTask("ask-0", 0, 1, [{"resume": "k1"}, {"resume": "k1"}], False, "running")
+    assert any("appended 2 times" in v for v in violations([timer, cancelled, twice]))
+
+
 # ---- the fleet ---------------------------------------------------------------
 
 
