@@ -205,7 +205,12 @@ def _log_down(state: WakeState, exc: BaseException) -> None:
     the channels), each retry only at debug level."""
     level = logging.DEBUG if state.down_logged else logging.WARNING
     state.down_logged = True
-    logger.log(level, "claim_next: wake-up subscription down (%s); blocked callers poll until it is back", exc)
+    logger.log(
+        level,
+        "claim_next: wake-up subscription down (%s); blocked callers poll, and held leases hear of a cancel "
+        "at their next renewal, until it is back",
+        exc,
+    )
 
 
 def channels(keys: Keys) -> list[str]:

@@ -207,6 +207,21 @@ def test_cancel_delivery_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_timers_benchmark_runs() -> None:
+    """The timer accuracy measurement runs both crowds and prints its percentiles (never early)."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.timers", "--workers", "10", "--timers", "10", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("async: p50", "sync: p50", "never early"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_client_ab_runs_both_sides(tmp_path: Path) -> None:
     """The client A/B imports another commit's package next to this one and measures both in the same rounds."""
     _need_redis_server()

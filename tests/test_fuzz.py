@@ -51,6 +51,7 @@ from redis_agentstate import (
     CycleConflict,
     InvalidArgument,
     NotRunnable,
+    NotWaiting,
     TaskNotFound,
 )
 from redis_agentstate.codec import encode
@@ -388,6 +389,24 @@ class StoreMachine(RuleBasedStateMachine):
             None,
             False,
         )
+        t.ring.insert(0, object())  # the cancel's nonce takes a place in the ring
+
+    @rule(tid=ids, message=st.one_of(st.none(), values))
+    def resume(self, tid: str, message: Any) -> None:
+        t = self.model.tasks.get(tid)
+        if t is None:
+            with pytest.raises(TaskNotFound):
+                self.store.resume(tid, message=message)
+            return
+        if t.status != AgentStatus.WAIT_USER.value or t.term:
+            with pytest.raises(NotWaiting):
+                self.store.resume(tid, message=message)
+            return
+        assert self.store.resume(tid, message=message) is True
+        if message is not None:
+            t.messages = [*t.messages, copy.deepcopy(message)]
+        t.status, t.revision, t.token, t.claimed, t.live = "running", t.revision + 1, None, None, False
+        t.ring.insert(0, object())
 
     @rule(tid=ids)
     def delete(self, tid: str) -> None:
