@@ -140,6 +140,9 @@ class ClaimScheduling(CheckpointBase):
         """The scheduling state: what a peek saw, and the corrupt data already logged."""
         self._corrupt_logged: set[str] = set()
         self._candidates = _Candidates()
+        #: ``time.monotonic()`` when the earliest not-yet-due entry the last peek saw falls due (None:
+        #: none): what a claim from the candidates tells a blocked caller to time itself by.
+        self._later_at: float | None = None
 
     #: How many successive heads of one shard claim_next tries after losing races there.
     CLAIM_NEXT_TRIES_PER_SHARD = 4
@@ -216,7 +219,11 @@ class ClaimScheduling(CheckpointBase):
         if self._candidates:
             cp = yield from self._claim_candidates(token, lease_ms)
             if cp is not None:
-                return ClaimNextFound(cp, None, bool(self._candidates))
+                # No peek, so no fresh view of what falls due next: the last peek's, so a timer that
+                # fired and was served from here keeps the next one armed (1 ms once that passed).
+                at = self._later_at
+                wait = None if at is None else max(1, int((at - time.monotonic()) * 1000))
+                return ClaimNextFound(cp, wait, bool(self._candidates))
         peek = self.CLAIM_NEXT_PEEK - 1
         heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(SHARDS)]
         wait_ms: int | None = None
@@ -231,6 +238,7 @@ class ClaimScheduling(CheckpointBase):
             later = [head[1] for head in heads_read if head is not None and head[1] > now]
             # The earliest head not yet due: a lapsing lease or a delayed release, which publish nothing.
             wait_ms = max(1, int(min(later) - now)) if later else None
+            self._later_at = None if wait_ms is None else time.monotonic() + wait_ms / 1000
             if not due:
                 if broken is not None:
                     raise broken  # nothing else to claim: a corrupt index is never silently hidden
