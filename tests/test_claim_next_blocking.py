@@ -423,6 +423,19 @@ class TestWakeState:
         state.probed(state.seq, ClaimNextFound(None, 2_000, False), 11.0)
         assert state.wait_s(deadline=60.0, now=11.0) == pytest.approx(2.0)
 
+    def test_only_the_first_caller_sleeps_until_the_timer_and_hands_it_on(self) -> None:
+        from redis_agentstate._waker import Waiter, WakeState
+
+        state = WakeState(subscribed=True)
+        a, b = Waiter(None), Waiter(None)
+        state.enter(a)
+        state.enter(b)
+        state.arm(10.5)
+        assert state.wait_s(deadline=20.0, now=10.0, waiter=a) == pytest.approx(0.5)
+        assert state.wait_s(deadline=20.0, now=10.0, waiter=b) == pytest.approx(10.0)  # no herd at the timer
+        state.leave(a, used=True)
+        assert state.wait_s(deadline=20.0, now=10.0, waiter=b) == pytest.approx(0.5)  # b holds the timer now
+
     def test_known_empty_until_an_announcement_a_timer_or_a_second(self) -> None:
         from redis_agentstate._checkpoint_core import ClaimNextFound
         from redis_agentstate._waker import KNOWN_EMPTY_S, WakeState
