@@ -5,6 +5,7 @@ claimable before it, on the server's clock), ``wait_user`` with or without a dea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -18,6 +19,7 @@ import redis
 from redis_agentstate import (
     AgentStatus,
     AsyncCheckpointStore,
+    AsyncRunner,
     Checkpoint,
     CheckpointStore,
     CorruptState,
@@ -38,7 +40,8 @@ DELAY_MS = 400
 
 
 def server_ms(raw: Any) -> int:
-    sec, usec = raw.time()
+    """The server's clock in ms, from a client (or from what an async client's TIME returned)."""
+    sec, usec = raw if isinstance(raw, (list, tuple)) else raw.time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
@@ -362,3 +365,27 @@ def test_cli_resume_and_list_waiting(private_server: Any, capsys: Any) -> None:
     listed = capsys.readouterr().out
     assert "wait_user" not in listed
     store.client.close()
+
+
+async def test_the_async_runner_delays_a_cycle_and_serves_it_when_due(async_store: AsyncCheckpointStore) -> None:
+    store = async_store
+    await store.create(Checkpoint("t"))
+    seen: list[tuple[int, int | None]] = []
+
+    async def step(cp: Checkpoint) -> StepResult:
+        seen.append((cp.claimed_cycle or 0, cp.due_at_ms))
+        if cp.claimed_cycle == 1:
+            return StepResult(cp, delay_ms=DELAY_MS)
+        cp.status, cp.terminal_result = AgentStatus.COMPLETED, {"ok": True}
+        return StepResult(cp, done=True)
+
+    runner = AsyncRunner(store, step, lease_ms=LONG_MS, handle_signals=False)
+    assert (await runner.run(stop_when_idle=True)).committed == 1  # cycle 2 is not due yet
+    due = (await store.load("t")).due_at_ms
+    assert due is not None
+    with pytest.raises(NotDue):
+        await store.claim("t", 2, token="x", lease_ms=LONG_MS)
+    while server_ms(await store.client.time()) <= due:
+        await asyncio.sleep(0.02)
+    assert (await runner.run(stop_when_idle=True)).finalized == 1
+    assert seen == [(1, None), (2, due)]
