@@ -36,7 +36,7 @@ from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, 
 from redis_agentstate.embedded import start_embedded
 
 from . import report
-from ._util import command_line, run_meta
+from ._util import command_line, percentile, run_meta
 
 LEASE_MS = 30_000
 FALLBACK_LEASE_MS, FALLBACK_INTERVAL_MS = 1_000, 250
@@ -45,8 +45,7 @@ GIVE_UP_S = 10.0
 
 
 def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return percentile(values, q * 100)
 
 
 def sync_run(url: str, n: int, *, announced: bool) -> list[float]:

@@ -31,7 +31,7 @@ from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, Chec
 from redis_agentstate.embedded import start_embedded
 
 from . import report
-from ._util import command_line, run_meta
+from ._util import command_line, percentile, run_meta
 
 LEASE_MS = 30_000
 BLOCK_MS = 10_000
@@ -39,8 +39,7 @@ DELAY_MIN_MS, DELAY_MAX_MS = 300, 3_000
 
 
 def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return percentile(values, q * 100)
 
 
 def _done(cp: Checkpoint) -> Checkpoint:

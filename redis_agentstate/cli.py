@@ -195,6 +195,19 @@ def _limited_rows(store: Any, ids: list[str], limit: int | None) -> tuple[list[d
     return task_rows(store, ids)[1], hidden
 
 
+def _table(args: argparse.Namespace, store: Any, rows: list[dict[str, Any]], what: str) -> tuple[list[str], int] | None:
+    """A listing's rows as JSON, or its "no ..." line (None: printed); else the escaped ids and the
+    width of the TASK column, for the table the caller prints."""
+    if args.json:
+        print(_dump(rows))
+        return None
+    if not rows:
+        print(f"no {what} in namespace {esc(repr(store.namespace))}")
+        return None
+    ids_shown = [esc(r["task_id"]) for r in rows]
+    return ids_shown, max(4, *(len(t) for t in ids_shown))
+
+
 def _list_parked(args: argparse.Namespace, store: Any) -> int:
     """``list --parked``: the parked tasks (from the shards' parked indexes, paged), attempts and last failure."""
     rows, hidden = _limited_rows(store, store.list_parked(), args.limit)
@@ -204,14 +217,10 @@ def _list_parked(args: argparse.Namespace, store: Any) -> int:
         # The cycle whose attempts failed: the one after the last committed (``cycle_index``, list's CYCLE).
         # The table's AT CYCLE and the JSON's ``at_cycle`` are this one value (as in ``stats --watch``).
         r["at_cycle"] = None if r["status"] == "corrupt" else r["cycle_index"] + 1
-    if args.json:
-        print(_dump(rows))
+    table = _table(args, store, rows, "parked tasks")
+    if table is None:
         return 0
-    if not rows:
-        print(f"no parked tasks in namespace {esc(repr(store.namespace))}")
-        return 0
-    ids_shown = [esc(r["task_id"]) for r in rows]
-    width = max(4, *(len(t) for t in ids_shown))
+    ids_shown, width = table
     print(f"{'TASK'.ljust(width)}  {'STATUS':<10}  {'AT CYCLE':>8}  {'ATTEMPTS':>8}  LAST FAILURE")
     for tid, r in zip(ids_shown, rows, strict=True):
         if r["status"] == "corrupt":
@@ -238,14 +247,10 @@ def _list_waiting(args: argparse.Namespace, store: Any) -> int:
     hidden = 0
     if args.limit is not None and len(rows) > args.limit:
         hidden, rows = len(rows) - args.limit, rows[: args.limit]
-    if args.json:
-        print(_dump(rows))
+    table = _table(args, store, rows, "tasks waiting for a person")
+    if table is None:
         return 0
-    if not rows:
-        print(f"no tasks waiting for a person in namespace {esc(repr(store.namespace))}")
-        return 0
-    ids_shown = [esc(r["task_id"]) for r in rows]
-    width = max(4, *(len(t) for t in ids_shown))
+    ids_shown, width = table
     print(f"{'TASK'.ljust(width)}  {'CYCLE':>6}  DEADLINE")
     for tid, r in zip(ids_shown, rows, strict=True):
         if r["status"] == "corrupt":

@@ -153,6 +153,26 @@ local function probe(...)
   end
 end
 
+-- ---- decisions named by a per-call nonce (cancel, resume) ------------------
+
+-- The opening of a script that decides a task's fate by itself (not fenced by a claim) and is
+-- named by its call's nonce: the task's HASH_FIELDS and write ring, or (nil, nil, reply) with the
+-- reply to give at once: {REPLY_DONE_BEFORE} when this very call applied already (the hash's
+-- ring, or the tombstone's when the task was acknowledged since), {REPLY_REFUSED} when there is
+-- no task, corrupt() for a field this library would not write. Nothing is written.
+local function nonce_decision(keys, nonce)
+  local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
+  if not present(h) then
+    if ring_has(redis.call('GET', keys[7]), nonce) then return nil, nil, {REPLY_DONE_BEFORE} end
+    return nil, nil, {REPLY_REFUSED}
+  end
+  local bad = bad_field(h)
+  if bad then return nil, nil, corrupt(1, bad) end
+  local applied = redis.call('HGET', keys[1], 'applied')
+  if ring_has(applied, nonce) then return nil, nil, {REPLY_DONE_BEFORE} end
+  return h, applied, nil
+end
+
 -- ---- wake-ups of blocked claim_next callers (_waker.py) ---------------------
 -- Every script that makes a task claimable now, or sooner than its ready
 -- score said, calls notify_due once it passed its checks: an SPUBLISH on the

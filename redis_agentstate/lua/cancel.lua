@@ -17,16 +17,8 @@
 -- an AGENTSTATE_CORRUPT error reply for a field this library would not write (nothing written).
 local nonce, reason, ttl_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local h = redis.call('HMGET', KEYS[1], unpack(HASH_FIELDS))
-if not present(h) then
-  -- Acknowledged (deleted, its tombstone keeps the ring) since this very cancel applied?
-  if ring_has(redis.call('GET', KEYS[7]), nonce) then return {REPLY_DONE_BEFORE} end
-  return {REPLY_REFUSED}
-end
-local bad = bad_field(h)
-if bad then return corrupt(1, bad) end
-local applied = redis.call('HGET', KEYS[1], 'applied')
-if ring_has(applied, nonce) then return {REPLY_DONE_BEFORE} end
+local h, applied, early = nonce_decision(KEYS, nonce)
+if early then return early end
 if is_terminal(h[1], h[7]) then return {REPLY_TERMINAL, h[1]} end
 
 local now = server_now_ms()
