@@ -333,7 +333,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     fields = ["task_id", "status", "cycle_index", "revision", "claim_token", "claimed_cycle",
               "lease_expires_at_ms", "terminal_result", "budget_usage", "shared_state",
-              "attempts", "parked", "last_failure"]  # fmt: skip
+              "attempts", "parked", "last_failure", "due_at_ms"]  # fmt: skip
     for name in fields:
         print(f"{name:>20}: {esc(_dump(getattr(cp, name)))}")
     print(f"{'cycles':>20}: {len(cp.cycles)} record(s)")

@@ -350,6 +350,9 @@ def test_cli_resume_and_list_waiting(private_server: Any, capsys: Any) -> None:
     assert "none (waits for `agentstate resume`)" in rows["ask"] and " in " in rows["timed"]
     assert cli_mod.main(["list", "--waiting", "--json", *base]) == 0
     assert {r["task_id"] for r in json.loads(capsys.readouterr().out)} == {"ask", "timed"}
+    assert cli_mod.main(["show", "timed", *base]) == 0
+    shown = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in capsys.readouterr().out.splitlines())}
+    assert shown["status"] == '"wait_user"' and int(shown["due_at_ms"]) == store.load("timed").due_at_ms
     assert cli_mod.main(["resume", "ask", "--message", '{"answer": 4}', *base]) == 0
     assert capsys.readouterr().out.startswith("resumed ask: due now, the message appended")
     assert store.load("ask").messages == [{"answer": 4}] and store.load("ask").status == AgentStatus.RUNNING
