@@ -101,3 +101,12 @@ def test_write_block_replaces_one_block_and_keeps_the_rest(tmp_path: Path) -> No
     head = report.HEADER_RE.match(body["a"].splitlines()[0])
     assert head and head["commit"] == "abc1234-dirty" and head["date"] == "2026-12-02 04:00 UTC"
     assert head["command"] == "python -m benchmarks.thing --readme" and "1.50 at the start" in head["load"]
+
+
+def test_report_from_a_standalone_run_rewrites_its_block(tmp_path: Path) -> None:
+    """``python -m benchmarks.report --from results/NAME.json`` re-renders a standalone command's block
+    (it used to fail on the main harness's ``figures``, which such a run does not have)."""
+    copy = tmp_path / "README.md"
+    copy.write_text(README.read_text("utf-8"), "utf-8")
+    assert report.main(["--from", str(BENCH / "results" / "steps.json"), "--readme", str(copy)]) == 0
+    assert copy.read_text("utf-8") == README.read_text("utf-8")
