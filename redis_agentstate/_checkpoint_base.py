@@ -22,9 +22,11 @@ from ._validate import (
     MAX_CYCLE,
     MAX_DELAY_MS,
     MAX_LEASE_MS,
+    MAX_PRIORITY,
     MAX_REVISION,
     MAX_STORED_REVISION,
     MAX_TERMINAL_TTL_MS,
+    MIN_PRIORITY,
     check_id,
     check_int,
 )
@@ -59,6 +61,16 @@ _STATUS_VALUE = {s.value: s.value for s in AgentStatus}
 
 def _s(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _priority(raw: bytes) -> int:
+    """A stored 'prio' ('' for 0), checked as the scripts check it."""
+    if not raw:
+        return 0
+    value = int(raw)
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"priority {value} is out of range")
+    return value
 
 
 def _opt_int(raw: bytes) -> int | None:
@@ -187,6 +199,8 @@ class CheckpointBase:
             check_int(claimed, "claimed_cycle", 1, MAX_CYCLE)
         if lease is not None and not (type(lease) is int and 0 <= lease <= MAX_REVISION):
             check_int(lease, "lease_expires_at_ms", 0, MAX_REVISION)
+        if cp.priority != 0 or type(cp.priority) is not int:
+            check_int(cp.priority, "priority", MIN_PRIORITY, MAX_PRIORITY)
         return cp
 
     # ---- request building -----------------------------------------------
@@ -242,7 +256,7 @@ class CheckpointBase:
         try:
             # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
             fields = reply[at : at + _NF]
-            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _, due = fields
+            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _, due, prio = fields
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + _NF : at + _NF + 5])
             blobs = reply[at + _NF + 5 :]
             shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
@@ -263,6 +277,7 @@ class CheckpointBase:
                 parked=parked == b"1",
                 last_failure=_s(why) if why else None,
                 due_at_ms=_opt_int(due),
+                priority=_priority(prio),
             )
             if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
                 raise ValueError("history reply is inconsistent")

@@ -55,7 +55,7 @@ class CheckpointWrites(CheckpointBase):
         lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
         return [
             nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
-            body, claimed, lease, delay_ms, len(blobs_m), *blobs_m, *blobs_c,
+            body, claimed, lease, delay_ms, int(cp.priority), len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
     @staticmethod
@@ -79,9 +79,9 @@ class CheckpointWrites(CheckpointBase):
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
         if script == S.COMMIT_AND_CLAIM:
-            extra: tuple[Any, ...] = claim
+            extra: tuple[Any, ...] = (*claim, int(cp.priority))
         elif script == S.COMMIT:
-            extra = (ttl_ms, delay_ms)
+            extra = (ttl_ms, delay_ms, int(cp.priority))
         else:
             extra = (ttl_ms,)
         return [
@@ -104,7 +104,7 @@ class CheckpointWrites(CheckpointBase):
     ) -> str:
         """The identity of a fenced write: a digest of everything it writes, whoever sends it.
 
-        Token, expected revision, cycle, status, terminal flag, body, replace
+        Token, expected revision, cycle, status, priority, terminal flag, body, replace
         flag, the message and cycle counts and a digest of the whole resulting
         history (``hash_m``/``hash_c``: the stored prefix from the cache, at
         O(delta) cost, or the caller's full lists). The same write re-sent by
@@ -114,7 +114,7 @@ class CheckpointWrites(CheckpointBase):
         is not, so a re-send with another lease is still this write.
         """
         head = [kind, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status],
-                cp.terminal_result is not None, replace, *upto, len(body), *claim]  # fmt: skip
+                cp.terminal_result is not None, replace, *upto, len(body), int(cp.priority), *claim]  # fmt: skip
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
         d.update(hash_c.digest())
@@ -259,6 +259,7 @@ class CheckpointWrites(CheckpointBase):
             attempts=1,
             messages=claim.messages,
             cycles=claim.cycles,
+            priority=cp.priority,
         )
 
     def _claimed_entry(self, task_id: str, entry: History, revision: int) -> History:

@@ -22,7 +22,7 @@ from typing import Any
 from . import scripts as S
 from ._checkpoint_base import _CLAIMED, CheckpointBase, _time_ms, _zset_entries
 from ._ops import Call, Op, Pipe, corrupt_state, member_id
-from ._validate import check_int
+from ._validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 from .errors import CorruptState
 from .keys import SHARDS
 from .models import Checkpoint
@@ -34,6 +34,57 @@ logger = logging.getLogger("redis_agentstate")
 
 #: The codes of a claim_next reply that claimed nothing and may name the shard's head (PARKED: parked now).
 _LOST_RACE = (Reply.REFUSED, Reply.PARKED)
+
+
+BAND = PRIORITY_BAND_MS
+#: Scores above this below now are of priority 0 (the plain times): no division on the plain path.
+_HALF_BAND = PRIORITY_BAND_MS / 2
+
+
+#: No entry this library writes is claimable further ahead than this (a lease, a delay: a year).
+_AHEAD_MS = max(MAX_LEASE_MS, MAX_DELAY_MS) + 86_400_000
+
+
+def _decode(score: float, now: int) -> tuple[int, float]:
+    """``(priority, claimable at)`` of a ready entry scored ``score`` (the priorities note in
+    _common.lua). A score no band explains (written outside the library: 0, say) reads as a
+    priority 0 entry due long ago, so claim_next tries it and its script repairs the index."""
+    if score > now - _HALF_BAND:
+        return 0, score
+    band = round((now - score) / BAND)
+    at = score + band * BAND
+    if band > MAX_PRIORITY or at > now + _AHEAD_MS:
+        return 0, score
+    return band, at
+
+
+def _band(score: float, now: int) -> int:
+    return _decode(score, now)[0]
+
+
+def _time_of(score: float, now: int) -> float:
+    return _decode(score, now)[1]
+
+
+def _due_entries(
+    entries: list[list[tuple[str, float]]], now: int
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]], float | None]:
+    """From each shard's entries (index order: priority, then time): the first due one (the shard's
+    best), the other due ones (candidates) and the earliest time of those not due yet."""
+    best: list[tuple[str, float]] = []
+    extra: list[tuple[str, float]] = []
+    later: float | None = None
+    low = now - _HALF_BAND
+    for shard in entries:
+        first = True
+        for tid, score in shard:
+            at = score if score > low else _time_of(score, now)
+            if at <= now:
+                (best if first else extra).append((tid, score))
+                first = False
+            elif later is None or at < later:
+                later = at
+    return best, extra, later
 
 
 #: The heap score of an announced candidate (plus its announcement's sequence number): above any
@@ -197,7 +248,7 @@ class ClaimScheduling(CheckpointBase):
                 return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
             if code not in _LOST_RACE:
                 raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
-            if len(reply) >= 4 and float(reply[3]) <= int(reply[1]):
+            if len(reply) >= 4 and _time_of(float(reply[3]), int(reply[1])) <= int(reply[1]):
                 self._candidates.add(member_id(reply[2], keys.ready), float(reply[3]))
         return None
 
@@ -231,13 +282,12 @@ class ClaimScheduling(CheckpointBase):
             replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True)
             now = _time_ms(replies[0])
             entries, broken = self._shard_heads(heads, replies[1:])
-            heads_read = [shard[0] if shard else None for shard in entries]
-            due = [head for head in heads_read if head is not None and head[1] <= now]
+            entries = yield from self._past_higher_priorities(entries, now)
+            due, extra, later = _due_entries(entries, now)
             # Every due entry seen is a candidate for the next calls, but the heads tried below.
-            self._candidates.reset([e for shard in entries for e in shard[1:] if e[1] <= now])
-            later = [head[1] for head in heads_read if head is not None and head[1] > now]
-            # The earliest head not yet due: a lapsing lease or a delayed release, which publish nothing.
-            wait_ms = max(1, int(min(later) - now)) if later else None
+            self._candidates.reset(extra)
+            # The earliest entry not yet due: a lapsing lease or a delayed release, which publish nothing.
+            wait_ms = max(1, int(later - now)) if later is not None else None
             self._later_at = None if wait_ms is None else time.monotonic() + wait_ms / 1000
             if not due:
                 if broken is not None:
@@ -253,6 +303,37 @@ class ClaimScheduling(CheckpointBase):
                 return ClaimNextFound(cp, wait_ms, len(due) > 1 or bool(self._candidates))
         # Others won every race: there was work, so a blocked caller tries again at once.
         return ClaimNextFound(None, 0, True)
+
+    def _past_higher_priorities(
+        self, entries: list[list[tuple[str, float]]], now: int
+    ) -> Op[list[list[tuple[str, float]]]]:
+        """Each shard's peeked entries, extended past higher priorities that hid the lower ones.
+
+        A shard's index sorts by priority, then time: when all of its first entries are of
+        priorities above 0 and none is due (live leases, delayed cycles), the lower priorities
+        behind them are read too, one band after another (a pipelined round per band, for the
+        shards that need it). Never for a shard of priority 0 only: the plain path pays nothing.
+        """
+        full = self.CLAIM_NEXT_PEEK
+        for _ in range(MAX_PRIORITY):
+            hidden = [
+                s for s, shard in enumerate(entries)
+                if len(shard) >= full and _band(shard[-1][1], now) > 0
+                and not any(_time_of(score, now) <= now for _, score in shard)
+            ]  # fmt: skip
+            if not hidden:
+                return entries
+            # The bands below the last one read: scores above the top of its band.
+            cmds: list[tuple[Any, ...]] = [
+                ("ZRANGEBYSCORE", self.keys.shard_ready(s), f"({now - (_band(entries[s][-1][1], now) - 0.5) * BAND}",
+                 "+inf", "WITHSCORES", "LIMIT", 0, full)
+                for s in hidden
+            ]  # fmt: skip
+            replies = yield Pipe(cmds, wrongtype_ok=True)
+            more, _ = self._shard_heads(cmds, replies)
+            for s, extra in zip(hidden, more, strict=True):
+                entries[s] = entries[s] + extra
+        return entries
 
     def _shard_heads(
         self, heads: list[tuple[Any, ...]], replies: Sequence[Any]
@@ -313,8 +394,8 @@ class ClaimScheduling(CheckpointBase):
                     (page,) = yield Pipe([("ZRANGEBYSCORE", keys.ready, "-inf", now, "LIMIT", 0, len(skipped) + 1)])
                     tid = next((m for m in (member_id(r, keys.ready) for r in page) if m not in skipped), None)
                     continue
-                if len(reply) < 4 or float(reply[3]) > int(reply[1]):
-                    break  # nothing else due in this shard
+                if len(reply) < 4 or _time_of(float(reply[3]), int(reply[1])) > int(reply[1]):
+                    break  # nothing else due in this shard (or behind a higher priority: the next peek)
                 tid = member_id(reply[2], keys.ready)
                 self._candidates.discard(tid)
         if corrupt is not None:

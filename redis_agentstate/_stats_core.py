@@ -29,6 +29,7 @@ from typing import Any
 from ._checkpoint_base import _time_ms, _zset_entries
 from ._checkpoint_core import CheckpointCore
 from ._ops import Op, Pipe, member_id
+from ._validate import MAX_PRIORITY, PRIORITY_BAND_MS
 from .errors import AgentStateError
 from .keys import SHARDS, Keys
 
@@ -118,17 +119,34 @@ def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
 def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     """Server time, the number of tasks due now, and the oldest due task with how long it has waited (ms)."""
     shards = range(SHARDS)
-    heads = [("ZRANGE", keys.shard_ready(s), 0, 0, "WITHSCORES") for s in shards]
-    replies = yield Pipe([("TIME",), *heads])
+    replies = yield Pipe([("TIME",)])
     now = _time_ms(replies[0])
-    counts = yield Pipe([("ZCOUNT", keys.shard_ready(s), "-inf", now) for s in shards])
-    due = sum(int(n) for n in counts)
+    # Priority p scores a time t as t - p * band (the priorities note in _common.lua): what is due in
+    # band p lies in (now - (p + 1/2) * band, now - p * band]. Band 0 for every shard; the others only
+    # for the shards that hold entries of a priority above 0.
+    half = PRIORITY_BAND_MS / 2
+    first = [("ZRANGEBYSCORE", keys.shard_ready(s), f"({now - half}", now, "WITHSCORES", "LIMIT", 0, 1) for s in shards]
+    counts = [("ZCOUNT", keys.shard_ready(s), f"({now - half}", now) for s in shards]
+    banded = [("ZCOUNT", keys.shard_ready(s), "-inf", f"({now - half}") for s in shards]
+    replies = yield Pipe([*first, *counts, *banded])
+    heads, due_counts, higher = replies[:SHARDS], replies[SHARDS : 2 * SHARDS], replies[2 * SHARDS :]
+    cmds: list[tuple[Any, ...]] = list(first)
+    for s in (s for s in shards if int(higher[s])):
+        for p in range(1, MAX_PRIORITY + 1):
+            lo, hi = now - (p + 0.5) * PRIORITY_BAND_MS, now - p * PRIORITY_BAND_MS
+            cmds.append(("ZRANGEBYSCORE", keys.shard_ready(s), f"({lo}", hi, "WITHSCORES", "LIMIT", 0, 1))
+            cmds.append(("ZCOUNT", keys.shard_ready(s), f"({lo}", hi))
+    extra = (yield Pipe(cmds[SHARDS:])) if len(cmds) > SHARDS else []
+    due = sum(int(n) for n in due_counts) + sum(int(n) for n in extra[1::2])
     oldest: tuple[str, int] | None = None
-    for cmd, reply in zip(heads, replies[1:], strict=True):
+    for cmd, reply in zip([*first, *cmds[SHARDS::2]], [*heads, *extra[0::2]], strict=True):
         entries = _zset_entries(reply, cmd[1])
-        head = entries[0] if entries else None
-        if head is not None and head[1] <= now and (oldest is None or now - head[1] > oldest[1]):
-            oldest = (head[0], int(now - head[1]))
+        if not entries:
+            continue
+        tid, score = entries[0]
+        waited = int(now - (score + round((now - score) / PRIORITY_BAND_MS) * PRIORITY_BAND_MS))
+        if oldest is None or waited > oldest[1]:
+            oldest = (tid, waited)
     return now, due, oldest
 
 

@@ -32,6 +32,14 @@ MAX_CLAIM_FROM_REVISION = MAX_REVISION - 2
 MAX_LEASE_MS = 366 * 24 * 3600 * 1000
 #: The longest delay of a cycle (``delay_ms``), or a wait's deadline: a year, as a lease.
 MAX_DELAY_MS = MAX_LEASE_MS
+#: ``Checkpoint.priority``: from MIN_PRIORITY to MAX_PRIORITY, higher first (0 by default, the
+#: lowest: a claim_next peek looks past a shard's first entries into the lower priorities only
+#: when a higher one is there, so the plain path pays nothing for priorities).
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+#: The ready index scores a task of priority p claimable at t as t - p * PRIORITY_BAND_MS: one
+#: band of about 70 years per priority, so the index sorts by priority, then by time, and a
+#: score's priority is round((now - score) / band) for every time within 35 years of now.
+PRIORITY_BAND_MS = 2**41
 #: ``terminal_ttl_ms`` longer than ten years is a bug, not a retention.
 MAX_TERMINAL_TTL_MS = 10 * 366 * 24 * 3600 * 1000
 #: How long, at most, a task that expired (``terminal_ttl_ms``) is remembered after

@@ -60,6 +60,11 @@ class Checkpoint:
     before which the next cycle cannot be claimed (``delay_ms`` of the write
     that set it), or the deadline of a task waiting for a person, None when
     there is none.
+
+    ``priority`` (from 0 to 9, 0 by default) is the task's, as the last create, save
+    or commit wrote it: among the tasks due when a ``claim_next`` looks, a higher
+    priority is served first, fleet-wide; within one priority, the longest-waiting
+    first (see the Lifecycle guide for the exact guarantee).
     """
 
     task_id: str
@@ -78,6 +83,7 @@ class Checkpoint:
     parked: bool = False
     last_failure: str | None = None
     due_at_ms: int | None = None
+    priority: int = 0
 
     @property
     def is_terminal(self) -> bool:

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .clients import RedisClient
 
-from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION, TERMINAL_TOMB_MS
+from ._validate import (
+    MAX_CLAIM_FROM_REVISION,
+    MAX_CYCLE,
+    MAX_PRIORITY,
+    MAX_REVISION,
+    MIN_PRIORITY,
+    PRIORITY_BAND_MS,
+    TERMINAL_TOMB_MS,
+)
 from .models import TERMINAL_STATUSES, AgentStatus
 
 __all__ = [
@@ -160,10 +168,11 @@ PRELUDES: dict[str, tuple[str, ...]] = {
 #: the revision of the claim whose release recorded it (see the attempts note in
 #: ``_common.lua``), and 'due': the server ms before which the next cycle may not
 #: be claimed (a delayed cycle), or a waiting task's deadline (see the timers note
-#: in ``_common.lua``). Data written before they existed lacks them.
+#: in ``_common.lua``), and 'prio': the task's priority (the priorities note in
+#: ``_common.lua``). Data written before they existed lacks them.
 HASH_FIELDS = (
     "status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch",
-    "att", "parked", "why", "failrev", "due",
+    "att", "parked", "why", "failrev", "due", "prio",
 )  # fmt: skip
 
 
@@ -254,6 +263,8 @@ def constants_prelude() -> str:
         f"local TERMINAL = {{ {terminal} }}",
         f"local WAIT_USER = {_lua_str(AgentStatus.WAIT_USER.value)}",
         f"local TOMB_MS = {_lua_int(TERMINAL_TOMB_MS)}",
+        f"local MIN_PRIORITY, MAX_PRIORITY = {_lua_int(MIN_PRIORITY)}, {_lua_int(MAX_PRIORITY)}",
+        f"local PRIORITY_BAND = {_lua_int(PRIORITY_BAND_MS)}",
         f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
         *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),
         *(f"local POOL_{code.name} = {_lua_int(code.value)}" for code in PoolReply),

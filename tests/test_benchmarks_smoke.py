@@ -222,6 +222,23 @@ def test_timers_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_priorities_benchmark_runs() -> None:
+    """The priorities measurement runs its three contenders (the base one from an older commit)."""
+    _need_redis_server()
+    if not (ROOT / ".git").exists():
+        pytest.skip("the base contender is extracted with git archive: needs a git checkout")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.priorities", "--base", "HEAD", "--rounds", "1", "--calls", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("base plain: median", "plain: median", "priorities: median"):
+        assert line in proc.stdout, proc.stdout
+
+
 def test_client_ab_runs_both_sides(tmp_path: Path) -> None:
     """The client A/B imports another commit's package next to this one and measures both in the same rounds."""
     _need_redis_server()

@@ -170,6 +170,7 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "lease_ms": lambda v, a, i: _int(v) == LEASE_MS,
     "ttl_ms": lambda v, a, i: _int(v) >= 0,
     "delay_ms": lambda v, a, i: _int(v) in (0, DELAY_MS),
+    "priority": lambda v, a, i: 0 <= _int(v) <= 9,
     "has_message": lambda v, a, i: v in ("0", "1"),
     "message": lambda v, a, i: v == b"" or (isinstance(v, bytes) and decode(v, key="message") == RESUME_MESSAGE),
     "tomb_ms": lambda v, a, i: _int(v) == ACK_REMEMBER_MS,
@@ -327,11 +328,11 @@ def test_header_check_catches_a_builder_out_of_step() -> None:
     """The check itself fails for one slot too many, too few, or two slots swapped."""
     header = Header("commit")
     body = encode([{}, None, None], what="body")
-    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, 0, "0", b"e", 20, 20, 1, b"m"]
+    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, 0, 0, "0", b"e", 20, 20, 1, b"m"]
     header.check("commit", ["k"] * 10, good)
     check_named("commit", header, good)
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 10, good[:13])
+        header.check("commit", ["k"] * 10, good[:14])
     with pytest.raises(AssertionError):
         header.check("commit", ["k"] * 9, good)
     swapped = [good[0], good[2], good[1], *good[3:]]

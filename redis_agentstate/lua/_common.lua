@@ -103,6 +103,28 @@ local function int_in(v, lo, hi)
   return n
 end
 
+-- ---- priorities ---------------------------------------------------------------
+-- 'prio' (HASH_FIELDS 15: a decimal from MIN_PRIORITY to MAX_PRIORITY, '' for 0) is written by
+-- create, save, commit and commit_and_claim. Every ready-index entry of the task is scored
+-- ready_score(prio, at) = at - prio * PRIORITY_BAND: a band of about 70 years per priority,
+-- so the index sorts by priority (higher first), then by time, and a reader tells an entry's
+-- priority and time apart from its score alone (_claim_next.py). Priority 0 scores are the
+-- plain times, as before priorities existed.
+
+-- The priority ``v`` (the stored string) holds, or nil when it is not one this library writes.
+local function priority_of(v)
+  if v == nil or v == '' then return MIN_PRIORITY end
+  if #v ~= 1 or not string.find(v, '^%d$') then return nil end
+  local p = tonumber(v)
+  if p < MIN_PRIORITY or p > MAX_PRIORITY then return nil end
+  return p
+end
+
+-- The ready score of a task of priority ``prio`` (the stored string) claimable at ``at`` (ms).
+local function ready_score(prio, at)
+  return at - (priority_of(prio) or MIN_PRIORITY) * PRIORITY_BAND
+end
+
 -- 'att' and 'parked' (HASH_FIELDS 10 and 11), absent in data written before
 -- attempts were counted: the first one this library would not have written, or nil.
 local function bad_parking(att, parked)
@@ -122,6 +144,7 @@ local function bad_field(h)
   if h[6] and h[6] ~= '' and not int_in(h[6], 0, MAX_REVISION) then return 'lease' end
   if h[7] and h[7] ~= '0' and h[7] ~= '1' then return 'term' end
   if h[14] and h[14] ~= '' and not int_in(h[14], 0, MAX_REVISION) then return 'due' end
+  if h[15] and h[15] ~= '' and not priority_of(h[15]) then return 'prio' end
   return bad_parking(h[10], h[11])
 end
 
@@ -221,8 +244,8 @@ local function schedulable(status, due)
 end
 
 -- Keep the shard indexes in step with the hash (same slot, same script).
--- ``due``: the hash's 'due' as written ('' or nil for none).
-local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now, due)
+-- ``due``: the hash's 'due' as written ('' or nil for none); ``prio``: its 'prio'.
+local function reindex(ready_key, tasks_key, task_id, status, term, token, lease, now, due, prio)
   redis.call('ZADD', tasks_key, 0, task_id)
   if schedulable(status, due) and not is_terminal(status, term) then
     local at = now
@@ -231,7 +254,7 @@ local function reindex(ready_key, tasks_key, task_id, status, term, token, lease
     elseif due and due ~= '' then
       at = math.max(now, tonumber(due))
     end
-    redis.call('ZADD', ready_key, at, task_id)
+    redis.call('ZADD', ready_key, fmt(ready_score(prio, at)), task_id)
     -- Unclaimed: due at ``at`` (now, or later: the waiters' timers). A claimed one is due when its
     -- lease lapses: no event.
     if token == '' then notify_due(ready_key, at - now, task_id) end
@@ -410,9 +433,11 @@ end
 -- ``ttl_ms`` (commit, finalize: their ttl_ms slot), if above 0: a write that
 -- leaves the task terminal sets its expiry (expire_terminal). ``delay_ms``
 -- (commit's delay_ms slot), if above 0: the next cycle is due that long from
--- now (the timers note), or a 'wait_user' write's deadline.
+-- now (the timers note), or a 'wait_user' write's deadline. ``prio`` (commit, commit_and_claim:
+-- their priority slot), if given: the task's priority from now on (the priorities note); else
+-- the stored one stays (finalize: a terminal task is in no ready index).
 local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim,
-                            ttl_ms, delay_ms)
+                            ttl_ms, delay_ms, prio)
   local now = server_now_ms()
   -- The next cycle's due time (the timers note above): '' unless delayed.
   local due = ''
@@ -436,7 +461,7 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
       -- is not terminal, or commit_and_claim (KEYS[8] given too, for the layout),
       -- spends no command here.
       if keys[8] and is_terminal(status, term) then redis.call('ZREM', keys[8], task_id_of(keys[1])) end
-      reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now, due)
+      reindex(keys[4], keys[5], task_id_of(keys[1]), status, term, token, lease, now, due, prio)
     end)
   if not epoch then
     if err == 'resend' then return {REPLY_RESEND_HISTORY} end
@@ -450,6 +475,7 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '', 'due', due)
+  if prio then redis.call('HSET', keys[1], 'prio', prio) end
   if expiring then expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb) end
   -- The cycle is written: its durable steps' results are over (DEL cannot fail half-way).
   if keys[10] then redis.call('DEL', keys[10]) end
@@ -553,7 +579,7 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
   -- with nothing written (and the index is written before the hash).
   local out = read_checkpoint(keys, epoch, have_m, have_c, h)
   local expires = now + lease_ms
-  redis.call('ZADD', keys[4], expires, task_id_of(keys[1]))
+  redis.call('ZADD', keys[4], fmt(ready_score(h[15], expires)), task_id_of(keys[1]))
   if fresh then
     count(keys[9], 'claims')
     if lapsed then count(keys[9], 'takeovers') end

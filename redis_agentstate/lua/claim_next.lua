@@ -83,14 +83,16 @@ end
 
 if held_by ~= '' and lease > now then
   -- Live claim (someone won the race): the index must say when it expires.
-  if not score or tonumber(score) ~= lease then redis.call('ZADD', KEYS[4], lease, task_id) end
+  local want = ready_score(h[15], lease)
+  if not score or tonumber(score) ~= want then redis.call('ZADD', KEYS[4], fmt(want), task_id) end
   return lost_race()
 end
 
 local due = tonumber(h[14] or '')
 if due and due > now then
   -- Delayed (or waiting before its deadline): the index must say when it falls due.
-  if not score or tonumber(score) ~= due then redis.call('ZADD', KEYS[4], due, task_id) end
+  local want = ready_score(h[15], due)
+  if not score or tonumber(score) ~= want then redis.call('ZADD', KEYS[4], fmt(want), task_id) end
   return lost_race()
 end
 
@@ -116,7 +118,7 @@ end
 local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
 local expires = now + lease_ms
 redis.call('ZADD', KEYS[5], 0, task_id)
-redis.call('ZADD', KEYS[4], expires, task_id)
+redis.call('ZADD', KEYS[4], fmt(ready_score(h[15], expires)), task_id)
 if fresh then
   count(KEYS[9], 'claims')
   if lapsed then count(KEYS[9], 'takeovers') end

@@ -15,12 +15,13 @@
 --   ARGV[8]    - next_token: the token that claims cycle N + 1
 --   ARGV[9]    - lease_ms: the new claim's lease, from now on the server clock
 --   ARGV[10]   - max_attempts: the store's limit of attempts per cycle (0: none)
---   ARGV[11]   - replace: '1' to replace the whole history, '0' to append
---   ARGV[12]   - epoch: the history epoch the client believes current ('' if unknown)
---   ARGV[13]   - base_m: messages the client knows are stored; -1 = full lists sent
---   ARGV[14]   - base_c: the same for cycle records
---   ARGV[15]   - n_messages: number of message blobs
---   ARGV[16..] - blobs: the new message blobs, then the new cycle blobs
+--   ARGV[11]   - priority: the task's priority from now on (the priorities note in _common.lua)
+--   ARGV[12]   - replace: '1' to replace the whole history, '0' to append
+--   ARGV[13]   - epoch: the history epoch the client believes current ('' if unknown)
+--   ARGV[14]   - base_m: messages the client knows are stored; -1 = full lists sent
+--   ARGV[15]   - base_c: the same for cycle records
+--   ARGV[16]   - n_messages: number of message blobs
+--   ARGV[17..] - blobs: the new message blobs, then the new cycle blobs
 -- The commit is commit.lua's (same fence, same write ring); the claim needs no
 -- checks of its own when the fence passes: the status is running, nobody else
 -- can hold the cycle the commit just closed, and the client checked the cycle
@@ -54,7 +55,7 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
   if h[1] and ring_has(h[4], id) then
     -- Applied already: hand back the claim that came with it (the cache the
     -- client had when it sent is what its history slots name).
-    local epoch, have_m, have_c = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
+    local epoch, have_m, have_c = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
     if have_m < 0 then epoch, have_m, have_c = '', 0, 0 end
     local out = claim_cycle(KEYS, next_token, next_cycle, lease_ms, epoch, have_m, have_c, max_attempts)
     if out[1] == REPLY_DONE or out[1] == REPLY_TAKEN_OVER then out[1] = REPLY_DONE_BEFORE end
@@ -64,13 +65,13 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
   if out[1] == REPLY_DONE_BEFORE then return {REPLY_TERMINAL, 'acknowledged'} end
   return out
 end
-local out = apply_fenced(KEYS, ARGV, 11, id, expected, cycle, status, term, body, h[5], h[4],
-  {next_token, next_cycle, lease_ms})
+local out = apply_fenced(KEYS, ARGV, 12, id, expected, cycle, status, term, body, h[5], h[4],
+  {next_token, next_cycle, lease_ms}, nil, nil, ARGV[11])
 if out[1] == REPLY_DONE then
   count(KEYS[9], 'commits')
   count(KEYS[9], 'claims')
 end
-if out[1] == REPLY_DONE and ARGV[11] ~= '1' and tonumber(ARGV[13]) < 0 then
+if out[1] == REPLY_DONE and ARGV[12] ~= '1' and tonumber(ARGV[14]) < 0 then
   out = read_checkpoint(KEYS, '', 0, 0)
   table.insert(out, 1, REPLY_DONE)
 end

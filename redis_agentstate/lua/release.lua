@@ -45,7 +45,7 @@ end
 if reason == '' and att > 0 then att = att - 1 end
 local at = now + after_ms
 -- The index first: if it is of another Redis type, nothing is written.
-redis.call('ZADD', KEYS[4], at, task_id_of(KEYS[1]))
+redis.call('ZADD', KEYS[4], fmt(ready_score(h[15], at)), task_id_of(KEYS[1]))
 if reason == '' then
   redis.call('HSET', KEYS[1], 'lease', fmt(at), 'att', fmt(att), 'failrev', h[3])
 else

@@ -11,10 +11,11 @@
 -- AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
-local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease')
+local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'lease', 'prio')
 if not h[1] then return {REPLY_REFUSED} end
 if not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if h[3] and h[3] ~= '' and not int_in(h[3], 0, MAX_REVISION) then return corrupt(1, 'lease') end
+if h[4] and h[4] ~= '' and not priority_of(h[4]) then return corrupt(1, 'prio') end
 local now = server_now_ms()
 if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now then
   -- The refusal says why when the task was cancelled: the holder's lease is lost with the cancel as
@@ -25,7 +26,7 @@ if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now t
 end
 local expires = now + lease_ms
 -- The index first: if it is of another Redis type, nothing is written.
-redis.call('ZADD', KEYS[4], expires, task_id_of(KEYS[1]))
+redis.call('ZADD', KEYS[4], fmt(ready_score(h[4], expires)), task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'lease', fmt(expires))
 -- A release (a lease shortened to after_ms) makes the task due sooner: wake a waiter.
 if expires < tonumber(h[3]) then notify_due(KEYS[4], lease_ms, task_id_of(KEYS[1])) end

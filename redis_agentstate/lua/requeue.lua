@@ -25,6 +25,6 @@ local now = server_now_ms()
 local task_id = task_id_of(KEYS[1])
 probe(4, 5, 8)
 redis.call('ZREM', KEYS[8], task_id)
-reindex(KEYS[4], KEYS[5], task_id, h[1], h[7], h[4], h[6], now, h[14])
+reindex(KEYS[4], KEYS[5], task_id, h[1], h[7], h[4], h[6], now, h[14], h[15])
 redis.call('HSET', KEYS[1], 'parked', '', 'att', '0', 'applied', ring_push(applied, nonce))
 return {REPLY_DONE, h[10], h[12]}

@@ -30,6 +30,6 @@ probe(2, 4, 5)
 if has_message == '1' then redis.call('RPUSH', KEYS[2], message) end
 redis.call('HSET', KEYS[1], 'status', 'running', 'rev', fmt(rev), 'token', '', 'claimed', '', 'lease', '',
   'due', '', 'att', '0', 'why', '', 'failrev', '', 'applied', ring_push(applied, nonce))
-reindex(KEYS[4], KEYS[5], task_id, 'running', h[7], '', '', now, '')
+reindex(KEYS[4], KEYS[5], task_id, 'running', h[7], '', '', now, '', h[15])
 count(KEYS[9], 'resumes')
 return {REPLY_DONE, fmt(rev)}

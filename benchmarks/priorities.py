@@ -1,0 +1,180 @@
+"""What priorities cost ``claim_next``: the plain path against the commit before them, and a namespace
+with priorities in play, side by side in one run.
+
+``python -m benchmarks.priorities --base COMMIT [--rounds 9] [--calls 300]``: on a private redis-server,
+in interleaved rounds (order shuffled per round), one connection per contender, each in a namespace
+of its own holding 256 due tasks and 64 tasks held under live leases:
+
+- ``base plain``: ``claim_next`` of the package at ``--base`` (extracted as ``client_ab`` does), every
+  task of priority 0 (it has no priorities);
+- ``plain``: this checkout, the same namespace;
+- ``priorities``: this checkout, the due tasks of priorities 0-3, and the held ones of priority 5,
+  four in each of 16 shards: more than a peek reads there, so those shards need the extra read
+  past the higher priority on every call.
+
+Every call peeks (``claim_next_candidate_age_s = 0``: the busy path, no candidate saved from an
+earlier peek) and claims one task under a 1 ms lease, which lapses at once: the namespace stays
+as it was. Per call: client us (wall time of the loop), server us (``INFO commandstats``, all
+commands) and round trips (requests the driver sent). Medians over rounds, min in brackets.
+``--readme`` rewrites the ``priorities`` block of benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import redis
+
+import redis_agentstate
+from redis_agentstate.embedded import start_embedded
+from redis_agentstate.keys import Keys
+
+from . import report
+from ._util import command_line, run_meta
+from .client_ab import load_base
+
+DUE, HELD = 256, 64
+HELD_SHARDS, HELD_PER_SHARD = 16, 4
+
+
+def _server_usec(admin: redis.Redis) -> float:
+    return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
+
+
+def _ids_in_shard(shard: int, n: int, prefix: str) -> list[str]:
+    out, i = [], 0
+    while len(out) < n:
+        if Keys.shard_of(tid := f"{prefix}{i}") == shard:
+            out.append(tid)
+        i += 1
+    return out
+
+
+def _setup(pkg: ModuleType, client: redis.Redis, prioritized: bool) -> Any:
+    store = pkg.CheckpointStore(client, namespace=f"pr-{uuid.uuid4().hex[:6]}")
+    store._core.claim_next_candidate_age_s = 0
+    kw = (lambda i: {"priority": i % 4}) if prioritized else (lambda i: {})
+    for i in range(DUE):
+        store.create(pkg.Checkpoint(f"due-{i}", **kw(i)))
+    held = [t for s in range(HELD_SHARDS) for t in _ids_in_shard(s, HELD_PER_SHARD, f"held{s}-")]
+    for tid in held:
+        store.create(pkg.Checkpoint(tid, **({"priority": 5} if prioritized else {})))
+        store.claim(tid, 1, token="holder", lease_ms=3_600_000)
+    return store
+
+
+def _counting(pkg: ModuleType) -> list[int]:
+    """Counts the requests ``pkg``'s sync driver sends (one per round trip)."""
+    drivers = pkg._ops.drivers
+    send = drivers._send_sync
+    sent = [0]
+
+    def counted(client: Any, scripts: Any, req: Any) -> Any:
+        sent[0] += 1
+        return send(client, scripts, req)
+
+    drivers._send_sync = counted
+    return sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.priorities", description=__doc__)
+    p.add_argument("--base", required=True, help="the commit before priorities, for the plain path's A/B")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--calls", type=int, default=300, help="claim_next calls per contender per round")
+    p.add_argument("--readme", action="store_true", help="rewrite the priorities block of benchmarks/README.md")
+    args = p.parse_args(argv)
+    base, _ = load_base(args.base)
+    server = start_embedded(prefer="redis-server")
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        admin = redis.Redis.from_url(server.url)
+        meta = run_meta(command_line("python -m benchmarks.priorities", argv), admin)
+        meta["base"] = args.base
+        sent = {id(base): _counting(base), id(redis_agentstate): _counting(redis_agentstate)}
+        setups = {
+            "base plain": (base, False),
+            "plain": (redis_agentstate, False),
+            "priorities": (redis_agentstate, True),
+        }
+        stores = {name: _setup(pkg, redis.Redis.from_url(server.url), pri) for name, (pkg, pri) in setups.items()}
+        results = {name: {"client": [], "server": [], "trips": []} for name in stores}
+
+        def run(name: str) -> tuple[float, float, float]:
+            store, counter = stores[name], sent[id(setups[name][0])]
+            admin.config_resetstat()
+            before, t0 = counter[0], time.perf_counter()
+            for i in range(args.calls):
+                assert store.claim_next(token=f"w{i}", lease_ms=1) is not None
+            wall = time.perf_counter() - t0
+            return wall / args.calls * 1e6, _server_usec(admin) / args.calls, (counter[0] - before) / args.calls
+
+        contenders: dict[str, Callable[[], tuple[float, float, float]]] = {n: (lambda n=n: run(n)) for n in stores}
+        for _ in range(2):  # warm-up: scripts loaded
+            for fn in contenders.values():
+                fn()
+        for rnd in range(args.rounds):
+            order = list(contenders)
+            random.shuffle(order)
+            got = {name: contenders[name]() for name in order}
+            for name, (wall, srv, trips) in got.items():
+                results[name]["client"].append(wall)
+                results[name]["server"].append(srv)
+                results[name]["trips"].append(trips)
+            print(f"round {rnd + 1}: " + ", ".join(f"{k} {w:.0f} us ({s:.0f} server, {t:.2f} trips)"
+                                                   for k, (w, s, t) in got.items()), flush=True)  # fmt: skip
+    finally:
+        server.stop()
+    for name, r in results.items():
+        print(f"{name}: median {statistics.median(r['client']):.0f} us per call, server "
+              f"{statistics.median(r['server']):.1f} us, {statistics.median(r['trips']):.2f} round trips")  # fmt: skip
+    if args.readme:
+        report.publish(meta, "priorities", results, {"rounds": args.rounds, "calls": args.calls, "base": args.base})
+    return 0
+
+
+LABELS = {
+    "base plain": "the commit before priorities, every task of priority 0",
+    "plain": "this commit, every task of priority 0",
+    "priorities": "this commit, priorities 0-3 due, priority 5 held 4 deep in 16 shards",
+}
+
+
+def markdown(results: dict[str, dict[str, list[float]]], params: dict[str, Any]) -> str:
+    """The priorities block: per claim_next call, client us, server us and round trips."""
+    med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
+    lines = [
+        f"{params['rounds']} interleaved rounds of {params['calls']} `claim_next` calls per contender (every call "
+        f"peeks; {DUE} due tasks, {HELD} held); median over rounds, min in brackets.",
+        "",
+        "| claim_next | client us per call | server us per call | round trips per call |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {LABELS[name]} | {med[name]['client']:.0f} ({min(r['client']):.0f}) | "
+            f"{med[name]['server']:.1f} ({min(r['server']):.1f}) | {med[name]['trips']:.2f} |"
+        )
+    ratios = [p / b for p, b in zip(results["plain"]["client"], results["base plain"]["client"], strict=True)]
+    srv = [p / b for p, b in zip(results["plain"]["server"], results["base plain"]["server"], strict=True)]
+    pri = med["priorities"]["client"] / med["plain"]["client"]
+    lines += [
+        "",
+        f"- The plain path, this commit / `{params['base']}`: {statistics.median(ratios):.3f}x client time and "
+        f"{statistics.median(srv):.3f}x server time per call, medians of the per-round ratios (target: at most "
+        "1.05x).",
+        f"- With priorities in play: {pri:.2f}x the plain path's client time, "
+        f"{med['priorities']['trips']:.2f} round trips per call against {med['plain']['trips']:.2f}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
