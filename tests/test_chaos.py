@@ -388,7 +388,7 @@ def test_chaos_fleet() -> None:
         assert report.violations == [], "\n".join(report.violations[:50])
         # The lifecycle was in the mix: cancels, resumes, waits with deadlines and delayed cycles.
         assert report.cancels >= 3 and report.resumes >= 5, figures
-        assert report.timed_cycles >= 50, figures
+        assert report.timed_cycles >= 20, figures
         assert all(final[t].status == "cancelled" for t in operator.cancelled)
         # Each fault was injected, and bit.
         assert all(n > 0 for n in fleet.faults.values()), fleet.faults

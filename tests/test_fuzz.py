@@ -104,6 +104,7 @@ class Task:
     token: str | None = None
     claimed: int | None = None
     live: bool = False  # the lease: far future (True) or expired (False)
+    priority: int = 0
     ring: list[Any] = field(default_factory=list)  # identities of the last writes, newest first
 
 
@@ -140,6 +141,7 @@ class Model:
             cp.cycle_index, AgentStatus(cp.status).value, cp.revision, copy.deepcopy(cp.messages),
             copy.deepcopy(cp.cycles), copy.deepcopy(cp.shared_state), copy.deepcopy(cp.terminal_result),
             copy.deepcopy(cp.budget_usage), cp.terminal_result is not None, cp.claim_token, cp.claimed_cycle, live,
+            priority=cp.priority,
         )  # fmt: skip
 
     def claim(self, tid: str, cycle: int, token: str) -> Task | type[Exception] | None:
@@ -160,8 +162,10 @@ class Model:
         t.token, t.claimed, t.live = token, cycle, True
         return t
 
-    def write(self, tid: str, cp: Checkpoint) -> None:
+    def write(self, tid: str, cp: Checkpoint, *, final: bool = False) -> None:
         t = self.tasks[tid]
+        if not final:  # a commit writes the priority; a finalize keeps the stored one
+            t.priority = cp.priority
         n_m, n_c = len(t.messages), len(t.cycles)
         t.messages = t.messages + copy.deepcopy(cp.messages[n_m:])
         t.cycles = t.cycles + copy.deepcopy(cp.cycles[n_c:])
@@ -190,6 +194,7 @@ def same(cp: Checkpoint | None, t: Task | None) -> None:
     assert cp.shared_state == t.shared_state and cp.budget_usage == t.budget_usage
     assert cp.terminal_result == (t.terminal_result if t.term else None)
     assert (cp.claim_token, cp.claimed_cycle) == (t.token, t.claimed)
+    assert cp.priority == t.priority
     if t.token is not None and t.live:
         assert cp.lease_expires_at_ms is not None and cp.lease_expires_at_ms > FAR_PAST_MS
 
@@ -228,6 +233,7 @@ class StoreMachine(RuleBasedStateMachine):
             revision=data.draw(small),
             terminal_result=data.draw(st.one_of(st.none(), values)),
             budget_usage=data.draw(st.one_of(st.none(), values)),
+            priority=data.draw(st.integers(0, 9)),
         )
         if with_claim and data.draw(st.booleans()):
             cp.claim_token = data.draw(tokens)
@@ -243,6 +249,7 @@ class StoreMachine(RuleBasedStateMachine):
             messages=copy.deepcopy(t.messages) + data.draw(st.lists(values, max_size=3)),
             cycles=copy.deepcopy(t.cycles) + data.draw(st.lists(values, max_size=2)),
             shared_state=data.draw(st.dictionaries(st.text(max_size=5), values, max_size=3)),
+            priority=data.draw(st.integers(0, 9)),
         )  # fmt: skip
         if data.draw(st.integers(0, 9)) == 0 and cp.messages:
             cp.messages = cp.messages[:-1] if len(t.messages) == 0 else cp.messages[: len(t.messages) - 1]
@@ -353,7 +360,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert recalled is None or ok == recalled
         else:
             assert ok
-            self.model.write(tid, cp)
+            self.model.write(tid, cp, final=True)
             t.ring.insert(0, key)
 
     @precondition(lambda self: self.model.tasks)

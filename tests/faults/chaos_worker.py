@@ -272,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         # deadline), whoever answers (the operator's resume, or the deadline); a ``timer-*`` task delays
         # each next cycle. Either way the next cycle comes back through claim_next.
         cp.status = AgentStatus.RUNNING
+        # Priorities in the mix too (banded ready scores under every fault; the checker's rules hold
+        # whatever order the work was served in): the lifecycle tasks, due now and then, take priority 1
+        # or 2, which their commits move. Not the long tasks: always due, a higher priority there would
+        # starve the rest of the fleet by design (priorities are strict).
+        if cp.task_id.startswith(("ask-", "timer-")):
+            cp.priority = rng.choice((1, 2))
         if cp.task_id.startswith("ask-") and cycle % 2 == 1:
             cp.status = AgentStatus.WAIT_USER
             delay_ms = rng.choice((None, 300, 800))
