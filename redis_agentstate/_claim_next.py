@@ -315,10 +315,11 @@ class ClaimScheduling(CheckpointBase):
         shards that need it). Never for a shard of priority 0 only: the plain path pays nothing.
         """
         full = self.CLAIM_NEXT_PEEK
+        ended: set[int] = set()  # shards whose index was read to its end
         for _ in range(MAX_PRIORITY):
             hidden = [
                 s for s, shard in enumerate(entries)
-                if len(shard) >= full and _band(shard[-1][1], now) > 0
+                if s not in ended and len(shard) >= full and _band(shard[-1][1], now) > 0
                 and not any(_time_of(score, now) <= now for _, score in shard)
             ]  # fmt: skip
             if not hidden:
@@ -333,6 +334,8 @@ class ClaimScheduling(CheckpointBase):
             more, _ = self._shard_heads(cmds, replies)
             for s, extra in zip(hidden, more, strict=True):
                 entries[s] = entries[s] + extra
+                if len(extra) < full:
+                    ended.add(s)
         return entries
 
     def _shard_heads(

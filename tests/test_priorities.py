@@ -177,3 +177,26 @@ def test_the_runner_serves_the_higher_priority_first(sync_store: CheckpointStore
     # Created in the same millisecond or not, the two of priority 5 come first, then the 2, then the 0s.
     assert set(served[:2]) == {tids[1], tids[3]} and served[2] == tids[4]
     assert sorted(served[3:]) == sorted([tids[0], tids[2], tids[5]])
+
+
+def test_a_shard_of_held_higher_priorities_is_read_to_its_end_once(
+    sync_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing due behind a shard's held priority 5 tasks: one extra read finds the index's end, and
+    claim_next answers None after it (not a read per lower priority)."""
+    from redis_agentstate import _ops
+
+    store = sync_store
+    store._core.claim_next_candidate_age_s = 0
+    for tid in ids_in_shard(11, 4, prefix="h"):
+        store.create(Checkpoint(tid, priority=5))
+        assert store.claim(tid, 1, token="holder", lease_ms=LONG_MS) is not None
+    send, sent = _ops.drivers._send_sync, []
+
+    def counted(client: Any, scripts: Any, req: Any) -> Any:
+        sent.append(req)
+        return send(client, scripts, req)
+
+    monkeypatch.setattr(_ops.drivers, "_send_sync", counted)
+    assert store.claim_next(token="w", lease_ms=LONG_MS) is None
+    assert len(sent) == 2  # the peek of every shard, then the read past shard 11's priority 5
