@@ -22,6 +22,7 @@ commands) and round trips (requests the driver sent). Medians over rounds, min i
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
 import statistics
 import time
@@ -59,7 +60,7 @@ def _ids_in_shard(shard: int, n: int, prefix: str) -> list[str]:
 
 def _setup(pkg: ModuleType, client: redis.Redis, prioritized: bool) -> Any:
     store = pkg.CheckpointStore(client, namespace=f"pr-{uuid.uuid4().hex[:6]}")
-    store._core.claim_next_candidate_age_s = 0
+    importlib.import_module(f"{pkg.__name__}.testing").internals(store).core.claim_next_candidate_age_s = 0
     kw = (lambda i: {"priority": i % 4}) if prioritized else (lambda i: {})
     for i in range(DUE):
         store.create(pkg.Checkpoint(f"due-{i}", **kw(i)))
