@@ -192,50 +192,28 @@ def test_steps_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
-def test_cancel_delivery_benchmark_runs() -> None:
-    """The cancel delivery measurement runs every contender and prints its percentiles."""
+#: The standalone lifecycle measurements, each run tiny: (module, arguments, lines its stdout must hold).
+LIFECYCLE_BENCHMARKS = [
+    ("cancel_delivery", ["--cancels", "5", "--fallback", "3"],
+     ["async, announced: p50", "sync, announced: p50", "sync, renewal only: p50"]),
+    ("timers", ["--workers", "10", "--timers", "10", "--rounds", "1"], ["async: p50", "sync: p50", "never early"]),
+    # The base contender is this checkout's HEAD, extracted with git archive.
+    ("priorities", ["--base", "HEAD", "--rounds", "1", "--calls", "10"],
+     ["base plain: median", "plain: median", "priorities: median"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "args", "lines"), LIFECYCLE_BENCHMARKS, ids=[b[0] for b in LIFECYCLE_BENCHMARKS])
+def test_lifecycle_benchmarks_run(module: str, args: list[str], lines: list[str]) -> None:
+    """Cancel delivery, timer accuracy and the priorities A/B run every contender and print their figures."""
     _need_redis_server()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cancel_delivery", "--cancels", "5", "--fallback", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    for line in ("async, announced: p50", "sync, announced: p50", "sync, renewal only: p50"):
-        assert line in proc.stdout, proc.stdout
-
-
-def test_timers_benchmark_runs() -> None:
-    """The timer accuracy measurement runs both crowds and prints its percentiles (never early)."""
-    _need_redis_server()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.timers", "--workers", "10", "--timers", "10", "--rounds", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    for line in ("async: p50", "sync: p50", "never early"):
-        assert line in proc.stdout, proc.stdout
-
-
-def test_priorities_benchmark_runs() -> None:
-    """The priorities measurement runs its three contenders (the base one from an older commit)."""
-    _need_redis_server()
-    if not (ROOT / ".git").exists():
+    if module == "priorities" and not (ROOT / ".git").exists():
         pytest.skip("the base contender is extracted with git archive: needs a git checkout")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.priorities", "--base", "HEAD", "--rounds", "1", "--calls", "10"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
+        [sys.executable, "-m", f"benchmarks.{module}", *args], cwd=ROOT, capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for line in ("base plain: median", "plain: median", "priorities: median"):
+    for line in lines:
         assert line in proc.stdout, proc.stdout
 
 
