@@ -21,9 +21,9 @@ from .keys import SHARDS, Keys
 __all__ = ["CheckpointListing"]
 
 #: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
-_SUMMARY_FIELDS = (*S.HASH_FIELDS[:7], *S.HASH_FIELDS[9:12], S.HASH_FIELDS[13])
+_SUMMARY_FIELDS = (*S.HASH_FIELDS[:7], *S.HASH_FIELDS[9:12], S.HASH_FIELDS[13], S.HASH_FIELDS[14])
 _SUMMARY_STRIDE = 1 + len(_SUMMARY_FIELDS)
-_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "att", "parked", "why", "due")
+_SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "att", "parked", "why", "due", "prio")
 
 
 def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
@@ -36,13 +36,15 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
             raise ValueError(_s(entry[1]))
         values = (v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:])
         f = dict(zip(_SUMMARY_FIELDS, values, strict=True))
-        status, cycle, rev, token, claimed, lease, term, att, parked, why, due = (f[name] for name in _SUMMARY_NAMES)
+        status, cycle, rev, token, claimed, lease, term, att, parked, why, due, prio = (
+            f[name] for name in _SUMMARY_NAMES
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         return {
             "task_id": tid, "status": "corrupt", "corrupt": str(exc), "cycle_index": None, "revision": None,
             "terminal": False, "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None,
             "lease_state": None, "lease_remaining_ms": None, "attempts": None, "parked": False,
-            "last_failure": None, "due_at_ms": None, "due_in_ms": None,
+            "last_failure": None, "due_at_ms": None, "due_in_ms": None, "priority": None,
         }  # fmt: skip
     lease_ms = int(lease) if lease else None
     return {
@@ -61,6 +63,7 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
         "last_failure": why or None,
         "due_at_ms": int(due) if due else None,
         "due_in_ms": (int(due) - now) if due else None,
+        "priority": int(prio) if prio else 0,
     }
 
 

@@ -169,6 +169,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for tid, r in zip(ids_shown, rows, strict=True):
         status = esc(r["status"]) + (" (terminal)" if r["terminal"] and r["status"] == "running" else "")
         status += " (parked)" if r.get("parked") else ""
+        status += f" (p{r['priority']})" if r.get("priority") else ""
         claim = ""
         if r["claim_token"]:
             ms = r["lease_remaining_ms"] or 0

@@ -401,7 +401,7 @@ class TestSummaries:
             "task_id": "t0", "status": "running", "cycle_index": 2, "revision": 7, "terminal": False,
             "claim_token": None, "claimed_cycle": None, "lease_expires_at_ms": None, "lease_state": None,
             "lease_remaining_ms": None, "attempts": 0, "parked": False, "last_failure": None,
-            "due_at_ms": None, "due_in_ms": None,
+            "due_at_ms": None, "due_in_ms": None, "priority": 0,
         }  # fmt: skip
         t3 = by_id["t3"]
         assert (t3["claim_token"], t3["claimed_cycle"], t3["lease_state"]) == (TOKEN, 3, "live")

@@ -200,3 +200,27 @@ def test_a_shard_of_held_higher_priorities_is_read_to_its_end_once(
     monkeypatch.setattr(_ops.drivers, "_send_sync", counted)
     assert store.claim_next(token="w", lease_ms=LONG_MS) is None
     assert len(sent) == 2  # the peek of every shard, then the read past shard 11's priority 5
+
+
+def test_cli_list_shows_the_priority(private_server: Any, capsys: Any) -> None:
+    import json
+
+    import redis
+
+    from redis_agentstate import cli as cli_mod
+
+    url, ns = private_server.url, "priocli"
+    store = CheckpointStore(redis.Redis.from_url(url), namespace=ns)
+    store.create(Checkpoint("plain"))
+    store.create(Checkpoint("urgent", priority=7))
+    store.create(Checkpoint("broken"))
+    store.client.hset(Keys(ns).task("broken").checkpoint, "prio", "12")
+    base = ["--url", url, "--namespace", ns]
+    assert cli_mod.main(["list", *base]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "running (p7)" in rows["urgent"] and "(p" not in rows["plain"]
+    assert "malformed prio" in rows["broken"]
+    assert cli_mod.main(["list", "--json", *base]) == 0
+    by_id = {r["task_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (by_id["urgent"]["priority"], by_id["plain"]["priority"], by_id["broken"]["status"]) == (7, 0, "corrupt")
+    store.client.close()

@@ -4,12 +4,12 @@
 --               tasks of one shard
 -- Returns {now, <SUMMARY_STRIDE entries per key>}, now in server ms; per key
 --   'ok', status, cycle, rev, token, claimed, lease, term,
---         att, parked, why, due                            as stored ('' when absent)
+--         att, parked, why, due, prio                      as stored ('' when absent)
 --   'missing'                                                no such task (deleted since it was listed)
 --   'corrupt', what                                          data this library would not have written
 -- each padded with '' to SUMMARY_STRIDE entries. One corrupt task does not
 -- hide the others: it is a row of its own.
-local SUMMARY_STRIDE = 12
+local SUMMARY_STRIDE = 13
 local out = { fmt(server_now_ms()) }
 local n = 1
 for i = 1, #KEYS do
@@ -20,12 +20,15 @@ for i = 1, #KEYS do
   elseif not present(h) then
     kind = 'missing'
   else
-    -- Attempts, parked, last failure (HASH_FIELDS 10..12) and the due time (14): never the body.
-    local p = redis.call('HMGET', KEYS[i], HASH_FIELDS[10], HASH_FIELDS[11], HASH_FIELDS[12], HASH_FIELDS[14])
+    -- Attempts, parked, last failure (HASH_FIELDS 10..12), the due time (14) and the priority (15):
+    -- never the body.
+    local p = redis.call('HMGET', KEYS[i], HASH_FIELDS[10], HASH_FIELDS[11], HASH_FIELDS[12], HASH_FIELDS[14],
+      HASH_FIELDS[15])
     local bad = bad_field(h) or bad_parking(p[1], p[2])
     if not bad and p[4] and p[4] ~= '' and not int_in(p[4], 0, MAX_REVISION) then bad = 'due' end
+    if not bad and p[5] and p[5] ~= '' and not priority_of(p[5]) then bad = 'prio' end
     if bad then kind, what = 'corrupt', 'malformed ' .. bad end
-    for j = 1, 4 do h[7 + j] = p[j] end
+    for j = 1, 5 do h[7 + j] = p[j] end
   end
   out[n + 1] = kind
   for j = 1, SUMMARY_STRIDE - 1 do
