@@ -32,6 +32,29 @@ __all__ = ["HOSTILE_IDS", "checkpoint_flow", "claim_next_flow", "ids_on_every_sh
 HOSTILE_IDS = ["a:b:c", "{x}", "}{", "{ns#01}", "*", "?[]", "ünï-cödé ✓", "cp:evil", " ", "a" * 1000, "tomb:x}:cp:y"]
 
 
+def ids_in_shard(shard: int, n: int, prefix: str = "t") -> list[str]:
+    """``n`` ids ``<prefix><i>`` whose keys live in ``shard``."""
+    out, i = [], 0
+    while len(out) < n:
+        if Keys.shard_of(tid := f"{prefix}{i}") == shard:
+            out.append(tid)
+        i += 1
+    return out
+
+
+def ids_in_distinct_shards(n: int, prefix: str = "d") -> list[str]:
+    """``n`` ids ``<prefix><i>``, each in a shard of its own."""
+    out: list[str] = []
+    seen: set[int] = set()
+    i = 0
+    while len(out) < n:
+        if (shard := Keys.shard_of(tid := f"{prefix}{i}")) not in seen:
+            seen.add(shard)
+            out.append(tid)
+        i += 1
+    return out
+
+
 def ids_on_every_shard(keys: Keys, per_shard: int = 1, prefix: str = "task") -> list[str]:
     """Ids covering each of the 64 shards ``per_shard`` times."""
     counts: Counter[int] = Counter()

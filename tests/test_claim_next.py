@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 import redis
+from flows import ids_in_distinct_shards as spread_ids
+from flows import ids_in_shard
 
 from redis_agentstate import (
     AgentStatus,
@@ -37,28 +39,11 @@ LEASE = 30_000
 
 
 def ids_in_one_shard(namespace: str, n: int, prefix: str = "same") -> list[str]:
-    keys = Keys(namespace)
-    target = keys.shard_of(f"{prefix}-0")
-    out, i = [], 0
-    while len(out) < n:
-        tid = f"{prefix}-{i}"
-        if keys.shard_of(tid) == target:
-            out.append(tid)
-        i += 1
-    return out
+    return ids_in_shard(Keys.shard_of(f"{prefix}-0"), n, f"{prefix}-")
 
 
 def ids_in_distinct_shards(namespace: str, n: int) -> list[str]:
-    keys = Keys(namespace)
-    seen: set[int] = set()
-    out, i = [], 0
-    while len(out) < n:
-        tid = f"spread-{i}"
-        if keys.shard_of(tid) not in seen:
-            seen.add(keys.shard_of(tid))
-            out.append(tid)
-        i += 1
-    return out
+    return spread_ids(n, "spread-")
 
 
 def commit_cycle(store: Any, cp: Checkpoint, token: str, **changes: Any) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from flows import ids_in_distinct_shards, ids_in_shard
 
 from redis_agentstate import (
     AgentStatus,
@@ -27,28 +28,6 @@ from redis_agentstate._validate import PRIORITY_BAND_MS
 from redis_agentstate.keys import Keys
 
 LONG_MS = 30_000
-
-
-def ids_in_shard(shard: int, n: int, prefix: str = "t") -> list[str]:
-    """``n`` task ids whose keys live in ``shard``."""
-    out, i = [], 0
-    while len(out) < n:
-        tid = f"{prefix}{i}"
-        if Keys.shard_of(tid) == shard:
-            out.append(tid)
-        i += 1
-    return out
-
-
-def ids_in_distinct_shards(n: int, prefix: str = "d") -> list[str]:
-    out, seen, i = [], set(), 0
-    while len(out) < n:
-        tid = f"{prefix}{i}"
-        if Keys.shard_of(tid) not in seen:
-            seen.add(Keys.shard_of(tid))
-            out.append(tid)
-        i += 1
-    return out
 
 
 def drain(store: Any) -> list[str]:
