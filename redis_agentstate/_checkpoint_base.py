@@ -27,6 +27,7 @@ from ._validate import (
     MAX_STORED_REVISION,
     MAX_TERMINAL_TTL_MS,
     MIN_PRIORITY,
+    check_concurrency_key,
     check_id,
     check_int,
 )
@@ -35,6 +36,7 @@ from .errors import (
     AlreadyClaimed,
     CheckpointTerminal,
     ClaimRejected,
+    ConcurrencyLimited,
     CorruptState,
     CycleConflict,
     InvalidArgument,
@@ -120,6 +122,9 @@ class CheckpointBase:
         self._wire_keys = functools.lru_cache(maxsize=4096)(self._encode_keys)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
+        #: (task id, token) -> the concurrency key whose limiter place that lease holds through this
+        #: core (``_limits.py``): given back when the lease ends. Empty while no task is limited.
+        self._permits: dict[tuple[str, str], str] = {}
 
     def _encode_keys(
         self, task_id: str
@@ -201,6 +206,8 @@ class CheckpointBase:
             check_int(lease, "lease_expires_at_ms", 0, MAX_REVISION)
         if cp.priority != 0 or type(cp.priority) is not int:
             check_int(cp.priority, "priority", MIN_PRIORITY, MAX_PRIORITY)
+        if cp.concurrency_key is not None:
+            check_concurrency_key(cp.concurrency_key)
         return cp
 
     # ---- request building -----------------------------------------------
@@ -256,7 +263,9 @@ class CheckpointBase:
         try:
             # read_checkpoint's array: the HASH_FIELDS (scripts.py), in that order, then the history.
             fields = reply[at : at + _NF]
-            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _, due, prio = fields
+            status_raw, cycle, rev, token, claimed, lease, term, body, epoch, att, parked, why, _, due, prio, ckey = (
+                fields
+            )
             n_m, n_c, from_m, from_c, k = (int(x) for x in reply[at + _NF : at + _NF + 5])
             blobs = reply[at + _NF + 5 :]
             shared_state, terminal_result, budget = decode(body, key=keys.checkpoint, task_id=task_id)
@@ -278,6 +287,7 @@ class CheckpointBase:
                 last_failure=_s(why) if why else None,
                 due_at_ms=_opt_int(due),
                 priority=_priority(prio),
+                concurrency_key=_s(ckey) if ckey else None,
             )
             if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
                 raise ValueError("history reply is inconsistent")
@@ -339,6 +349,13 @@ class CheckpointBase:
                 f"cycle {cycle_index} of task {tid!r} is delayed: not claimable before {detail} (server ms)",
                 task_id=tid,
                 due_at_ms=int(detail),
+            )
+        if code == Reply.LIMITED:
+            raise ConcurrencyLimited(
+                f"task {tid!r} has concurrency key {detail!r} and its place in the key's limiter ran out before "
+                f"the claim of cycle {cycle_index} reached the task (nothing was written)",
+                task_id=tid,
+                concurrency_key=detail,
             )
         if code == Reply.CYCLE_CONFLICT:
             found = int(detail)

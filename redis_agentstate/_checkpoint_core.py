@@ -15,6 +15,9 @@ resolves its methods as one class would.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from . import scripts as S
 from ._checkpoint_base import _CLAIMED, DEFAULT_MAX_PAYLOAD_BYTES, _s
 from ._checkpoint_listing import CheckpointListing
@@ -71,10 +74,24 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
         token = self._token(token)
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
-        reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [token, cycle_index, lease_ms, *have, self.max_attempts])
+        args = [token, cycle_index, lease_ms, *have, self.max_attempts]
+        reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [*args, "", 0])
+        took = False
+        for _ in range(3):
+            if reply[0] != Reply.LIMITED:
+                break
+            # A limited task (the limits note in _common.lua): a place first, then the claim again.
+            ckey = _s(reply[1])
+            took = took or self._permit(tid, token) is None
+            cap, full = yield from self._take_place(tid, token, ckey, lease_ms)
+            if full is not None:
+                raise full
+            reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [*args, ckey, cap])
         code = reply[0]
         if code in _CLAIMED:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
+        if took:
+            yield from self._give_back(tid, token)  # not claimed: the place is not needed
         if code == Reply.REFUSED:
             return None
         self._claim_refused(tid, cycle_index, code, reply)
@@ -92,10 +109,27 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
         """A lease keeper's renewal: ``(new lease_expires_at_ms, None)``, ``(None, None)`` if not
         renewed, or ``(None, TaskCancelled)`` if not renewed because the task was cancelled."""
         tid = check_id(task_id, "task_id")
-        args = [self._token(token), self._revision(expected_revision), self._lease(lease_ms)]
-        reply = yield Call(S.RENEW, self._wire_keys(tid)[0], args)
+        token, lease_ms = self._token(token), self._lease(lease_ms)
+        args = [token, self._revision(expected_revision), lease_ms]
+        ckey = self._permit(tid, token)
+        reply: Sequence[Any] = (Reply.REFUSED,)
+        for _ in range(3):
+            permit: tuple[str, int | None] = ("", 0)
+            if ckey is not None:
+                # A limited lease: its place moves on first, so the lease never outlives it.
+                cap, full = yield from self._take_place(tid, token, ckey, lease_ms)
+                if full is not None:
+                    reply = (Reply.REFUSED,)  # its place is gone and the key is full: the lease is lost
+                    break
+                permit = (ckey, cap)
+            reply = yield Call(S.RENEW, self._wire_keys(tid)[0], [*args, *permit])
+            if reply[0] != Reply.LIMITED:
+                break
+            ckey = _s(reply[1])
         if reply[0] == Reply.DONE:
             return int(reply[1]), None
+        if self._permits:
+            yield from self._give_back(tid, token)  # not renewed: the lease is over, and so is its place
         if reply[0] == Reply.TERMINAL:
             reason = _s(reply[2])
             return None, TaskCancelled(f"task {tid!r} was cancelled: {reason}", task_id=tid, reason=reason)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import scripts as S
-from ._checkpoint_base import _STATUS_VALUE, CheckpointBase
+from ._checkpoint_base import _STATUS_VALUE
 from ._history import History, committed, hashed
+from ._limits import ConcurrencyLimits
 from ._ops import Call, Op, new_nonce
 from ._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
 from .codec import decode, encode
@@ -42,7 +43,7 @@ class _Written:
         return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
 
 
-class CheckpointWrites(CheckpointBase):
+class CheckpointWrites(ConcurrencyLimits):
     """Building, identifying and reading back the checkpoint writes."""
 
     @staticmethod
@@ -55,7 +56,8 @@ class CheckpointWrites(CheckpointBase):
         lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
         return [
             nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
-            body, claimed, lease, delay_ms, int(cp.priority), len(blobs_m), *blobs_m, *blobs_c,
+            body, claimed, lease, delay_ms, int(cp.priority), cp.concurrency_key or "", len(blobs_m), *blobs_m,
+            *blobs_c,
         ]  # fmt: skip
 
     @staticmethod
@@ -79,9 +81,10 @@ class CheckpointWrites(CheckpointBase):
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
         if script == S.COMMIT_AND_CLAIM:
-            extra: tuple[Any, ...] = (*claim, int(cp.priority))
+            # claim: next_token, lease_ms, max_attempts, then the permit's cap after the key.
+            extra: tuple[Any, ...] = (*claim[:3], int(cp.priority), cp.concurrency_key or "", claim[3])
         elif script == S.COMMIT:
-            extra = (ttl_ms, delay_ms, int(cp.priority))
+            extra = (ttl_ms, delay_ms, int(cp.priority), cp.concurrency_key or "")
         else:
             extra = (ttl_ms,)
         return [
@@ -115,6 +118,8 @@ class CheckpointWrites(CheckpointBase):
         """
         head = [kind, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status],
                 cp.terminal_result is not None, replace, *upto, len(body), int(cp.priority), *claim]  # fmt: skip
+        if cp.concurrency_key is not None:
+            head.append(cp.concurrency_key)  # unlimited writes keep the identities they had before limits
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
         d.update(hash_m.digest())
         d.update(hash_c.digest())
@@ -167,6 +172,8 @@ class CheckpointWrites(CheckpointBase):
         expected = self._revision(expected_revision, bumped=True)
         written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history,
                                                 delay_ms=delay)  # fmt: skip
+        if self._permits:
+            yield from self._give_back(cp.task_id, token)  # the cycle is over (or the lease was): its place too
         return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
@@ -175,6 +182,8 @@ class CheckpointWrites(CheckpointBase):
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
         expected = self._revision(expected_revision, bumped=True)
         written = yield from self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
+        if self._permits and cp.claim_token is not None:
+            yield from self._give_back(cp.task_id, cp.claim_token)
         return written.applied
 
     def commit_and_claim(
@@ -218,11 +227,28 @@ class CheckpointWrites(CheckpointBase):
                 task_id=tid,
                 revision=expected + 1,
             )
+        ckey, cap = cp.concurrency_key, 0
+        old = self._permit(tid, token)
+        if ckey is not None:
+            # The next cycle's lease takes the committed one's place (the limits note in _common.lua).
+            got, full = yield from self._take_place(
+                tid, next_token, ckey, lease_ms, replaces=token if old == ckey else ""
+            )
+            if full is not None:
+                raise full
+            assert got is not None
+            cap = got
         w = yield from self._fenced_write(
             "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
-            (next_token, lease_ms, self.max_attempts), claim_revision=expected + 2,
+            (next_token, lease_ms, self.max_attempts, cap), claim_revision=expected + 2,
         )  # fmt: skip
         reply, code = w.reply, w.reply[0]
+        if self._permits:
+            if old is not None and old != ckey:
+                yield from self._give_back(tid, token, old)  # the key changed (or went): the old place too
+            if code not in (Reply.DONE, Reply.DONE_BEFORE):
+                yield from self._give_back(tid, next_token)
+                yield from self._give_back(tid, token)
         keys = self._task_keys(tid)
         if code == Reply.DONE and w.entry is None:
             # Full lists were appended: the claim came back whole (commit_and_claim.lua).
@@ -260,6 +286,7 @@ class CheckpointWrites(CheckpointBase):
             messages=claim.messages,
             cycles=claim.cycles,
             priority=cp.priority,
+            concurrency_key=cp.concurrency_key,
         )
 
     def _claimed_entry(self, task_id: str, entry: History, revision: int) -> History:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import scripts as S
-from ._checkpoint_base import _CLAIMED, CheckpointBase, _time_ms, _zset_entries
+from ._checkpoint_base import _CLAIMED, _s, _time_ms, _zset_entries
+from ._limits import ConcurrencyLimits
 from ._ops import Call, Op, Pipe, corrupt_state, member_id
 from ._validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 from .errors import CorruptState
@@ -184,7 +185,7 @@ class ClaimNextFound:
     more_due: bool
 
 
-class ClaimScheduling(CheckpointBase):
+class ClaimScheduling(ConcurrencyLimits):
     """``claim_next`` and its candidates (the scheduling state of one store)."""
 
     def _init_scheduling(self) -> None:
@@ -194,6 +195,8 @@ class ClaimScheduling(CheckpointBase):
         #: ``time.monotonic()`` when the earliest not-yet-due entry the last peek saw falls due (None:
         #: none): what a claim from the candidates tells a blocked caller to time itself by.
         self._later_at: float | None = None
+        #: Limited candidates claim_next put off because their concurrency key was full.
+        self.limited_skips = 0
 
     #: How many successive heads of one shard claim_next tries after losing races there.
     CLAIM_NEXT_TRIES_PER_SHARD = 4
@@ -228,8 +231,31 @@ class ClaimScheduling(CheckpointBase):
     #: Candidates a claim_next tries (one script each) before it peeks.
     CLAIM_NEXT_FAST_TRIES = 3
 
-    def _claim_next_call(self, tid: str, token: str, lease_ms: int, have: list[Any]) -> Call:
-        return Call(S.CLAIM_NEXT, self._wire_keys(tid)[2], [token, lease_ms, *have, self.max_attempts])
+    def _claim_next_call(
+        self, tid: str, token: str, lease_ms: int, have: list[Any], permit: tuple[str, int, int] = ("", 0, 0)
+    ) -> Call:
+        return Call(S.CLAIM_NEXT, self._wire_keys(tid)[2], [token, lease_ms, *have, self.max_attempts, *permit])
+
+    def _limited_candidate(self, tid: str, token: str, lease_ms: int, have: list[Any], ckey: str) -> Op[Any]:
+        """claim_next met ``tid``, claimable but limited by concurrency key ``ckey`` (``Reply.LIMITED``):
+        take a place and claim it, or, when the key is full, put it off until the key's earliest place
+        expires (the limiter records it, so a place given back sooner wakes it). Returns the
+        claim_next.lua reply that stands for the candidate: a claim, or a lost race."""
+        took = self._permit(tid, token) is None
+        cap, full = yield from self._take_place(tid, token, ckey, lease_ms, waiter=tid)
+        if full is None:
+            assert cap is not None
+            reply = yield self._claim_next_call(tid, token, lease_ms, have, (ckey, cap, 0))
+            if reply[0] not in _CLAIMED and took:
+                yield from self._give_back(tid, token)
+        else:
+            self.limited_skips += 1
+            reply = yield self._claim_next_call(tid, token, lease_ms, have, (ckey, 0, full.retry_at_ms or 0))
+        if reply[0] == Reply.LIMITED:
+            # The task's key changed in between, or the put-off time had passed on its node's clock:
+            # this candidate is out of this call (the next peek meets it again).
+            return [Reply.REFUSED, reply[1]]
+        return reply
 
     def _claim_candidates(self, token: str, lease_ms: int) -> Op[Checkpoint | None]:
         """The fast path: claim the oldest candidate an earlier peek left (one script, one round trip)."""
@@ -241,6 +267,8 @@ class ClaimScheduling(CheckpointBase):
             cached, have = self._cached(tid)
             try:
                 reply = yield self._claim_next_call(tid, token, lease_ms, have)
+                if reply[0] == Reply.LIMITED:
+                    reply = yield from self._limited_candidate(tid, token, lease_ms, have, _s(reply[2]))
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
@@ -382,6 +410,8 @@ class ClaimScheduling(CheckpointBase):
                 try:
                     cached, have = self._cached(tid)
                     reply = yield self._claim_next_call(tid, token, lease_ms, have)
+                    if reply[0] == Reply.LIMITED:
+                        reply = yield from self._limited_candidate(tid, token, lease_ms, have, _s(reply[2]))
                     code = reply[0]
                     if code in _CLAIMED:
                         for other, score in due[i + 1 :]:

@@ -488,11 +488,12 @@ class LeaseBase(Generic[S]):
     def _can_continue(self, cp: Checkpoint) -> bool:
         """Whether ``cp`` may be committed with the next cycle claimed in the same script.
 
-        Not when it is not runnable, or when the next claim would pass the
-        revision limit (the store would refuse it): then it is a plain commit.
+        Not when it is not runnable, when the next claim would pass the revision limit (the store
+        would refuse it), or for a limited task (its place goes back to its key): a plain commit.
         """
         return (
-            cp.status == AgentStatus.RUNNING
+            cp.concurrency_key is None
+            and cp.status == AgentStatus.RUNNING
             and cp.terminal_result is None
             and self.cycle_index < MAX_CYCLE
             and self.revision + 1 <= MAX_CLAIM_FROM_REVISION

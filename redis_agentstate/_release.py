@@ -10,7 +10,8 @@ from __future__ import annotations
 import builtins
 
 from . import scripts as S
-from ._checkpoint_base import CheckpointBase, _s
+from ._checkpoint_base import _s
+from ._limits import ConcurrencyLimits
 from ._ops import Call, Op, list_indexes, new_nonce
 from ._validate import check_id
 from .errors import CorruptState, InvalidArgument, NotParked, TaskNotFound
@@ -23,7 +24,7 @@ __all__ = ["MAX_REASON_BYTES", "Releases"]
 MAX_REASON_BYTES = 1024
 
 
-class Releases(CheckpointBase):
+class Releases(ConcurrencyLimits):
     """release, requeue and the parked tasks' listing."""
 
     @staticmethod
@@ -57,9 +58,11 @@ class Releases(CheckpointBase):
         With ``reason`` the attempt is recorded as failed (and parks the task if it was attempt
         ``max_attempts``); without, it is given back (a shutdown is no failure).
         """
-        tid = check_id(task_id, "task_id")
-        args = [self._token(token), self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
+        tid, token = check_id(task_id, "task_id"), self._token(token)
+        args = [token, self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
         reply = yield Call(S.RELEASE, self._wire_keys(tid)[1], [*args, self.max_attempts])
+        if self._permits:
+            yield from self._give_back(tid, token)  # the claim is given up: so is its limiter place
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return "released"

@@ -13,6 +13,10 @@ __all__ = [
     "MAX_STORED_REVISION",
     "MAX_TERMINAL_TTL_MS",
     "TERMINAL_TOMB_MS",
+    "MAX_CONCURRENCY_KEY_BYTES",
+    "MAX_CONCURRENCY_LIMIT",
+    "LIMIT_SKEW_MS",
+    "check_concurrency_key",
     "check_id",
     "check_int",
     "check_optional_id",
@@ -40,6 +44,17 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 9
 #: band of about 70 years per priority, so the index sorts by priority, then by time, and a
 #: score's priority is round((now - score) / band) for every time within 35 years of now.
 PRIORITY_BAND_MS = 2**41
+#: ``Checkpoint.concurrency_key``: a non-empty UTF-8 string of at most this many bytes (it names
+#: the limiter's keys and sits in every limited task's hash).
+MAX_CONCURRENCY_KEY_BYTES = 256
+#: ``set_concurrency_limit``: from 1 (0 would stop the key's tasks for good: cancel or park them
+#: instead) to this many live leases per key.
+MAX_CONCURRENCY_LIMIT = 1_000_000
+#: A limited lease's place in its limiter outlives the lease by this much (``LIMIT_SKEW`` in the
+#: scripts): the lease is capped at the place's expiry minus this, so a lease can never outlive
+#: its place, on one server exactly and on a Cluster as long as the clocks of the limiter's node
+#: and the task's node differ by less than this.
+LIMIT_SKEW_MS = 250
 #: ``terminal_ttl_ms`` longer than ten years is a bug, not a retention.
 MAX_TERMINAL_TTL_MS = 10 * 366 * 24 * 3600 * 1000
 #: How long, at most, a task that expired (``terminal_ttl_ms``) is remembered after
@@ -78,3 +93,11 @@ def check_int(value: object, what: str, lo: int, hi: int) -> int:
         raise InvalidArgument(f"{what} must be between {lo} and {hi}, got {value}")
     # A plain int: redis-py encodes ints with repr(), which for an IntEnum is '<E.X: 3>'.
     return int(value)
+
+
+def check_concurrency_key(value: object, what: str = "concurrency_key") -> str:
+    """A concurrency key: a non-empty, printable UTF-8 ``str`` of at most MAX_CONCURRENCY_KEY_BYTES."""
+    key = check_id(value, what, max_bytes=MAX_CONCURRENCY_KEY_BYTES)
+    if not key.isprintable():
+        raise InvalidArgument(f"{what} must be printable (it is shown by agentstate stats), got {key!r}")
+    return key

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
 from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
+from ._limits import LimitState
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
@@ -44,7 +45,8 @@ class _Checkpoints(StoreShell[CheckpointCore]):
             max_attempts=max_attempts,
             terminal_ttl_ms=terminal_ttl_ms,
         )
-        super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
+        super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS + scripts.LIMIT_SCRIPTS, retry, wait_replicas,
+                         wait_timeout_ms)  # fmt: skip
         self._waker: Any = None
 
     def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
@@ -264,6 +266,15 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Every parked task id of the namespace, sorted."""
         return self._run(self._core.list_parked())
 
+    def set_concurrency_limit(self, key: str, limit: int | None) -> None:
+        """At most ``limit`` live leases of the tasks whose ``concurrency_key`` is ``key``, fleet-wide
+        (None: no limit). A claim over it raises ``ConcurrencyLimited``; ``claim_next`` serves others."""
+        self._run(self._core.set_concurrency_limit(key, limit))
+
+    def concurrency_limits(self) -> list[LimitState]:
+        """Every limited key of the namespace with its limit and live leases (``agentstate stats``)."""
+        return self._run(self._core.concurrency_limits())
+
     def _step_load(self, task_id: str, **lease: Any) -> tuple[bool, Any] | None:
         """A durable step's stored result, for :meth:`Lease.step` (``CheckpointCore.step_load``)."""
         return self._run(self._core.step_load(task_id, **lease))
@@ -426,6 +437,14 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def list_parked(self) -> list[str]:
         """Every parked task id of the namespace, sorted."""
         return await self._run(self._core.list_parked())
+
+    async def set_concurrency_limit(self, key: str, limit: int | None) -> None:
+        """At most ``limit`` live leases per concurrency key (see :meth:`CheckpointStore.set_concurrency_limit`)."""
+        await self._run(self._core.set_concurrency_limit(key, limit))
+
+    async def concurrency_limits(self) -> list[LimitState]:
+        """Every limited key with its limit and live leases (see :meth:`CheckpointStore.concurrency_limits`)."""
+        return await self._run(self._core.concurrency_limits())
 
     async def _step_load(self, task_id: str, **lease: Any) -> tuple[bool, Any] | None:
         """A durable step's stored result, for :meth:`AsyncLease.step` (``CheckpointCore.step_load``)."""

@@ -11,6 +11,7 @@ Every exception the library raises on purpose derives from one root::
     │   ├── CycleConflict        it is at another cycle than the claim expects
     │   ├── AlreadyClaimed       another token holds a live lease on it
     │   ├── NotDue               its next cycle is delayed (``delay_ms``): not claimable before ``due_at_ms``
+    │   ├── ConcurrencyLimited   its concurrency key has ``limit`` live leases already
     │   └── TaskParked           it is parked: too many attempts at its cycle failed
     ├── TaskNotFound             no such task (requeue)
     ├── NotParked                the task is not parked (requeue)
@@ -40,6 +41,7 @@ __all__ = [
     "BackendUnavailable",
     "CheckpointTerminal",
     "ClaimRejected",
+    "ConcurrencyLimited",
     "ConfigConflict",
     "CorruptState",
     "CursorExpired",
@@ -137,6 +139,29 @@ class NotDue(ClaimRejected):
     def __init__(self, message: str, *, task_id: str | None = None, due_at_ms: int = 0) -> None:
         super().__init__(message, task_id=task_id)
         self.due_at_ms = due_at_ms
+
+
+class ConcurrencyLimited(ClaimRejected):
+    """The task's ``concurrency_key`` has ``live`` live leases, ``limit`` allowed; nothing was written.
+
+    ``retry_at_ms`` (server ms) is when the earliest of those leases runs out if nobody releases it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str | None = None,
+        concurrency_key: str = "",
+        limit: int = 0,
+        live: int = 0,
+        retry_at_ms: int | None = None,
+    ) -> None:
+        super().__init__(message, task_id=task_id)
+        self.concurrency_key = concurrency_key
+        self.limit = limit
+        self.live = live
+        self.retry_at_ms = retry_at_ms
 
 
 class TaskParked(ClaimRejected):

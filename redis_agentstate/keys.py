@@ -29,6 +29,14 @@ Agent pools (``SS`` is the shard of the pool id)::
     ns:{ns#SS}:pool-msg-order:<pool_id>       zset   retained messages, oldest first (only with a message retention)
     ns:{ns#SS}:pools                          zset   every pool id of shard SS (score 0)
 
+Per-key concurrency limits (``SS`` is the shard of the concurrency key ``<ck>``, so a limiter
+lives in another slot than most of its tasks: _limits.py's protocol spans the two)::
+
+    ns:{ns#SS}:limit:<ck>         string the key's limit (absent: unlimited)
+    ns:{ns#SS}:holders:<ck>       zset   "<task_id>\0<token>" -> ms its place expires (a live lease's place)
+    ns:{ns#SS}:lwait:<ck>         zset   task ids claim_next put off because the key was full -> ms put off
+    ns:{ns#00}:limits             hash   every limited key -> its limit (what ``agentstate stats`` lists)
+
 Key/value seam (``SS`` is the shard of the key)::
 
     ns:{ns#SS}:kv:<key>           string the value (PX when set with a TTL)
@@ -82,6 +90,7 @@ __all__ = [
     "MAX_ID_BYTES",
     "SHARDS",
     "Keys",
+    "LimiterKeys",
     "PoolKeys",
     "TaskKeys",
     "ThreadKeys",
@@ -103,9 +112,11 @@ KEY_TYPES = {
     "pool-left": "zset", "pool-msg-order": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
+    "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash",
 }  # fmt: skip
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb", "steps"}
+_LIMIT_KINDS = {"limit", "holders", "lwait"}
 #: The keys of the fleet demo (``Keys.demo``).
 DEMO_KEYS = ("stats", "busy", "acks", "ready")
 
@@ -113,7 +124,8 @@ DEMO_KEYS = ("stats", "busy", "acks", "ready")
 def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
     """``(redis type, owner kind, owner id)`` of a key built here, e.g. ``("hash", "task", "t1")``.
 
-    The owner kind is ``"task"``, ``"pool"``, ``"key"`` (a key/value key), ``"thread"`` (a LangGraph thread) or
+    The owner kind is ``"task"``, ``"pool"``, ``"key"`` (a key/value key), ``"thread"`` (a LangGraph thread),
+    ``"concurrency key"`` (a limiter's) or
     None for a shard's own keys (its indexes, its epoch counter); an unknown
     key gives ``(None, None, None)``. Used to name what corrupt data belongs to.
     """
@@ -132,6 +144,8 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "key", ident
     if kind in _THREAD_KINDS:
         return KEY_TYPES[kind], "thread", ident
+    if kind in _LIMIT_KINDS:
+        return KEY_TYPES[kind], "concurrency key", ident
     return KEY_TYPES[kind], None, None
 
 
@@ -187,6 +201,18 @@ class TaskKeys:
     def for_steps(self) -> list[str]:
         """The checkpoint hash and the step results: the KEYS of step_load.lua and step_record.lua."""
         return [self.checkpoint, self.steps]
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterKeys:
+    """The keys of one concurrency key's limiter, in the order every ``limit_*`` script takes them."""
+
+    limit: str
+    holders: str
+    waiters: str
+
+    def as_list(self) -> list[str]:
+        return [self.limit, self.holders, self.waiters]
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +309,15 @@ class Keys:
             counters=p + "counters",
             steps=p + "steps:" + task_id,
         )
+
+    def limiter(self, concurrency_key: str) -> LimiterKeys:
+        p = self._shard_prefixes[self.shard_of(concurrency_key)]
+        return LimiterKeys(limit=p + "limit:" + concurrency_key, holders=p + "holders:" + concurrency_key,
+                           waiters=p + "lwait:" + concurrency_key)  # fmt: skip
+
+    def limits(self) -> str:
+        """The namespace's registry of limited keys (shard 00's slot)."""
+        return self._shard_prefixes[0] + "limits"
 
     def pool(self, pool_id: str) -> PoolKeys:
         p = self._shard_prefixes[self.shard_of(pool_id)]

@@ -65,6 +65,11 @@ class Checkpoint:
     or commit wrote it: among the tasks due when a ``claim_next`` looks, a higher
     priority is served first, fleet-wide; within one priority, the longest-waiting
     first (see the Lifecycle guide for the exact guarantee).
+
+    ``concurrency_key`` (None by default) puts the task under a per-key concurrency limit
+    (``store.set_concurrency_limit(key, limit)``: a tenant, an API key): at most ``limit``
+    live leases of tasks with that key at any moment, fleet-wide. As ``priority``, it is
+    the task's as the last create, save or commit wrote it.
     """
 
     task_id: str
@@ -84,6 +89,7 @@ class Checkpoint:
     last_failure: str | None = None
     due_at_ms: int | None = None
     priority: int = 0
+    concurrency_key: str | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from .clients import RedisClient
 
 from ._validate import (
+    LIMIT_SKEW_MS,
     MAX_CLAIM_FROM_REVISION,
+    MAX_CONCURRENCY_KEY_BYTES,
+    MAX_CONCURRENCY_LIMIT,
     MAX_CYCLE,
     MAX_PRIORITY,
     MAX_REVISION,
@@ -45,6 +48,12 @@ __all__ = [
     "FINALIZE",
     "HASH_FIELDS",
     "KV_SCRIPTS",
+    "LIMIT_ACQUIRE",
+    "LIMIT_REGISTER",
+    "LIMIT_RELEASE",
+    "LIMIT_SCRIPTS",
+    "LIMIT_SET",
+    "LIMIT_WAKE",
     "LOAD",
     "POOL_SCRIPTS",
     "PRELUDES",
@@ -86,11 +95,21 @@ RESUME = "resume"
 PRUNE = "prune"
 STEP_LOAD = "step_load"
 STEP_RECORD = "step_record"
+LIMIT_WAKE = "limit_wake"
 
 CHECKPOINT_SCRIPTS = (
     CREATE, SAVE, LOAD, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL,
-    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE, STEP_LOAD, STEP_RECORD, CANCEL, RESUME,
+    DELETE, SUMMARY, RELEASE, REQUEUE, PRUNE, STEP_LOAD, STEP_RECORD, CANCEL, RESUME, LIMIT_WAKE,
 )  # fmt: skip
+
+#: The limiters of per-key concurrency limits (``_limits.py``): each takes one concurrency key's
+#: keys (``keys.LimiterKeys``), in another slot than the tasks it limits; limit_register takes
+#: the namespace's registry (``Keys.limits``).
+LIMIT_ACQUIRE = "limit_acquire"
+LIMIT_RELEASE = "limit_release"
+LIMIT_SET = "limit_set"
+LIMIT_REGISTER = "limit_register"
+LIMIT_SCRIPTS = (LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER)
 
 KV_SET = "kv_set"
 KV_DELETE = "kv_delete"
@@ -142,7 +161,8 @@ LG_SCRIPTS = (
 #: ``_ops.Command``) are reads only: every write is a script.
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
-    RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME,
+    RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME, LIMIT_WAKE,
+    LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
@@ -157,6 +177,7 @@ READS = frozenset(
 PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_common") for name in CHECKPOINT_SCRIPTS},
     **{name: ("_base", "_kv") for name in KV_SCRIPTS},
+    **{name: ("_base", "_limit") for name in LIMIT_SCRIPTS},
     **{name: ("_base", "_pool") for name in POOL_SCRIPTS},
     **{name: ("_base", "_lg") for name in LG_SCRIPTS},
 }
@@ -168,11 +189,12 @@ PRELUDES: dict[str, tuple[str, ...]] = {
 #: the revision of the claim whose release recorded it (see the attempts note in
 #: ``_common.lua``), and 'due': the server ms before which the next cycle may not
 #: be claimed (a delayed cycle), or a waiting task's deadline (see the timers note
-#: in ``_common.lua``), and 'prio': the task's priority (the priorities note in
-#: ``_common.lua``). Data written before they existed lacks them.
+#: in ``_common.lua``), 'prio': the task's priority (the priorities note in
+#: ``_common.lua``), and 'ckey': its concurrency key (the limits note there). Data written
+#: before they existed lacks them.
 HASH_FIELDS = (
     "status", "cycle", "rev", "token", "claimed", "lease", "term", "body", "epoch",
-    "att", "parked", "why", "failrev", "due", "prio",
+    "att", "parked", "why", "failrev", "due", "prio", "ckey",
 )  # fmt: skip
 
 
@@ -210,6 +232,9 @@ class Reply(enum.IntEnum):
     NOT_WAITING = -10
     #: The next cycle is delayed: not claimable before the due time that follows (server ms).
     NOT_DUE = -11
+    #: The task has a concurrency key and the claim (or renewal) came without a live place in its
+    #: limiter: the key follows (``_limits.py`` takes a place and sends it again); nothing written.
+    LIMITED = -12
     #: Claimed (as DONE), from another token whose lease had lapsed without a commit: a takeover.
     TAKEN_OVER = 3
 
@@ -265,6 +290,8 @@ def constants_prelude() -> str:
         f"local TOMB_MS = {_lua_int(TERMINAL_TOMB_MS)}",
         f"local MIN_PRIORITY, MAX_PRIORITY = {_lua_int(MIN_PRIORITY)}, {_lua_int(MAX_PRIORITY)}",
         f"local PRIORITY_BAND = {_lua_int(PRIORITY_BAND_MS)}",
+        f"local MAX_CKEY_BYTES, MAX_LIMIT = {_lua_int(MAX_CONCURRENCY_KEY_BYTES)}, {_lua_int(MAX_CONCURRENCY_LIMIT)}",
+        f"local LIMIT_SKEW = {_lua_int(LIMIT_SKEW_MS)}",
         f"local HASH_FIELDS = {{ {', '.join(_lua_str(f) for f in HASH_FIELDS)} }}",
         *(f"local REPLY_{code.name} = {_lua_int(code.value)}" for code in Reply),
         *(f"local POOL_{code.name} = {_lua_int(code.value)}" for code in PoolReply),

@@ -475,7 +475,7 @@ class TestHistory:
         cp.messages += ["new a", "new b"]
         sent = self.spy(store, "commit", monkeypatch)
         assert store.commit(cp, token="w", expected_revision=cp.revision)
-        assert len(sent) == 1 and sent[0][14] == 2 and len(sent[0]) == 17  # commit.lua: 15 slots + 2 blobs
+        assert len(sent) == 1 and sent[0][15] == 2 and len(sent[0]) == 18  # commit.lua: 16 slots + 2 blobs
         assert store.load("h").messages == [f"old {i}" for i in range(500)] + ["new a", "new b"]
 
     def test_claim_fetches_only_new_history(self, store: Any, monkeypatch: pytest.MonkeyPatch, raw: Any) -> None:

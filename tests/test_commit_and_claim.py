@@ -91,9 +91,9 @@ class TestCommitAndClaim:
         for i in range(6):
             cp = next_cycle(cp, f"x{i}", state=i)
             cp = store.commit_and_claim(cp, token="w", expected_revision=cp.revision, lease_ms=LEASE)
-        # Each send: 16 fixed slots, one message blob and one cycle blob (base_m grows by one).
-        assert [len(a) for a in sent] == [18] * 6
-        assert [int(a[13]) for a in sent] == [3 + i for i in range(6)]
+        # Each send: 18 fixed slots, one message blob and one cycle blob (base_m grows by one).
+        assert [len(a) for a in sent] == [20] * 6
+        assert [int(a[15]) for a in sent] == [3 + i for i in range(6)]
         got = new_store().load("t")
         assert got.messages == ["m0", "m1", "m2", *(f"x{i}" for i in range(6))]
         assert got.cycle_index == 6 and got.claimed_cycle == 7 and got.revision == 1 + 2 * 6

@@ -164,6 +164,7 @@ def _digits_or_empty(v: Any) -> bool:
 
 #: What the value in a slot named so must look like in the contract flow below
 #: (distinct ranges: revisions from 1000, cycles 3..9, histories of 20+ entries).
+LIMITED_KEY = "tenant"
 NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "token": lambda v, a, i: v in (TOKEN, NEXT_TOKEN, ""),
     "next_token": lambda v, a, i: v == NEXT_TOKEN,
@@ -199,6 +200,16 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "n_messages": lambda v, a, i: 0 <= v <= len(a) - i - 1,
     "name": lambda v, a, i: v == STEP_NAME,
     "result": lambda v, a, i: isinstance(v, bytes) and decode(v, key="result") == STEP_RESULT,
+    # The contract flow's limited tasks are l1 and l2, of concurrency key "tenant" (limit 1).
+    "concurrency_key": lambda v, a, i: v in ("", LIMITED_KEY),
+    "permit_key": lambda v, a, i: v in ("", LIMITED_KEY),
+    "permit_cap": lambda v, a, i: _int(v) >= 0,
+    "defer_until": lambda v, a, i: _int(v) >= 0,
+    "holder": lambda v, a, i: v in (f"l1\0{TOKEN}", f"l2\0{NEXT_TOKEN}", f"l1\0{NEXT_TOKEN}"),
+    "replaces": lambda v, a, i: v == "",
+    "waiter": lambda v, a, i: v in ("", "l1", "l2"),
+    "wake": lambda v, a, i: 1 <= _int(v) <= 1000,
+    "limit": lambda v, a, i: v in ("", "1"),
 }
 
 
@@ -280,6 +291,18 @@ def checkpoint_contract_flow(store: CheckpointStore) -> None:
     cp.cycle_index, cp.status = 4, AgentStatus.WAIT_USER
     assert store.commit(cp, token=TOKEN, expected_revision=cp.revision, delay_ms=DELAY_MS)
     assert store.resume("w", message=RESUME_MESSAGE)
+    # Per-key concurrency limits: a place taken, one task put off while the key is full, the place
+    # given back (waking the put-off task), the limit lifted.
+    store.set_concurrency_limit(LIMITED_KEY, 1)
+    for tid in ("l1", "l2"):
+        assert store.create(Checkpoint(tid, cycle_index=3, revision=1000, concurrency_key=LIMITED_KEY, **history))  # type: ignore[arg-type]
+    cp = store.claim("l1", 4, token=TOKEN, lease_ms=LEASE_MS)
+    assert cp is not None
+    served = iter(lambda: store.claim_next(token=NEXT_TOKEN, lease_ms=LEASE_MS), None)
+    assert "l2" not in [c.task_id for c in served]  # put off: its key is full
+    cp.cycle_index = 4
+    assert store.commit(cp, token=TOKEN, expected_revision=cp.revision)
+    store.set_concurrency_limit(LIMITED_KEY, None)
 
 
 def langgraph_contract_flow(client: Any, namespace: str) -> None:
@@ -328,11 +351,11 @@ def test_header_check_catches_a_builder_out_of_step() -> None:
     """The check itself fails for one slot too many, too few, or two slots swapped."""
     header = Header("commit")
     body = encode([{}, None, None], what="body")
-    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, 0, 0, "0", b"e", 20, 20, 1, b"m"]
+    good = ["0" * 32, TOKEN, 1000, 4, "running", "0", body, 0, 0, 0, "", "0", b"e", 20, 20, 1, b"m"]
     header.check("commit", ["k"] * 10, good)
     check_named("commit", header, good)
     with pytest.raises(AssertionError):
-        header.check("commit", ["k"] * 10, good[:14])
+        header.check("commit", ["k"] * 10, good[:15])
     with pytest.raises(AssertionError):
         header.check("commit", ["k"] * 9, good)
     swapped = [good[0], good[2], good[1], *good[3:]]

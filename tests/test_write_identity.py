@@ -136,8 +136,8 @@ class TestCallersResend:
         cold = spy(cold_store, "commit", monkeypatch)
         assert cold_store.commit(cp, token="w", expected_revision=cp.revision) is True
         assert (
-            warm[0][14] == 1 and cold[0][14] == 51
-        )  # n_messages (ARGV 15): the warm one sent the delta, the cold one all
+            warm[0][15] == 1 and cold[0][15] == 51
+        )  # n_messages (ARGV 16): the warm one sent the delta, the cold one all
         assert warm[0][0] == cold[0][0]
         # A cold sender holding what a read returned (decoded lists) computes it too.
         reread = new_store().load("t")

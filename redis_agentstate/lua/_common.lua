@@ -125,6 +125,29 @@ local function ready_score(prio, at)
   return at - (priority_of(prio) or MIN_PRIORITY) * PRIORITY_BAND
 end
 
+-- ---- per-key concurrency limits ------------------------------------------------
+-- 'ckey' (HASH_FIELDS 16: the task's concurrency key, '' for none) is written by create, save,
+-- commit and commit_and_claim. A task with one is limited: its key's limiter (keys.LimiterKeys:
+-- another slot, so no script here can read it) holds one place per live lease, and a claim or a
+-- renewal of the task is made only with a place in hand, its *permit*: the key and the place's
+-- expiry (limiter clock, LIMIT_SKEW after the lease it was taken for). The script checks the
+-- permit names the task's key and has not run out, and caps the lease at the place's expiry
+-- minus LIMIT_SKEW, so a lease never outlives its place: a client that died between taking
+-- the place and claiming leaks it for one lease at most, and a place whose lease lapsed frees
+-- itself. Without a permit the answer is {REPLY_LIMITED, ...key} and nothing is written
+-- (_limits.py then takes a place and sends the claim again). An unlimited task pays one field.
+
+-- The expiry (ms) of a lease of ``lease_ms`` from ``now`` for a task whose 'ckey' is ``ckey``,
+-- under the permit (``permit_key``, ``permit_cap``: the place's expiry): nil when it needs a
+-- permit it was not given (none, another key's, or run out).
+local function permitted_expiry(ckey, permit_key, permit_cap, now, lease_ms)
+  if ckey == nil or ckey == '' then return now + lease_ms end
+  if permit_key ~= ckey then return nil end
+  local cap = (tonumber(permit_cap) or 0) - LIMIT_SKEW
+  if cap <= now then return nil end
+  return math.min(now + lease_ms, cap)
+end
+
 -- 'att' and 'parked' (HASH_FIELDS 10 and 11), absent in data written before
 -- attempts were counted: the first one this library would not have written, or nil.
 local function bad_parking(att, parked)
@@ -145,6 +168,7 @@ local function bad_field(h)
   if h[7] and h[7] ~= '0' and h[7] ~= '1' then return 'term' end
   if h[14] and h[14] ~= '' and not int_in(h[14], 0, MAX_REVISION) then return 'due' end
   if h[15] and h[15] ~= '' and not priority_of(h[15]) then return 'prio' end
+  if h[16] and #h[16] > MAX_CKEY_BYTES then return 'ckey' end
   return bad_parking(h[10], h[11])
 end
 
@@ -428,23 +452,25 @@ end
 -- the hash (revision + 1, claim cleared, ``id`` pushed on the ring ``applied``). argv[at .. at + 4] are its history slots (replace, epoch,
 -- base_m, base_c, n_messages: see commit.lua), the blobs follow.
 -- ``claim`` (commit_and_claim.lua), if given, is {token, cycle, lease_ms}: the
--- same HSET then also claims that next cycle (revision + 2, lease from now),
+-- same HSET then also claims that next cycle (revision + 2, lease from now, but not past
+-- claim[4] when given: its permit's cap, the limits note),
 -- and the reply carries the lease's expiry as a third entry.
 -- ``ttl_ms`` (commit, finalize: their ttl_ms slot), if above 0: a write that
 -- leaves the task terminal sets its expiry (expire_terminal). ``delay_ms``
 -- (commit's delay_ms slot), if above 0: the next cycle is due that long from
 -- now (the timers note), or a 'wait_user' write's deadline. ``prio`` (commit, commit_and_claim:
 -- their priority slot), if given: the task's priority from now on (the priorities note); else
--- the stored one stays (finalize: a terminal task is in no ready index).
+-- the stored one stays (finalize: a terminal task is in no ready index); ``ckey`` (given with
+-- ``prio``) its concurrency key from now on ('' for none: the limits note).
 local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, body, stored_epoch, applied, claim,
-                            ttl_ms, delay_ms, prio)
+                            ttl_ms, delay_ms, prio, ckey)
   local now = server_now_ms()
   -- The next cycle's due time (the timers note above): '' unless delayed.
   local due = ''
   if delay_ms and delay_ms > 0 then due = fmt(now + delay_ms) end
   local rev, token, claimed, lease = expected + 1, '', '', ''
   if claim then
-    rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(now + claim[3])
+    rev, token, claimed, lease = expected + 2, claim[1], claim[2], fmt(math.min(now + claim[3], claim[4] or math.huge))
   end
   local expiring = ttl_ms and ttl_ms > 0 and is_terminal(status, term)
   local old_tomb
@@ -475,7 +501,7 @@ local function apply_fenced(keys, argv, at, id, expected, cycle, status, term, b
   redis.call('HSET', keys[1], 'status', status, 'cycle', cycle, 'rev', fmt(rev),
     'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
     'epoch', epoch, 'applied', ring, 'att', att, 'parked', '', 'why', '', 'failrev', '', 'due', due)
-  if prio then redis.call('HSET', keys[1], 'prio', prio) end
+  if prio then redis.call('HSET', keys[1], 'prio', prio, 'ckey', ckey) end
   if expiring then expire_terminal(keys, ttl_ms, now, rev, ring, old_tomb) end
   -- The cycle is written: its durable steps' results are over (DEL cannot fail half-way).
   if keys[10] then redis.call('DEL', keys[10]) end
@@ -533,11 +559,12 @@ end
 -- Claims cycle ``cycle_arg`` (a decimal string) of the task for ``token`` under
 -- a lease of ``lease_ms`` from now, on the server clock; epoch, have_m, have_c
 -- are the caller's cached history (as load.lua); ``max_att`` the store's
--- max_attempts (0: off). The reply is claim.lua's (its header lists it);
+-- max_attempts (0: off); ``permit_key``, ``permit_cap`` the claim's permit ('' and 0 for
+-- none: the limits note). The reply is claim.lua's (its header lists it);
 -- nothing is written unless it starts with REPLY_DONE, REPLY_TAKEN_OVER or
 -- REPLY_PARKED. keys[9] is the shard's counter hash (see count): a fresh claim
 -- is counted, and a takeover when the attempt before it lapsed.
-local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_att)
+local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_att, permit_key, permit_cap)
   local h = redis.call('HMGET', keys[1], unpack(HASH_FIELDS))
   if not present(h) then return {REPLY_REFUSED} end
   local bad = bad_field(h)
@@ -564,6 +591,8 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
     return {REPLY_NOT_DUE, h[14]}
   end
   if rev > MAX_CLAIM_FROM_REV then return {REPLY_REVISION_EXHAUSTED, h[3]} end
+  local expires = permitted_expiry(h[16], permit_key, permit_cap, now, lease_ms)
+  if not expires then return {REPLY_LIMITED, h[16]} end
   local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
   local fresh, lapsed = held_by ~= token or claimed ~= cycle_arg, nil
   if fresh then
@@ -578,7 +607,6 @@ local function claim_cycle(keys, token, cycle_arg, lease_ms, epoch, have_m, have
   -- Read before writing: a history list of another Redis type fails here,
   -- with nothing written (and the index is written before the hash).
   local out = read_checkpoint(keys, epoch, have_m, have_c, h)
-  local expires = now + lease_ms
   redis.call('ZADD', keys[4], fmt(ready_score(h[15], expires)), task_id_of(keys[1]))
   if fresh then
     count(keys[9], 'claims')

@@ -9,9 +9,13 @@
 --   ARGV[5]    - have_m: cached messages
 --   ARGV[6]    - have_c: cached cycle records
 --   ARGV[7]    - max_attempts: the store's limit of attempts per cycle (0: none)
+--   ARGV[8]    - permit_key: the concurrency key of the place taken for this claim ('' for none)
+--   ARGV[9]    - permit_cap: that place's expiry, server ms (0 for none; the limits note in _common.lua)
 -- Returns {REPLY_REFUSED} missing; {REPLY_TERMINAL, status};
 -- {REPLY_NOT_RUNNING, status}; {REPLY_CYCLE_CONFLICT, found_cycle};
 -- {REPLY_HELD, lease_expires_at_ms} claimed by another live token;
+-- {REPLY_LIMITED, key} the task has concurrency key ``key`` and the claim came without a live
+-- place of that key's limiter (the limits note in _common.lua);
 -- {REPLY_REVISION_EXHAUSTED, rev} the revision is too high for this claim's
 -- commit to be stored (MAX_CLAIM_FROM_REV); {REPLY_DONE, checkpoint...}
 -- claimed (revision bumped); {REPLY_TAKEN_OVER, checkpoint...} the same, taken
@@ -26,5 +30,6 @@
 local token, cycle_arg, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local epoch, have_m, have_c = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_attempts = tonumber(ARGV[7])
+local permit_key, permit_cap = ARGV[8], ARGV[9]
 
-return claim_cycle(KEYS, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_attempts)
+return claim_cycle(KEYS, token, cycle_arg, lease_ms, epoch, have_m, have_c, max_attempts, permit_key, permit_cap)

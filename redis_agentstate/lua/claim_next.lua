@@ -11,6 +11,11 @@
 --   ARGV[4]    - have_m: cached messages
 --   ARGV[5]    - have_c: cached cycle records
 --   ARGV[6]    - max_attempts: the store's limit of attempts per cycle (0: none)
+--   ARGV[7]    - permit_key: the concurrency key of the place taken for this claim ('' for none)
+--   ARGV[8]    - permit_cap: that place's expiry, server ms (0 for none; the limits note in _common.lua)
+--   ARGV[9]    - defer_until: 0, or (with permit_key, no place: the key is full) the ms until which
+--                a candidate of that key is put off: its ready entry is moved there, and the
+--                answer is a lost race (the limiter wakes it sooner when a place frees: _limits.py)
 --
 -- The client picks the candidate with one pipelined peek at the head of each
 -- shard's ready index (ZRANGE 0 0, the oldest score: FIFO). Between the peek
@@ -31,6 +36,8 @@
 --                       live lease (a re-sent claim_next after a lost reply)
 --   {REPLY_REFUSED, now}  not due any more; the shard has nothing else due
 --   {REPLY_REFUSED, now, head_id, head_score}  not due any more; the shard's head now
+--   {REPLY_LIMITED, now, key}  claimable, but it has concurrency key ``key`` and no permit came:
+--                       nothing written (the caller takes a place and sends it again, or defers it)
 --   {REPLY_PARKED, now[, head_id, head_score]}  parked now (its claim would have
 --                       been attempt max_attempts + 1); as REFUSED otherwise
 --   an AGENTSTATE_CORRUPT error reply: the hash holds a field this library
@@ -38,6 +45,7 @@
 local token, lease_ms = ARGV[1], tonumber(ARGV[2])
 local epoch, have_m, have_c = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_attempts = tonumber(ARGV[6])
+local permit_key, permit_cap, defer_until = ARGV[7], ARGV[8], tonumber(ARGV[9])
 local task_id = task_id_of(KEYS[1])
 local now = server_now_ms()
 
@@ -96,7 +104,16 @@ if due and due > now then
   return lost_race()
 end
 
--- The checkpoint says claimable; that decides, whatever the index said.
+-- The checkpoint says claimable; that decides, whatever the index said. A limited one needs a
+-- place in its key's limiter first (the limits note in _common.lua).
+local expires = permitted_expiry(h[16], permit_key, permit_cap, now, lease_ms)
+if not expires then
+  if defer_until > now and permit_key == h[16] then
+    redis.call('ZADD', KEYS[4], fmt(ready_score(h[15], defer_until)), task_id)
+    return lost_race()
+  end
+  return {REPLY_LIMITED, fmt(now), h[16]}
+end
 local att, why, code = tonumber(h[10]) or 0, h[12] or '', REPLY_DONE
 local fresh, lapsed = held_by ~= token or claimed ~= fmt(next_cycle), nil
 if fresh then
@@ -116,7 +133,6 @@ end
 -- Everything is read before the first write, so a key of another Redis type
 -- fails with nothing written.
 local out = read_checkpoint(KEYS, epoch, have_m, have_c, h)
-local expires = now + lease_ms
 redis.call('ZADD', KEYS[5], 0, task_id)
 redis.call('ZADD', KEYS[4], fmt(ready_score(h[15], expires)), task_id)
 if fresh then

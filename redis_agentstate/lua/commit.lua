@@ -16,12 +16,13 @@
 --   ARGV[9]    - delay_ms: 0, or the next cycle is not claimable before this long from now (server
 --                clock); with status 'wait_user', the wait's deadline (the timers note in _common.lua)
 --   ARGV[10]   - priority: the task's priority from now on (the priorities note in _common.lua)
---   ARGV[11]   - replace: '1' to replace the whole history, '0' to append
---   ARGV[12]   - epoch: the history epoch the client believes current ('' if unknown)
---   ARGV[13]   - base_m: messages the client knows are stored; -1 = full lists sent
---   ARGV[14]   - base_c: the same for cycle records
---   ARGV[15]   - n_messages: number of message blobs
---   ARGV[16..] - blobs: the new message blobs, then the new cycle blobs
+--   ARGV[11]   - concurrency_key: the task's from now on ('' for none; the limits note in _common.lua)
+--   ARGV[12]   - replace: '1' to replace the whole history, '0' to append
+--   ARGV[13]   - epoch: the history epoch the client believes current ('' if unknown)
+--   ARGV[14]   - base_m: messages the client knows are stored; -1 = full lists sent
+--   ARGV[15]   - base_c: the same for cycle records
+--   ARGV[16]   - n_messages: number of message blobs
+--   ARGV[17..] - blobs: the new message blobs, then the new cycle blobs
 -- The lease need not be unexpired: if nobody claimed since, the revision is
 -- unchanged and the fence holds.
 -- Returns {REPLY_DONE, epoch} applied (revision + 1, claim cleared);
@@ -35,7 +36,7 @@ if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
   return refused(KEYS, h[1], h[4], h[5], id)
 end
-local out = apply_fenced(KEYS, ARGV, 11, id, expected, cycle, status, term, body, h[5], h[4], nil, ttl_ms, delay_ms,
-  ARGV[10])
+local out = apply_fenced(KEYS, ARGV, 12, id, expected, cycle, status, term, body, h[5], h[4], nil, ttl_ms, delay_ms,
+  ARGV[10], ARGV[11])
 if out[1] == REPLY_DONE then count(KEYS[9], 'commits') end
 return out

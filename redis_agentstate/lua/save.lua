@@ -17,14 +17,16 @@
 --   ARGV[10]   - delay_ms: 0, or the first cycle is not claimable before this long from now (the
 --                timers note in _common.lua); a save (the client sends 0) makes the task due now
 --   ARGV[11]   - priority: the task's priority, MIN_PRIORITY..MAX_PRIORITY (the priorities note in _common.lua)
---   ARGV[12]   - n_messages: number of message blobs
---   ARGV[13..] - blobs: the message blobs, then the cycle blobs (the whole history)
+--   ARGV[12]   - concurrency_key: the task's ('' for none; the limits note in _common.lua)
+--   ARGV[13]   - n_messages: number of message blobs
+--   ARGV[14..] - blobs: the message blobs, then the cycle blobs (the whole history)
 -- Returns {REPLY_DONE, epoch} saved; {REPLY_DONE_BEFORE, epoch} this nonce saved
 -- already (a re-send writes nothing: it must not clobber what other workers
 -- wrote since). Attempts, parking and the last failure are reset, like the rest.
 local nonce, token, revision, cycle = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local status, term, body = ARGV[5], ARGV[6], ARGV[7]
-local claimed, lease, delay_ms, prio, n_m = ARGV[8], ARGV[9], tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
+local claimed, lease, delay_ms, prio, ckey = ARGV[8], ARGV[9], tonumber(ARGV[10]), ARGV[11], ARGV[12]
+local n_m = tonumber(ARGV[13])
 
 local now = server_now_ms()
 local due = ''
@@ -32,11 +34,12 @@ if delay_ms > 0 then due = fmt(now + delay_ms) end
 local h = redis.call('HMGET', KEYS[1], 'applied', 'epoch')
 if ring_has(h[1], nonce) then return {REPLY_DONE_BEFORE, h[2]} end
 probe(8)
-local epoch = write_history(KEYS, '', now, '1', '', -1, -1, ARGV, 13, n_m)
+local epoch = write_history(KEYS, '', now, '1', '', -1, -1, ARGV, 14, n_m)
 redis.call('ZREM', KEYS[8], task_id_of(KEYS[1]))
 redis.call('HSET', KEYS[1], 'status', status, 'cycle', cycle, 'rev', revision,
   'token', token, 'claimed', claimed, 'lease', lease, 'term', term, 'body', body,
-  'epoch', epoch, 'applied', ring_push(h[1], nonce), 'att', '0', 'parked', '', 'why', '', 'failrev', '', 'due', due, 'prio', prio)
+  'epoch', epoch, 'applied', ring_push(h[1], nonce), 'att', '0', 'parked', '', 'why', '', 'failrev', '', 'due', due, 'prio', prio,
+  'ckey', ckey)
 redis.call('DEL', KEYS[10])
 -- A save over a terminal task that was set to expire (terminal_ttl_ms) stores
 -- what it is given, to be kept: the history was just rewritten without a TTL.
