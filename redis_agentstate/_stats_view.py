@@ -105,8 +105,26 @@ def _frame(
         "parked_tasks": [_parked_row(r) for r in parked.first],
         "due_now": due,
         "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
+        "concurrency_limits": limit_rows(store._run(store._core.concurrency_limits())),
     }
     return frame, (now, totals)
+
+
+def limit_rows(limits: list[Any]) -> list[dict[str, Any]]:
+    """The limited keys (``LimitState``) as ``stats`` reports them: key, live leases, limit."""
+    return [{"key": s.key, "live": s.live, "limit": s.limit} for s in limits]
+
+
+def limit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``concurrency limits`` and a ``key  live/limit`` line per limited key (none: no line at all)."""
+    if not rows:
+        return []
+    width = max(len(r["key"]) for r in rows)
+    return [f"concurrency limits ({len(rows)} key(s)): live/limit"] + [
+        f"  {r['key']:<{width}}  {r['live']}/{r['limit'] if r['limit'] is not None else 'none'}"
+        + ("   (full: claims of this key wait)" if r["limit"] is not None and r["live"] >= r["limit"] else "")
+        for r in rows
+    ]
 
 
 def _parked_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +176,7 @@ def _render(frame: dict[str, Any], interval: float, esc: Callable[[object], str]
         *([f"  ... and {parked - len(shown)} more"] if parked > len(shown) else []),
         f"due now    {frame['due_now']}"
         + ("" if oldest is None else f"; oldest {esc(oldest['task_id'])} waiting {oldest['wait_ms'] / 1000:.1f}s"),
+        *(esc(line) for line in limit_lines(frame["concurrency_limits"])),
         *(f"WARNING: {esc(w)}" for w in frame.get("eviction_warnings", [])),
     ]
     return "\n".join(lines) + "\n"

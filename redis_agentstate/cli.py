@@ -9,6 +9,7 @@
     agentstate requeue TASK              # a parked task runs again
     agentstate cancel TASK [--reason R]  # a task ends at once (status cancelled)
     agentstate resume TASK [--message J] # a waiting task runs again, the JSON message appended
+    agentstate limit KEY N|none          # at most N live leases of the tasks of concurrency key KEY
     agentstate show TASK                 # one checkpoint
     agentstate watch POOL [--from N]     # a pool's record log, then a live tail
     agentstate stats                     # tasks by status, live/expired leases, pool sizes, memory
@@ -290,6 +291,30 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_limit(args: argparse.Namespace) -> int:
+    """``limit KEY N|none``: at most N live leases of the tasks whose concurrency key is KEY."""
+    store = _store(args)
+    raw = args.limit.strip().lower()
+    if raw == "none":
+        limit = None
+    elif raw.isdigit():
+        limit = int(raw)
+    else:
+        raise InvalidArgument(f"the limit must be a whole number of leases or 'none', got {args.limit!r}")
+    store.set_concurrency_limit(args.key, limit)  # InvalidArgument (0, too large, a bad key): exit status 1
+    data: dict[str, Any] = {"key": args.key, "limit": limit}
+    if limit is not None:
+        data["live"] = next((s.live for s in store.concurrency_limits() if s.key == args.key), 0)
+    if args.json:
+        print(_dump(data))
+        return 0
+    if limit is None:
+        print(f"concurrency key {esc(args.key)}: no limit")
+    else:
+        print(f"concurrency key {esc(args.key)}: at most {limit} live lease(s); {data['live']} live now")
+    return 0
+
+
 def cmd_requeue(args: argparse.Namespace) -> int:
     """``requeue TASK``: a parked task becomes runnable again, its attempts counted from 0."""
     store = _store(args)
@@ -334,7 +359,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     fields = ["task_id", "status", "cycle_index", "revision", "claim_token", "claimed_cycle",
               "lease_expires_at_ms", "terminal_result", "budget_usage", "shared_state",
-              "attempts", "parked", "last_failure", "due_at_ms"]  # fmt: skip
+              "attempts", "parked", "last_failure", "due_at_ms", "priority", "concurrency_key"]  # fmt: skip
     for name in fields:
         print(f"{name:>20}: {esc(_dump(getattr(cp, name)))}")
     print(f"{'cycles':>20}: {len(cp.cycles)} record(s)")
@@ -427,6 +452,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "pools": pools,
         "corrupt_tasks": {r["task_id"]: r["corrupt"] for r in rows if r["status"] == "corrupt"},
         "corrupt_pools": corrupt_pools,
+        "concurrency_limits": _stats_view.limit_rows(store.concurrency_limits()),
         "memory": _stats_view.memory_report(store, args.memory_sample),
         "eviction": eviction,
     }
@@ -443,6 +469,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for what, bad in (("task", data["corrupt_tasks"]), ("pool", corrupt_pools)):
         for ident, reason in bad.items():
             print(f"  corrupt {what} {esc(ident)}: {esc(reason)}")
+    for line in _stats_view.limit_lines(data["concurrency_limits"]):
+        print(esc(line))
     print(f"{len(pools)} pool(s)")
     for pool_id, p in pools.items():
         print(
@@ -544,6 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--message", default=None, metavar="JSON",
                         help="appended to the task's messages (a JSON value)")  # fmt: skip
     resume.set_defaults(func=cmd_resume)
+
+    limit = sub.add_parser("limit", parents=[common],
+                           help="cap the live leases of one concurrency key (a tenant, an API key)")  # fmt: skip
+    limit.add_argument("key", help="the concurrency key (Checkpoint.concurrency_key)")
+    limit.add_argument("limit", help="the most live leases at once, or 'none' to remove the limit")
+    limit.set_defaults(func=cmd_limit)
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")

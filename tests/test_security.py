@@ -58,7 +58,7 @@ ACL_COMMANDS = (
     "hlen", "hmget", "hscan", "hset", "incr", "info", "llen", "lrange", "memory|usage", "persist", "pexpire",
     "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe", "time", "type", "wait",
     "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex",
-    "zrangebyscore", "zrem", "zrevrangebylex", "zscan", "zscore",
+    "zrangebyscore", "zrem", "zremrangebyscore", "zrevrangebylex", "zscan", "zscore",
 )  # fmt: skip
 
 
