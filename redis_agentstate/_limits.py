@@ -78,8 +78,7 @@ class ConcurrencyLimits(CheckpointBase):
         arg = "" if limit is None else str(check_int(limit, "limit", 1, MAX_CONCURRENCY_LIMIT))
         reply = yield Call(S.LIMIT_SET, self.keys.limiter(ckey).as_list(), [arg, WAKE_ON_SET])
         yield Call(S.LIMIT_REGISTER, [self.keys.limits()], [ckey, arg])
-        for tid in reply[1:]:
-            yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid))[0], [ckey])
+        yield from self._woke_one(ckey, reply[1:])
         return None
 
     def concurrency_limits(self) -> Op[list[LimitState]]:
@@ -155,12 +154,13 @@ class ConcurrencyLimits(CheckpointBase):
         return None
 
     def _woke_one(self, ckey: str, waiters: Sequence[Any]) -> Op[bool]:
-        """Wake the put-off tasks ``waiters``; True when there was one and it was stale (try the next)."""
+        """Wake the put-off tasks ``waiters`` (task id, ms put off, ...); True when there was one and it
+        was stale (finished or claimed since: try the next)."""
         if not waiters:
             return False
         stale = False
-        for tid in waiters:
-            woken = yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid))[0], [ckey])
+        for tid, since in zip(waiters[::2], waiters[1::2], strict=True):
+            woken = yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid))[0], [ckey, int(float(since))])
             stale = stale or woken != Reply.DONE
         return stale
 

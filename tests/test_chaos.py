@@ -25,6 +25,10 @@ it; ``CHAOS_SEED`` picks the schedule, default 5):
   messages of its own; the checker proves no cancelled task got a later
   commit, every acknowledged resume's message is there once, and no timer
   fired early (rules 7-9 of ``faults.checker``);
+* 16 ``limit-*`` tasks under two concurrency keys (limits 2 and 3), claimed by the
+  same workers through the same faults, SIGKILLs included: the checker proves that
+  no key ever had more leases held at once than its limit (rule 10), and once the
+  fleet stopped every place of both keys is free within a lease (none leaked);
 * at the end the workers get SIGTERM, and ``faults.checker`` holds the
   histories against the final state. The figures are printed (run with
   ``-s`` to see them) and written to ``$CHAOS_REPORT`` if set.
@@ -60,6 +64,7 @@ from faults import FaultProxy
 from faults.checker import FinalTask, check, read_histories
 
 from redis_agentstate import AlreadyClaimed, BackendError, Checkpoint, CheckpointStore, NotWaiting, RetryPolicy
+from redis_agentstate._validate import LIMIT_SKEW_MS
 from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.scripts import script_text
@@ -75,6 +80,8 @@ POISON = ["poison-raise-0", "poison-raise-1", "poison-kill-0", "poison-kill-1"]
 ASK = [f"ask-{i:02d}" for i in range(8)]
 TIMERS = [f"timer-{i:02d}" for i in range(8)]
 CANCELS = [f"cancel-{i:02d}" for i in range(8)]
+LIMITS = {"tenant-0": 2, "tenant-1": 3}
+LIMITED = {f"limit-{i:02d}": f"tenant-{i % 2}" for i in range(16)}
 FAULTS = ("kill_worker", "pause_worker", "proxy_reset", "proxy_blackhole", "proxy_delay", "lose_reply", "redis_restart")
 
 
@@ -158,6 +165,21 @@ def test_the_checker_holds_cancels_resumes_and_timers() -> None:
     assert any("appears 0 times" in v for v in violations([timer, cancelled, lost]))
     twice = FinalTask("ask-0", 0, 1, [{"resume": "k1"}, {"resume": "k1"}], False, "running")
     assert any("appended 2 times" in v for v in violations([timer, cancelled, twice]))
+
+
+def test_the_checker_holds_concurrency_limits() -> None:
+    """Rule 10: stretches of one key may touch and may reach the limit, never pass it."""
+
+    def hold(key: str, begin: float, end: float) -> dict[str, Any]:
+        return {"op": "hold", "type": "ok", "task": "limit-x", "key": key, "begin": begin, "end": end, "t": end}
+
+    def violations(holds: list[dict[str, Any]], limits: dict[str, int]) -> list[str]:
+        return check(holds, {}, [], None, limits).violations
+
+    two = [hold("k", 1.0, 2.0), hold("k", 1.5, 2.5), hold("k", 2.5, 3.0)]  # the third starts as the second ends
+    assert violations(two, {"k": 2}) == []
+    assert any("3 leases held at once, limit 2" in v for v in violations([*two, hold("k", 1.8, 1.9)], {"k": 2}))
+    assert any("set no limit" in v for v in violations(two, {}))
 
 
 # ---- the fleet ---------------------------------------------------------------
@@ -345,6 +367,11 @@ def test_chaos_fleet() -> None:
         tids += ASK + TIMERS + CANCELS
         for tid in tids:
             assert store.create(Checkpoint(tid))
+        for key, limit in LIMITS.items():
+            store.set_concurrency_limit(key, limit)
+        for tid, key in LIMITED.items():
+            assert store.create(Checkpoint(tid, concurrency_key=key))
+        tids += list(LIMITED)
         PoolStore(admin, namespace=fleet.ns).open("chaos-pool", PoolConfig())
         run_id_before = admin.info("server")["run_id"]
         for i in range(WORKERS):
@@ -367,19 +394,23 @@ def test_chaos_fleet() -> None:
                 p.kill()
                 p.wait()
         elapsed = time.monotonic() - t0
+        # A SIGKILLed holder's place frees itself: within a lease (and the skew margin) of the stop, none is live.
+        time.sleep((LEASE_MS + LIMIT_SKEW_MS) / 1000 + 0.3)
 
         admin.close()
         admin = redis.Redis(port=fleet.server.port, socket_timeout=10)
         final, pool_keys = _final_state(admin, fleet.ns, tids)
         ops = CheckpointStore(admin, namespace=fleet.ns)
         history = read_histories(sorted(base.glob("history-*.jsonl")))
-        report = check(history, final, pool_keys, operator.cancelled)
+        report = check(history, final, pool_keys, operator.cancelled, LIMITS)
+        places = {lim.key: lim.live for lim in ops.concurrency_limits()}
         figures = report.figures()
         figures.update(
             seed=seed, seconds=round(elapsed, 1), workers=WORKERS, faults=dict(fleet.faults),
             proxy=dict(proxy.stats), tasks_finalized=sum(t.terminal for t in final.values()),
             worker_spawns=sum(fleet.spawns.values()),
             parked={tid: (cp.attempts if (cp := ops.load(tid)) and cp.parked else None) for tid in POISON},
+            live_places_after_stop=places,
         )  # fmt: skip
         print("\nCHAOS REPORT " + json.dumps(figures, indent=1, sort_keys=True))
         if os.environ.get("CHAOS_REPORT"):
@@ -390,6 +421,10 @@ def test_chaos_fleet() -> None:
         assert report.cancels >= 3 and report.resumes >= 5, figures
         assert report.timed_cycles >= 20, figures
         assert all(final[t].status == "cancelled" for t in operator.cancelled)
+        # The limited tasks were worked on under both keys, within their limits (rule 10), and no place leaked.
+        assert report.held >= 30 and set(report.peak_by_key) == set(LIMITS), figures
+        assert places == dict.fromkeys(LIMITS, 0), places
+        assert all(final[t].cycle_index >= 1 for t in LIMITED), {t: final[t].cycle_index for t in LIMITED}
         # Each fault was injected, and bit.
         assert all(n > 0 for n in fleet.faults.values()), fleet.faults
         assert all(rc == -signal.SIGKILL for rc in fleet.evidence["killed_rc"])

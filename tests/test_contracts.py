@@ -209,6 +209,7 @@ NAMED_SLOTS: dict[str, Callable[[Any, list[Any], int], bool]] = {
     "replaces": lambda v, a, i: v == "",
     "waiter": lambda v, a, i: v in ("", "l1", "l2"),
     "wake": lambda v, a, i: 1 <= _int(v) <= 1000,
+    "since_ms": lambda v, a, i: _int(v) > 10**12,
     "limit": lambda v, a, i: v in ("", "1"),
 }
 

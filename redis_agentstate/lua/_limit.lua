@@ -29,11 +29,9 @@ local function live_places(holders, now)
   return redis.call('ZCARD', holders)
 end
 
--- Up to ``n`` put-off task ids of ``waiters``, oldest first, taken out of it.
+-- Up to ``n`` put-off tasks of ``waiters``, oldest first, taken out of it: a flat array of
+-- task id, ms it was put off (limit_wake.lua gives it back its place in line with it).
 local function pop_waiters(waiters, n)
-  local out = {}
-  if n <= 0 then return out end
-  local popped = redis.call('ZPOPMIN', waiters, n)
-  for i = 1, #popped, 2 do out[#out + 1] = popped[i] end
-  return out
+  if n <= 0 then return {} end
+  return redis.call('ZPOPMIN', waiters, n)
 end

@@ -3,9 +3,9 @@
 --   ARGV[1]    - limit: a decimal from 1 to MAX_LIMIT, or '' to remove the limit
 --   ARGV[2]    - wake: how many put-off tasks to hand back at most
 -- Live places are kept: lowering a limit below them takes no lease away, it only refuses new
--- places until fewer are live. Returns {live, waiter ids...}: the live places, then the put-off
--- tasks taken out of KEYS[3] for the caller to wake (as many as the new limit has free places,
--- at most ARGV[2]); a key of another Redis type fails with WRONGTYPE before anything is written.
+-- places until fewer are live. Returns {live, waiter id, put off ms, ...}: the live places, then
+-- the put-off tasks taken out of KEYS[3] for the caller to wake (as limit_release.lua's; as many as
+-- the new limit has free places, at most ARGV[2]); a key of another Redis type fails with WRONGTYPE before anything is written.
 local limit, wake = ARGV[1], tonumber(ARGV[2])
 
 local now = server_now_ms()

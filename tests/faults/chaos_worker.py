@@ -11,7 +11,9 @@ Poison tasks (``--max-attempts`` > 0 parks them): the handler raises on a
 task named ``poison-raise-*`` (the Runner releases it with the exception as
 the reason) and SIGKILLs its own process on a ``poison-kill-*`` one (a crash
 on bad input: nothing is released, the lease lapses), before anything else.
-The handler appends ``{"cycle": n, "token": t}`` to the task's messages, and
+A ``limit-*`` task (a ``concurrency_key`` under a limit) records the stretch it was held
+(``op: hold``, checked by rule 10). The handler appends ``{"cycle": n, "token": t}`` to the
+task's messages, and
 records one pool message with idempotency key ``"<task>#<cycle>"``; after
 ``--done-at`` cycles it finalizes the task. The store is wrapped so that the
 history has the outcome of every claim, commit and pool write, as seen by
@@ -56,6 +58,7 @@ from redis_agentstate import (
     Checkpoint,
     CheckpointStore,
     ClaimRejected,
+    LeaseLost,
     RetryPolicy,
 )
 from redis_agentstate.pool_models import MessageReceipt, RunMessage
@@ -250,7 +253,19 @@ def main(argv: list[str] | None = None) -> int:
         if cp.task_id.startswith("poison-kill-"):
             history.write(op="suicide", type="ok", task=cp.task_id, attempts=cp.attempts)
             os.kill(os.getpid(), signal.SIGKILL)
+        begin = time.monotonic()
         time.sleep(rng.uniform(0.01, 0.12))  # "work"
+        if cp.concurrency_key is not None:
+            # A limited task: the stretch it was held, from the claim's return to a check that the lease
+            # is live (rule 10 of the checker counts them per key). Only a stretch the check confirmed.
+            try:
+                lease.check()
+            except LeaseLost:
+                if not args.zombie:
+                    raise
+            else:
+                history.write(op="hold", type="ok", task=cp.task_id, key=cp.concurrency_key, begin=begin,
+                              end=time.monotonic())  # fmt: skip
         lease.check()
         key = f"{cp.task_id}#{cycle}"
         msg = RunMessage(message_id=key, idempotency_key=key, payload={"task": cp.task_id, "cycle": cycle})

@@ -28,6 +28,10 @@ figures and every violation found. The rules, per task:
    no sooner than the due time it was claimed under; a ``timer-*`` task's
    every cycle after its first was claimed under one (each commit delays the
    next).
+10. **No limited key ever passes its limit**: the handler of a ``limit-*`` task records the
+   stretch it held the task (from the claim's return to a ``lease.check()`` that passed, on the
+   one monotonic clock), a stretch inside its live lease; at no moment do more stretches of one
+   concurrency key overlap than its limit.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class Report:
     cancels: int = 0
     resumes: int = 0
     timed_cycles: int = 0
+    held: int = 0
+    peak_by_key: dict[str, int] = field(default_factory=dict)
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -80,6 +86,8 @@ class Report:
             "cancelled_tasks": self.cancels,
             "acknowledged_resumes": self.resumes,
             "cycles_claimed_under_a_due_time": self.timed_cycles,
+            "limited_holds": self.held,
+            "peak_leases_by_concurrency_key": dict(sorted(self.peak_by_key.items())),
             "violations": len(self.violations),
         }
 
@@ -102,9 +110,11 @@ def check(
     final: dict[str, FinalTask],
     pool_keys: list[str],
     cancelled: dict[str, dict[str, Any]] | None = None,
+    limits: dict[str, int] | None = None,
 ) -> Report:
     """``cancelled``: task -> ``{"status", "revision"}`` as read right after its cancel was acknowledged
-    (rule 7); the operator's ``cancel``/``resume`` entries are in ``history``."""
+    (rule 7); the operator's ``cancel``/``resume`` entries are in ``history``. ``limits``: concurrency
+    key -> its limit (rule 10)."""
     r = Report(tasks=len(final))
     v = r.violations
 
@@ -219,6 +229,25 @@ def check(
                     v.append(f"{tid} cycle {m['cycle']}: claimed at {m['claimed_at']}, before it was due ({m['due']})")
             elif tid.startswith("timer-") and m["cycle"] > 1:
                 v.append(f"{tid} cycle {m['cycle']}: claimed with no due time after a delayed commit")
+
+    # ---- rule 10: no limited key passes its limit ---------------------------------
+    stretches: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for e in history:
+        if e.get("op") == "hold":
+            r.held += 1
+            # An end sorts before a begin at the same instant: touching stretches do not overlap.
+            stretches[e["key"]] += [(e["begin"], 1), (e["end"], -1)]
+    for key, edges in stretches.items():
+        live = peak = 0
+        for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):
+            live += step
+            peak = max(peak, live)
+        r.peak_by_key[key] = peak
+        limit = (limits or {}).get(key)
+        if limit is None:
+            v.append(f"concurrency key {key!r}: held, but the run set no limit for it")
+        elif peak > limit:
+            v.append(f"concurrency key {key!r}: {peak} leases held at once, limit {limit}")
 
     # ---- rule 6: pool messages exactly once ----------------------------------
     counts = Counter(pool_keys)
