@@ -89,18 +89,14 @@ class ConcurrencyLimits(CheckpointBase):
         keys = sorted(_s(k) for k, _ in pairs)
         if not keys:
             return []
-        cmds: list[tuple[Any, ...]] = [("TIME",)]
-        for ckey in keys:
-            lk = self.keys.limiter(ckey)
-            cmds.append(("GET", lk.limit))
-        replies = yield Pipe(cmds)
+        limiters = [self.keys.limiter(ckey) for ckey in keys]
+        replies = yield Pipe([("TIME",), *(("GET", lk.limit) for lk in limiters)])
         now = int(replies[0][0]) * 1000 + int(replies[0][1]) // 1000
-        counts = yield Pipe([("ZCOUNT", self.keys.limiter(k).holders, f"({now}", "+inf") for k in keys])
+        counts = yield Pipe([("ZCOUNT", lk.holders, f"({now}", "+inf") for lk in limiters])
         out = []
-        for ckey, raw, live in zip(keys, replies[1:], counts, strict=True):
+        for ckey, lk, raw, live in zip(keys, limiters, replies[1:], counts, strict=True):
             limit = None if raw is None else _s(raw)
             if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= MAX_CONCURRENCY_LIMIT):
-                lk = self.keys.limiter(ckey)
                 raise CorruptState(f"the limit of concurrency key {ckey!r} at {lk.limit!r} is malformed: {limit!r}",
                                    key=lk.limit)  # fmt: skip
             out.append(LimitState(ckey, None if limit is None else int(limit), int(live)))
