@@ -10,7 +10,10 @@ of its own holding 256 due tasks and 64 tasks held under live leases:
 - ``plain``: this checkout, the same namespace;
 - ``priorities``: this checkout, the due tasks of priorities 0-3, and the held ones of priority 5,
   four in each of 16 shards: more than a peek reads there, so those shards need the extra read
-  past the higher priority on every call.
+  past the higher priority on every call;
+- ``limits``: this checkout, every task under one of four concurrency keys whose limit is far above
+  what the run holds, so every claim takes a place in the key's limiter (its own slot) first and
+  gives nothing back (the 1 ms lease lapses; the place expires by itself).
 
 Every call peeks (``claim_next_candidate_age_s = 0``: the busy path, no candidate saved from an
 earlier peek) and claims one task under a 1 ms lease, which lapses at once: the namespace stays
@@ -58,10 +61,21 @@ def _ids_in_shard(shard: int, n: int, prefix: str) -> list[str]:
     return out
 
 
-def _setup(pkg: ModuleType, client: redis.Redis, prioritized: bool) -> Any:
+KEYS_IN_PLAY = 4
+LIMIT = 1_000_000  # never reached: the cost measured is taking a place, not waiting for one
+
+
+def _setup(pkg: ModuleType, client: redis.Redis, mode: str) -> Any:
     store = pkg.CheckpointStore(client, namespace=f"pr-{uuid.uuid4().hex[:6]}")
     importlib.import_module(f"{pkg.__name__}.testing").internals(store).core.claim_next_candidate_age_s = 0
-    kw = (lambda i: {"priority": i % 4}) if prioritized else (lambda i: {})
+    prioritized = mode == "priorities"
+    kw: Callable[[int], dict[str, Any]] = lambda i: {}  # noqa: E731
+    if prioritized:
+        kw = lambda i: {"priority": i % 4}  # noqa: E731
+    elif mode == "limits":
+        for k in range(KEYS_IN_PLAY):
+            store.set_concurrency_limit(f"tenant-{k}", LIMIT)
+        kw = lambda i: {"concurrency_key": f"tenant-{i % KEYS_IN_PLAY}"}  # noqa: E731
     for i in range(DUE):
         store.create(pkg.Checkpoint(f"due-{i}", **kw(i)))
     held = [t for s in range(HELD_SHARDS) for t in _ids_in_shard(s, HELD_PER_SHARD, f"held{s}-")]
@@ -101,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         meta["base"] = args.base
         sent = {id(base): _counting(base), id(redis_agentstate): _counting(redis_agentstate)}
         setups = {
-            "base plain": (base, False),
-            "plain": (redis_agentstate, False),
-            "priorities": (redis_agentstate, True),
+            "base plain": (base, "plain"),
+            "plain": (redis_agentstate, "plain"),
+            "priorities": (redis_agentstate, "priorities"),
+            "limits": (redis_agentstate, "limits"),
         }
-        stores = {name: _setup(pkg, redis.Redis.from_url(server.url), pri) for name, (pkg, pri) in setups.items()}
+        stores = {name: _setup(pkg, redis.Redis.from_url(server.url), mode) for name, (pkg, mode) in setups.items()}
         results = {name: {"client": [], "server": [], "trips": []} for name in stores}
 
         def run(name: str) -> tuple[float, float, float]:
@@ -142,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 LABELS = {
-    "base plain": "the commit before priorities, every task of priority 0",
+    "base plain": "the `--base` commit, every task of priority 0",
     "plain": "this commit, every task of priority 0",
     "priorities": "this commit, priorities 0-3 due, priority 5 held 4 deep in 16 shards",
+    "limits": "this commit, every task under one of 4 concurrency keys (limit never reached)",
 }
 
 
@@ -174,6 +190,12 @@ def markdown(results: dict[str, dict[str, list[float]]], params: dict[str, Any])
         f"- With priorities in play: {pri:.2f}x the plain path's client time, "
         f"{med['priorities']['trips']:.2f} round trips per call against {med['plain']['trips']:.2f}.",
     ]
+    if "limits" in med:
+        lines.append(
+            f"- With concurrency keys in play: {med['limits']['client'] / med['plain']['client']:.2f}x the plain "
+            f"path's client time, {med['limits']['server'] / med['plain']['server']:.2f}x its server time, "
+            f"{med['limits']['trips']:.2f} round trips per call (the place is taken in the limiter's own slot)."
+        )
     return "\n".join(lines) + "\n"
 
 
