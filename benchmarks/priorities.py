@@ -40,7 +40,7 @@ import redis
 
 import redis_agentstate
 from redis_agentstate.embedded import start_embedded
-from redis_agentstate.keys import Keys
+from redis_agentstate.keys import shard_of
 
 from . import report
 from ._util import command_line, run_meta
@@ -57,7 +57,7 @@ def _server_usec(admin: redis.Redis) -> float:
 def _ids_in_shard(shard: int, n: int, prefix: str) -> list[str]:
     out, i = [], 0
     while len(out) < n:
-        if Keys.shard_of(tid := f"{prefix}{i}") == shard:
+        if shard_of(tid := f"{prefix}{i}") == shard:
             out.append(tid)
         i += 1
     return out

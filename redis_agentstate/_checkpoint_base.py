@@ -110,7 +110,7 @@ class CheckpointBase:
         max_attempts: int | None = None,
         terminal_ttl_ms: int | None = None,
     ) -> None:
-        self.keys = Keys(namespace)
+        self.keys = Keys.unresolved(namespace)
         #: Sent with every claim and release; 0 (None given) turns parking off.
         self.max_attempts = 0 if max_attempts is None else check_int(max_attempts, "max_attempts", 1, MAX_CYCLE)
         #: How long a task that became terminal through this store lives unacknowledged (None: for ever).

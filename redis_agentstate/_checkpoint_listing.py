@@ -16,7 +16,6 @@ from . import scripts as S
 from ._checkpoint_base import CheckpointBase, _s, _time_ms
 from ._ops import Batch, Call, Op, Pipe, list_indexes
 from ._validate import check_id
-from .keys import SHARDS, Keys
 
 __all__ = ["CheckpointListing"]
 
@@ -86,7 +85,7 @@ class CheckpointListing(CheckpointBase):
         ids = [check_id(t, "task_id") for t in task_ids]
         by_shard: dict[int, builtins.list[int]] = {}
         for i, tid in enumerate(ids):
-            by_shard.setdefault(Keys.shard_of(tid), []).append(i)
+            by_shard.setdefault(self.keys.shard_of(tid), []).append(i)
         chunks = [
             idx[j : j + self.SUMMARY_CHUNK] for idx in by_shard.values() for j in range(0, len(idx), self.SUMMARY_CHUNK)
         ]
@@ -118,7 +117,7 @@ class CheckpointListing(CheckpointBase):
         is left out and dropped from the indexes (``prune``): one pipelined
         ``EXISTS`` per id, by pages, so the cost stays that of the listing.
         """
-        ids = yield from list_indexes([self.keys.shard_tasks(s) for s in range(SHARDS)])
+        ids = yield from list_indexes([self.keys.shard_tasks(s) for s in range(self.keys.shards)])
         return (yield from self.live(ids))
 
     def live(self, ids: Sequence[str]) -> Op[builtins.list[str]]:
@@ -140,7 +139,7 @@ class CheckpointListing(CheckpointBase):
             return 0
         by_shard: dict[int, builtins.list[str]] = {}
         for tid in missing:
-            by_shard.setdefault(Keys.shard_of(tid), []).append(tid)
+            by_shard.setdefault(self.keys.shard_of(tid), []).append(tid)
         step = self.LIST_CHECK_CHUNK
         calls = [
             Call(S.PRUNE, [self.keys.shard_tasks(s), self.keys.shard_ready(s), self.keys.shard_parked(s),

@@ -25,7 +25,6 @@ from ._limits import ConcurrencyLimits
 from ._ops import Call, Op, Pipe, corrupt_state, member_id
 from ._validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 from .errors import CorruptState
-from .keys import SHARDS
 from .models import Checkpoint
 from .scripts import Reply
 
@@ -304,7 +303,7 @@ class ClaimScheduling(ConcurrencyLimits):
                 wait = None if at is None else max(1, int((at - time.monotonic()) * 1000))
                 return ClaimNextFound(cp, wait, bool(self._candidates))
         peek = self.CLAIM_NEXT_PEEK - 1
-        heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(SHARDS)]
+        heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(self.keys.shards)]
         wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
             replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True)

@@ -40,7 +40,7 @@ from typing import Any
 from ._ops import Batch, Call, Command, Op, Pipe, member_id
 from ._validate import check_id, check_int
 from .errors import InvalidArgument
-from .keys import SHARDS, Keys
+from .keys import Keys
 from .scripts import KV_COUNT, KV_DELETE, KV_KEYS, KV_SCRIPTS, KV_SET
 
 __all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_VALUE_BYTES", "KV_SCRIPTS", "KvCore"]
@@ -59,7 +59,7 @@ class KvCore:
     """Validation, request building and reply parsing for one namespace's key/value seam."""
 
     def __init__(self, namespace: str, *, max_key_bytes: int, max_value_bytes: int) -> None:
-        self.keys = Keys(namespace)
+        self.keys = Keys.unresolved(namespace)
         self.max_key_bytes = check_int(max_key_bytes, "max_key_bytes", 1, 2**20)
         self.max_value_bytes = check_int(max_value_bytes, "max_value_bytes", 0, 512 * 2**20)
 
@@ -105,7 +105,7 @@ class KvCore:
 
     def _index(self, key: str) -> list[str]:
         """KEYS of a one-key kv script: the key's shard index, then its value key."""
-        return [*self.keys.kv_index(Keys.shard_of(key)), self.keys.kv(key)]
+        return [*self.keys.kv_index(self.keys.shard_of(key)), self.keys.kv(key)]
 
     # ---- operations -----------------------------------------------------
 
@@ -137,7 +137,7 @@ class KvCore:
         ttl = self._ttl(ttl_ms)
         by_shard: dict[int, list[tuple[str, bytes]]] = {}
         for key, value in pairs:
-            by_shard.setdefault(Keys.shard_of(key), []).append((key, value))
+            by_shard.setdefault(self.keys.shard_of(key), []).append((key, value))
         calls: list[Call] = []
         for shard, group in by_shard.items():
             index = list(self.keys.kv_index(shard))
@@ -165,7 +165,7 @@ class KvCore:
     def keys_list(self) -> Op[list[str]]:
         """Every live key, sorted: pages of every shard's index, one pipeline per round."""
         found: list[str] = []
-        pending: dict[int, bytes] = {shard: b"-" for shard in range(SHARDS)}
+        pending: dict[int, bytes] = {shard: b"-" for shard in range(self.keys.shards)}
         while pending:
             shards = list(pending)
             replies = yield Batch([Call(KV_KEYS, self.keys.kv_index(s), [pending[s], _KEYS_PAGE]) for s in shards])
@@ -178,5 +178,5 @@ class KvCore:
         return found
 
     def count(self) -> Op[int]:
-        replies = yield Batch([Call(KV_COUNT, self.keys.kv_index(s), []) for s in range(SHARDS)])
+        replies = yield Batch([Call(KV_COUNT, self.keys.kv_index(s), []) for s in range(self.keys.shards)])
         return sum(int(r) for r in replies)

@@ -57,7 +57,7 @@ from ._pool_records import (
 from ._validate import check_id, check_int
 from .codec import encode
 from .errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember
-from .keys import SHARDS, Keys, PoolKeys
+from .keys import Keys, PoolKeys
 from .pool_models import (
     Cursor,
     MessageReceipt,
@@ -132,7 +132,7 @@ class PoolCore(PoolLog):
         max_messages: int | None = None,
         message_ttl_ms: int | None = None,
     ) -> None:
-        self.keys = Keys(namespace)
+        self.keys = Keys.unresolved(namespace)
         self.max_records = None if max_records is None else check_int(max_records, "max_records", 1, 2**53)
         #: Message retention (pool_record_message.lua): how many messages, and for how long, each pool keeps.
         self.max_messages = None if max_messages is None else check_int(max_messages, "max_messages", 1, 2**53)
@@ -372,4 +372,4 @@ class PoolCore(PoolLog):
 
     def list(self) -> Op[list[str]]:
         """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""
-        return (yield from list_indexes([self.keys.shard_pools(s) for s in range(SHARDS)]))
+        return (yield from list_indexes([self.keys.shard_pools(s) for s in range(self.keys.shards)]))

@@ -15,7 +15,6 @@ from ._limits import ConcurrencyLimits
 from ._ops import Call, Op, list_indexes, new_nonce
 from ._validate import check_id
 from .errors import CorruptState, InvalidArgument, NotParked, TaskNotFound
-from .keys import SHARDS
 from .scripts import Reply
 
 __all__ = ["MAX_REASON_BYTES", "Releases"]
@@ -92,4 +91,4 @@ class Releases(ConcurrencyLimits):
 
     def list_parked(self) -> Op[builtins.list[str]]:
         """Every parked task id, from the per-shard parked indexes, paged (never KEYS or SCAN)."""
-        return (yield from list_indexes([self.keys.shard_parked(s) for s in range(SHARDS)]))
+        return (yield from list_indexes([self.keys.shard_parked(s) for s in range(self.keys.shards)]))

@@ -31,7 +31,7 @@ from ._checkpoint_core import CheckpointCore
 from ._ops import Op, Pipe, member_id
 from ._validate import MAX_PRIORITY, PRIORITY_BAND_MS
 from .errors import AgentStateError
-from .keys import SHARDS, Keys
+from .keys import Keys
 
 __all__ = [
     "COUNTER_FIELDS",
@@ -75,7 +75,7 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE) -> Op[StatusCou
     entries of tasks that expired (``terminal_ttl_ms``) as it meets them.
     """
     out = StatusCounts()
-    index = [core.keys.shard_tasks(s) for s in range(SHARDS)]
+    index = [core.keys.shard_tasks(s) for s in range(core.keys.shards)]
     pending = {key: b"-" for key in index}
     while pending:
         keys = list(pending)
@@ -107,7 +107,7 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE) -> Op[StatusCou
 
 def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
     """Server time (ms) and the namespace's claims, commits and takeovers since the counters began."""
-    replies = yield Pipe([("TIME",), *(("HMGET", keys.shard_counters(s), *COUNTER_FIELDS) for s in range(SHARDS))])
+    replies = yield Pipe([("TIME",), *(("HMGET", keys.shard_counters(s), *COUNTER_FIELDS) for s in range(keys.shards))])
     totals = dict.fromkeys(COUNTER_FIELDS, 0)
     for values in replies[1:]:
         for name, value in zip(COUNTER_FIELDS, values, strict=True):
@@ -118,7 +118,8 @@ def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
 
 def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     """Server time, the number of tasks due now, and the oldest due task with how long it has waited (ms)."""
-    shards = range(SHARDS)
+    n = keys.shards
+    shards = range(n)
     replies = yield Pipe([("TIME",)])
     now = _time_ms(replies[0])
     # Priority p scores a time t as t - p * band (the priorities note in _common.lua): what is due in
@@ -129,17 +130,17 @@ def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     counts = [("ZCOUNT", keys.shard_ready(s), f"({now - half}", now) for s in shards]
     banded = [("ZCOUNT", keys.shard_ready(s), "-inf", f"({now - half}") for s in shards]
     replies = yield Pipe([*first, *counts, *banded])
-    heads, due_counts, higher = replies[:SHARDS], replies[SHARDS : 2 * SHARDS], replies[2 * SHARDS :]
+    heads, due_counts, higher = replies[:n], replies[n : 2 * n], replies[2 * n :]
     cmds: list[tuple[Any, ...]] = list(first)
     for s in (s for s in shards if int(higher[s])):
         for p in range(1, MAX_PRIORITY + 1):
             lo, hi = now - (p + 0.5) * PRIORITY_BAND_MS, now - p * PRIORITY_BAND_MS
             cmds.append(("ZRANGEBYSCORE", keys.shard_ready(s), f"({lo}", hi, "WITHSCORES", "LIMIT", 0, 1))
             cmds.append(("ZCOUNT", keys.shard_ready(s), f"({lo}", hi))
-    extra = (yield Pipe(cmds[SHARDS:])) if len(cmds) > SHARDS else []
+    extra = (yield Pipe(cmds[n:])) if len(cmds) > n else []
     due = sum(int(n) for n in due_counts) + sum(int(n) for n in extra[1::2])
     oldest: tuple[str, int] | None = None
-    for cmd, reply in zip([*first, *cmds[SHARDS::2]], [*heads, *extra[0::2]], strict=True):
+    for cmd, reply in zip([*first, *cmds[n::2]], [*heads, *extra[0::2]], strict=True):
         entries = _zset_entries(reply, cmd[1])
         if not entries:
             continue
@@ -174,7 +175,7 @@ def parked_tasks(core: CheckpointCore, show: int = PARKED_SHOWN) -> Op[ParkedTas
     """
     keys = core.keys
     commands: list[Sequence[Any]] = []
-    for s in range(SHARDS):
+    for s in range(keys.shards):
         commands += [("ZCARD", keys.shard_parked(s)), ("ZRANGE", keys.shard_parked(s), 0, show - 1)]
     replies = yield Pipe(commands)
     count = sum(int(n) for n in replies[0::2])
@@ -237,7 +238,7 @@ def memory_estimate(
     kinds = ("tasks", "pools", "kv", "threads")
     reads: list[tuple[str, str]] = []
     commands: list[Sequence[Any]] = []
-    for s in range(SHARDS):
+    for s in range(keys.shards):
         for kind, index in _indexes(keys, s).items():
             reads.append((kind, index))
             commands.append(("ZCARD", index))
@@ -260,7 +261,7 @@ def memory_estimate(
         rng.shuffle(picked[kind])
         owners += [(kind, ident) for ident in picked[kind][:sample]]
     owner_keys = [_owner_keys(keys, kind, ident) for kind, ident in owners]
-    shard_keys = [key for s in range(SHARDS) for key in _shard_keys(keys, s)]
+    shard_keys = [key for s in range(keys.shards) for key in _shard_keys(keys, s)]
     measure = [key for group in owner_keys for key in group] + shard_keys
     try:
         sizes = yield Pipe([("MEMORY", "USAGE", key) for key in measure])

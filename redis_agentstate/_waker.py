@@ -52,7 +52,7 @@ from typing import Any, cast
 import redis.exceptions as rex
 
 from ._checkpoint_core import ClaimNextFound
-from .keys import SHARDS, Keys
+from .keys import Keys
 
 __all__ = ["AsyncWaker", "SyncWaker", "WakeState", "Waiter"]
 
@@ -219,7 +219,9 @@ def _log_down(state: WakeState, exc: BaseException) -> None:
 
 
 def channels(keys: Keys) -> list[str]:
-    return [keys.shard_due(s) for s in range(SHARDS)]
+    if not keys.resolved:
+        raise RuntimeError(f"namespace {keys.namespace!r}: a waker was built before the store read its layout")
+    return [keys.shard_due(s) for s in range(keys.shards)]
 
 
 def _is_cluster(client: object) -> bool:

@@ -37,6 +37,7 @@ class _Checkpoints(StoreShell[CheckpointCore]):
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
         max_attempts: int | None = None,
         terminal_ttl_ms: int | None = None,
+        shards: int | None = None,
     ) -> None:
         core = CheckpointCore(
             namespace,
@@ -46,7 +47,7 @@ class _Checkpoints(StoreShell[CheckpointCore]):
             terminal_ttl_ms=terminal_ttl_ms,
         )
         super().__init__(client, core, scripts.CHECKPOINT_SCRIPTS + scripts.LIMIT_SCRIPTS, retry, wait_replicas,
-                         wait_timeout_ms)  # fmt: skip
+                         wait_timeout_ms, shards)  # fmt: skip
         self._waker: Any = None
 
     def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
@@ -120,6 +121,7 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         if block is None:
             CLAIM_SENT.set(time.monotonic())
             return self._run(self._core.claim_next(token=tok, lease_ms=lease))
+        self._layout()  # the waker subscribes to every shard's channel: it needs the shard count
         waker = self._wakes()
         # One call however many wake-ups it probes at: one operation to telemetry (one span).
         with self._operation("claim_next") as run:
@@ -317,6 +319,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         if block is None:
             CLAIM_SENT.set(time.monotonic())
             return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
+        await self._layout()
         waker = self._wakes()
         with self._operation("claim_next") as run:  # one operation to telemetry (see the sync twin)
             found, sent = await waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)

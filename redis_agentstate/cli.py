@@ -379,14 +379,14 @@ def _text(raw: Any) -> str:
 
 
 def pool_sizes(
-    client: redis.Redis | RedisCluster, namespace: str, pool_ids: Sequence[str]
+    client: redis.Redis | RedisCluster, keys: Keys, pool_ids: Sequence[str]
 ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
     """Members, messages, wakes and records of each pool: O(1) counts (HLEN), never the pool's contents.
 
     A pool whose keys or sequence are not ours is returned apart, with the
-    reason, so one corrupt pool does not hide the others.
+    reason, so one corrupt pool does not hide the others. ``keys``: a store's, resolved (the
+    namespace's layout read).
     """
-    keys = Keys(namespace)
     sizes: dict[str, dict[str, int]] = {}
     corrupt: dict[str, str] = {}
     for i in range(0, len(pool_ids), _POOL_BATCH):
@@ -438,8 +438,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover - pools not built into this install
         PoolStore = None  # type: ignore[assignment,misc]
     if PoolStore is not None:
-        pool_ids = PoolStore(store.client, namespace=store.namespace).list()
-        pools, corrupt_pools = pool_sizes(store.client, store.namespace, pool_ids)
+        pool_store = PoolStore(store.client, namespace=store.namespace)
+        pool_ids = pool_store.list()
+        pools, corrupt_pools = pool_sizes(store.client, pool_store._core.keys, pool_ids)
     data = {
         "namespace": store.namespace,
         "server_time_ms": now,

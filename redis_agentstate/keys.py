@@ -80,25 +80,49 @@ namespace's keys.
 
 from __future__ import annotations
 
+import binascii
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 from .errors import InvalidArgument
 
 __all__ = [
+    "DEFAULT_SHARDS",
     "KEY_TYPES",
+    "LAYOUT_LEGACY",
+    "LAYOUT_SLOTS",
     "MAX_ID_BYTES",
+    "MAX_SHARDS",
     "SHARDS",
+    "SLOTS",
     "Keys",
     "LimiterKeys",
     "PoolKeys",
     "TaskKeys",
     "ThreadKeys",
+    "check_shards",
     "describe_key",
+    "key_slot",
+    "shard_of",
+    "shard_slots",
+    "shard_tags",
+    "steer",
     "validate_namespace",
 ]
 
-SHARDS = 64
+#: A new namespace's shard count (``shards=None``), and the only count of a 0.2 namespace.
+DEFAULT_SHARDS = 64
+#: The old name of DEFAULT_SHARDS (the fixed count before the shard count became a setting).
+SHARDS = DEFAULT_SHARDS
+#: Redis Cluster's hash slots; a shard is one slot, so a namespace has at most this many.
+SLOTS = 16384
+MAX_SHARDS = SLOTS
+#: The layouts a namespace's record names: slot-aware tags (every namespace first used by 0.3 or
+#: later), and 0.2's ``{ns#SS}`` tags (64 shards), kept for a namespace that held data before.
+LAYOUT_SLOTS = "slots"
+LAYOUT_LEGACY = "legacy"
 MAX_ID_BYTES = 1024
 MAX_NAMESPACE_CHARS = 128
 
@@ -112,7 +136,7 @@ KEY_TYPES = {
     "pool-left": "zset", "pool-msg-order": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
-    "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash",
+    "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
 }  # fmt: skip
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb", "steps"}
@@ -260,18 +284,157 @@ class ThreadKeys:
                 self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
 
 
-class Keys:
-    """Key builder for one namespace."""
+def key_slot(tag: bytes) -> int:
+    """The Redis Cluster slot of a key whose hash tag is ``tag`` (CRC16/XMODEM, as redis-py's ``key_slot``)."""
+    return binascii.crc_hqx(tag, 0) & (SLOTS - 1)
 
-    __slots__ = ("_shard_prefixes", "namespace")
+
+# ---- slot-aware shard tags ------------------------------------------------------------
+#
+# CRC16 is linear over GF(2): for strings of one length, crc(P + A) ^ crc(P + B) == crc(0s + A ^ B)
+# == crc(A ^ B) (the register starts at 0 and zeros keep it there). So a tag "<prefix><6 letters>"
+# can be steered to any slot: each letter is 'h' (0x68) with its low 3 bits free ('h'..'o'), and
+# the 18 free bits map linearly onto the slot's 14. _PIVOTS is that map's inverse, reduced once
+# at import (checked: rank 14, so every slot is reachable); a tag costs two crc_hqx calls.
+_FREE_LETTERS = 6
+_LETTER = 0x68
+
+
+def _pivots() -> dict[int, tuple[int, int]]:
+    pivots: dict[int, tuple[int, int]] = {}  # leading bit -> (slot bits, the free bits giving them)
+    for j in range(3 * _FREE_LETTERS):
+        delta = bytearray(_FREE_LETTERS)
+        delta[j // 3] = 1 << (j % 3)
+        vec, mask = binascii.crc_hqx(bytes(delta), 0) & (SLOTS - 1), 1 << j
+        while vec:
+            top = vec.bit_length() - 1
+            if top not in pivots:
+                pivots[top] = (vec, mask)
+                break
+            pvec, pmask = pivots[top]
+            vec, mask = vec ^ pvec, mask ^ pmask
+    if len(pivots) != SLOTS.bit_length() - 1:  # pragma: no cover - a property of CRC16, fixed
+        raise AssertionError("the free letters of a shard tag do not reach every slot")
+    return pivots
+
+
+_PIVOTS = _pivots()
+
+
+def steer(prefix: str, slot: int) -> str:
+    """``prefix`` and 6 letters of 'h'..'o' such that the result, as a hash tag, lands in ``slot``."""
+    base = (prefix + chr(_LETTER) * _FREE_LETTERS).encode("utf-8")
+    want, mask = key_slot(base) ^ slot, 0
+    while want:
+        pvec, pmask = _PIVOTS[want.bit_length() - 1]
+        want, mask = want ^ pvec, mask ^ pmask
+    return prefix + "".join(chr(_LETTER | (mask >> (3 * i)) & 7) for i in range(_FREE_LETTERS))
+
+
+def shard_slots(namespace: str, shards: int) -> list[int]:
+    """The slot of each of ``shards`` slot-aware shards of ``namespace``: evenly spaced round the
+    16,384 slots, from an offset of the namespace's own (so namespaces do not all start at slot 0:
+    with fewer shards than primaries, or counts that do not divide evenly, the primaries that get
+    one more shard differ from namespace to namespace)."""
+    offset = key_slot(namespace.encode("utf-8"))
+    return [(offset + s * SLOTS // shards) % SLOTS for s in range(shards)]
+
+
+def shard_tags(namespace: str, shards: int, layout: str = LAYOUT_SLOTS) -> list[str]:
+    """The hash tag (what goes between the braces) of each shard of ``namespace``."""
+    if layout == LAYOUT_LEGACY:
+        return [f"{namespace}#{s:02d}" for s in range(shards)]
+    return [steer(f"{namespace}#{s}.", slot) for s, slot in enumerate(shard_slots(namespace, shards))]
+
+
+def shard_of(ident: str, shards: int = DEFAULT_SHARDS) -> int:
+    """The shard of a task, pool, KV key, thread or concurrency key ``ident`` among ``shards``."""
+    return zlib.crc32(ident.encode("utf-8")) % shards
+
+
+def check_shards(shards: object) -> int:
+    """A shard count as the stores' ``shards=`` takes it: an int from 1 to MAX_SHARDS."""
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise InvalidArgument(f"shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}")
+    return shards
+
+
+class _Unresolved(Sequence[str]):
+    """The shard prefixes of a store's keys before its first operation read the namespace's layout."""
 
     def __init__(self, namespace: str) -> None:
-        self.namespace = validate_namespace(namespace)
-        self._shard_prefixes = [f"{namespace}:{{{namespace}#{s:02d}}}:" for s in range(SHARDS)]
+        self.namespace = namespace
 
-    @staticmethod
-    def shard_of(ident: str) -> int:
-        return zlib.crc32(ident.encode("utf-8")) % SHARDS
+    def __len__(self) -> int:
+        return 0
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: Any) -> Any:
+        raise RuntimeError(
+            f"namespace {self.namespace!r}: a key was built before the store read the namespace's layout "
+            "(every operation reads it first; this is a bug of redis_agentstate)"
+        )
+
+
+class Keys:
+    """Key builder for one namespace, in one layout (its shard count and tags)."""
+
+    __slots__ = ("_shard_prefixes", "layout", "namespace", "shards")
+
+    def __init__(self, namespace: str, shards: int = DEFAULT_SHARDS, layout: str = LAYOUT_SLOTS) -> None:
+        self.namespace = validate_namespace(namespace)
+        self.shards = 0
+        self.layout = layout
+        self._shard_prefixes: Sequence[str] = _Unresolved(namespace)
+        self.configure(shards, layout)
+
+    @classmethod
+    def unresolved(cls, namespace: str) -> Keys:
+        """Keys whose layout is not known yet: ``configure`` sets it (a store's first operation)."""
+        keys = cls.__new__(cls)
+        keys.namespace = validate_namespace(namespace)
+        keys.shards, keys.layout = 0, ""
+        keys._shard_prefixes = _Unresolved(namespace)
+        return keys
+
+    @property
+    def resolved(self) -> bool:
+        return self.shards > 0
+
+    def configure(self, shards: int, layout: str) -> None:
+        """Set the layout: ``shards`` shards, ``layout`` (LAYOUT_SLOTS or LAYOUT_LEGACY) tags."""
+        check_shards(shards)
+        if layout not in (LAYOUT_SLOTS, LAYOUT_LEGACY):
+            raise InvalidArgument(f"unknown shard layout {layout!r}")
+        if layout == LAYOUT_LEGACY and shards != DEFAULT_SHARDS:
+            raise InvalidArgument(f"the legacy layout has {DEFAULT_SHARDS} shards, not {shards}")
+        ns = self.namespace
+        # Prefixes first, count last: a thread that sees the count sees the prefixes.
+        self._shard_prefixes = [f"{ns}:{{{tag}}}:" for tag in shard_tags(ns, shards, layout)]
+        self.layout = layout
+        self.shards = shards
+
+    def layout_key(self) -> str:
+        """The namespace's layout record (a string ``"<layout> <shards>"``), in a slot of its own."""
+        return f"{self.namespace}:{{{self.namespace}#layout}}:layout"
+
+    def legacy_indexes(self) -> list[list[str]]:
+        """Per shard of the legacy layout, the indexes that list what it holds (tasks, parked tasks,
+        pools, KV keys, LangGraph threads), and in shard 00 the limits registry: a namespace with
+        any of them held data before it had a layout record."""
+        ns = self.namespace
+        out = []
+        for s in range(DEFAULT_SHARDS):
+            p = f"{ns}:{{{ns}#{s:02d}}}:"
+            out.append([p + "tasks", p + "parked", p + "pools", p + "kvkeys", p + "lgthreads"])
+        out[0].append(f"{ns}:{{{ns}#00}}:limits")
+        return out
+
+    def shard_of(self, ident: str) -> int:
+        return zlib.crc32(ident.encode("utf-8")) % self.shards
 
     def shard_prefix(self, shard: int) -> str:
         return self._shard_prefixes[shard]
@@ -374,7 +537,8 @@ class Keys:
         return f"{self.namespace}:demo:{name}"
 
     def pattern(self) -> str:
-        """A glob matching every key of this namespace and no other (for ACL rules and tooling).
+        """A glob matching every key of this namespace and no other (for ACL rules and tooling), its
+        layout record included.
 
         Not ``ns:*``: namespaces may contain ``:``, and ``acme:*`` would also
         match every key of a tenant called ``acme:evil``.

@@ -22,9 +22,10 @@ class _KeyValues(StoreShell[KvCore]):
         retry: RetryPolicy | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        shards: int | None = None,
     ) -> None:
         core = KvCore(namespace, max_key_bytes=max_key_bytes, max_value_bytes=max_value_bytes)
-        super().__init__(client, core, KV_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
+        super().__init__(client, core, KV_SCRIPTS, retry, wait_replicas, wait_timeout_ms, shards)
 
 
 class KeyValueStore(_KeyValues, SyncShell[KvCore]):

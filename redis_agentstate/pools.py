@@ -37,12 +37,13 @@ class _Pools(StoreShell[PoolCore]):
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
         max_messages: int | None = None,
         message_ttl_ms: int | None = None,
+        shards: int | None = None,
     ) -> None:
         core = PoolCore(
             namespace, max_records=max_records, max_record_bytes=max_record_bytes, page_size=page_size,
             max_messages=max_messages, message_ttl_ms=message_ttl_ms,
         )  # fmt: skip
-        super().__init__(client, core, POOL_SCRIPTS, retry, wait_replicas, wait_timeout_ms)
+        super().__init__(client, core, POOL_SCRIPTS, retry, wait_replicas, wait_timeout_ms, shards)
         self._slice_ms = block_slice_ms(client)
 
     @property

@@ -51,6 +51,8 @@ __all__ = [
     "LIMIT_ACQUIRE",
     "LIMIT_REGISTER",
     "LIMIT_RELEASE",
+    "LAYOUT_INIT",
+    "LAYOUT_SCRIPTS",
     "LIMIT_SCRIPTS",
     "LIMIT_SET",
     "LIMIT_WAKE",
@@ -111,6 +113,10 @@ LIMIT_SET = "limit_set"
 LIMIT_REGISTER = "limit_register"
 LIMIT_SCRIPTS = (LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER)
 
+#: A namespace's layout record (``_layout.py``): every store registers it with its own scripts.
+LAYOUT_INIT = "layout_init"
+LAYOUT_SCRIPTS = (LAYOUT_INIT,)
+
 KV_SET = "kv_set"
 KV_DELETE = "kv_delete"
 KV_KEYS = "kv_keys"
@@ -162,7 +168,7 @@ LG_SCRIPTS = (
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
     RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME, LIMIT_WAKE,
-    LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER,
+    LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER, LAYOUT_INIT,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
@@ -178,6 +184,7 @@ PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_common") for name in CHECKPOINT_SCRIPTS},
     **{name: ("_base", "_kv") for name in KV_SCRIPTS},
     **{name: ("_base", "_limit") for name in LIMIT_SCRIPTS},
+    **{name: ("_base",) for name in LAYOUT_SCRIPTS},
     **{name: ("_base", "_pool") for name in POOL_SCRIPTS},
     **{name: ("_base", "_lg") for name in LG_SCRIPTS},
 }

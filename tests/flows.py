@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from redis_agentstate import AgentStatus, AlreadyClaimed, Checkpoint, CycleConflict
-from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.keys import SHARDS, Keys, shard_of
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,
@@ -36,7 +36,7 @@ def ids_in_shard(shard: int, n: int, prefix: str = "t") -> list[str]:
     """``n`` ids ``<prefix><i>`` whose keys live in ``shard``."""
     out, i = [], 0
     while len(out) < n:
-        if Keys.shard_of(tid := f"{prefix}{i}") == shard:
+        if shard_of(tid := f"{prefix}{i}") == shard:
             out.append(tid)
         i += 1
     return out
@@ -48,7 +48,7 @@ def ids_in_distinct_shards(n: int, prefix: str = "d") -> list[str]:
     seen: set[int] = set()
     i = 0
     while len(out) < n:
-        if (shard := Keys.shard_of(tid := f"{prefix}{i}")) not in seen:
+        if (shard := shard_of(tid := f"{prefix}{i}")) not in seen:
             seen.add(shard)
             out.append(tid)
         i += 1
@@ -56,11 +56,11 @@ def ids_in_distinct_shards(n: int, prefix: str = "d") -> list[str]:
 
 
 def ids_on_every_shard(keys: Keys, per_shard: int = 1, prefix: str = "task") -> list[str]:
-    """Ids covering each of the 64 shards ``per_shard`` times."""
+    """Ids covering each of the shards of ``keys`` ``per_shard`` times."""
     counts: Counter[int] = Counter()
     out: list[str] = []
     i = 0
-    while len(out) < SHARDS * per_shard:
+    while len(out) < keys.shards * per_shard:
         tid = f"{prefix}-{i}"
         i += 1
         shard = keys.shard_of(tid)

@@ -33,13 +33,13 @@ from redis_agentstate import (
     InvalidArgument,
 )
 from redis_agentstate import scripts as S
-from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.keys import SHARDS, Keys, shard_of
 
 LEASE = 30_000
 
 
 def ids_in_one_shard(namespace: str, n: int, prefix: str = "same") -> list[str]:
-    return ids_in_shard(Keys.shard_of(f"{prefix}-0"), n, f"{prefix}-")
+    return ids_in_shard(shard_of(f"{prefix}-0"), n, f"{prefix}-")
 
 
 def ids_in_distinct_shards(namespace: str, n: int) -> list[str]:

@@ -43,7 +43,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from redis_agentstate import CheckpointStore, CorruptState, RetryPolicy
-from redis_agentstate.keys import Keys
+from redis_agentstate.keys import Keys, shard_of
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
 
 SEP = b"\0"
@@ -469,7 +469,7 @@ def test_a_shard_gen_counter_that_is_not_an_integer_does_not_break_other_tasks(t
     raw.flushall()
     store = CheckpointStore(target.sync_client(), namespace=NS, retry=NO_RETRY)
     assert store.create(Checkpoint("a", status="running", messages=["m"]))
-    other = next(f"b{i}" for i in range(10_000) if Keys.shard_of(f"b{i}") == Keys.shard_of("a"))
+    other = next(f"b{i}" for i in range(10_000) if shard_of(f"b{i}") == shard_of("a"))
     gen = Keys(NS).task("a").gen
     epoch = raw.hget(Keys(NS).task("a").checkpoint, "epoch")
     raw.set(gen, value)

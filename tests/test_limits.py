@@ -32,7 +32,7 @@ from redis_agentstate import (
 )
 from redis_agentstate import cli as cli_mod
 from redis_agentstate._validate import LIMIT_SKEW_MS, MAX_CONCURRENCY_LIMIT
-from redis_agentstate.keys import Keys
+from redis_agentstate.keys import Keys, shard_of
 
 LONG_MS = 30_000
 KEY = "tenant-a"
@@ -40,7 +40,7 @@ KEY = "tenant-a"
 
 def limited(store: Any, n: int, key: str = KEY, prefix: str = "t") -> list[str]:
     """``n`` tasks of concurrency key ``key`` in distinct shards (none in the limiter's shard on a Cluster)."""
-    tids = [t for t in ids_in_distinct_shards(n + 1, prefix=prefix) if Keys.shard_of(t) != Keys.shard_of(key)][:n]
+    tids = [t for t in ids_in_distinct_shards(n + 1, prefix=prefix) if shard_of(t) != shard_of(key)][:n]
     for tid in tids:
         assert store.create(Checkpoint(tid, concurrency_key=key))
     return tids
@@ -335,7 +335,7 @@ class TestLimitsThroughLeasesAndRunners:
     async def test_an_async_runner_never_passes_the_limit(self, async_store: AsyncCheckpointStore) -> None:
         store = async_store
         await store.set_concurrency_limit(KEY, 3)
-        tids = [t for t in ids_in_distinct_shards(13, prefix="a") if Keys.shard_of(t) != Keys.shard_of(KEY)][:12]
+        tids = [t for t in ids_in_distinct_shards(13, prefix="a") if shard_of(t) != shard_of(KEY)][:12]
         for tid in tids:
             await store.create(Checkpoint(tid, concurrency_key=KEY))
         busy, peak = [0], [0]

@@ -24,7 +24,7 @@ from redis_agentstate._pool_core import (
     _receipt_map,
 )
 from redis_agentstate.codec import encode as _encode
-from redis_agentstate.keys import Keys
+from redis_agentstate.keys import Keys, LAYOUT_SLOTS
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,
@@ -56,7 +56,9 @@ def inner(store: Any) -> Any:
 
 
 def namespace_dump(raw: Any, ns: str) -> dict[bytes, Any]:
-    return {k: raw.dump(k) for k in sorted(raw.scan_iter(match=f"{ns}:*", count=1000))}
+    """Every key of the namespace but its layout record (a new namespace's first operation writes it)."""
+    record = Keys(ns).layout_key().encode()
+    return {k: raw.dump(k) for k in sorted(raw.scan_iter(match=f"{ns}:*", count=1000)) if k != record}
 
 
 def fill(raw: Any, ns: str, pool_id: str, *, members: int = 0, messages: int = 0, atomic: bool = False) -> int:
@@ -178,6 +180,7 @@ class TestBoundedScripts:
         s.open("pool", CONFIG)
         fill(raw, s.namespace, "pool", messages=95)
         core = PoolCore(s.namespace, max_records=None, max_record_bytes=2**20, page_size=10)
+        core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads
         script = raw.register_script(scripts.script_text(POOL_WATCH))
         op = core.watch("pool")
         req = next(op)
@@ -264,6 +267,7 @@ class TestPagedSnapshot:
     def test_trimmed_replay_starts_again(self) -> None:
         """Sans-I/O: when retention trimmed the records a snapshot must replay, it reads again from scratch."""
         core = PoolCore("ns", max_records=3, max_record_bytes=2**20, page_size=1)
+        core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads
         cfg = encode({"message_policy": {}, "wake_policy": {}, "policy_refs": []})
         m = encode(_member_map(PoolMember("a")))
 
@@ -346,7 +350,7 @@ class TestNoPerCallKeys:
             s.join("pool", PoolMember(f"run-{i}"))
             s.leave("pool", f"run-{i}")
         names = {k.decode().split(":", 2)[2].split(":", 1)[0] for k in raw.scan_iter(match=f"{namespace}:*")}
-        assert names == {"pool", "pool-log", "pools", "pool-runs", "pool-left"}
+        assert names == {"pool", "pool-log", "pools", "pool-runs", "pool-left", "layout"}
         keys = Keys(namespace).pool("pool")
         assert raw.hlen(keys.runs) == raw.zcard(keys.left) == 1_000
         raw.close()

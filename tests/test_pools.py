@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from redis_agentstate import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
 from redis_agentstate._ops import Call, Command, Pipe
-from redis_agentstate.keys import Keys
+from redis_agentstate.keys import Keys, LAYOUT_SLOTS
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,
@@ -618,6 +618,7 @@ class TestRetrySafety:
         assert [r.kind for r in opened.watch("pool")] == ["pool_opened", kind]
 
     def test_open_resent_after_a_lost_reply(self, pools: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        pools.list()  # the store's first operation reads the namespace's layout first: not the call under test
         calls = self.lose_first_reply(pools, monkeypatch)
         assert pools.open("pool", CONFIG).cursor == Cursor(1)
         assert len(calls) == 2 and len(pools.watch("pool")) == 1
@@ -639,6 +640,7 @@ class TestRequests:
         from redis_agentstate._pool_core import PoolCore
 
         core = PoolCore("ns", max_records=None, max_record_bytes=2**20)
+        core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads
         ops = [
             core.open("p:{x}", CONFIG),
             core.snapshot("p:{x}"),
@@ -666,6 +668,7 @@ class TestRequests:
         from redis_agentstate._pool_core import PoolCore
 
         core = PoolCore("ns", max_records=None, max_record_bytes=2**20)
+        core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads
         op = core.watch("p", Cursor(4), count=10, block_ms=5_000, slice_ms=1_000)
         first = next(op)
         assert isinstance(first, Call) and list(first.args) == ["5-0", 10]

@@ -538,7 +538,8 @@ def test_two_namespaces_cannot_read_or_clobber_each_other(two_tenants: tuple[Any
     assert a.list() == [] and b.list() == sorted(evil)
     # Every key each tenant wrote carries its own prefix: nothing leaked into the other's.
     # (A keeps only its per-shard history-epoch and claim/commit counters, which outlive deletes by design.)
-    assert all(k.endswith((b"}:gen", b"}:counters")) for k in _scan(raw, f"{a_ns}:*"))
+    # And its layout record (the namespace's shard count, tests/test_layout.py).
+    assert all(k.endswith((b"}:gen", b"}:counters", b"#layout}:layout")) for k in _scan(raw, f"{a_ns}:*"))
     b_keys = _scan(raw, f"{b_ns}:*")
     assert b_keys and all(k.startswith(f"{b_ns}:{{{b_ns}#".encode()) for k in b_keys)
 

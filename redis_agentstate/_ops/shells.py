@@ -10,9 +10,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from .. import _eviction, scripts
 from ..clients import AsyncClient, RedisClient, SyncClient
 from ..errors import InvalidArgument
-from ..keys import Keys
+from ..keys import Keys, check_shards
 from .client_checks import check_client
 from .drivers import run_async, run_sync
+from .layout import resolve_layout
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from .requests import Op, T
 from .retry import RetryPolicy
@@ -49,6 +50,7 @@ class StoreShell(Generic[C]):
         retry: RetryPolicy | None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        shards: int | None = None,
     ) -> None:
         check_client(client, want_asyncio=self._ASYNCIO)
         if not isinstance(wait_replicas, int) or isinstance(wait_replicas, bool) or wait_replicas < 0:
@@ -56,9 +58,11 @@ class StoreShell(Generic[C]):
         if not isinstance(wait_timeout_ms, int) or isinstance(wait_timeout_ms, bool) or wait_timeout_ms < 1:
             # WAIT's timeout 0 blocks forever: never what a worker holding a lease wants.
             raise InvalidArgument(f"wait_timeout_ms must be an int >= 1, got {wait_timeout_ms!r}")
+        #: The shard count asked for (``shards=``); None: the namespace's stored count (``_layout.py``).
+        self._shards = None if shards is None else check_shards(shards)
         self._core: C = core
         self._client = client
-        self._scripts: dict[str, Any] = scripts.register(client, script_names)
+        self._scripts: dict[str, Any] = scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS)
         self._retry = retry or RetryPolicy()
         #: None: writes are not followed by WAIT (``wait_replicas=0``).
         self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
@@ -70,6 +74,11 @@ class StoreShell(Generic[C]):
     @property
     def namespace(self) -> str:
         return self._core.keys.namespace
+
+    @property
+    def shards(self) -> int | None:
+        """The namespace's shard count: the stored one once an operation ran, else the one asked for."""
+        return self._core.keys.shards or self._shards
 
     @property
     def client(self) -> Any:
@@ -92,12 +101,20 @@ class SyncShell(StoreShell[C]):
 
     def _drive(self, op: Op[T]) -> T:
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
+        if not self._core.keys.resolved:
+            self._layout()
         result = run_sync(self._client, self._scripts, self._retry, op, self._ack)
         if self._eviction_unchecked:
             # After the first operation that succeeds: a server that does not answer keeps its retry bound.
             self._eviction_unchecked = False
             _eviction.check_sync(self._client)
         return result
+
+    def _layout(self) -> None:
+        """Read the namespace's layout unless read already: once per store, before its first key is built
+        (the record may be written, so it is acknowledged as a write)."""
+        if not self._core.keys.resolved:
+            run_sync(self._client, self._scripts, self._retry, resolve_layout(self._core.keys, self._shards), self._ack)
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Any]]:
@@ -126,6 +143,8 @@ class AsyncShell(StoreShell[C]):
 
     async def _drive(self, op: Op[T]) -> T:
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
+        if not self._core.keys.resolved:
+            await self._layout()
         result = await run_async(self._client, self._scripts, self._retry, op, self._ack)
         if self._eviction_unchecked:
             self._eviction_unchecked = False
@@ -133,6 +152,12 @@ class AsyncShell(StoreShell[C]):
             # land on the check and lose the result of a write that applied.
             self._eviction_check = asyncio.ensure_future(_eviction.check_async(self._client))
         return result
+
+    async def _layout(self) -> None:
+        """The asyncio twin of ``SyncShell._layout``."""
+        if not self._core.keys.resolved:
+            layout = resolve_layout(self._core.keys, self._shards)
+            await run_async(self._client, self._scripts, self._retry, layout, self._ack)
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:

@@ -95,7 +95,7 @@ class SaverBase:
     lists: OrderedDict[tuple[str, str, str], _Remembered] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
-        self.keys = Keys(self.namespace)
+        self.keys = Keys.unresolved(self.namespace)
         self.ttl_ms = _ttl_ms(self.ttl)
         if not isinstance(self.refresh_on_read, bool):
             raise InvalidArgument(f"refresh_on_read must be a bool, got {self.refresh_on_read!r}")

@@ -13,7 +13,6 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from .._ops import Call, Command, Op, Pipe, list_indexes
 from ..errors import InvalidArgument
-from ..keys import SHARDS
 from ..scripts import LG_GET, LG_LIST
 from ._base import _configurable, _ident, _ns, thread_of
 from ._reads import SaverReads
@@ -119,7 +118,7 @@ class Lister:
         if self.done:
             return None
         if self.threads is None:
-            shards = [self.core.keys.shard_threads(s) for s in range(SHARDS)]
+            shards = [self.core.keys.shard_threads(s) for s in range(self.core.keys.shards)]
             found = yield from list_indexes(shards)
             for t in found:
                 if _foreign_id(t):  # named with the shard index that holds it

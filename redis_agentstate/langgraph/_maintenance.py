@@ -11,7 +11,6 @@ from typing import Any
 
 from .._ops import Call, Command, Op, Pipe, corrupt_state, member_id
 from ..errors import InvalidArgument
-from ..keys import SHARDS
 from ..scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
 from ._base import SaverBase, _ident
 from ._records import SEP, _reads_and_body, _stored_id, _stored_member, _unpack_writes
@@ -42,7 +41,7 @@ class ThreadMaintenance(SaverBase):
         commands = [
             ("ZRANGEBYLEX", self.keys.shard_runs(s), f"[{r}{SEP}".encode(), f"({r}\x01".encode())
             for r in runs
-            for s in range(SHARDS)
+            for s in range(self.keys.shards)
         ]
         replies = yield Pipe(commands)
         threads: set[str] = set()

@@ -45,10 +45,11 @@ class _Savers(StoreShell[SaverCore], BaseCheckpointSaver[str]):
         ttl: float | timedelta | None = None,
         refresh_on_read: bool = False,
         retry: RetryPolicy | None = None,
+        shards: int | None = None,
     ) -> None:
         BaseCheckpointSaver.__init__(self, serde=serde)
         core = SaverCore(namespace, self.serde, ttl, refresh_on_read)
-        StoreShell.__init__(self, client, core, LG_SCRIPTS, retry)
+        StoreShell.__init__(self, client, core, LG_SCRIPTS, retry, shards=shards)
 
     # The core serializes: a serializer assigned after construction (``saver.serde =
     # EncryptedSerializer(...)``, as LangGraph's docs do) must reach it, or values go out in plaintext.
