@@ -19,8 +19,9 @@ Every call peeks (``claim_next_candidate_age_s = 0``: the busy path, no candidat
 earlier peek) and claims one task under a ``LEASE_MS`` lease, which lapses soon after: the namespace
 stays about as it was (a few dozen of its 256 due tasks held at any moment). Not 1 ms: a limited
 claim takes its place first and the task's script refuses a lease that would end before the claim
-(the place's expiry less ``LIMIT_SKEW_MS``), which a 1 ms lease meets whenever the clock ticks in between. Per call: client us (wall time of the loop), server us (``INFO commandstats``, all
-commands) and round trips (requests the driver sent). Medians over rounds, min in brackets.
+(the place's expiry less ``LIMIT_SKEW_MS``), which a 1 ms lease meets whenever the clock ticks in
+between. Per call: client us (wall time of the loop), server us (``INFO commandstats``, all commands)
+and round trips (requests the driver sent). Medians over rounds, min in brackets.
 ``--readme`` rewrites the ``priorities`` block of benchmarks/README.md.
 """
 

@@ -16,19 +16,21 @@ Three parts:
    (at 100% of its main thread, and at 70% to leave room for bursts,
    replication and ``BGSAVE`` forks); agents that fit at one cycle per 2 s
    per agent (an LLM call per cycle).
-3. **Cluster spread.** A namespace's 64 shards are 64 hash tags
-   (``{ns#00}`` .. ``{ns#63}``), so 64 slots; a primary's share of the
-   namespace's load is the share of those slots it owns. For 3, 6 and 12
-   primaries with ``redis-cli --cluster create``'s even slot ranges, the
-   hottest primary's share against the fair one (1/N) over 1,000 namespace
-   names; the same for 256 and 1,024 shards to show what a larger layout
-   would buy. The 3-primary case is checked on a real local Cluster (the
-   test suite's ``tests/cluster_support.py``): which node each shard key
-   lands on, as the cluster itself answers.
+3. **Cluster spread.** A namespace's shards are hash tags, so slots; a
+   primary's share of the namespace's load is the share of those slots it
+   owns. For 3 to 100 primaries with ``redis-cli --cluster create``'s even
+   slot ranges, the hottest primary's share against the fair one (1/N) over
+   1,000 namespace names: 0.2's ``{ns#SS}`` tags (64 shards), and the
+   slot-aware layout (keys.py) at 64, 256 and 1,024 shards; times one
+   primary's agents, the agents one namespace holds. The 3-primary case is
+   checked on a real local Cluster (the test suite's
+   ``tests/cluster_support.py``): which node each shard key lands on, as the
+   cluster itself answers.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 import threading
@@ -41,15 +43,16 @@ import redis
 from redis.crc import key_slot
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.keys import DEFAULT_SHARDS, LAYOUT_LEGACY, LAYOUT_SLOTS, SLOTS, Keys, shard_tags
 
 from ._util import Settings, make_state, summary
 
-SLOTS = 16384
 AGENT_PERIOD_S = 2.0  # one cycle per agent every 2 s: an LLM call per cycle
 HEADROOM = 0.7
-PRIMARIES = (3, 6, 12)
-LAYOUTS = (64, 256, 1024)
+PRIMARIES = (3, 6, 12, 24, 48, 100)
+LAYOUTS = ((LAYOUT_LEGACY, 64), (LAYOUT_SLOTS, 64), (LAYOUT_SLOTS, 256), (LAYOUT_SLOTS, 1024))
+#: The path whose capacity the agents-per-namespace column multiplies out: a Runner's default chain.
+NAMESPACE_PATH = "runner chain (claim_next, 7 x commit_and_claim, commit)"
 
 
 # ---- 1. server CPU per cycle ----------------------------------------------
@@ -186,34 +189,34 @@ def even_ranges(primaries: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def shard_slots(namespace: str, shards: int = SHARDS) -> list[int]:
-    """The slot of each shard's hash tag (``{ns#SS}``; a larger hypothetical layout numbers them the same way)."""
-    if shards == SHARDS:
-        keys = Keys(namespace)
-        return [key_slot(keys.shard_tasks(s).encode()) for s in range(shards)]
-    width = len(str(shards - 1))
-    return [key_slot(f"{namespace}:{{{namespace}#{s:0{width}d}}}:tasks".encode()) for s in range(shards)]
+def shard_slots(namespace: str, shards: int = DEFAULT_SHARDS, layout: str = LAYOUT_SLOTS) -> list[int]:
+    """The slot of each shard's hash tag in ``layout`` (keys.py's tags, as a store of that layout builds them)."""
+    return [key_slot(tag.encode("utf-8")) for tag in shard_tags(namespace, shards, layout)]
 
 
 def hottest_share(slots: list[int], ranges: list[tuple[int, int]]) -> float:
     """The hottest primary's share of the shards over the fair share (1.0 = perfectly even)."""
-    per_node = Counter(next(i for i, (a, b) in enumerate(ranges) if a <= s <= b) for s in slots)
+    lasts = [b for _, b in ranges]
+    per_node = Counter(bisect.bisect_left(lasts, s) for s in slots)
     return max(per_node.values()) / (len(slots) / len(ranges))
 
 
 def spread(names: int) -> list[dict[str, Any]]:
     rows = []
-    for shards in LAYOUTS:
+    for layout, shards in LAYOUTS:
+        ours = shard_slots("agentstate", shards, layout)
+        theirs = [shard_slots(f"ns-{i:04d}", shards, layout) for i in range(names)]
         for primaries in PRIMARIES:
             ranges = even_ranges(primaries)
-            shares = [hottest_share(shard_slots(f"ns-{i:04d}", shards), ranges) for i in range(names)]
+            shares = [hottest_share(slots, ranges) for slots in theirs]
             rows.append(
                 {
+                    "layout": layout,
                     "shards": shards,
                     "primaries": primaries,
                     "hottest_over_fair": summary(shares, 2),
                     "worst": round(max(shares), 2),
-                    "agentstate": round(hottest_share(shard_slots("agentstate", shards), ranges), 2),
+                    "agentstate": round(hottest_share(ours, ranges), 2),
                 }
             )
     return rows
@@ -241,7 +244,7 @@ def check_on_cluster() -> dict[str, Any]:
         with redis.Redis(*cluster.startup) as c:
             for start, end, node, *_ in c.execute_command("CLUSTER", "SLOTS"):
                 owners[(int(start), int(end))] = f"{node[0].decode()}:{int(node[1])}"
-            for s in range(SHARDS):
+            for s in range(keys.shards):
                 key = keys.shard_tasks(s)
                 slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
                 mismatches += slot != key_slot(key.encode())
@@ -329,28 +332,33 @@ def markdown(fig: dict[str, Any]) -> list[str]:
             f"| {_f(r['primary_cycles_per_s'])} | {_f(r['primary_cycles_per_s_at_70'])} "
             f"| {_f(r['agents_per_primary_at_70'])} |"
         )
+    per_primary = next((r["agents_per_primary_at_70"] for r in fig["rows"] if r["kind"] == NAMESPACE_PATH), None)
     lines += [
         "",
         "How a namespace's shards spread over even slot ranges (`redis-cli --cluster create`), over 1,000 "
         "namespace names: the hottest primary's share of the namespace against the fair share (1.00 = even). "
         "The Cluster's capacity for one namespace is the hottest primary's: N primaries give N / hottest times "
-        "one primary.",
+        "one primary. Agents per namespace: that many primaries times one primary's agents on the Runner's "
+        "chain at 70% (above), at one cycle per 2 s.",
         "",
-        "| shards | primaries | hottest / fair (median, p10-p90) | worst name | namespace `agentstate` "
-        "| effective primaries (median) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| layout | shards | primaries | hottest / fair (median) | worst name | namespace `agentstate` "
+        "| effective primaries | agents per namespace |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in fig["spread"]:
         h = r["hottest_over_fair"]
+        effective = r["primaries"] / h["median"]
+        agents = _f(per_primary * effective) if per_primary else "-"
+        layout = "0.2 `{ns#SS}`" if r.get("layout", LAYOUT_LEGACY) == LAYOUT_LEGACY else "slot-aware"
         lines.append(
-            f"| {r['shards']} | {r['primaries']} | {h['median']:.2f} ({h['p10']:.2f}-{h['p90']:.2f}) "
-            f"| {r['worst']:.2f} | {r['agentstate']:.2f} | {r['primaries'] / h['median']:.1f} |"
+            f"| {layout} | {r['shards']} | {r['primaries']} | {h['median']:.2f} "
+            f"| {r['worst']:.2f} | {r['agentstate']:.2f} | {effective:.1f} | {agents} |"
         )
     check = fig["cluster_check"]
     lines.append("")
     if check.get("status") == "ok":
         lines.append(
-            f"Checked on a real local 3-primary Cluster: namespace `agentstate`'s 64 shard keys land "
+            f"Checked on a real local 3-primary Cluster: namespace `agentstate`'s 64 slot-aware shard keys land "
             f"{check['shards_per_primary']} per primary (predicted from the slot arithmetic: "
             f"{check['predicted_per_primary']}; CLUSTER KEYSLOT disagreed with redis-py's CRC16 on "
             f"{check['keyslot_mismatches']} keys)."

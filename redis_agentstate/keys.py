@@ -344,7 +344,9 @@ def shard_tags(namespace: str, shards: int, layout: str = LAYOUT_SLOTS) -> list[
     """The hash tag (what goes between the braces) of each shard of ``namespace``."""
     if layout == LAYOUT_LEGACY:
         return [f"{namespace}#{s:02d}" for s in range(shards)]
-    return [steer(f"{namespace}#{s}.", slot) for s, slot in enumerate(shard_slots(namespace, shards))]
+    # The count is in the tag: no shard of one count shares its keys with a shard of another, so a
+    # namespace growing from one count to the next moves every shard to keys of their own.
+    return [steer(f"{namespace}#{s}/{shards}.", slot) for s, slot in enumerate(shard_slots(namespace, shards))]
 
 
 def shard_of(ident: str, shards: int = DEFAULT_SHARDS) -> int:
@@ -434,6 +436,8 @@ class Keys:
         return out
 
     def shard_of(self, ident: str) -> int:
+        if not self.shards:
+            self._shard_prefixes[0]  # raises: the layout was not read yet
         return zlib.crc32(ident.encode("utf-8")) % self.shards
 
     def shard_prefix(self, shard: int) -> str:

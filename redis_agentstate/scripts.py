@@ -113,7 +113,7 @@ LIMIT_SET = "limit_set"
 LIMIT_REGISTER = "limit_register"
 LIMIT_SCRIPTS = (LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER)
 
-#: A namespace's layout record (``_layout.py``): every store registers it with its own scripts.
+#: A namespace's layout record (``_ops/layout.py``): every store registers it with its own scripts.
 LAYOUT_INIT = "layout_init"
 LAYOUT_SCRIPTS = (LAYOUT_INIT,)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from redis_agentstate import AgentStatus, AlreadyClaimed, Checkpoint, CycleConflict
-from redis_agentstate.keys import SHARDS, Keys, shard_of
+from redis_agentstate.keys import Keys, shard_of
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,

@@ -19,9 +19,9 @@ task or pool is a row marked corrupt, not a failed command.
 
 from __future__ import annotations
 
-import re
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -651,8 +651,8 @@ def _plant_and_run(client: Any, ns: str) -> list[str]:
     with pytest.raises(CorruptState) as info:
         pools.watch(POOL)
     out.append(str(info.value))
-    # A slot-aware shard tag ends in letters steered by the namespace ('#40.hjklmn'): not wording.
-    return [re.sub(r"#(\d+)\.[h-o]{6}\}", r"#\1}", m.replace(ns, "NS")) for m in out]
+    # A slot-aware shard tag ends in letters steered by the namespace ('#40/64.hjklmn'): not wording.
+    return [re.sub(r"#(\d+)/64\.[h-o]{6}\}", r"#\1}", m.replace(ns, "NS")) for m in out]
 
 
 def test_messages_are_worded_the_same_on_fakeredis_redis_and_valkey(real_server: Any) -> None:

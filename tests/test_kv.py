@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from redis_agentstate import InvalidArgument, _kv_core
 from redis_agentstate._kv_core import KvCore
 from redis_agentstate._ops import Batch, Call, Command, Pipe
-from redis_agentstate.keys import Keys, LAYOUT_SLOTS, SHARDS, shard_of
+from redis_agentstate.keys import LAYOUT_SLOTS, SHARDS, Keys, shard_of
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import PoolConfig
 from redis_agentstate.pools import PoolStore

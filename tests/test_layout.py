@@ -43,7 +43,6 @@ from redis_agentstate.keys import (
     shard_tags,
 )
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
-from redis_agentstate.testing import internals
 
 NAMESPACES = ["agentstate", "tenant-42", "a", "ünï:cödé ✓", "x" * 128]
 
@@ -95,6 +94,14 @@ class TestTags:
                 counts = per_primary(shard_slots(namespace, shards), primaries)
                 assert max(counts) / (shards / primaries) <= 1.15 and min(counts) > 0
 
+    def test_no_two_counts_share_a_shard(self) -> None:
+        """A namespace grown from one count to another moves every shard to keys of its own."""
+        seen: dict[str, int] = {}
+        for shards in (1, 2, 64, 128, 256, 1024):
+            for tag in shard_tags("agentstate", shards):
+                assert seen.setdefault(tag, shards) == shards
+        assert not set(shard_tags("agentstate", 64, LAYOUT_LEGACY)) & set(seen)
+
     def test_the_legacy_layout_is_0_2s(self) -> None:
         keys = Keys("ns", DEFAULT_SHARDS, LAYOUT_LEGACY)
         assert keys.task("t").checkpoint == f"ns:{{ns#{keys.shard_of('t'):02d}}}:cp:t"
@@ -130,6 +137,10 @@ class TestTags:
         assert not keys.resolved
         with pytest.raises(RuntimeError, match="layout"):
             keys.task("t")
+
+
+def _core(store: Any) -> Any:
+    return getattr(store, "wrapped", store)._core
 
 
 def _record(raw: Any, namespace: str) -> bytes | None:
@@ -181,7 +192,7 @@ class TestNamespaceSetting:
                     (KeyValueStore, AsyncKeyValueStore)):  # fmt: skip
             other = make(*cls, shards=64)
             with pytest.raises(ConfigConflict, match="128 shards") as refused:
-                other.list()
+                other.count() if cls[0] is KeyValueStore else other.list()
             assert refused.value.key == Keys(namespace).layout_key()
         with pytest.raises(ConfigConflict):
             make(CheckpointStore, AsyncCheckpointStore, shards=64).create(Checkpoint("u"))
@@ -235,10 +246,10 @@ class TestNamespaceSetting:
     def test_a_store_resolves_once(self, make: Callable[..., Any], namespace: str) -> None:
         store = make(CheckpointStore, AsyncCheckpointStore, shards=16)
         store.create(Checkpoint("t"))
-        keys = internals(store).core.keys
+        keys = _core(store).keys
         assert (keys.shards, keys.layout) == (16, LAYOUT_SLOTS)
         store.load("t")
-        assert internals(store).core.keys is keys and keys.shards == 16
+        assert _core(store).keys is keys and keys.shards == 16
 
 
 class TestLegacyNamespace:
@@ -246,9 +257,9 @@ class TestLegacyNamespace:
 
     def _legacy(self, make: Callable[..., Any]) -> tuple[Any, Any]:
         old = make(CheckpointStore, AsyncCheckpointStore)
-        internals(old).core.keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)  # as 0.2 built its keys
+        _core(old).keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)  # as 0.2 built its keys
         kv = make(KeyValueStore, AsyncKeyValueStore)
-        internals(kv).core.keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)
+        _core(kv).keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)
         return old, kv
 
     @pytest.mark.parametrize("what", ["tasks", "kv"])
@@ -267,7 +278,11 @@ class TestLegacyNamespace:
         if what == "tasks":
             assert sorted(new.list()) == ["t1", "t2"]
             assert new.load("t1").messages == ["m"]
-            claim_next_flow(new, ["t3", "t4"])
+            assert new.create(Checkpoint("t3"))
+            got = set()
+            while (cp := new.claim_next(token="w", lease_ms=60_000)) is not None:
+                got.add(cp.task_id)
+            assert got == {"t1", "t2", "t3"}
         else:
             assert kv.get("k") == b"v"
         assert _record(raw, namespace) == b"legacy 64"
@@ -326,10 +341,14 @@ class TestCli:
         tids = ids_on_every_shard(Keys(namespace, 300), prefix="c")[:40]
         for tid in tids:
             assert store.create(Checkpoint(tid))
-        url = ["--url", backend.url] + (["--cluster"] if backend.kind == "cluster" else [])
-        assert cli_mod.main([*url, "--namespace", namespace, "list", "--json"]) == 0
-        listed = [json.loads(line)["task_id"] for line in capsys.readouterr().out.splitlines() if line.strip()]
+        if backend.kind == "cluster":
+            host, port = backend.cluster.startup
+            target = ["--url", f"redis://{host}:{port}", "--cluster"]
+        else:
+            target = ["--url", backend.url]
+        assert cli_mod.main(["list", *target, "--namespace", namespace, "--json"]) == 0
+        listed = [row["task_id"] for row in json.loads(capsys.readouterr().out)]
         assert sorted(listed) == sorted(tids)
-        assert cli_mod.main([*url, "--namespace", namespace, "stats", "--json"]) == 0
+        assert cli_mod.main(["stats", *target, "--namespace", namespace, "--json"]) == 0
         stats = json.loads(capsys.readouterr().out)
-        assert stats["tasks"] == 40
+        assert stats["tasks"] == 40, stats

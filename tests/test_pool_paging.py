@@ -24,7 +24,7 @@ from redis_agentstate._pool_core import (
     _receipt_map,
 )
 from redis_agentstate.codec import encode as _encode
-from redis_agentstate.keys import Keys, LAYOUT_SLOTS
+from redis_agentstate.keys import LAYOUT_SLOTS, Keys
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,

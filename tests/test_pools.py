@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from redis_agentstate import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
 from redis_agentstate._ops import Call, Command, Pipe
-from redis_agentstate.keys import Keys, LAYOUT_SLOTS
+from redis_agentstate.keys import LAYOUT_SLOTS, Keys
 from redis_agentstate.pool_models import (
     Cursor,
     MessageReceipt,

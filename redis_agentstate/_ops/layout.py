@@ -3,8 +3,9 @@
 The layout is part of the on-disk format, so every client of a namespace must agree on it: it is
 stored in Redis with the namespace (``Keys.layout_key``, a string ``"<layout> <shards>"``) by the
 first client that uses the namespace, and every store reads it before its first operation
-(``StoreShell._drive``). A store built with ``shards=N`` that finds another count refuses
-(``ConfigConflict``) before anything is written; ``shards=None`` takes whatever is stored.
+(``SyncShell._layout`` / ``AsyncShell._layout``, from ``_drive``). A store built with ``shards=N``
+that finds another count refuses (``ConfigConflict``) before anything is written; ``shards=None``
+takes whatever is stored.
 
 A namespace without a record either is new (it gets slot-aware tags and ``shards`` or 64 of them)
 or held data written by 0.2, which knew only 64 shards tagged ``{ns#SS}``: when any of that
@@ -51,8 +52,8 @@ def resolve_layout(keys: Keys, requested: int | None) -> Op[None]:
     if requested is not None and requested != shards:
         raise ConfigConflict(
             f"namespace {keys.namespace!r} has {shards} shards ({layout} layout, stored in {record!r}), "
-            f"not the {requested} asked for: build the store with shards=None (or {shards}), or grow the "
-            f"namespace with `agentstate reshard --shards {requested}`; nothing was written",
+            f"not the {requested} asked for: build the store with shards=None (or {shards}); a namespace's "
+            "shard count is fixed when it is first used; nothing was written",
             key=record,
         )
     keys.configure(shards, layout)

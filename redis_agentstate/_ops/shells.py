@@ -58,7 +58,7 @@ class StoreShell(Generic[C]):
         if not isinstance(wait_timeout_ms, int) or isinstance(wait_timeout_ms, bool) or wait_timeout_ms < 1:
             # WAIT's timeout 0 blocks forever: never what a worker holding a lease wants.
             raise InvalidArgument(f"wait_timeout_ms must be an int >= 1, got {wait_timeout_ms!r}")
-        #: The shard count asked for (``shards=``); None: the namespace's stored count (``_layout.py``).
+        #: The shard count asked for (``shards=``); None: the namespace's stored count (``_ops/layout.py``).
         self._shards = None if shards is None else check_shards(shards)
         self._core: C = core
         self._client = client

@@ -380,10 +380,12 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
         ttl: float | timedelta | None = None,
         refresh_on_read: bool = False,
         retry: RetryPolicy | None = None,
+        shards: int | None = None,
     ) -> None:
         super().__init__(
-            client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry
-        )
+            client, namespace=namespace, serde=serde, ttl=ttl, refresh_on_read=refresh_on_read, retry=retry,
+            shards=shards,
+        )  # fmt: skip
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:

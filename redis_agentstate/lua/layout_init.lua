@@ -1,5 +1,5 @@
 -- layout_init.lua: give a namespace its layout record unless it has one; every client then reads
--- the same shard count and tags (keys.py, "Layouts"; _layout.py reads and checks it).
+-- the same shard count and tags (keys.py, "Layouts"; _ops/layout.py reads and checks it).
 --   KEYS[1]    - ns:{ns#layout}:layout  string  '<layout> <shards>', e.g. 'slots 64'
 --   ARGV[1]    - layout: the record to write when there is none ('slots <n>', or 'legacy 64' for
 --                a namespace that held 0.2 data before it had a record)
