@@ -29,6 +29,7 @@ import redis
 
 import redis_agentstate
 from redis_agentstate.embedded import start_embedded
+from redis_agentstate.testing import internals
 
 from . import report
 from ._util import command_line, run_meta
@@ -58,7 +59,7 @@ def _counting() -> list[int]:
 def _setup(client: redis.Redis, shards: int, tasks: int, peek_every_call: bool) -> Any:
     store = redis_agentstate.CheckpointStore(client, namespace=f"sc-{uuid.uuid4().hex[:6]}", shards=shards)
     if peek_every_call:
-        store._core.claim_next_candidate_age_s = 0
+        internals(store).core.claim_next_candidate_age_s = 0
     for i in range(tasks):
         store.create(redis_agentstate.Checkpoint(f"task-{i}"))
     return store

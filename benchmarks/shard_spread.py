@@ -105,6 +105,7 @@ def _on_cluster(primaries: int, tasks: int, seconds: float) -> list[dict[str, An
     from cluster_support import LocalCluster
 
     from redis_agentstate import Checkpoint, CheckpointStore
+    from redis_agentstate.testing import internals
 
     t0 = time.monotonic()
     cluster = LocalCluster.start(primaries, timeout=120.0)
@@ -119,9 +120,9 @@ def _on_cluster(primaries: int, tasks: int, seconds: float) -> list[dict[str, An
                 conn.flushall()
             ns = "agentstate"
             store = CheckpointStore(client, namespace=ns, shards=None if layout == LAYOUT_LEGACY else shards)
+            keys = internals(store).core.keys  # (internals reads the layout: a new namespace, "slots N")
             if layout == LAYOUT_LEGACY:
-                store._core.keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)  # as 0.2 built its keys
-            keys = store._core.keys
+                keys.configure(DEFAULT_SHARDS, LAYOUT_LEGACY)  # as 0.2 built its keys
             owner = Counter(client.get_node_from_key(keys.shard_ready(s)).name for s in range(shards))
             index_counts = [owner.get(name, 0) for name in nodes]
             t1 = time.monotonic()

@@ -52,6 +52,8 @@ from typing import Any, cast
 import redis.exceptions as rex
 
 from ._checkpoint_core import ClaimNextFound
+from ._ops.shells import cancels as _cancels
+from ._ops.shells import check_cancel as _check_cancel
 from .keys import Keys
 
 __all__ = ["AsyncWaker", "SyncWaker", "WakeState", "Waiter"]
@@ -491,20 +493,6 @@ class SyncWaker:
 
 
 # ---- asyncio ------------------------------------------------------------------------------
-
-
-def _cancels() -> int:
-    """Cancel requests pending on the current task (0 before Python 3.11, which does not count them)."""
-    task = asyncio.current_task()
-    counter = getattr(task, "cancelling", None)
-    return int(counter()) if counter is not None else 0
-
-
-def _check_cancel(baseline: int) -> None:
-    """Raise the cancel an await below us swallowed (redis-py 8.1 and fakeredis sometimes return
-    normally from a round trip cancelled mid-way): a blocked caller must not wait out its block."""
-    if _cancels() > baseline:
-        raise asyncio.CancelledError()
 
 
 class AsyncWaker:

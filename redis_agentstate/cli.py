@@ -443,6 +443,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         pools, corrupt_pools = pool_sizes(store.client, pool_store._core.keys, pool_ids)
     data = {
         "namespace": store.namespace,
+        "shards": store.shards,
+        "layout": store._core.keys.layout,
         "server_time_ms": now,
         "tasks": len(rows),
         "by_status": dict(sorted(by_status.items())),
@@ -460,7 +462,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(_dump(data))
         return 0
-    print(f"namespace {esc(repr(store.namespace))}: {len(rows)} task(s)")
+    print(
+        f"namespace {esc(repr(store.namespace))}: {len(rows)} task(s), {store.shards} shards ({data['layout']} layout)"
+    )
     for status, n in sorted(by_status.items()):
         print(f"  {esc(status):<24} {n}")
     print(f"  claimable now            {claimable}")

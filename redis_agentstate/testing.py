@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from ._ops import C, Call, Op, RetryPolicy, StoreShell, T
+from ._ops import C, Call, Op, RetryPolicy, StoreShell, SyncShell, T
 
 __all__ = ["Call", "Op", "StoreInternals", "finish", "first_call", "internals"]
 
@@ -50,9 +50,14 @@ class StoreInternals(Generic[C]):
 
 
 def internals(store: StoreShell[C]) -> StoreInternals[C]:
-    """The core, registered scripts, client, retry policy and driver of ``store`` (any of the stores)."""
+    """The core, registered scripts, client, retry policy and driver of ``store`` (any of the stores).
+
+    A sync store reads its namespace's layout here if no operation did yet, so the core's ``keys``
+    build keys at once; an asyncio store's core builds them after the store's first operation."""
     if not isinstance(store, StoreShell):
         raise TypeError(f"expected a store of redis_agentstate, got {type(store).__name__}")
+    if isinstance(store, SyncShell):
+        store._layout()
     run: Callable[[Op[Any]], Any] = store._run  # type: ignore[attr-defined]
     return StoreInternals(store._core, store._scripts, store._client, store._retry, run)
 

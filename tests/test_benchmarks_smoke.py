@@ -143,9 +143,12 @@ def test_scale_figure_quick_round(tmp_path: Path) -> None:
     for row in fig["rows"]:
         assert row["server_cpu_us_per_cycle"]["median"] > row["script_us_per_cycle"]["median"] > 0, row
         assert row["agents_per_primary_at_70"] > 0
-    spread = {(r["shards"], r["primaries"]): r for r in fig["spread"]}
-    assert set(spread) == {(s, p) for s in (64, 256, 1024) for p in (3, 6, 12)}
+    spread = {(r["layout"], r["shards"], r["primaries"]): r for r in fig["spread"]}
+    layouts = [("legacy", 64), ("slots", 64), ("slots", 256), ("slots", 1024)]
+    assert set(spread) == {(lay, s, p) for lay, s in layouts for p in (3, 6, 12, 24, 48, 100)}
     assert all(r["hottest_over_fair"]["median"] >= 1.0 for r in spread.values())
+    # The slot-aware layout holds each primary to its share rounded up: 1,024 shards over 100 primaries.
+    assert spread[("slots", 1024, 100)]["worst"] <= 11 / 10.24 + 0.01
 
 
 def test_functions_ab_runs(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ class TestListScale:
             for i in range(n):
                 store.save(Checkpoint(f"t{i}"))
         else:
+            store._layout()  # the namespace's layout, which every operation reads first
             script = store._scripts[SAVE]
             pipe = store.client.pipeline(transaction=False)
             for i in range(n):

@@ -351,4 +351,6 @@ class TestCli:
         assert sorted(listed) == sorted(tids)
         assert cli_mod.main(["stats", *target, "--namespace", namespace, "--json"]) == 0
         stats = json.loads(capsys.readouterr().out)
-        assert stats["tasks"] == 40, stats
+        assert (stats["tasks"], stats["shards"], stats["layout"]) == (40, 300, "slots"), stats
+        assert cli_mod.main(["stats", *target, "--namespace", namespace]) == 0
+        assert "40 task(s), 300 shards (slots layout)" in capsys.readouterr().out

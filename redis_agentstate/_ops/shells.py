@@ -18,7 +18,7 @@ from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from .requests import Op, T
 from .retry import RetryPolicy
 
-__all__ = ["C", "TELEMETRY", "AsyncShell", "Observer", "StoreShell", "SyncShell", "Watch"]
+__all__ = ["C", "TELEMETRY", "AsyncShell", "Observer", "StoreShell", "SyncShell", "Watch", "cancels", "check_cancel"]
 
 
 class _Core(Protocol):
@@ -154,10 +154,13 @@ class AsyncShell(StoreShell[C]):
         return result
 
     async def _layout(self) -> None:
-        """The asyncio twin of ``SyncShell._layout``."""
+        """The asyncio twin of ``SyncShell._layout``; a cancel the read swallowed is raised before the
+        operation it precedes starts."""
         if not self._core.keys.resolved:
+            baseline = cancels()
             layout = resolve_layout(self._core.keys, self._shards)
             await run_async(self._client, self._scripts, self._retry, layout, self._ack)
+            check_cancel(baseline)
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:
@@ -168,6 +171,20 @@ class AsyncShell(StoreShell[C]):
             return
         with observer.operation(self, name) as watch:
             yield lambda op: self._drive(watch(op))
+
+
+def cancels() -> int:
+    """Cancel requests pending on the current task (0 before Python 3.11, which does not count them)."""
+    task = asyncio.current_task()
+    counter = getattr(task, "cancelling", None)
+    return int(counter()) if counter is not None else 0
+
+
+def check_cancel(baseline: int) -> None:
+    """Raise the cancel an await below us swallowed (redis-py 8.1 and fakeredis sometimes return
+    normally from a round trip cancelled mid-way): a blocked caller must not wait out its block."""
+    if cancels() > baseline:
+        raise asyncio.CancelledError()
 
 
 # ---- telemetry hook ---------------------------------------------------------------
