@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -344,3 +346,71 @@ def server_modules(client: redis.Redis) -> list[str]:
         if name:
             names.append(str(name))
     return names
+
+
+# ---- claim_next A/B rounds (benchmarks.priorities, benchmarks.shard_count) -------------------------
+
+#: One contender's run of calls: (client us, server us, round trips) per call.
+Sample = tuple[float, float, float]
+
+
+def server_usec(admin: redis.Redis) -> float:
+    """The server's time in every command since the last ``CONFIG RESETSTAT`` (``INFO commandstats``)."""
+    return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
+
+
+def count_requests(pkg: Any) -> list[int]:
+    """Counts the requests ``pkg``'s sync driver sends (one per round trip): ``[n]``, updated in place."""
+    drivers = pkg._ops.drivers
+    send = drivers._send_sync
+    sent = [0]
+
+    def counted(client: Any, scripts: Any, req: Any) -> Any:
+        sent[0] += 1
+        return send(client, scripts, req)
+
+    drivers._send_sync = counted
+    return sent
+
+
+def claim_next_sample(store: Any, admin: redis.Redis, sent: list[int], calls: int, lease_ms: int) -> Sample:
+    """``calls`` busy ``claim_next`` calls of ``store`` (each must claim), timed: a :data:`Sample` per call
+    (``sent``: the counter of :func:`count_requests` for the store's package)."""
+    admin.config_resetstat()
+    before, t0 = sent[0], time.perf_counter()
+    for i in range(calls):
+        assert store.claim_next(token=f"w{i}", lease_ms=lease_ms) is not None
+    wall = time.perf_counter() - t0
+    return wall / calls * 1e6, server_usec(admin) / calls, (sent[0] - before) / calls
+
+
+def interleaved_rounds(
+    contenders: dict[str, Callable[[], Sample]], rounds: int, warmups: int = 1
+) -> dict[str, dict[str, list[float]]]:
+    """``warmups`` passes over every contender, then ``rounds`` rounds in an order shuffled per round;
+    per contender, the client us, server us and round trips of each round (printed as they come)."""
+    results: dict[str, dict[str, list[float]]] = {n: {"client": [], "server": [], "trips": []} for n in contenders}
+    for _ in range(warmups):
+        for fn in contenders.values():
+            fn()
+    for rnd in range(rounds):
+        order = list(contenders)
+        random.shuffle(order)
+        got = {name: contenders[name]() for name in order}
+        for name, (wall, srv, trips) in got.items():
+            results[name]["client"].append(wall)
+            results[name]["server"].append(srv)
+            results[name]["trips"].append(trips)
+        print(f"round {rnd + 1}: " + ", ".join(f"{k} {w:.0f} us ({s:.0f} server, {t:.2f} trips)"
+                                               for k, (w, s, t) in got.items()), flush=True)  # fmt: skip
+    for name, r in results.items():
+        print(f"{name}: median {statistics.median(r['client']):.0f} us per call, server "
+              f"{statistics.median(r['server']):.1f} us, {statistics.median(r['trips']):.2f} round trips")  # fmt: skip
+    return results
+
+
+def sample_cells(r: dict[str, list[float]]) -> str:
+    """A contender's rounds as table cells: client us, server us (medians, min in brackets), round trips."""
+    client, server = r["client"], r["server"]
+    return (f"{statistics.median(client):.0f} ({min(client):.0f}) | {statistics.median(server):.1f} "
+            f"({min(server):.1f}) | {statistics.median(r['trips']):.2f}")  # fmt: skip

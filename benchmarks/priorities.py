@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import random
 import statistics
-import time
 import uuid
 from collections.abc import Callable
 from types import ModuleType
@@ -44,15 +42,11 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.keys import shard_of
 
 from . import report
-from ._util import command_line, run_meta
+from ._util import Sample, claim_next_sample, command_line, count_requests, interleaved_rounds, run_meta, sample_cells
 from .client_ab import load_base
 
 DUE, HELD = 256, 64
 HELD_SHARDS, HELD_PER_SHARD = 16, 4
-
-
-def _server_usec(admin: redis.Redis) -> float:
-    return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
 
 
 def _ids_in_shard(shard: int, n: int, prefix: str) -> list[str]:
@@ -89,20 +83,6 @@ def _setup(pkg: ModuleType, client: redis.Redis, mode: str) -> Any:
     return store
 
 
-def _counting(pkg: ModuleType) -> list[int]:
-    """Counts the requests ``pkg``'s sync driver sends (one per round trip)."""
-    drivers = pkg._ops.drivers
-    send = drivers._send_sync
-    sent = [0]
-
-    def counted(client: Any, scripts: Any, req: Any) -> Any:
-        sent[0] += 1
-        return send(client, scripts, req)
-
-    drivers._send_sync = counted
-    return sent
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.priorities", description=__doc__)
     p.add_argument("--base", required=True, help="the commit before priorities, for the plain path's A/B")
@@ -117,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line("python -m benchmarks.priorities", argv), admin)
         meta["base"] = args.base
-        sent = {id(base): _counting(base), id(redis_agentstate): _counting(redis_agentstate)}
+        sent = {id(base): count_requests(base), id(redis_agentstate): count_requests(redis_agentstate)}
         setups = {
             "base plain": (base, "plain"),
             "plain": (redis_agentstate, "plain"),
@@ -125,36 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             "limits": (redis_agentstate, "limits"),
         }
         stores = {name: _setup(pkg, redis.Redis.from_url(server.url), mode) for name, (pkg, mode) in setups.items()}
-        results = {name: {"client": [], "server": [], "trips": []} for name in stores}
 
-        def run(name: str) -> tuple[float, float, float]:
-            store, counter = stores[name], sent[id(setups[name][0])]
-            admin.config_resetstat()
-            before, t0 = counter[0], time.perf_counter()
-            for i in range(args.calls):
-                assert store.claim_next(token=f"w{i}", lease_ms=LEASE_MS) is not None
-            wall = time.perf_counter() - t0
-            return wall / args.calls * 1e6, _server_usec(admin) / args.calls, (counter[0] - before) / args.calls
+        def run(name: str) -> Sample:
+            return claim_next_sample(stores[name], admin, sent[id(setups[name][0])], args.calls, LEASE_MS)
 
-        contenders: dict[str, Callable[[], tuple[float, float, float]]] = {n: (lambda n=n: run(n)) for n in stores}
-        for _ in range(2):  # warm-up: scripts loaded
-            for fn in contenders.values():
-                fn()
-        for rnd in range(args.rounds):
-            order = list(contenders)
-            random.shuffle(order)
-            got = {name: contenders[name]() for name in order}
-            for name, (wall, srv, trips) in got.items():
-                results[name]["client"].append(wall)
-                results[name]["server"].append(srv)
-                results[name]["trips"].append(trips)
-            print(f"round {rnd + 1}: " + ", ".join(f"{k} {w:.0f} us ({s:.0f} server, {t:.2f} trips)"
-                                                   for k, (w, s, t) in got.items()), flush=True)  # fmt: skip
+        # Two warm-up passes: scripts loaded, layouts read.
+        results = interleaved_rounds({n: (lambda n=n: run(n)) for n in stores}, args.rounds, warmups=2)
     finally:
         server.stop()
-    for name, r in results.items():
-        print(f"{name}: median {statistics.median(r['client']):.0f} us per call, server "
-              f"{statistics.median(r['server']):.1f} us, {statistics.median(r['trips']):.2f} round trips")  # fmt: skip
     if args.readme:
         report.publish(meta, "priorities", results, {"rounds": args.rounds, "calls": args.calls, "base": args.base})
     return 0
@@ -179,10 +137,7 @@ def markdown(results: dict[str, dict[str, list[float]]], params: dict[str, Any])
         "| --- | --- | --- | --- |",
     ]
     for name, r in results.items():
-        lines.append(
-            f"| {LABELS[name]} | {med[name]['client']:.0f} ({min(r['client']):.0f}) | "
-            f"{med[name]['server']:.1f} ({min(r['server']):.1f}) | {med[name]['trips']:.2f} |"
-        )
+        lines.append(f"| {LABELS[name]} | {sample_cells(r)} |")
     ratios = [p / b for p, b in zip(results["plain"]["client"], results["base plain"]["client"], strict=True)]
     srv = [p / b for p, b in zip(results["plain"]["server"], results["base plain"]["server"], strict=True)]
     pri = med["priorities"]["client"] / med["plain"]["client"]

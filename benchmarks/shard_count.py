@@ -18,11 +18,8 @@ commands) and round trips (requests the driver sent). Medians over rounds, min i
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -32,28 +29,10 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.testing import internals
 
 from . import report
-from ._util import command_line, run_meta
+from ._util import Sample, claim_next_sample, command_line, count_requests, interleaved_rounds, run_meta, sample_cells
 
 SHARD_COUNTS = (64, 256, 1024)
 LEASE_MS = 20
-
-
-def _server_usec(admin: redis.Redis) -> float:
-    return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
-
-
-def _counting() -> list[int]:
-    """Counts the requests the sync driver sends (one per round trip)."""
-    drivers = redis_agentstate._ops.drivers
-    send = drivers._send_sync
-    sent = [0]
-
-    def counted(client: Any, scripts: Any, req: Any) -> Any:
-        sent[0] += 1
-        return send(client, scripts, req)
-
-    drivers._send_sync = counted
-    return sent
 
 
 def _setup(client: redis.Redis, shards: int, tasks: int, peek_every_call: bool) -> Any:
@@ -77,41 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line("python -m benchmarks.shard_count", argv), admin)
-        sent = _counting()
+        sent = count_requests(redis_agentstate)
         stores = {
             f"{mode} {n}": _setup(redis.Redis.from_url(server.url), n, args.tasks, mode == "peek")
             for mode in ("busy", "peek")
             for n in SHARD_COUNTS
         }
-        results = {name: {"client": [], "server": [], "trips": []} for name in stores}
 
-        def run(name: str) -> tuple[float, float, float]:
-            store = stores[name]
-            admin.config_resetstat()
-            before, t0 = sent[0], time.perf_counter()
-            for i in range(args.calls):
-                assert store.claim_next(token=f"w{i}", lease_ms=LEASE_MS) is not None
-            wall = time.perf_counter() - t0
-            return wall / args.calls * 1e6, _server_usec(admin) / args.calls, (sent[0] - before) / args.calls
+        def run(name: str) -> Sample:
+            return claim_next_sample(stores[name], admin, sent, args.calls, LEASE_MS)
 
-        contenders: dict[str, Callable[[], tuple[float, float, float]]] = {n: (lambda n=n: run(n)) for n in stores}
-        for fn in contenders.values():  # warm-up: scripts loaded, layouts read
-            fn()
-        for rnd in range(args.rounds):
-            order = list(contenders)
-            random.shuffle(order)
-            got = {name: contenders[name]() for name in order}
-            for name, (wall, srv, trips) in got.items():
-                results[name]["client"].append(wall)
-                results[name]["server"].append(srv)
-                results[name]["trips"].append(trips)
-            print(f"round {rnd + 1}: " + ", ".join(f"{k} {w:.0f} us ({s:.0f} server, {t:.2f} trips)"
-                                                   for k, (w, s, t) in got.items()), flush=True)  # fmt: skip
+        # The warm-up pass loads the scripts and reads each namespace's layout.
+        results = interleaved_rounds({n: (lambda n=n: run(n)) for n in stores}, args.rounds)
     finally:
         server.stop()
-    for name, r in results.items():
-        print(f"{name}: median {statistics.median(r['client']):.0f} us per call, server "
-              f"{statistics.median(r['server']):.1f} us, {statistics.median(r['trips']):.2f} round trips")  # fmt: skip
     if args.readme:
         report.publish(meta, "shard_count", results, {"rounds": args.rounds, "calls": args.calls, "tasks": args.tasks})
     return 0
@@ -119,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(results: dict[str, dict[str, list[float]]], params: dict[str, Any]) -> str:
     """The shard_count block: per claim_next call at each shard count, client us, server us, round trips."""
-    med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in results.items()}
     lines = [
         f"{params['rounds']} interleaved rounds of {params['calls']} `claim_next` calls per contender, each "
         f"namespace holding {params['tasks']:,} due tasks; median over rounds, min in brackets.",
@@ -130,10 +87,7 @@ def markdown(results: dict[str, dict[str, list[float]]], params: dict[str, Any])
     for name, r in results.items():
         mode, shards = name.split()
         label = "busy (candidates kept between peeks)" if mode == "busy" else "peek every call"
-        lines.append(
-            f"| {label} | {int(shards):,} | {med[name]['client']:.0f} ({min(r['client']):.0f}) | "
-            f"{med[name]['server']:.1f} ({min(r['server']):.1f}) | {med[name]['trips']:.2f} |"
-        )
+        lines.append(f"| {label} | {int(shards):,} | {sample_cells(r)} |")
     lines.append("")
     for mode in ("busy", "peek"):
         base = results[f"{mode} 64"]["server"]

@@ -1,7 +1,8 @@
 """The fault-injection suite: 8 Runner processes, a seeded nemesis, a history checker.
 
 ``test_chaos_fleet`` (marker ``chaos``; ``CHAOS_SECONDS``, default 60, bounds
-it; ``CHAOS_SEED`` picks the schedule, default 5):
+it; ``CHAOS_SEED`` picks the schedule, default 5; ``CHAOS_SHARDS`` the namespace's shard count,
+default 64):
 
 * a private ``redis-server --appendonly yes --appendfsync always``;
 * a ``FaultProxy`` in front of it; 8 worker processes (``faults/chaos_worker``)
@@ -361,8 +362,11 @@ def test_chaos_fleet() -> None:
     fleet = Fleet(f"chaos-{seed}", base, server.port, proxy, server, server_args)
     admin = redis.Redis(port=server.port, socket_timeout=10)
     ok = False
+    # CHAOS_SHARDS: the namespace's shard count (default 64). The workers build their stores with
+    # shards=None, so they run on whatever this first store recorded.
+    shards = int(os.environ["CHAOS_SHARDS"]) if os.environ.get("CHAOS_SHARDS") else None
     try:
-        store = CheckpointStore(admin, namespace=fleet.ns)
+        store = CheckpointStore(admin, namespace=fleet.ns, shards=shards)
         tids = [f"long-{i:02d}" for i in range(64)] + [f"short-{i:02d}" for i in range(16)] + POISON
         tids += ASK + TIMERS + CANCELS
         for tid in tids:
@@ -410,7 +414,7 @@ def test_chaos_fleet() -> None:
             proxy=dict(proxy.stats), tasks_finalized=sum(t.terminal for t in final.values()),
             worker_spawns=sum(fleet.spawns.values()),
             parked={tid: (cp.attempts if (cp := ops.load(tid)) and cp.parked else None) for tid in POISON},
-            live_places_after_stop=places,
+            live_places_after_stop=places, shards=ops.shards,
         )  # fmt: skip
         print("\nCHAOS REPORT " + json.dumps(figures, indent=1, sort_keys=True))
         if os.environ.get("CHAOS_REPORT"):

@@ -252,6 +252,32 @@ class TestNamespaceSetting:
         assert _core(store).keys is keys and keys.shards == 16
 
 
+class TestAtManyShards:
+    """Priorities and concurrency limits keep their guarantees at 1,024 shards (every backend)."""
+
+    def test_claim_next_serves_higher_priorities_first(self, make: Callable[..., Any], namespace: str) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=1024)
+        tids = ids_on_every_shard(Keys(namespace, 1024), prefix="p")[::16]  # 64 tasks, 64 shards apart
+        for i, tid in enumerate(tids):
+            assert store.create(Checkpoint(tid, priority=i % 4))
+        got = []
+        while (cp := store.claim_next(token="w", lease_ms=60_000)) is not None:
+            got.append(cp.priority)
+        assert got == sorted(got, reverse=True) and len(got) == len(tids)
+
+    def test_a_concurrency_limit_holds(self, make: Callable[..., Any], namespace: str) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=1024)
+        store.set_concurrency_limit("acme", 2)
+        tids = ids_on_every_shard(Keys(namespace, 1024), prefix="l")[:5]
+        for tid in tids:
+            assert store.create(Checkpoint(tid, concurrency_key="acme"))
+        got = []
+        while (cp := store.claim_next(token="w", lease_ms=60_000)) is not None:
+            got.append(cp.task_id)
+        assert len(got) == 2
+        assert [lim.live for lim in store.concurrency_limits() if lim.key == "acme"] == [2]
+
+
 class TestLegacyNamespace:
     """A namespace that held 0.2 data (``{ns#SS}`` tags, no record) keeps it where it is."""
 
