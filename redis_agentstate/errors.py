@@ -21,7 +21,7 @@ Every exception the library raises on purpose derives from one root::
     ├── ThreadBusy               another writer holds the LangGraph thread's lease
     ├── CursorExpired            retention trimmed the log past a watch cursor
     ├── PoolNotOpen              the pool was never opened
-    ├── ConfigConflict           the pool is open with a different config
+    ├── ConfigConflict           a pool open with another config; a namespace of another shard count
     ├── NotAMember               the run is not a member of the pool
     ├── ReplicationUnsafe        wait_replicas asks for more replicas than the primary has
     └── BackendError             Redis answered with an error we did not expect
@@ -225,7 +225,7 @@ class PoolNotOpen(AgentStateError):
 
 
 class ConfigConflict(AgentStateError):
-    """The agent pool is already open with a different config."""
+    """The agent pool is already open with a different config, or the namespace has another shard count."""
 
 
 class NotAMember(AgentStateError):
