@@ -355,6 +355,39 @@ class TestCluster:
             client.close()
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.real
+def test_a_namespace_fills_a_cluster_of_12_primaries() -> None:
+    """A bounded many-primary Cluster (the 24- and 48-primary figures are benchmarks.shard_spread's):
+    every store's flows run on a 256-shard namespace, every primary holds its share of the shards
+    and of the keys, none is idle, and 0.2's tags on the same cluster would leave it lopsided."""
+    from cluster_support import LocalCluster
+
+    cluster = LocalCluster.start(12, timeout=60.0)
+    try:
+        client = cluster.sync_client()
+        primaries = {n.name: client.get_redis_connection(n) for n in client.get_primaries()}
+        assert len(primaries) == 12
+        store = CheckpointStore(client, namespace="fill", shards=256)
+        keys = Keys("fill", 256)
+        claim_next_flow(store, ids_on_every_shard(keys, prefix="flow"))
+        pool_flow(PoolStore(client, namespace="fill"))
+        kv_flow(KeyValueStore(client, namespace="fill"), ids_on_every_shard(keys, prefix="k"))
+        owners = Counter(client.get_node_from_key(keys.shard_ready(s)).name for s in range(256))
+        assert sorted(owners) == sorted(primaries) and max(owners.values()) - min(owners.values()) <= 1
+        for i in range(6_000):
+            assert store.create(Checkpoint(f"task-{i}"))
+        per_primary = [int(conn.dbsize()) for conn in primaries.values()]
+        assert min(per_primary) > 0
+        assert max(per_primary) / (sum(per_primary) / 12) <= 1.15, per_primary
+        legacy = Counter(client.get_node_from_key(f"fill:{{fill#{s:02d}}}:ready").name for s in range(64))
+        assert max(legacy.values()) / (64 / 12) > 1.15  # what the slot-aware tags fix
+        client.close()
+    finally:
+        cluster.stop()
+
+
 class TestCli:
     """The CLI reads the namespace's layout as any client does."""
 
