@@ -94,7 +94,7 @@ ANNOUNCED = 2.0**52
 
 class _Candidates:
     """Due ready entries a peek saw, shared by every caller of one store: the next claim_next tries
-    the oldest of them in one round trip instead of peeking at 64 shard heads first.
+    the oldest of them in one round trip instead of peeking at every shard head first.
 
     An entry stays due until someone claims it (its score only moves on a claim, a commit or a
     release), and the claim script re-checks it anyway, so a stale one costs a refused script,

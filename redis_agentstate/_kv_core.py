@@ -6,7 +6,7 @@ The seam of the seeds (``get``/``set``/``delete`` plus batches, ``exists``,
 key can reach another namespace's or another kind's keys.
 
 Why ``keys()`` and ``count()`` need neither ``KEYS`` nor ``SCAN``: each of
-the 64 shards keeps an index in its own hash slot, written by the same
+the namespace's shards keeps an index in its own hash slot, written by the same
 script as the value (``lua/kv_set.lua``, ``lua/kv_delete.lua``), so it
 never misses a live key and works unchanged on Redis Cluster:
 

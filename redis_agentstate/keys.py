@@ -64,13 +64,22 @@ outside the shard tags, so not matched by ``pattern()``)::
     ns:demo:acks                  list   one JSON record per acknowledged commit
     ns:demo:ready                 hash   worker id -> pid, once the worker started
 
-``SS`` is ``crc32(task_id) % SHARDS``. The hash tag is the *shard*, not the
-task id, so that the shard's indexes (``tasks``, ``ready``, ``parked``) share the slot of
-every task in it: each script then updates state and index atomically, on a
+``SS`` is ``crc32(task_id) % shards`` and ``{ns#SS}`` stands for shard SS's hash tag. The hash
+tag is the *shard*, not the task id, so that the shard's indexes (``tasks``, ``ready``, ``parked``)
+share the slot of every task in it: each script then updates state and index atomically, on a
 single node or on Redis Cluster (where a script may only touch one slot).
-``SHARDS`` spreads a namespace over 64 slots, enough for clusters of dozens of
-primaries; it is part of the on-disk layout and must never change for a
-namespace that holds data.
+
+Layouts. How many shards a namespace has and how their tags are made is its *layout*, part of the
+on-disk format, stored with the namespace so every client agrees (``_ops/layout.py``)::
+
+    ns:{ns#layout}:layout         string "<layout> <shards>": "slots 64", or "legacy 64"
+
+``slots`` (every namespace first used by 0.3 or later): shard ``s`` of ``n`` has the tag
+``ns#<s>/<n>.<6 letters of h..o>``, the letters steered (``steer``) so that the tag lands in slot
+``offset + s * 16384 // n`` (``shard_slots``): the shards are evenly spaced round the slot space, so
+on a Cluster each primary's contiguous slot range holds its share of them, rounded. ``legacy``:
+0.2's tags ``ns#00`` .. ``ns#63``, which fall wherever CRC16 puts them; kept for a namespace that
+held data before it had a record. No two layouts (counts) share a tag.
 
 The task id comes last and verbatim after a fixed kind segment, and the
 namespace holds no braces, so no id (whatever it contains: colons, braces,
