@@ -46,6 +46,14 @@ def limited(store: Any, n: int, key: str = KEY, prefix: str = "t") -> list[str]:
     return tids
 
 
+def one_place_held(make: Callable[..., Any]) -> tuple[Any, str, str, Checkpoint]:
+    """A store whose key KEY has limit 1, two of its tasks ``a`` and ``b``, and ``a`` claimed by lease "A"."""
+    store = make(CheckpointStore, AsyncCheckpointStore)
+    store.set_concurrency_limit(KEY, 1)
+    a, b = limited(store, 2)
+    return store, a, b, store.claim(a, 1, token="A", lease_ms=LONG_MS)
+
+
 def drain(store: Any, token: str = "w") -> list[str]:
     got = []
     while (cp := store.claim_next(token=token, lease_ms=LONG_MS)) is not None:
@@ -84,10 +92,7 @@ class TestLimits:
         assert live(store) == 2
 
     def test_a_commit_gives_the_place_back(self, make: Callable[..., Any]) -> None:
-        store = make(CheckpointStore, AsyncCheckpointStore)
-        store.set_concurrency_limit(KEY, 1)
-        a, b = limited(store, 2)
-        cp = store.claim(a, 1, token="A", lease_ms=LONG_MS)
+        store, _, b, cp = one_place_held(make)
         with pytest.raises(ConcurrencyLimited):
             store.claim(b, 1, token="B", lease_ms=LONG_MS)
         assert commit(store, cp)
@@ -120,10 +125,7 @@ class TestLimits:
     def test_a_place_given_back_wakes_a_put_off_task_at_once(
         self, make: Callable[..., Any], raw: Any, namespace: str
     ) -> None:
-        store = make(CheckpointStore, AsyncCheckpointStore)
-        store.set_concurrency_limit(KEY, 1)
-        a, b = limited(store, 2)
-        cp = store.claim(a, 1, token="A", lease_ms=LONG_MS)
+        store, a, b, cp = one_place_held(make)
         assert store.claim_next(token="W", lease_ms=LONG_MS) is None  # b put off: the key is full
         ready = Keys(namespace).task(b).ready
         assert raw.zscore(ready, b) >= cp.lease_expires_at_ms  # until a's place runs out at the latest
@@ -174,10 +176,7 @@ class TestLimits:
     def test_commit_and_claim_moves_the_place_to_the_next_cycle(
         self, make: Callable[..., Any], raw: Any, namespace: str
     ) -> None:
-        store = make(CheckpointStore, AsyncCheckpointStore)
-        store.set_concurrency_limit(KEY, 1)
-        a, b = limited(store, 2)
-        cp = store.claim(a, 1, token="A", lease_ms=LONG_MS)
+        store, a, b, cp = one_place_held(make)
         cp.cycle_index = 1
         nxt = store.commit_and_claim(cp, token="A", expected_revision=cp.revision, lease_ms=LONG_MS, next_token="A2")
         assert nxt is not None and nxt.claimed_cycle == 2 and nxt.concurrency_key == KEY
