@@ -34,32 +34,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from redis_agentstate.keys import DEFAULT_SHARDS, LAYOUT_LEGACY, LAYOUT_SLOTS, SLOTS, key_slot, shard_tags
+from redis_agentstate.keys import DEFAULT_SHARDS, LAYOUT_LEGACY, LAYOUT_SLOTS
 
 from . import report
 from ._util import command_line, run_meta
+from .scale import even_ranges, shard_slots
 
 __all__ = ["main", "spread"]
 
 PRIMARIES = (3, 6, 12, 24, 48, 96)
 LAYOUTS = ((LAYOUT_LEGACY, 64), (LAYOUT_SLOTS, 64), (LAYOUT_SLOTS, 256), (LAYOUT_SLOTS, 1024))
-
-
-def even_ranges(primaries: int) -> list[tuple[int, int]]:
-    """The slot ranges ``redis-cli --cluster create`` gives ``primaries`` primaries (its own arithmetic)."""
-    per = SLOTS / primaries
-    ranges, first, cursor = [], 0, 0.0
-    for i in range(primaries):
-        last = round(cursor + per - 1)
-        if last > SLOTS - 1 or i == primaries - 1:
-            last = SLOTS - 1
-        ranges.append((first, last))
-        first, cursor = last + 1, cursor + per
-    return ranges
-
-
-def slots_of(namespace: str, layout: str = LAYOUT_SLOTS, shards: int = DEFAULT_SHARDS) -> list[int]:
-    return [key_slot(tag.encode("utf-8")) for tag in shard_tags(namespace, shards, layout)]
 
 
 def per_primary(slots: list[int], primaries: int) -> list[int]:
@@ -71,7 +55,7 @@ def per_primary(slots: list[int], primaries: int) -> list[int]:
 
 def spread(namespace: str, primaries: int, layout: str = LAYOUT_SLOTS, shards: int = DEFAULT_SHARDS) -> list[int]:
     """Shards of ``namespace`` per primary (a list of ``primaries`` counts), with redis-cli's even ranges."""
-    return per_primary(slots_of(namespace, layout, shards), primaries)
+    return per_primary(shard_slots(namespace, shards, layout), primaries)
 
 
 def _ratio(counts: list[int]) -> float:
@@ -85,8 +69,8 @@ def _random_namespace(rng: random.Random) -> str:
 def arithmetic(names: list[str]) -> list[dict[str, Any]]:
     rows = []
     for layout, shards in LAYOUTS:
-        ours = slots_of("agentstate", layout, shards)
-        theirs = [slots_of(ns, layout, shards) for ns in names]
+        ours = shard_slots("agentstate", shards, layout)
+        theirs = [shard_slots(ns, shards, layout) for ns in names]
         for n in PRIMARIES:
             mine = per_primary(ours, n)
             per_name = [per_primary(slots, n) for slots in theirs]

@@ -395,21 +395,18 @@ class Keys:
 
     __slots__ = ("_shard_prefixes", "layout", "namespace", "shards")
 
-    def __init__(self, namespace: str, shards: int = DEFAULT_SHARDS, layout: str = LAYOUT_SLOTS) -> None:
+    def __init__(self, namespace: str, shards: int | None = DEFAULT_SHARDS, layout: str = LAYOUT_SLOTS) -> None:
+        """``shards=None``: the layout is not known yet (``unresolved``)."""
         self.namespace = validate_namespace(namespace)
-        self.shards = 0
-        self.layout = layout
+        self.shards, self.layout = 0, ""
         self._shard_prefixes: Sequence[str] = _Unresolved(namespace)
-        self.configure(shards, layout)
+        if shards is not None:
+            self.configure(shards, layout)
 
     @classmethod
     def unresolved(cls, namespace: str) -> Keys:
         """Keys whose layout is not known yet: ``configure`` sets it (a store's first operation)."""
-        keys = cls.__new__(cls)
-        keys.namespace = validate_namespace(namespace)
-        keys.shards, keys.layout = 0, ""
-        keys._shard_prefixes = _Unresolved(namespace)
-        return keys
+        return cls(namespace, None)
 
     @property
     def resolved(self) -> bool:
@@ -436,12 +433,9 @@ class Keys:
         """Per shard of the legacy layout, the indexes that list what it holds (tasks, parked tasks,
         pools, KV keys, LangGraph threads), and in shard 00 the limits registry: a namespace with
         any of them held data before it had a layout record."""
-        ns = self.namespace
-        out = []
-        for s in range(DEFAULT_SHARDS):
-            p = f"{ns}:{{{ns}#{s:02d}}}:"
-            out.append([p + "tasks", p + "parked", p + "pools", p + "kvkeys", p + "lgthreads"])
-        out[0].append(f"{ns}:{{{ns}#00}}:limits")
+        prefixes = [f"{self.namespace}:{{{tag}}}:" for tag in shard_tags(self.namespace, DEFAULT_SHARDS, LAYOUT_LEGACY)]
+        out = [[p + "tasks", p + "parked", p + "pools", p + "kvkeys", p + "lgthreads"] for p in prefixes]
+        out[0].append(prefixes[0] + "limits")
         return out
 
     def shard_of(self, ident: str) -> int:
