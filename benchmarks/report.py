@@ -406,7 +406,7 @@ RENDERERS = {
 
 
 #: Commands of their own (``python -m benchmarks.NAME --readme``): each writes block NAME and results/NAME.json.
-STANDALONE = ("script_floor", "functions_ab", "blocking", "shard_spread", "shard_count")
+STANDALONE = ("script_floor", "functions_ab", "blocking", "shard_spread", "shard_count", "reshard")
 
 
 def publish(meta: dict[str, Any], name: str, data: dict[str, Any], params: dict[str, Any]) -> None:

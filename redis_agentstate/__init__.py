@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._ops import RetryPolicy
+from ._reshard import ReshardReport
 from .checkpoint import AsyncCheckpointStore, CheckpointStore
 from .codec import FORMAT_VERSION
 from .errors import (
@@ -56,6 +57,7 @@ __version__ = "0.1.0"
 """The package version."""
 
 __all__ = [
+    "ReshardReport",
     "FORMAT_VERSION",
     "TERMINAL_STATUSES",
     "AgentStateError",

@@ -120,6 +120,8 @@ class CheckpointBase:
         # Key strings are rebuilt for every call otherwise; hot tasks are few.
         self._task_keys = functools.lru_cache(maxsize=4096)(self.keys.task)
         self._wire_keys = functools.lru_cache(maxsize=4096)(self._encode_keys)
+        # A reshard moves tasks to other shards: keys built for the old layout are rebuilt.
+        self.keys.listeners += [self._task_keys.cache_clear, self._wire_keys.cache_clear]
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**31)
         self.history = HistoryCache(check_int(history_cache, "history_cache", 0, 2**31))
         #: (task id, token) -> the concurrency key whose limiter place that lease holds through this

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import scripts as S
 from ._checkpoint_base import CheckpointBase, _s, _time_ms
-from ._ops import Batch, Call, Op, Pipe, list_indexes
+from ._ops import Batch, Call, Op, Pipe, list_indexes, restart
 from ._validate import check_id
 
 __all__ = ["CheckpointListing"]
@@ -83,6 +83,10 @@ class CheckpointListing(CheckpointBase):
         deleted since it was listed has no row.
         """
         ids = [check_id(t, "task_id") for t in task_ids]
+        # A reshard may split a shard between the chunk's tasks: then the whole read starts over.
+        return (yield from restart(lambda: self._summaries(ids)))
+
+    def _summaries(self, ids: builtins.list[str]) -> Op[tuple[int, builtins.list[dict[str, Any]]]]:
         by_shard: dict[int, builtins.list[int]] = {}
         for i, tid in enumerate(ids):
             by_shard.setdefault(self.keys.shard_of(tid), []).append(i)
@@ -117,7 +121,7 @@ class CheckpointListing(CheckpointBase):
         is left out and dropped from the indexes (``prune``): one pipelined
         ``EXISTS`` per id, by pages, so the cost stays that of the listing.
         """
-        ids = yield from list_indexes([self.keys.shard_tasks(s) for s in range(self.keys.shards)])
+        ids = yield from restart(lambda: list_indexes([self.keys.shard_tasks(s) for s in range(self.keys.shards)]))
         return (yield from self.live(ids))
 
     def live(self, ids: Sequence[str]) -> Op[builtins.list[str]]:
@@ -137,6 +141,9 @@ class CheckpointListing(CheckpointBase):
         """Drop the index entries of tasks a reader found without a checkpoint (prune.lua, by shard)."""
         if not missing:
             return 0
+        return (yield from restart(lambda: self._prune(missing)))
+
+    def _prune(self, missing: Sequence[str]) -> Op[int]:
         by_shard: dict[int, builtins.list[str]] = {}
         for tid in missing:
             by_shard.setdefault(self.keys.shard_of(tid), []).append(tid)

@@ -22,7 +22,7 @@ from typing import Any
 from . import scripts as S
 from ._checkpoint_base import _CLAIMED, _s, _time_ms, _zset_entries
 from ._limits import ConcurrencyLimits
-from ._ops import Call, Op, Pipe, corrupt_state, member_id
+from ._ops import Call, Op, Pipe, corrupt_state, member_id, restartable
 from ._validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 from .errors import CorruptState
 from .models import Checkpoint
@@ -292,8 +292,10 @@ class ClaimScheduling(ConcurrencyLimits):
         """``task_id`` was announced due (the store's wake-up subscription): the next claim tries it first."""
         self._candidates.announce(task_id)
 
+    @restartable
     def claim_next_probe(self, token: str, lease_ms: int) -> Op[ClaimNextFound]:
-        """``claim_next`` (arguments checked already), also reporting what a blocked caller times itself by."""
+        """``claim_next`` (arguments checked already), also reporting what a blocked caller times itself by
+        (started over when a reshard moves a shard it peeks at)."""
         if self._candidates:
             cp = yield from self._claim_candidates(token, lease_ms)
             if cp is not None:
@@ -306,7 +308,7 @@ class ClaimScheduling(ConcurrencyLimits):
         heads = [("ZRANGE", self.keys.shard_ready(s), 0, peek, "WITHSCORES") for s in range(self.keys.shards)]
         wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
-            replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True)
+            replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True, by_record=True)
             now = _time_ms(replies[0])
             entries, broken = self._shard_heads(heads, replies[1:])
             entries = yield from self._past_higher_priorities(entries, now)
@@ -357,7 +359,7 @@ class ClaimScheduling(ConcurrencyLimits):
                  "+inf", "WITHSCORES", "LIMIT", 0, full)
                 for s in hidden
             ]  # fmt: skip
-            replies = yield Pipe(cmds, wrongtype_ok=True)
+            replies = yield Pipe(cmds, wrongtype_ok=True, by_record=True)
             more, _ = self._shard_heads(cmds, replies)
             for s, extra in zip(hidden, more, strict=True):
                 entries[s] = entries[s] + extra

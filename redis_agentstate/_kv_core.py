@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._ops import Batch, Call, Command, Op, Pipe, member_id
+from ._ops import Batch, Call, Command, Op, Pipe, member_id, restart, restartable
 from ._validate import check_id, check_int
 from .errors import InvalidArgument
 from .keys import Keys
@@ -105,7 +105,7 @@ class KvCore:
 
     def _index(self, key: str) -> list[str]:
         """KEYS of a one-key kv script: the key's shard index, then its value key."""
-        return [*self.keys.kv_index(self.keys.shard_of(key)), self.keys.kv(key)]
+        return list(self.keys.kv_keys(key))
 
     # ---- operations -----------------------------------------------------
 
@@ -135,19 +135,25 @@ class KvCore:
     ) -> Op[None]:
         pairs = self._items(items)
         ttl = self._ttl(ttl_ms)
-        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        # Setting them again is harmless: a reshard that splits a chunk's shard starts it over.
+        return (yield from restart(lambda: self._set_many(pairs, ttl)))
+
+    def _set_many(self, pairs: list[tuple[str, bytes]], ttl: str) -> Op[None]:
+        # Grouped by the keys each builds (one reading of the layout per key): a call's keys share a shard.
+        by_shard: dict[tuple[str, str], list[tuple[str, str, bytes]]] = {}
         for key, value in pairs:
-            by_shard.setdefault(self.keys.shard_of(key), []).append((key, value))
+            keys_index, ttls, value_key = self.keys.kv_keys(key)
+            by_shard.setdefault((keys_index, ttls), []).append((key, value_key, value))
         calls: list[Call] = []
-        for shard, group in by_shard.items():
-            index = list(self.keys.kv_index(shard))
+        for index_keys, group in by_shard.items():
+            index = list(index_keys)
             chunk: list[tuple[str, bytes]] = []
             size = 0
-            for key, value in group:
+            for _key, value_key, value in group:
                 if chunk and (len(chunk) >= _BATCH_KEYS or size + len(value) > _BATCH_BYTES):
                     calls.append(self._set_call(index, chunk, ttl))
                     chunk, size = [], 0
-                chunk.append((key, value))
+                chunk.append((value_key, value))
                 size += len(value)
             calls.append(self._set_call(index, chunk, ttl))
         if calls:
@@ -155,13 +161,13 @@ class KvCore:
         return None
 
     def _set_call(self, index: list[str], chunk: list[tuple[str, bytes]], ttl: str) -> Call:
-        value_keys = [self.keys.kv(k) for k, _ in chunk]
-        return Call(KV_SET, [*index, *value_keys], [ttl, *(v for _, v in chunk)])
+        return Call(KV_SET, [*index, *(k for k, _ in chunk)], [ttl, *(v for _, v in chunk)])
 
     def delete(self, key: str) -> Op[None]:
         yield Call(KV_DELETE, self._index(self._key(key)), [])
         return None
 
+    @restartable
     def keys_list(self) -> Op[list[str]]:
         """Every live key, sorted: pages of every shard's index, one pipeline per round."""
         found: list[str] = []
@@ -177,6 +183,7 @@ class KvCore:
         found.sort()
         return found
 
+    @restartable
     def count(self) -> Op[int]:
         replies = yield Batch([Call(KV_COUNT, self.keys.kv_index(s), []) for s in range(self.keys.shards)])
         return sum(int(r) for r in replies)

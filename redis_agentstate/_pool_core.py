@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._ops import Call, Op, list_indexes
+from ._ops import Call, Op, list_indexes, restart
 from ._pool_log import MAX_WATCH_COUNT, PoolLog
 from ._pool_records import (
     _canonical,
@@ -372,4 +372,4 @@ class PoolCore(PoolLog):
 
     def list(self) -> Op[list[str]]:
         """Every pool id of the namespace, from the per-shard indexes, paged (never KEYS or SCAN)."""
-        return (yield from list_indexes([self.keys.shard_pools(s) for s in range(self.keys.shards)]))
+        return (yield from restart(lambda: list_indexes([self.keys.shard_pools(s) for s in range(self.keys.shards)])))

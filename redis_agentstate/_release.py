@@ -12,7 +12,7 @@ import builtins
 from . import scripts as S
 from ._checkpoint_base import _s
 from ._limits import ConcurrencyLimits
-from ._ops import Call, Op, list_indexes, new_nonce
+from ._ops import Call, Op, list_indexes, new_nonce, restart
 from ._validate import check_id
 from .errors import CorruptState, InvalidArgument, NotParked, TaskNotFound
 from .scripts import Reply
@@ -91,4 +91,4 @@ class Releases(ConcurrencyLimits):
 
     def list_parked(self) -> Op[builtins.list[str]]:
         """Every parked task id, from the per-shard parked indexes, paged (never KEYS or SCAN)."""
-        return (yield from list_indexes([self.keys.shard_parked(s) for s in range(self.keys.shards)]))
+        return (yield from restart(lambda: list_indexes([self.keys.shard_parked(s) for s in range(self.keys.shards)])))

@@ -28,7 +28,7 @@ from typing import Any
 
 from ._checkpoint_base import _time_ms, _zset_entries
 from ._checkpoint_core import CheckpointCore
-from ._ops import Op, Pipe, member_id
+from ._ops import Op, Pipe, ShardMoved, member_id, restartable
 from ._validate import MAX_PRIORITY, PRIORITY_BAND_MS
 from .errors import AgentStateError
 from .keys import Keys
@@ -66,10 +66,16 @@ class StatusCounts:
     #: Rows found parked (poison tasks: not claimable until requeued).
     parked: int = 0
     corrupt: dict[str, str] = field(default_factory=dict)
+    #: The first ``keep`` (``status_counts``) rows of tasks under a live lease, and of tasks waiting
+    #: for a person, in the order met: what a dashboard lists, never more than asked.
+    leased: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[dict[str, Any]] = field(default_factory=list)
 
 
-def status_counts(core: CheckpointCore, page: int = STATUS_PAGE) -> Op[StatusCounts]:
-    """Every task's status, ``page`` ids per shard per round trip (never the whole index at once).
+@restartable
+def status_counts(core: CheckpointCore, page: int = STATUS_PAGE, keep: int = 0) -> Op[StatusCounts]:
+    """Every task's status, ``page`` ids per shard per round trip (never the whole index at once);
+    with ``keep``, also the rows of the first ``keep`` leased and waiting tasks.
 
     Each page goes through ``CheckpointCore.summaries``, which drops the index
     entries of tasks that expired (``terminal_ttl_ms``) as it meets them.
@@ -95,6 +101,10 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE) -> Op[StatusCou
                 out.corrupt[r["task_id"]] = r["corrupt"]
                 continue
             live = r["lease_state"] == "live"
+            if live and len(out.leased) < keep:
+                out.leased.append(r)
+            if r["status"] == "wait_user" and len(out.waiting) < keep:
+                out.waiting.append(r)
             out.live_leases += live
             out.expired_leases += r["lease_state"] == "expired"
             out.parked += r["parked"]
@@ -105,6 +115,7 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE) -> Op[StatusCou
     return out
 
 
+@restartable
 def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
     """Server time (ms) and the namespace's claims, commits and takeovers since the counters began."""
     replies = yield Pipe([("TIME",), *(("HMGET", keys.shard_counters(s), *COUNTER_FIELDS) for s in range(keys.shards))])
@@ -116,6 +127,7 @@ def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
     return _time_ms(replies[0]), totals
 
 
+@restartable
 def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     """Server time, the number of tasks due now, and the oldest due task with how long it has waited (ms)."""
     n = keys.shards
@@ -166,6 +178,7 @@ class ParkedTasks:
 PARKED_SHOWN = 5
 
 
+@restartable
 def parked_tasks(core: CheckpointCore, show: int = PARKED_SHOWN) -> Op[ParkedTasks]:
     """How many tasks are parked, and the first ``show`` of them (id order) with their last failure.
 
@@ -230,6 +243,7 @@ def _shard_keys(keys: Keys, shard: int) -> list[str]:
             keys.shard_runs(shard)]  # fmt: skip
 
 
+@restartable
 def memory_estimate(
     keys: Keys, sample: int = DEFAULT_MEMORY_SAMPLE, rng: random.Random | None = None
 ) -> Op[MemoryEstimate]:
@@ -265,6 +279,8 @@ def memory_estimate(
     measure = [key for group in owner_keys for key in group] + shard_keys
     try:
         sizes = yield Pipe([("MEMORY", "USAGE", key) for key in measure])
+    except ShardMoved:
+        raise
     except AgentStateError as exc:
         return MemoryEstimate(None, {}, 0, 0, f"the server does not answer MEMORY USAGE ({exc})")
     at = 0

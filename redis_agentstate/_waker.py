@@ -269,7 +269,10 @@ class SyncWaker:
 
     def __init__(self, client: Any, keys: Keys, on_due: Callable[[str], None] | None = None) -> None:
         self._client = client
+        self._keys = keys
         self._channels = channels(keys)
+        #: The layout the channels were built for: a reshard moves the shards to other channels.
+        self._version = keys.version
         self._on_due = on_due
         self.state = WakeState()
         self.lock = threading.Lock()
@@ -299,6 +302,7 @@ class SyncWaker:
                 generation = self._generation
                 self._ready = ready = threading.Event()
                 starter = True
+                self._channels, self._version = channels(self._keys), self._keys.version
         if not starter:
             ready.wait(2 * SUBSCRIBE_TIMEOUT_S)
             return
@@ -419,11 +423,14 @@ class SyncWaker:
                 with self.lock:
                     if generation != self._generation:
                         return
-                    if self.state.idle(time.monotonic()):
+                    if self.state.idle(time.monotonic()) or self._keys.version != self._version:
+                        # Lingered out, or resharded (the channels moved): a caller that wants the
+                        # subscription starts it again, on the channels of the layout it now has.
                         self._running = False
                         self._generation += 1
                         self.state.subscribed = False
-                        return
+                        woken = self.state.lost() if self._keys.version != self._version else []
+                        break
                 message = pubsub.get_message(timeout=LISTEN_S)
                 if message is not None:
                     if message.get("type") in ("sunsubscribe", b"sunsubscribe"):
@@ -431,9 +438,11 @@ class SyncWaker:
                     self._on_message(message)
         except Exception as exc:  # the connection died: every caller re-checks, the next one resubscribes
             self._down(generation, exc)
+            return
         finally:
             with contextlib.suppress(Exception):
                 pubsub.close()
+        self.signal(woken)
 
     def claim(
         self, attempt: Callable[[], ClaimNextFound], block_ms: int, now: Callable[[], float]
@@ -500,7 +509,10 @@ class AsyncWaker:
 
     def __init__(self, client: Any, keys: Keys, on_due: Callable[[str], None] | None = None) -> None:
         self._client = client
+        self._keys = keys
         self._channels = channels(keys)
+        #: The layout the channels were built for: a reshard moves the shards to other channels.
+        self._version = keys.version
         self._on_due = on_due
         self.state = WakeState()
         self._tasks: list[asyncio.Task[None]] = []
@@ -533,6 +545,7 @@ class AsyncWaker:
         self._starting = loop.create_future()
         self._generation += 1
         generation = self._generation
+        self._channels, self._version = channels(self._keys), self._keys.version
         starting = self._starting
         subs: list[tuple[Any, Any]] = []
         try:
@@ -648,6 +661,12 @@ class AsyncWaker:
                 if self.state.idle(time.monotonic()):
                     self._generation += 1
                     self.state.subscribed = False
+                    return
+                if self._keys.version != self._version:
+                    # Resharded: the channels moved; every caller probes again and one resubscribes.
+                    self._generation += 1
+                    self.state.subscribed = False
+                    self.signal(self.state.lost())
                     return
                 message = await pubsub.get_message(timeout=LISTEN_S)
                 if message is not None:

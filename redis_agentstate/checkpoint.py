@@ -11,6 +11,7 @@ from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
 from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
 from ._limits import LimitState
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._reshard import ReshardReport, reshard
 from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
 from .errors import TaskCancelled
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from .lease import AsyncLease, Lease
 
 __all__ = ["AsyncCheckpointStore", "CheckpointStore"]
+
+
+def _mover(shards: int, progress: Callable[[int, int], None] | None) -> Callable[[Any, bool], Any]:
+    return lambda keys, cluster: reshard(keys, shards, cluster=cluster, progress=progress)
 
 
 class _Checkpoints(StoreShell[CheckpointCore]):
@@ -293,6 +298,12 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """Every task id of the namespace, sorted."""
         return self._run(self._core.list())
 
+    def reshard(self, shards: int, *, progress: Callable[[int, int], None] | None = None) -> ReshardReport:
+        """Grow the namespace (its tasks, pools, KV keys and LangGraph threads) to ``shards`` shards, a
+        multiple of its count, while workers keep working (``agentstate reshard``; docs/operations.md).
+        ``progress(moved, of)`` after each old shard; run again with the same count to finish one that stopped."""
+        return self._reshard(_mover(shards, progress))  # type: ignore[no-any-return]
+
 
 class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     """The asyncio twin of :class:`CheckpointStore` (``redis.asyncio`` clients)."""
@@ -464,3 +475,7 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
     async def list(self) -> list[str]:
         """Every task id of the namespace, sorted."""
         return await self._run(self._core.list())
+
+    async def reshard(self, shards: int, *, progress: Callable[[int, int], None] | None = None) -> ReshardReport:
+        """The asyncio twin of :meth:`CheckpointStore.reshard`."""
+        return await self._reshard(_mover(shards, progress))  # type: ignore[no-any-return]

@@ -348,6 +348,33 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reshard(args: argparse.Namespace) -> int:
+    """``reshard --shards N``: grow the namespace to N shards (a multiple of its count) while it runs."""
+    store = _store(args)
+    quiet = args.json
+
+    def progress(moved: int, of: int) -> None:
+        if not quiet:
+            print(f"  moved {moved}/{of} old shards", file=sys.stderr, flush=True)
+
+    report = store.reshard(args.shards, progress=progress)
+    data = {"namespace": report.namespace, "from_shards": report.from_shards, "to_shards": report.to_shards,
+            "moved_shards": report.moved, "keys": report.keys, "seconds": round(report.seconds, 3),
+            "worst_pause_ms": round(report.worst_pause_ms, 1), "unknown_keys": report.unknown}  # fmt: skip
+    if args.json:
+        print(_dump(data))
+        return 0
+    if not report.moved:
+        print(f"namespace {esc(report.namespace)} has {report.to_shards} shards already: nothing moved")
+        return 0
+    print(f"namespace {esc(report.namespace)}: {report.from_shards} -> {report.to_shards} shards; moved "
+          f"{report.moved} old shard(s), {report.keys} key(s) in {report.seconds:.2f} s; the longest a shard "
+          f"was sealed: {report.worst_pause_ms:.0f} ms")  # fmt: skip
+    if report.unknown:
+        print(f"left {report.unknown} key(s) under the old shards' tags that this library did not write")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
     cp = store.load(args.task)
@@ -445,6 +472,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "namespace": store.namespace,
         "shards": store.shards,
         "layout": store._core.keys.layout,
+        # A reshard under way (agentstate reshard): the count it grows to and the old shards moved so far.
+        "resharding": None if not (keys := store._core.keys).target else {"to": keys.target, "moved": keys.moved},
         "server_time_ms": now,
         "tasks": len(rows),
         "by_status": dict(sorted(by_status.items())),
@@ -462,8 +491,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(_dump(data))
         return 0
+    growing = data["resharding"]
     print(
         f"namespace {esc(repr(store.namespace))}: {len(rows)} task(s), {store.shards} shards ({data['layout']} layout)"
+        + (f"; resharding to {growing['to']}: {growing['moved']} of {store.shards} moved" if growing else "")
     )
     for status, n in sorted(by_status.items()):
         print(f"  {esc(status):<24} {n}")
@@ -584,6 +615,12 @@ def build_parser() -> argparse.ArgumentParser:
     limit.add_argument("limit", help="the most live leases at once, or 'none' to remove the limit")
     limit.set_defaults(func=cmd_limit)
 
+    reshard = sub.add_parser("reshard", parents=[common],
+                             help="grow the namespace to more shards while workers keep working")  # fmt: skip
+    reshard.add_argument("--shards", type=_positive, required=True, metavar="N",
+                         help="the new shard count: a multiple of the current one, at most 16384")  # fmt: skip
+    reshard.set_defaults(func=cmd_reshard)
+
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")
     show.add_argument("--messages", type=int, default=10, help="how many of the last messages to print")
@@ -625,7 +662,73 @@ def build_parser() -> argparse.ArgumentParser:
         help="owners of each kind measured with MEMORY USAGE for the memory estimate (default 32)",
     )
     stats.set_defaults(func=cmd_stats)
+
+    _add_langgraph(sub, common)
+    serve = sub.add_parser("serve", parents=[common],
+                           help="LangGraph's server API (langgraph-sdk, RemoteGraph) over the runs")  # fmt: skip
+    serve.add_argument("--graph", action="append", required=True, metavar="NAME=MODULE:ATTR",
+                       help="a graph to serve (repeatable); its runs and threads are in namespace NS.NAME")  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
+    serve.add_argument("--port", type=_positive, default=2024, help="port (default 2024)")
+    serve.add_argument("--token", default=None,
+                       help="writes need it (x-api-key or Authorization: Bearer); $AGENTSTATE_TOKEN")  # fmt: skip
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="runs each graph executes at once in this process (0: a fleet elsewhere does)")  # fmt: skip
+    serve.set_defaults(func=_cmd_serve)
     return parser
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .server.cli import cmd_serve
+
+    url = args.url or os.environ.get("REDIS_URL")
+    if not url:
+        raise CliError("no Redis given: pass --url redis://host:port/0 or set REDIS_URL", "NoRedisURL")
+    _client(args)  # the URL checked as every command checks it (its errors never show the password)
+    return cmd_serve(args, url, bool(args.cluster))
+
+
+def _add_langgraph(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``agentstate langgraph worker|runs|tail|cancel`` (the ``langgraph`` extra, imported when run)."""
+    lg = sub.add_parser("langgraph", help="LangGraph runs: a worker, a thread's runs, a run's live events, cancel")
+    lg_sub = lg.add_subparsers(dest="lg_command", required=True, metavar="COMMAND")
+    queue_ns = _Parser(add_help=False)
+    queue_ns.add_argument("--queue-namespace", default="agentstate", metavar="NS", dest="queue_namespace",
+                          type=namespace_arg, help="the RunQueue's namespace (default agentstate)")  # fmt: skip
+
+    def handler(name: str) -> Any:
+        def run(args: argparse.Namespace) -> int:
+            try:
+                from .langgraph import cli as lg_cli
+            except ImportError as exc:
+                raise CliError(f"agentstate langgraph needs the langgraph extra: {exc}", "MissingExtra") from exc
+            return int(getattr(lg_cli, name)(args, lambda: _client(args)))
+
+        return run
+
+    worker = lg_sub.add_parser("worker", parents=[common, queue_ns], help="execute the queue's runs with a graph")
+    worker.add_argument("graph", metavar="MODULE:ATTR", help="a compiled graph (or a StateGraph, compiled)")
+    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="runs at once (threads)")
+    worker.add_argument("--lease-ms", type=_positive, default=30_000, metavar="MS",
+                        help="the thread lease: a dead worker's runs are taken over after about this long")  # fmt: skip
+    worker.add_argument("--saver-namespace", default="agentstate", metavar="NS", type=namespace_arg,
+                        help="the AgentStateSaver's namespace (default agentstate)")  # fmt: skip
+    worker.add_argument("--graph-id", default=None, metavar="NAME",
+                        help="the graph's name: runs whose metadata graph_id names another end as errors "
+                        "(default: ATTR)")  # fmt: skip
+    worker.set_defaults(func=handler("cmd_worker"))
+    runs = lg_sub.add_parser("runs", parents=[common, queue_ns], help="a thread's runs, newest first")
+    runs.add_argument("thread")
+    runs.add_argument("--limit", type=_positive, default=20, metavar="N")
+    runs.set_defaults(func=handler("cmd_runs"))
+    tail = lg_sub.add_parser("tail", parents=[common, queue_ns], help="a run's events, live until it ends")
+    tail.add_argument("run")
+    tail.add_argument("--after", default=None, metavar="EVENT_ID", help="start after this event id")
+    tail.set_defaults(func=handler("cmd_tail"))
+    cancel = lg_sub.add_parser("cancel", parents=[common, queue_ns], help="stop a run, pending or running")
+    cancel.add_argument("run")
+    cancel.add_argument("--rollback", action="store_true", help="also delete the run and the checkpoints it wrote")
+    cancel.set_defaults(func=handler("cmd_cancel"))
 
 
 #: Exit status when stdout's reader went away: 128 + SIGPIPE, what a shell reports for a

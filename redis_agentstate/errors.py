@@ -19,6 +19,8 @@ Every exception the library raises on purpose derives from one root::
     ├── LeaseLost                a lease keeper could not keep its lease
     ├── TaskCancelled            the task was cancelled (a cancelled lease's LeaseLost.__cause__)
     ├── ThreadBusy               another writer holds the LangGraph thread's lease
+    ├── RunRejected              a LangGraph run refused by its thread's multitask check (reject)
+    ├── RunNotFound              (also a KeyError) no such LangGraph run
     ├── CursorExpired            retention trimmed the log past a watch cursor
     ├── PoolNotOpen              the pool was never opened
     ├── ConfigConflict           a pool open with another config; a namespace of another shard count
@@ -59,6 +61,8 @@ __all__ = [
     "TaskParked",
     "ThreadBusy",
     "ReplicationUnsafe",
+    "RunNotFound",
+    "RunRejected",
     "WriteNotReplicated",
 ]
 
@@ -214,6 +218,27 @@ class TaskCancelled(AgentStateError):
 class ThreadBusy(AgentStateError):
     """Another writer holds the lease on this LangGraph thread (``task_id`` names the thread);
     nothing was written."""
+
+
+class RunRejected(AgentStateError):
+    """The thread has a pending or running run, and the new run's strategy is ``reject``."""
+
+    def __init__(self, message: str, *, thread_id: str, run_id: str | None = None) -> None:
+        super().__init__(message, task_id=thread_id)
+        self.thread_id = thread_id
+        #: The active run that made the new one rejected.
+        self.run_id = run_id
+
+
+class RunNotFound(AgentStateError, KeyError):
+    """No such run (never created, rolled back, or expired after it ended)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}")
+        self.run_id = run_id
+
+    def __str__(self) -> str:  # KeyError quotes its argument; say it plainly
+        return f"no run {self.run_id!r}"
 
 
 class CursorExpired(AgentStateError):

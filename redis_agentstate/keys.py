@@ -56,6 +56,17 @@ LangGraph threads (``redis_agentstate.langgraph``; ``SS`` is the shard of the th
     ns:{ns#SS}:lgthreads            zset   every thread id of shard SS (score 0)
     ns:{ns#SS}:lgruns               zset   <run_id>\0<thread_id> of shard SS (score 0)
 
+LangGraph run queues (``redis_agentstate.langgraph.RunQueue``, in the queue's namespace; ``SS`` is
+the shard of the thread id, so a thread's runs share the slot of its task ``cp:<thread_id>``;
+``RR`` the shard of the run id)::
+
+    ns:{ns#SS}:lgrq:<thread_id>             list   the thread's active runs, oldest first
+    ns:{ns#SS}:lgrh:<thread_id>             zset   its kept runs -> created (server ms)
+    ns:{ns#SS}:lgr:<thread_id>\0<run_id>    hash   a run: status, strategy, modes, body, ...
+    ns:{ns#SS}:lgre:<thread_id>\0<run_id>   stream its events
+    ns:{ns#SS}:lgrd:<thread_id>\0<run_id>   stream its end marker (what a join blocks on)
+    ns:{ns#RR}:lgrid:<run_id>               string the thread of the run (the way from a run id to its keys)
+
 The fleet demo's bookkeeping (``agentstate demo`` only, never the library;
 outside the shard tags, so not matched by ``pattern()``)::
 
@@ -81,6 +92,18 @@ on a Cluster each primary's contiguous slot range holds its share of them, round
 0.2's tags ``ns#00`` .. ``ns#63``, which fall wherever CRC16 puts them; kept for a namespace that
 held data before it had a record. No two layouts (counts) share a tag.
 
+Resharding. A live namespace grows from ``n`` shards to a multiple ``target`` of them
+(``_reshard.py``), one old shard at a time; meanwhile the record says how far it got::
+
+    ns:{ns#layout}:layout         string "<layout> <n> <target> <k>": the first k old shards moved
+    ns:{ns#SS}:moved              string the seal of an old shard: "sealed" while it is copied,
+                                  "moved" after (kept: a client of the old layout learns from it)
+
+An owner (a task, pool, KV key, thread, concurrency key) whose old shard ``crc32 % n`` is below
+``k`` lives in new shard ``crc32 % target``, the others where they were: ``Keys.configure`` with
+a target builds the live shards (``live_prefixes``), and ``shard_of`` maps an owner to one of
+them, so every loop over ``range(keys.shards)`` reads each live shard once.
+
 The task id comes last and verbatim after a fixed kind segment, and the
 namespace holds no braces, so no id (whatever it contains: colons, braces,
 slashes, unicode) can collide with or escape into another task's or another
@@ -91,7 +114,7 @@ from __future__ import annotations
 
 import binascii
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -109,9 +132,12 @@ __all__ = [
     "Keys",
     "LimiterKeys",
     "PoolKeys",
+    "RUN_KINDS",
+    "RunKeys",
     "TaskKeys",
     "ThreadKeys",
     "check_shards",
+    "live_prefixes",
     "describe_key",
     "key_slot",
     "shard_of",
@@ -145,9 +171,13 @@ KEY_TYPES = {
     "pool-left": "zset", "pool-msg-order": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
+    "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
+    "moved": "string",
 }  # fmt: skip
-_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel"}
+_THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel", "lgrq", "lgrh"}
+#: Kinds whose id is ``<thread_id>\0<run_id>``: owned by the thread (they move with it in a reshard).
+RUN_KINDS = frozenset({"lgr", "lgre", "lgrd"})
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb", "steps"}
 _LIMIT_KINDS = {"limit", "holders", "lwait"}
 #: The keys of the fleet demo (``Keys.demo``).
@@ -177,6 +207,10 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "key", ident
     if kind in _THREAD_KINDS:
         return KEY_TYPES[kind], "thread", ident
+    if kind in RUN_KINDS:
+        return KEY_TYPES[kind], "thread", ident.partition("\0")[0]
+    if kind == "lgrid":
+        return KEY_TYPES[kind], "run", ident
     if kind in _LIMIT_KINDS:
         return KEY_TYPES[kind], "concurrency key", ident
     return KEY_TYPES[kind], None, None
@@ -293,6 +327,26 @@ class ThreadKeys:
                 self.runs, self.released, self.shard_threads, self.shard_runs]  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """The keys of one LangGraph thread's runs (``lg_run_*`` scripts); a run's own keys are
+    ``hash_prefix + run_id`` and ``event_prefix + run_id``."""
+
+    active: str
+    history: str
+    hash_prefix: str
+    event_prefix: str
+    done_prefix: str
+
+    def run(self, run_id: str) -> tuple[str, str]:
+        """The run's hash and event stream."""
+        return self.hash_prefix + run_id, self.event_prefix + run_id
+
+    def done(self, run_id: str) -> str:
+        """The run's end marker (a stream of one entry once it ended)."""
+        return self.done_prefix + run_id
+
+
 def key_slot(tag: bytes) -> int:
     """The Redis Cluster slot of a key whose hash tag is ``tag`` (CRC16/XMODEM, as redis-py's ``key_slot``)."""
     return binascii.crc_hqx(tag, 0) & (SLOTS - 1)
@@ -363,6 +417,20 @@ def shard_of(ident: str, shards: int = DEFAULT_SHARDS) -> int:
     return zlib.crc32(ident.encode("utf-8")) % shards
 
 
+def live_prefixes(namespace: str, shards: int, layout: str, target: int = 0, moved: int = 0) -> list[str]:
+    """The key prefix of every live shard: the ``shards`` of ``layout``, or, while resharding to
+    ``target``, the old shards not moved yet and the new shards of those moved (``Keys.shard_of``):
+    index ``o < shards`` is old shard ``o`` (new shard ``o`` once moved), and new shard
+    ``j * shards + o`` (``j >= 1``, ``o < moved``) comes after them, at ``shards + (j - 1) * moved + o``."""
+    old = [f"{namespace}:{{{tag}}}:" for tag in shard_tags(namespace, shards, layout)]
+    if not target:
+        return old
+    new = [f"{namespace}:{{{tag}}}:" for tag in shard_tags(namespace, target, LAYOUT_SLOTS)]
+    live = [new[o] if o < moved else old[o] for o in range(shards)]
+    live += [new[j * shards + o] for j in range(1, target // shards) for o in range(moved)]
+    return live
+
+
 def check_shards(shards: object) -> int:
     """A shard count as the stores' ``shards=`` takes it: an int from 1 to MAX_SHARDS."""
     if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
@@ -391,15 +459,27 @@ class _Unresolved(Sequence[str]):
 
 
 class Keys:
-    """Key builder for one namespace, in one layout (its shard count and tags)."""
+    """Key builder for one namespace, in one layout (its shard count and tags), or between two
+    while the namespace is resharded (``configure``'s ``target`` and ``moved``)."""
 
-    __slots__ = ("_shard_prefixes", "layout", "namespace", "shards")
+    __slots__ = ("_live", "_route", "_shard_prefixes", "count", "layout", "listeners", "moved", "namespace", "shards",
+                 "target", "version")  # fmt: skip
 
     def __init__(self, namespace: str, shards: int | None = DEFAULT_SHARDS, layout: str = LAYOUT_SLOTS) -> None:
         """``shards=None``: the layout is not known yet (``unresolved``)."""
         self.namespace = validate_namespace(namespace)
-        self.shards, self.layout = 0, ""
+        #: ``shards``: how many shards are live (what loops over the shards range over); ``count``: the
+        #: namespace's shard count (the old one while resharding, to ``target``, ``moved`` old shards moved).
+        self.shards, self.count, self.target, self.moved, self.layout = 0, 0, 0, 0, ""
+        #: Bumped by every ``configure``: what caches of built keys (and the waker's channels) compare.
+        self.version = 0
+        #: Called after every ``configure`` (caches of built keys clear themselves).
+        self.listeners: list[Callable[[], None]] = []
+        self._live: frozenset[str] = frozenset()
         self._shard_prefixes: Sequence[str] = _Unresolved(namespace)
+        #: (live prefixes, old count while resharding else 0, old shards moved, target): replaced whole by
+        #: ``configure``, so a thread building an owner's key reads one layout, never half of two.
+        self._route: tuple[Sequence[str], int, int, int] = (self._shard_prefixes, 0, 0, 0)
         if shards is not None:
             self.configure(shards, layout)
 
@@ -412,18 +492,50 @@ class Keys:
     def resolved(self) -> bool:
         return self.shards > 0
 
-    def configure(self, shards: int, layout: str) -> None:
-        """Set the layout: ``shards`` shards, ``layout`` (LAYOUT_SLOTS or LAYOUT_LEGACY) tags."""
+    def configure(self, shards: int, layout: str, target: int = 0, moved: int = 0) -> None:
+        """Set the layout: ``shards`` shards, ``layout`` (LAYOUT_SLOTS or LAYOUT_LEGACY) tags; with a
+        ``target``, the namespace is being resharded to ``target`` slot-aware shards and the first
+        ``moved`` old shards have moved (keys.py, "Resharding")."""
         check_shards(shards)
         if layout not in (LAYOUT_SLOTS, LAYOUT_LEGACY):
             raise InvalidArgument(f"unknown shard layout {layout!r}")
         if layout == LAYOUT_LEGACY and shards != DEFAULT_SHARDS:
             raise InvalidArgument(f"the legacy layout has {DEFAULT_SHARDS} shards, not {shards}")
-        ns = self.namespace
-        # Prefixes first, count last: a thread that sees the count sees the prefixes.
-        self._shard_prefixes = [f"{ns}:{{{tag}}}:" for tag in shard_tags(ns, shards, layout)]
-        self.layout = layout
-        self.shards = shards
+        if target and (check_shards(target) <= shards or target % shards or not 0 <= moved <= shards):
+            raise InvalidArgument(f"no reshard from {shards} to {target} shards with {moved} moved")
+        if self.shards and (layout, shards, target, moved) == (self.layout, self.count, self.target, self.moved):
+            return  # the same layout (callers that read the record at once): built keys stay valid
+        prefixes = live_prefixes(self.namespace, shards, layout, target, moved)
+        self._route = (prefixes, shards if target else 0, moved, target)
+        self._shard_prefixes = prefixes
+        self._live = frozenset(prefixes)
+        self.layout, self.count, self.target, self.moved = layout, shards, target, moved
+        self.version += 1
+        # Count last: a thread that sees the count sees the prefixes.
+        self.shards = len(self._shard_prefixes)
+        for listener in self.listeners:
+            listener()
+
+    def record(self) -> str:
+        """The layout record this configuration stands for (``_ops/layout.py`` parses it)."""
+        if self.target:
+            return f"{self.layout} {self.count} {self.target} {self.moved}"
+        return f"{self.layout} {self.count}"
+
+    def relocated(self, key: str) -> str | None:
+        """Where ``key`` (built by any earlier configuration of these keys) lives now: its owner's
+        shard prefix and the rest of it; None for a shard's own key (an index: moving a shard splits it)."""
+        head, sep, rest = key.partition("}:")
+        if not sep or not head.startswith(self.namespace + ":{"):
+            return None
+        if head + sep in self._live:
+            return key
+        if rest == "limits":
+            return self._shard_prefixes[0] + rest
+        _, _, owner = describe_key(key)
+        if owner is None:
+            return None
+        return self._prefix_of(owner) + rest
 
     def layout_key(self) -> str:
         """The namespace's layout record (a string ``"<layout> <shards>"``), in a slot of its own."""
@@ -439,9 +551,31 @@ class Keys:
         return out
 
     def shard_of(self, ident: str) -> int:
-        if not self.shards:
-            self._shard_prefixes[0]  # raises: the layout was not read yet
-        return zlib.crc32(ident.encode("utf-8")) % self.shards
+        """The live shard (an index into the live shards) of a task, pool, KV key, thread or concurrency key."""
+        return self._index(self._route, ident)
+
+    def _prefix_of(self, ident: str) -> str:
+        """The key prefix of ``ident``'s live shard, from one reading of the layout."""
+        route = self._route
+        return route[0][self._index(route, ident)]
+
+    @staticmethod
+    def _index(route: tuple[Sequence[str], int, int, int], ident: str) -> int:
+        prefixes, old, moved, target = route
+        if not len(prefixes):
+            prefixes[0]  # raises: the layout was not read yet
+        h = zlib.crc32(ident.encode("utf-8"))
+        if not old:
+            return h % len(prefixes)
+        o = h % old
+        if o >= moved:
+            return o
+        n = h % target
+        return n if n < old else old + (n // old - 1) * moved + o
+
+    def moved_marker(self, shard: int) -> str:
+        """The seal of live shard ``shard``: set while and after a reshard moves it (_moved.lua)."""
+        return self._shard_prefixes[shard] + "moved"
 
     def shard_prefix(self, shard: int) -> str:
         return self._shard_prefixes[shard]
@@ -466,7 +600,7 @@ class Keys:
         return self._shard_prefixes[shard] + "gen"
 
     def task(self, task_id: str) -> TaskKeys:
-        p = self._shard_prefixes[self.shard_of(task_id)]
+        p = self._prefix_of(task_id)
         return TaskKeys(
             checkpoint=p + "cp:" + task_id,
             messages=p + "msgs:" + task_id,
@@ -481,7 +615,7 @@ class Keys:
         )
 
     def limiter(self, concurrency_key: str) -> LimiterKeys:
-        p = self._shard_prefixes[self.shard_of(concurrency_key)]
+        p = self._prefix_of(concurrency_key)
         return LimiterKeys(limit=p + "limit:" + concurrency_key, holders=p + "holders:" + concurrency_key,
                            waiters=p + "lwait:" + concurrency_key)  # fmt: skip
 
@@ -490,7 +624,7 @@ class Keys:
         return self._shard_prefixes[0] + "limits"
 
     def pool(self, pool_id: str) -> PoolKeys:
-        p = self._shard_prefixes[self.shard_of(pool_id)]
+        p = self._prefix_of(pool_id)
         return PoolKeys(
             state=p + "pool:" + pool_id,
             members=p + "pool-members:" + pool_id,
@@ -506,7 +640,7 @@ class Keys:
         )
 
     def thread(self, thread_id: str) -> ThreadKeys:
-        p = self._shard_prefixes[self.shard_of(thread_id)]
+        p = self._prefix_of(thread_id)
         return ThreadKeys(
             meta=p + "lgmeta:" + thread_id,
             records=p + "lgcp:" + thread_id,
@@ -519,6 +653,19 @@ class Keys:
             shard_runs=p + "lgruns",
         )
 
+    def runs(self, thread_id: str) -> RunKeys:
+        p = self._prefix_of(thread_id)
+        return RunKeys(
+            active=p + "lgrq:" + thread_id,
+            history=p + "lgrh:" + thread_id,
+            hash_prefix=p + "lgr:" + thread_id + "\0",
+            event_prefix=p + "lgre:" + thread_id + "\0",
+            done_prefix=p + "lgrd:" + thread_id + "\0",
+        )
+
+    def run_lookup(self, run_id: str) -> str:
+        return self._prefix_of(run_id) + "lgrid:" + run_id
+
     def shard_threads(self, shard: int) -> str:
         return self._shard_prefixes[shard] + "lgthreads"
 
@@ -530,7 +677,12 @@ class Keys:
 
     def kv(self, key: str) -> str:
         """The string key holding the value of KV key ``key``."""
-        return self._shard_prefixes[self.shard_of(key)] + "kv:" + key
+        return self._prefix_of(key) + "kv:" + key
+
+    def kv_keys(self, key: str) -> tuple[str, str, str]:
+        """``(kvkeys, kvttl, kv:<key>)`` of KV key ``key``: its shard's indexes and its value key."""
+        p = self._prefix_of(key)
+        return p + "kvkeys", p + "kvttl", p + "kv:" + key
 
     def kv_index(self, shard: int) -> tuple[str, str]:
         """``(kvkeys, kvttl)``: shard ``shard``'s key index and its expiry index."""

@@ -53,6 +53,11 @@ __all__ = [
     "LIMIT_RELEASE",
     "LAYOUT_INIT",
     "LAYOUT_SCRIPTS",
+    "RESHARD_DROP",
+    "RESHARD_RECORD",
+    "RESHARD_RESTORE",
+    "RESHARD_SCRIPTS",
+    "RESHARD_SEAL",
     "LIMIT_SCRIPTS",
     "LIMIT_SET",
     "LIMIT_WAKE",
@@ -117,6 +122,14 @@ LIMIT_SCRIPTS = (LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER)
 LAYOUT_INIT = "layout_init"
 LAYOUT_SCRIPTS = (LAYOUT_INIT,)
 
+#: Growing a live namespace to more shards (``_reshard.py``): the only scripts that write a sealed
+#: shard, so they are built without the seal check (``_moved.lua``).
+RESHARD_SEAL = "reshard_seal"
+RESHARD_RESTORE = "reshard_restore"
+RESHARD_DROP = "reshard_drop"
+RESHARD_RECORD = "reshard_record"
+RESHARD_SCRIPTS = (RESHARD_SEAL, RESHARD_RESTORE, RESHARD_DROP, RESHARD_RECORD)
+
 KV_SET = "kv_set"
 KV_DELETE = "kv_delete"
 KV_KEYS = "kv_keys"
@@ -157,6 +170,17 @@ LG_SCRIPTS = (
     LG_DUMP, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
 )  # fmt: skip
 
+#: The LangGraph run queue's scripts (``redis_agentstate.langgraph.RunQueue``): each takes one
+#: thread's run keys (``keys.RunKeys``), and create and wake the thread's task keys before them.
+LG_RUN_CREATE = "lg_run_create"
+LG_RUN_BEGIN = "lg_run_begin"
+LG_RUN_EMIT = "lg_run_emit"
+LG_RUN_FINISH = "lg_run_finish"
+LG_RUN_CANCEL = "lg_run_cancel"
+LG_RUN_WAKE = "lg_run_wake"
+LG_RUN_INDEX = "lg_run_index"
+LG_RUN_SCRIPTS = (LG_RUN_CREATE, LG_RUN_BEGIN, LG_RUN_EMIT, LG_RUN_FINISH, LG_RUN_CANCEL, LG_RUN_WAKE, LG_RUN_INDEX)
+
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of
 #: these with ``WAIT`` (and ``WAITAOF``) in the same round trip; reads are sent as
@@ -168,11 +192,12 @@ LG_SCRIPTS = (
 WRITES = frozenset({
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
     RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME, LIMIT_WAKE,
-    LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER, LAYOUT_INIT,
+    LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER, LAYOUT_INIT, *RESHARD_SCRIPTS,
     KV_SET, KV_DELETE,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
+    *LG_RUN_SCRIPTS,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
 READS = frozenset(
@@ -181,12 +206,13 @@ READS = frozenset(
 
 #: The preludes each script is built on, in order (after the rendered constants).
 PRELUDES: dict[str, tuple[str, ...]] = {
-    **{name: ("_base", "_common") for name in CHECKPOINT_SCRIPTS},
-    **{name: ("_base", "_kv") for name in KV_SCRIPTS},
-    **{name: ("_base", "_limit") for name in LIMIT_SCRIPTS},
-    **{name: ("_base",) for name in LAYOUT_SCRIPTS},
-    **{name: ("_base", "_pool") for name in POOL_SCRIPTS},
-    **{name: ("_base", "_lg") for name in LG_SCRIPTS},
+    **{name: ("_base", "_moved", "_common") for name in CHECKPOINT_SCRIPTS},
+    **{name: ("_base", "_moved", "_kv") for name in KV_SCRIPTS},
+    **{name: ("_base", "_moved", "_limit") for name in LIMIT_SCRIPTS},
+    **{name: ("_base",) for name in LAYOUT_SCRIPTS + RESHARD_SCRIPTS},
+    **{name: ("_base", "_moved", "_pool") for name in POOL_SCRIPTS},
+    **{name: ("_base", "_moved", "_lg") for name in LG_SCRIPTS},
+    **{name: ("_base", "_moved", "_common", "_lgrun") for name in LG_RUN_SCRIPTS},
 }
 
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),
@@ -313,7 +339,9 @@ def _read(name: str) -> str:
 @cache
 def script_text(name: str) -> str:
     """The full text sent to Redis for operation ``name`` (constants and preludes included)."""
-    parts = [constants_prelude(), *(_read(p) for p in PRELUDES.get(name, ())), _read(name)]
+    # _moved.lua lets the scripts that only read run on a sealed shard (its data is whole until it moved).
+    reads = f"local SEALED_READS = {'true' if name in READS else 'false'}\n"
+    parts = [constants_prelude() + reads, *(_read(p) for p in PRELUDES.get(name, ())), _read(name)]
     return "\n".join(parts)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis.connection
@@ -293,8 +293,11 @@ class StoreSpec:
 
             parsed = parse_sentinel_url(self.location)
             sentinel_kwargs, master, min_other = _sentinel_kwargs(parsed, kwargs)
-            sentinel = Sentinel(parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-            return sentinel.master_for(parsed.service_name, **master)  # type: ignore[no-untyped-call]
+            # Any: redis-py 8.2 types Sentinel, earlier versions do not (no ignore fits both).
+            sentinel: Any = cast(Any, Sentinel)(
+                parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs
+            )
+            return sentinel.master_for(parsed.service_name, **master)
         if self.cluster:
             from redis.cluster import RedisCluster
 
@@ -309,7 +312,9 @@ class StoreSpec:
 
             parsed = parse_sentinel_url(self.location)
             sentinel_kwargs, master, min_other = _sentinel_kwargs(parsed, kwargs)
-            sentinel = AsyncSentinel(parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+            sentinel: Any = cast(Any, AsyncSentinel)(
+                parsed.sentinels, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs
+            )
             return sentinel.master_for(parsed.service_name, **master)
         if self.cluster:
             from redis.asyncio.cluster import RedisCluster

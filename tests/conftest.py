@@ -168,6 +168,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+class PortTaken(RuntimeError):
+    """A redis-server given its port exited because another process had bound it since it was picked."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -207,8 +211,13 @@ class RedisServerProcess:
             server = cls(port=chosen, dir=where, proc=proc, args=args)
             try:
                 server.wait_ready()
-            except RuntimeError:
-                if port or attempt == 2 or not port_taken(where):
+            except RuntimeError as exc:
+                taken = port_taken(where)
+                if port and taken:
+                    # A caller that chose the port (a fleet announcing it to Sentinels and proxies)
+                    # can only start over with new ones: it needs to tell this apart.
+                    raise PortTaken(str(exc)) from exc
+                if port or attempt == 2 or not taken:
                     raise
                 server.stop(remove=dir is None)
                 continue

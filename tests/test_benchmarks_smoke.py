@@ -203,6 +203,10 @@ LIFECYCLE_BENCHMARKS = [
     # The base contender is this checkout's HEAD, extracted with git archive.
     ("priorities", ["--base", "HEAD", "--rounds", "1", "--calls", "10"],
      ["base plain: median", "plain: median", "priorities: median"]),
+    # A reshard under load, tiny: every task read back holds exactly its acknowledged commits.
+    ("reshard", ["--rounds", "1", "--tasks", "200", "--from", "2", "--to", "8", "--workers", "2", "--cluster", "0"],
+     ["| seconds per 10,000 tasks moved |",
+      "| tasks whose messages are not exactly their acknowledged commits | 0 (0-0) |"]),
 ]  # fmt: skip
 
 
@@ -218,6 +222,52 @@ def test_lifecycle_benchmarks_run(module: str, args: list[str], lines: list[str]
     assert proc.returncode == 0, proc.stderr[-4000:]
     for line in lines:
         assert line in proc.stdout, proc.stdout
+
+
+def test_langgraph_runs_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks.langgraph_runs --quick``, tiny, in-process: each of its four measurements has sane figures
+    (every run ended in success, the killed worker's run was taken over by the other one, after about a lease)."""
+    _need_redis_server()
+    from benchmarks import langgraph_runs, report
+
+    args = ["--quick", "--rounds", "1", "--runs", "5", "--events", "20", "--threads", "30", "--workers", "1,2",
+            "--lease-ms", "1500", "--sleep-s", "0.5", "--out", str(tmp_path)]  # fmt: skip
+    assert langgraph_runs.main(args) == 0
+    results = json.loads((tmp_path / "langgraph_runs.json").read_text("utf-8"))
+    assert results["meta"]["command"] == "python -m benchmarks.langgraph_runs " + " ".join(args)
+    data, params = results["standalone"]["data"], results["standalone"]["params"]
+    assert results["standalone"]["name"] == "langgraph_runs" and params["lease_ms"] == 1500
+
+    (rnd,) = data["overhead"]["rounds"]
+    for path in ("invoke", "queue"):
+        assert 0 < rnd[path]["p50"] <= rnd[path]["p90"] < 10_000, rnd
+    # The queue's path is the client's requests and the worker's: more than invoke's puts alone.
+    assert 0 < rnd["invoke"]["trips"] < rnd["queue"]["trips"], rnd
+    assert rnd["ratio"] == pytest.approx(rnd["queue"]["p50"] / rnd["invoke"]["p50"], rel=0.01)
+
+    lat = data["events"]["latencies_ms"]
+    assert len(lat) == 20 and all(-5 < x < 5_000 for x in lat), lat  # one clock: no event arrives before it was sent
+
+    rows = data["throughput"]
+    assert [r["workers"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["runs"] == 30 and r["failed"] == 0 and sum(r["runs_per_worker"]) == 30, r
+        assert len(r["runs_per_worker"]) == r["workers"] and r["runs_per_s"] > 0 and r["worker_cpu_ms_per_run"] > 0
+        assert r["scripts_per_run"] >= 10, r  # create, begin, the saver's puts, the events, finish...
+        assert 0 < r["server_usec_scripts_exec"] <= r["server_usec_all_exec"], r
+
+    (rec,) = data["recovery"]
+    # Nobody takes a dead worker's thread before its lease lapses; the second attempt re-runs b (0.5 s).
+    assert rec["other_worker"] is True
+    assert 0.5 < rec["to_second_attempt_s"] < 1.5 + 8, rec
+    assert rec["to_second_attempt_s"] + 0.4 < rec["to_end_s"] < 30, rec
+    assert data["worker_tracebacks"] == 0
+
+    block = langgraph_runs.markdown(data, params)
+    assert report.blocks(results, [])["langgraph_runs"].rstrip() == block.rstrip()
+    for line in ("| A: `graph.invoke` in-process", "(target: at most 1.5x)", "| events | p50 | p90 | p99 | max |",
+                 "(target: at most 20 ms)", "| 1 | ", "| 2 | ", "Bounded by the lease"):  # fmt: skip
+        assert line in block, block
 
 
 def test_client_ab_runs_both_sides(tmp_path: Path) -> None:

@@ -30,6 +30,11 @@ default 64):
   same workers through the same faults, SIGKILLs included: the checker proves that
   no key ever had more leases held at once than its limit (rule 10), and once the
   fleet stopped every place of both keys is free within a lease (none leaked);
+* a reshard mid-run (``CHAOS_RESHARD``, default 4: the namespace grows to 4 times its shard
+  count, starting a third of the way in; 0: none), through the proxy, so it meets the faults too:
+  a reshard that fails half-way is run again until it finishes (it goes on from the shard it
+  stopped at), while the workers keep claiming and committing; the checker's rules hold across
+  it, and the record ends at the new count;
 * at the end the workers get SIGTERM, and ``faults.checker`` holds the
   histories against the final state. The figures are printed (run with
   ``-s`` to see them) and written to ``$CHAOS_REPORT`` if set.
@@ -66,6 +71,7 @@ from faults.checker import FinalTask, check, read_histories
 
 from redis_agentstate import AlreadyClaimed, BackendError, Checkpoint, CheckpointStore, NotWaiting, RetryPolicy
 from redis_agentstate._validate import LIMIT_SKEW_MS
+from redis_agentstate.keys import Keys
 from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.scripts import script_text
@@ -271,6 +277,35 @@ def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
             fleet.restart_redis()
 
 
+class Resharder:
+    """Grows the namespace mid-run through the proxy; a reshard the faults stop is run again until done."""
+
+    def __init__(self, fleet: Fleet, factor: int, at: float) -> None:
+        self.client = redis.Redis(port=fleet.proxy.port, socket_timeout=2.0, socket_connect_timeout=1.0)
+        self.store = CheckpointStore(self.client, namespace=fleet.ns, retry=RetryPolicy(attempts=3, max_wait_s=0.2))
+        self.factor, self.at = factor, at
+        self.attempts = 0
+        self.report: Any = None
+        self.started = self.finished = 0.0
+        self.thread = threading.Thread(target=self._run, name="chaos-resharder", daemon=True)
+
+    def _run(self) -> None:
+        time.sleep(max(0.0, self.at - time.monotonic()))
+        self.started = time.monotonic()
+        target = 0
+        while self.report is None:
+            self.attempts += 1
+            try:
+                if not target:
+                    self.store.list_parked()  # reads the layout
+                    target = self.factor * (self.store.shards or 64)
+                self.report = self.store.reshard(target)
+            except (BackendError, redis.RedisError):
+                time.sleep(0.2)
+        self.finished = time.monotonic()
+        self.client.close()
+
+
 class Operator:
     """Cancels the ``cancel-*`` tasks one by one and resumes the waiting ``ask-*`` tasks, through the proxy,
     recording each call as the workers do (``invoke``, then ``ok`` / ``unknown``) in its own history."""
@@ -383,12 +418,27 @@ def test_chaos_fleet() -> None:
         t0 = time.monotonic()
         operator = Operator(fleet, random.Random(seed + 1))
         operator.thread.start()
+        factor = int(os.environ.get("CHAOS_RESHARD", "4"))
+        resharder = Resharder(fleet, factor, t0 + seconds / 3) if factor > 1 else None
+        if resharder is not None:
+            resharder.thread.start()
         try:
             _nemesis(fleet, rng, t0 + seconds)
         finally:
             proxy.set_mode("pass")
             operator.close()
+            if resharder is not None:
+                resharder.thread.join(60)
         time.sleep(2 * LEASE_MS / 1000)  # a quiet stretch: the fleet must make progress after the faults
+        # The poison tasks' attempts come as fast as the fleet's backlog lets a lapsed task through
+        # (oldest first, behind the tasks due before it): on a loaded machine, or while a reshard
+        # slows the fleet, the last one can fall after the nemesis. Wait for their parking (bounded):
+        # what is checked is that it happens at exactly MAX_ATTEMPTS, not by when.
+        with redis.Redis(port=fleet.server.port, socket_timeout=10) as direct:
+            watch = CheckpointStore(direct, namespace=fleet.ns)
+            until = time.monotonic() + 30
+            while watch.list_parked() != sorted(POISON) and time.monotonic() < until:
+                time.sleep(0.5)
         for p in fleet.procs.values():
             p.send_signal(signal.SIGTERM)
         for p in fleet.procs.values():
@@ -416,11 +466,28 @@ def test_chaos_fleet() -> None:
             parked={tid: (cp.attempts if (cp := ops.load(tid)) and cp.parked else None) for tid in POISON},
             live_places_after_stop=places, shards=ops.shards,
         )  # fmt: skip
+        if resharder is not None:
+            rep = resharder.report
+            figures["reshard"] = None if rep is None else {
+                "from": rep.from_shards, "to": rep.to_shards, "attempts": resharder.attempts,
+                "seconds": round(resharder.finished - resharder.started, 2),
+                "started_at_s": round(resharder.started - t0, 1),
+                "last_attempt_worst_pause_ms": round(rep.worst_pause_ms),
+            }  # fmt: skip
         print("\nCHAOS REPORT " + json.dumps(figures, indent=1, sort_keys=True))
         if os.environ.get("CHAOS_REPORT"):
             Path(os.environ["CHAOS_REPORT"]).write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
 
         assert report.violations == [], "\n".join(report.violations[:50])
+        if resharder is not None:
+            # The reshard finished mid-run (re-run after the faults that stopped it), and the fleet moved with it.
+            assert resharder.report is not None and resharder.finished < t0 + seconds, figures
+            assert ops.shards == resharder.report.to_shards == factor * (shards or 64), figures
+            assert admin.get(Keys(fleet.ns).layout_key()) == f"slots {ops.shards}".encode()
+            after = [
+                e for e in history if e.get("op") == "commit" and e["type"] == "ok" and e["t"] > resharder.finished
+            ]
+            assert len(after) > 50, figures
         # The lifecycle was in the mix: cancels, resumes, waits with deadlines and delayed cycles.
         assert report.cancels >= 3 and report.resumes >= 5, figures
         assert report.timed_cycles >= 20, figures

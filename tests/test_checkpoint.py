@@ -614,6 +614,9 @@ class TestScripts:
         store.commit(w, token="w", expected_revision=w.revision)
         store.load("warm")
         inner = getattr(store, "wrapped", store)
+        check = getattr(inner, "_eviction_check", None)
+        if check is not None:  # an asyncio store's one-off INFO runs beside its first caller: not counted
+            store._loop.run_until_complete(check)
         client = inner.client
         sent: list[str] = []
         original = client.execute_command

@@ -329,6 +329,22 @@ def langgraph_contract_flow(client: Any, namespace: str) -> None:
     saver.delete_thread("lg-copy")
 
 
+def run_queue_contract_flow(client: Any, namespace: str) -> None:
+    """Every LangGraph run-queue script once: index, create, begin, emit, finish, cancel, wake."""
+    from redis_agentstate.langgraph import RunQueue
+
+    queue = RunQueue(client, namespace=namespace)
+    run = queue.create("rq-t", {"x": 1}, stream_mode=["values", "custom"])
+    core = queue._core
+    begun = queue._run(core.begin("rq-t", TOKEN, "w", 3))
+    assert begun is not None and begun.run.run_id == run.run_id
+    assert queue._run(core.emit(begun.run, TOKEN, [("values", {"x": 2})])) == ""
+    assert queue._run(core.finish(begun.run, TOKEN, "success")) == 0
+    other = queue.create("rq-t", {"x": 3})
+    assert queue.cancel(other.run_id, action="rollback")
+    assert queue._run(core.wake("rq-t")) == 0
+
+
 def test_every_script_header_matches_what_its_builder_sends(
     backend: Any, namespace: str, recorded: list[_ops.Call]
 ) -> None:
@@ -340,6 +356,10 @@ def test_every_script_header_matches_what_its_builder_sends(
     pools.next_event_sequence("pool-1")
     kv_flow(KeyValueStore(backend.sync_client(), namespace=namespace))
     langgraph_contract_flow(backend.sync_client(), namespace)
+    run_queue_contract_flow(backend.sync_client(), namespace)
+    grown = CheckpointStore(backend.sync_client(), namespace=namespace + "-grown", shards=1)
+    assert grown.create(Checkpoint("g"))
+    assert grown.reshard(2).moved == 1
     sent = {call.script for call in recorded}
     assert sent == set(scripts.PRELUDES), f"not exercised: {set(scripts.PRELUDES) - sent}"
     headers = {name: Header(name) for name in scripts.PRELUDES}

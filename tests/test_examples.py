@@ -38,3 +38,19 @@ def test_langgraph_two_workers_example_runs_in_line() -> None:
     assert "answer to 'make it three, actually' (having seen 3 messages)" in out
     assert "gets ThreadBusy at once" in out
     assert "6 checkpoints, chain linear: True" in out
+
+
+def test_langgraph_fleet_example_serves_double_texted_runs() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "langgraph_fleet.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stdout
+    assert "first run: success (4 events, none missed or repeated)" in out
+    assert "'for two': interrupted (interrupt)" in out
+    assert "'make it three, actually': success" in out
+    assert "runs: ['success', 'interrupted', 'success']" in out

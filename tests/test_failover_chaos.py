@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from conftest import RedisServerProcess, free_port
+from conftest import PortTaken, RedisServerProcess, free_port
 from faults.checker import FinalTask, check, read_histories
 from replication_support import Replicated, online_replicas, start_sentinel, wait_until
 
@@ -673,10 +673,19 @@ def run_once(
     is acknowledged after the last failover (a split with ``wait_replicas=1`` stalls writes
     about 16 s, until the old primary rejoins: see docs/durability.md).
     """
-    base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
     kinds = {"sentinel": SentinelFleet, "split": SplitFleet, "cluster": ClusterFleet,
              "cluster-split": ClusterSplitFleet}  # fmt: skip
-    fleet: Any = kinds[setup].start(base, wait_replicas)
+    # A fleet picks its ports before it starts its servers (it announces them to proxies and
+    # Sentinels), so a port another xdist worker bound meanwhile means a whole new fleet.
+    for attempt in range(3):
+        base = Path(tempfile.mkdtemp(prefix="agentstate-failover-"))
+        try:
+            fleet: Any = kinds[setup].start(base, wait_replicas)
+            break
+        except PortTaken:
+            shutil.rmtree(base, ignore_errors=True)
+            if attempt == 2:
+                raise
     ok = False
     try:
         with fleet.admin() as admin:

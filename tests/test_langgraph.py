@@ -1018,3 +1018,55 @@ def test_the_langgraph_extra_installs_langgraph():
     names = {re.split(r"[<>=!~ ;\[]", r.strip().strip('"'))[0] for r in extra.group(1).split(",")}
     # The README's LangGraph example imports langgraph.graph (StateGraph): the extra alone must run it.
     assert {"langgraph", "langgraph-checkpoint"} <= names
+
+
+class BigState(TypedDict):
+    big: str
+    n: int
+    log: Annotated[list[str], operator.add]
+
+
+def _big_step(state: BigState) -> dict[str, Any]:
+    n = state["n"] + 1
+    out: dict[str, Any] = {"n": n, "log": [f"step {n}"]}
+    if n % 7 == 0:
+        out["big"] = f"v{n}:" + "z" * 200_000  # a new version now and then
+    return out
+
+
+def test_history_pages_by_bytes_and_carries_an_unchanged_value_once(
+    saver: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every checkpoint reads the large channel; pages end by bytes (a small LIST_BYTES here), and
+    a value the reader holds from the previous page is not sent again: the history is whole."""
+    from redis_agentstate.langgraph import _lister
+
+    monkeypatch.setattr(_lister, "LIST_BYTES", 300_000)
+    b = StateGraph(BigState)
+    b.add_node("step", _big_step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    graph = Driver(b.compile(checkpointer=saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "big"}}
+    graph.invoke({"big": "v0:" + "y" * 500_000, "n": 0, "log": []}, cfg)
+    for _ in range(24):
+        graph.invoke({"log": []}, cfg)
+    calls: list[Any] = []
+    real = _lister.Call
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(_lister, "Call", counting)
+    history = graph.history(cfg)
+    assert len(history) == 75  # three checkpoints per invoke (input, start, step), 25 invokes
+    for snap in history[:-1]:  # the very first checkpoint (before the input) holds nothing
+        n = snap.values["n"]
+        assert snap.values["big"].startswith(f"v{n - n % 7}:"), n
+        assert len(snap.values["log"]) == n
+    pages = calls.count("lg_list")
+    assert 4 <= pages <= 12, pages  # 300 KB pages: one new 200 KB version every 14 checkpoints
+    # And against get_tuple, one checkpoint at a time.
+    for snap in history[::9]:
+        assert graph.get_state(snap.config).values == snap.values

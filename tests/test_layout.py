@@ -124,13 +124,16 @@ class TestTags:
 
     @pytest.mark.parametrize(
         "raw", [b"", b"slots", b"slots 0", b"slots -1", b"slots 016", b"slots 99999", b"legacy 128", b"rings 64",
-                b"slots 64 x", b"\xff\xfe"]
+                b"slots 64 x", b"\xff\xfe", b"slots 64 96 0", b"slots 64 64 0", b"slots 64 128 65", b"slots 64 128",
+                b"slots 64 32768 0", b"legacy 64 128 x"]
     )  # fmt: skip
     def test_a_record_we_would_not_write_is_corrupt(self, raw: bytes) -> None:
         with pytest.raises(CorruptState):
             parse_layout(raw, "k")
-        assert parse_layout(b"slots 1024", "k") == (LAYOUT_SLOTS, 1024)
-        assert parse_layout(b"legacy 64", "k") == (LAYOUT_LEGACY, 64)
+        assert parse_layout(b"slots 1024", "k") == (LAYOUT_SLOTS, 1024, 0, 0)
+        assert parse_layout(b"legacy 64", "k") == (LAYOUT_LEGACY, 64, 0, 0)
+        assert parse_layout(b"legacy 64 256 3", "k") == (LAYOUT_LEGACY, 64, 256, 3)
+        assert parse_layout(b"slots 64 128 64", "k") == (LAYOUT_SLOTS, 64, 128, 64)
 
     def test_keys_before_the_layout_is_read_refuse(self) -> None:
         keys = Keys.unresolved("ns")
@@ -361,7 +364,8 @@ class TestCluster:
 def test_a_namespace_fills_a_cluster_of_12_primaries() -> None:
     """A bounded many-primary Cluster (the 24- and 48-primary figures are benchmarks.shard_spread's):
     every store's flows run on a 256-shard namespace, every primary holds its share of the shards
-    and of the keys, none is idle, and 0.2's tags on the same cluster would leave it lopsided."""
+    and of the keys, none is idle, and 0.2's tags on the same cluster would leave it lopsided; then
+    the namespace grows live to 1,024 shards and stays as even."""
     from cluster_support import LocalCluster
 
     cluster = LocalCluster.start(12, timeout=60.0)
@@ -383,6 +387,15 @@ def test_a_namespace_fills_a_cluster_of_12_primaries() -> None:
         assert max(per_primary) / (sum(per_primary) / 12) <= 1.15, per_primary
         legacy = Counter(client.get_node_from_key(f"fill:{{fill#{s:02d}}}:ready").name for s in range(64))
         assert max(legacy.values()) / (64 / 12) > 1.15  # what the slot-aware tags fix
+        # Grown live to 1,024 shards (every old shard listed by slot): every task where the new layout
+        # puts it, and the primaries as even as before.
+        report = store.reshard(1024)
+        assert (report.moved, report.unknown) == (256, 0)
+        grown = CheckpointStore(client, namespace="fill")
+        assert all(grown.load(f"task-{i}") is not None for i in range(0, 6_000, 7))
+        assert grown.shards == 1024 and len(grown.list()) == 6_000
+        per_primary = [int(conn.dbsize()) for conn in primaries.values()]
+        assert max(per_primary) / (sum(per_primary) / 12) <= 1.15, per_primary
         client.close()
     finally:
         cluster.stop()

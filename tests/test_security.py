@@ -36,6 +36,7 @@ from flows import HOSTILE_IDS, checkpoint_flow, claim_next_flow, kv_flow, pool_f
 
 import redis_agentstate
 from redis_agentstate import (
+    AgentStateError,
     AgentStatus,
     AsyncCheckpointStore,
     BackendError,
@@ -55,11 +56,17 @@ pytestmark = pytest.mark.real
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
     "blpop", "del", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
-    "hlen", "hmget", "hscan", "hset", "incr", "info", "llen", "lrange", "memory|usage", "persist", "pexpire",
-    "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe", "time", "type", "wait",
+    "hlen", "hmget", "hscan", "hset", "hstrlen", "incr", "info", "lindex", "llen", "lpop", "lrange", "lrem",
+    "memory|usage",
+    "persist", "pexpire", "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe",
+    "time", "type", "wait",
     "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex",
     "zrangebyscore", "zrem", "zremrangebyscore", "zrevrangebylex", "zscan", "zscore",
 )  # fmt: skip
+#: What ``agentstate reshard`` sends besides (an operator's command, not a worker's: ``SCAN`` walks the
+#: whole keyspace, so it is not in the workers' line); on a Cluster ``CLUSTER COUNTKEYSINSLOT`` and
+#: ``CLUSTER GETKEYSINSLOT`` instead of ``SCAN``.
+RESHARD_COMMANDS = ("dump", "pttl", "restore", "scan", "unlink")
 
 
 def key_pattern(namespace: str) -> str:
@@ -112,7 +119,8 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
 
 def test_acl_command_list_is_exactly_what_the_code_sends(admin: redis.Redis) -> None:
     known = {(c.decode() if isinstance(c, bytes) else c).upper() for c in admin.command_list()}
-    in_code = commands_in_code(known.__contains__)
+    in_code = commands_in_code(known.__contains__) - set(RESHARD_COMMANDS)
+    assert set(RESHARD_COMMANDS) <= commands_in_code(known.__contains__)
     assert in_code == set(ACL_COMMANDS), (
         "the README's ACL line is out of date: "
         f"missing {sorted(in_code - set(ACL_COMMANDS))}, unused {sorted(set(ACL_COMMANDS) - in_code)}"
@@ -199,6 +207,28 @@ def test_least_privilege_user_runs_every_flow(tenant: AclTenant, admin: redis.Re
     kv = tenant.store(KeyValueStore, AsyncKeyValueStore, flavor)
     kv_flow(kv)
     assert acl_log(admin) == [], "the library sent something the least-privilege user may not"
+
+
+def test_an_operator_with_the_reshard_commands_grows_the_namespace(
+    tenant: AclTenant, admin: redis.Redis, twin_loop: Any
+) -> None:
+    """The workers' user cannot reshard (no SCAN, DUMP, RESTORE); with RESHARD_COMMANDS it can, and the
+    workers' user keeps working across it."""
+    worker = CheckpointStore(tenant.sync, namespace=tenant.namespace, shards=4)
+    for i in range(20):
+        assert worker.create(Checkpoint(f"r{i}"))
+    with pytest.raises(AgentStateError):
+        worker.reshard(8)
+    assert admin.get(Keys(tenant.namespace).layout_key()) == b"slots 4"
+    admin.execute_command("ACL", "LOG", "RESET")
+    operator = f"op-{uuid.uuid4().hex[:6]}"
+    admin.execute_command("ACL", "SETUSER", operator, *acl_rules(tenant.namespace, "pw"),
+                          *(f"+{c}" for c in RESHARD_COMMANDS))  # fmt: skip
+    with redis.Redis(**{**tenant.kw, "username": operator, "password": "pw"}) as client:
+        assert CheckpointStore(client, namespace=tenant.namespace).reshard(8).moved == 4
+    assert sorted(worker.list()) == sorted(f"r{i}" for i in range(20))
+    assert worker.claim_next(token="w", lease_ms=10_000) is not None
+    assert acl_log(admin) == []
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])

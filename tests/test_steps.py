@@ -231,14 +231,15 @@ def take_over(store: CheckpointStore, after_s: float) -> Lease:
 
 def test_a_frozen_holder_can_neither_record_nor_read_after_a_takeover(sync_store: CheckpointStore, raw: Any) -> None:
     sync_store.create(Checkpoint("t"))
-    frozen = Lease(sync_store, "t", 1, token="frozen", lease_ms=300, clock=FrozenClock(), release_on_exit=False)
+    # A second of lease: a loaded machine must still reach the step inside it (the takeover is the point).
+    frozen = Lease(sync_store, "t", 1, token="frozen", lease_ms=1_000, clock=FrozenClock(), release_on_exit=False)
     llm = Counter()
     with frozen:
         holder: list[Lease] = []
 
         def slow_call(prompt: str) -> str:
             llm(prompt)
-            holder.append(take_over(sync_store, 0.45))  # frozen mid-call; another worker takes over
+            holder.append(take_over(sync_store, 1.15))  # frozen mid-call; another worker takes over
             return "late"
 
         with pytest.raises(LeaseLost, match="nothing was recorded"):
@@ -264,12 +265,12 @@ async def test_async_frozen_holder_cannot_record_after_a_takeover(
     await async_store.create(Checkpoint("t"))
     from redis_agentstate.lease import AsyncLease
 
-    frozen = AsyncLease(async_store, "t", 1, token="frozen", lease_ms=300, release_on_exit=False)
+    frozen = AsyncLease(async_store, "t", 1, token="frozen", lease_ms=1_000, release_on_exit=False)
     frozen._clock = FrozenClock()
     holder: list[Lease] = []
 
     async def slow_call() -> str:
-        holder.append(await asyncio.to_thread(take_over, sync_store, 0.45))
+        holder.append(await asyncio.to_thread(take_over, sync_store, 1.15))
         return "late"
 
     with pytest.raises(LeaseLost):

@@ -18,6 +18,8 @@ One module per part, each importing only those listed before it:
 * ``client_checks``: the client's flavor, ``decode_responses`` and read timeout (``block_slice_ms``).
 * ``replicas``: ``wait_replicas`` (``ReplicaAck``).
 * ``pipelines``: script batches and pipelined reads.
+* ``layout``: the namespace's layout record (``resolve_layout``, ``refresh_layout``).
+* ``relocation``: following the shards through a reshard (``Relocation``, ``ShardMoved``, ``restartable``).
 * ``drivers``: ``run_sync`` and ``run_async``.
 * ``shells``: ``StoreShell``, ``SyncShell``, ``AsyncShell`` and the telemetry hook (``TELEMETRY``).
 
@@ -35,6 +37,7 @@ from .client_checks import block_slice_ms, check_client, effective_socket_timeou
 from .drivers import run_async, run_sync
 from .failures import CORRUPT_REPLY, corrupt_state, request_keys
 from .indexes import list_indexes, member_id
+from .relocation import ShardMoved, restart, restartable
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from .requests import Batch, Call, Command, Op, Pipe, Request, T, new_nonce
 from .retry import NO_RETRY, RetryPolicy
@@ -56,6 +59,7 @@ __all__ = [
     "ReplicaAck",
     "Request",
     "RetryPolicy",
+    "ShardMoved",
     "StoreShell",
     "SyncShell",
     "T",
@@ -69,6 +73,8 @@ __all__ = [
     "member_id",
     "new_nonce",
     "request_keys",
+    "restart",
+    "restartable",
     "run_async",
     "run_sync",
 ]

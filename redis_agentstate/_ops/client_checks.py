@@ -7,7 +7,13 @@ from typing import Any, cast
 
 from ..errors import InvalidArgument
 
-__all__ = ["block_slice_ms", "check_client", "effective_socket_timeout", "is_asyncio_client"]
+__all__ = [
+    "block_slice_ms",
+    "check_client",
+    "effective_socket_timeout",
+    "is_asyncio_client",
+    "is_cluster_client",
+]
 
 
 def is_asyncio_client(client: object) -> bool:
@@ -23,6 +29,14 @@ def is_asyncio_client(client: object) -> bool:
         return False
     # A wrapper or look-alike: its commands are coroutines or they are not.
     return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
+
+
+def is_cluster_client(client: object) -> bool:
+    """``client`` is a Redis Cluster client (sync or asyncio)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
 def check_client(client: object, *, want_asyncio: bool | None = None) -> None:

@@ -7,6 +7,7 @@ shells and no rule can drift between them; retries (``retry.py``), batches
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -15,7 +16,9 @@ import redis.exceptions as rex
 from ..clients import AsyncClient, SyncClient
 from ..errors import AgentStateError
 from .failures import _explain, _translate
+from .layout import refresh_layout
 from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
+from .relocation import Backoff, Relocation, ShardMoved, is_moved
 from .replicas import ReplicaAck, _learn_async, _learn_sync, _write_calls
 from .requests import Batch, Call, Command, Op, Request, T
 from .retry import NO_RETRY, RetryPolicy
@@ -98,33 +101,76 @@ def _retry_sync(
 
 
 def run_sync(
-    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+    client: SyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    op: Op[T],
+    ack: ReplicaAck | None = None,
+    moves: Relocation | None = None,
 ) -> T:
-    """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write."""
+    """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write;
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
     try:
         req = next(op)
+        backoff: Backoff | None = None
         while True:
             # The first try runs outside tenacity, so the happy path pays no retry bookkeeping;
             # the deadline counts from its start all the same (redis-py's own retries and
             # connect timeouts inside it are within max_delay_s, not on top of it).
             started = time.monotonic()
+            sent, seals = req, 0
+            if moves is not None and type(req) is not Call and type(req) is not Batch:
+                sent, seals = moves.checked(req)  # type: ignore[arg-type]
             try:
                 try:
                     if ack is None:
-                        reply = _send_sync(client, scripts, req)
+                        reply = _send_sync(client, scripts, sent)
                     else:
-                        reply = _send_acked_sync(client, scripts, req, ack)
+                        reply = _send_acked_sync(client, scripts, sent, ack)
                 except retry.retry_on as exc:
-                    reply = _retry_sync(client, scripts, retry, req, ack, started, exc)
+                    reply = _retry_sync(client, scripts, retry, sent, ack, started, exc)
+                if seals:
+                    reply = moves.unsealed(req, reply, seals)  # type: ignore[union-attr]
             except rex.RedisError as exc:
+                if moves is not None and is_moved(exc):
+                    backoff = backoff or Backoff()
+                    try:
+                        req = _relocate_sync(client, scripts, retry, moves, req, backoff)
+                    except ShardMoved as moved:
+                        req, backoff = op.throw(moved), None
+                    continue
                 # Thrown into the op, which may recover (claim_next skips a corrupt task).
                 req = op.throw(_caused(_error_sync(client, scripts, req, exc), exc))
                 continue
+            backoff = None
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
     finally:
         op.close()
+
+
+def _relocate_sync(
+    client: SyncClient, scripts: dict[str, Any], retry: RetryPolicy, moves: Relocation, req: Request, backoff: Backoff
+) -> Request:
+    """``req`` after it met a sealed shard: rewritten for the layout read again, or, while the shard is
+    still being copied, the same request after a short wait (``relocation.py``)."""
+    run_sync(client, scripts, retry, refresh_layout(moves.keys))
+    new = moves.next_request(req)
+    if new is req:
+        time.sleep(backoff.next(moves.describe(req)))
+    return new
+
+
+async def _relocate_async(
+    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, moves: Relocation, req: Request, backoff: Backoff
+) -> Request:
+    """The asyncio twin of :func:`_relocate_sync`."""
+    await run_async(client, scripts, retry, refresh_layout(moves.keys))
+    new = moves.next_request(req)
+    if new is req:
+        await asyncio.sleep(backoff.next(moves.describe(req)))
+    return new
 
 
 def _caused(error: AgentStateError, cause: rex.RedisError) -> AgentStateError:
@@ -169,27 +215,47 @@ async def _retry_async(
 
 
 async def run_async(
-    client: AsyncClient, scripts: dict[str, Any], retry: RetryPolicy, op: Op[T], ack: ReplicaAck | None = None
+    client: AsyncClient,
+    scripts: dict[str, Any],
+    retry: RetryPolicy,
+    op: Op[T],
+    ack: ReplicaAck | None = None,
+    moves: Relocation | None = None,
 ) -> T:
-    """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write."""
+    """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write;
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
     try:
         req = next(op)
+        backoff: Backoff | None = None
         while True:
             started = time.monotonic()  # as run_sync: the first try outside tenacity
+            sent, seals = req, 0
+            if moves is not None and type(req) is not Call and type(req) is not Batch:
+                sent, seals = moves.checked(req)  # type: ignore[arg-type]
             try:
                 try:
                     if ack is None and type(req) is Call:
                         # The hot path, inlined: one coroutine fewer per script call than via _send_async.
                         reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
                     elif ack is None:
-                        reply = await _send_async(client, scripts, req)
+                        reply = await _send_async(client, scripts, sent)
                     else:
-                        reply = await _send_acked_async(client, scripts, req, ack)
+                        reply = await _send_acked_async(client, scripts, sent, ack)
                 except retry.retry_on as exc:
-                    reply = await _retry_async(client, scripts, retry, req, ack, started, exc)
+                    reply = await _retry_async(client, scripts, retry, sent, ack, started, exc)
+                if seals:
+                    reply = moves.unsealed(req, reply, seals)  # type: ignore[union-attr]
             except rex.RedisError as exc:
+                if moves is not None and is_moved(exc):
+                    backoff = backoff or Backoff()
+                    try:
+                        req = await _relocate_async(client, scripts, retry, moves, req, backoff)
+                    except ShardMoved as moved:
+                        req, backoff = op.throw(moved), None
+                    continue
                 req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
                 continue
+            backoff = None
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]

@@ -20,18 +20,27 @@ from ..errors import ConfigConflict, CorruptState
 from ..keys import DEFAULT_SHARDS, LAYOUT_LEGACY, LAYOUT_SLOTS, MAX_SHARDS, Keys
 from .requests import Call, Op, Pipe
 
-__all__ = ["parse_layout", "resolve_layout"]
+__all__ = ["parse_layout", "refresh_layout", "resolve_layout"]
 
 
-def parse_layout(raw: object, key: str) -> tuple[str, int]:
-    """A stored layout record -> ``(layout, shards)``; ``CorruptState`` when it is not one we write."""
+def parse_layout(raw: object, key: str) -> tuple[str, int, int, int]:
+    """A stored layout record -> ``(layout, shards, target, moved)`` (``target`` 0: not resharding);
+    ``CorruptState`` when it is not one we write."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-    layout, _, count = text.partition(" ")
-    if layout in (LAYOUT_SLOTS, LAYOUT_LEGACY) and count.isdigit() and count == str(int(count)):
-        shards = int(count)
-        if 1 <= shards <= MAX_SHARDS and (layout == LAYOUT_SLOTS or shards == DEFAULT_SHARDS):
-            return layout, shards
-    raise CorruptState(f"layout record {key!r} holds {text[:80]!r}, not '<slots|legacy> <shards>'", key=key)
+    layout, *fields = text.split(" ")
+    if layout in (LAYOUT_SLOTS, LAYOUT_LEGACY) and len(fields) in (1, 3) and all(_decimal(f) for f in fields):
+        shards, target, moved = (int(f) for f in (*fields, "0", "0")[:3])
+        counted = 1 <= shards <= MAX_SHARDS and (layout == LAYOUT_SLOTS or shards == DEFAULT_SHARDS)
+        resharding = shards < target <= MAX_SHARDS and target % shards == 0 and moved <= shards
+        if counted and (len(fields) == 1 or resharding):
+            return layout, shards, target, moved
+    raise CorruptState(
+        f"layout record {key!r} holds {text[:80]!r}, not '<slots|legacy> <shards>[ <target> <moved>]'", key=key
+    )
+
+
+def _decimal(field: str) -> bool:
+    return field.isdigit() and field.isascii() and field == str(int(field))
 
 
 def resolve_layout(keys: Keys, requested: int | None) -> Op[None]:
@@ -48,12 +57,26 @@ def resolve_layout(keys: Keys, requested: int | None) -> Op[None]:
         else:
             want = f"{LAYOUT_SLOTS} {requested or DEFAULT_SHARDS}"
         raw = yield Call(S.LAYOUT_INIT, [record], [want])
-    layout, shards = parse_layout(raw, record)
-    if requested is not None and requested != shards:
+    layout, shards, target, moved = parse_layout(raw, record)
+    if requested is not None and requested not in (shards, target):
         raise ConfigConflict(
             f"namespace {keys.namespace!r} has {shards} shards ({layout} layout, stored in {record!r}), "
             f"not the {requested} asked for: build the store with shards=None (or {shards}); a namespace's "
             "shard count is fixed when it is first used; nothing was written",
             key=record,
         )
-    keys.configure(shards, layout)
+    keys.configure(shards, layout, target, moved)
+
+
+def refresh_layout(keys: Keys) -> Op[bool]:
+    """Read the layout record again (a request met a shard a reshard moved, or is moving) and
+    configure ``keys`` by it; True when it changed. One round trip."""
+    record = keys.layout_key()
+    (raw,) = yield Pipe([("GET", record)])
+    if raw is None:
+        raise CorruptState(f"layout record {record!r} is gone while the namespace holds data", key=record)
+    layout, shards, target, moved = parse_layout(raw, record)
+    if (layout, shards, target, moved) == (keys.layout, keys.count, keys.target, keys.moved):
+        return False
+    keys.configure(shards, layout, target, moved)
+    return True

@@ -41,6 +41,9 @@ class Pipe:
 
     commands: Sequence[Sequence[Any]]
     wrongtype_ok: bool = False
+    #: Reads of shard indexes that a stale view only delays (claim_next's peek): checked against the
+    #: layout record, one command, instead of each shard's seal (``relocation.py``).
+    by_record: bool = False
 
 
 @dataclass(frozen=True, slots=True)

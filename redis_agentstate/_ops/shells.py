@@ -10,10 +10,11 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from .. import _eviction, scripts
 from ..clients import AsyncClient, RedisClient, SyncClient
 from ..errors import InvalidArgument
-from ..keys import Keys, check_shards
-from .client_checks import check_client
+from ..keys import LAYOUT_SLOTS, Keys, check_shards
+from .client_checks import check_client, is_cluster_client
 from .drivers import run_async, run_sync
 from .layout import resolve_layout
+from .relocation import Relocation
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from .requests import Op, T
 from .retry import RetryPolicy
@@ -27,6 +28,10 @@ class _Core(Protocol):
 
 
 C = TypeVar("C", bound=_Core)
+
+
+#: Builds a reshard's op from keys of its own and whether the client is a Cluster's (``_reshard.reshard``).
+Mover = Callable[[Keys, bool], Op[Any]]
 
 
 class StoreShell(Generic[C]):
@@ -70,6 +75,8 @@ class StoreShell(Generic[C]):
         #: (``_eviction``): after, so a call to a server that does not answer stays within its
         #: retry bound (no extra attempt before it); successful, so the server does answer.
         self._eviction_unchecked = True
+        #: How the drivers follow the namespace's shards through a reshard.
+        self._moves = Relocation(core.keys)
 
     @property
     def namespace(self) -> str:
@@ -78,7 +85,20 @@ class StoreShell(Generic[C]):
     @property
     def shards(self) -> int | None:
         """The namespace's shard count: the stored one once an operation ran, else the one asked for."""
-        return self._core.keys.shards or self._shards
+        return self._core.keys.count or self._shards
+
+    def _mover(self, mover: Mover) -> tuple[Op[Any], dict[str, Any]]:
+        """The op ``mover`` builds (a reshard, ``_reshard.py``) and the scripts it runs: on keys of its
+        own, so this store's keys follow the shards the way every other client's do."""
+        keys = Keys.unresolved(self._core.keys.namespace)
+        op = _after_layout(keys, mover(keys, is_cluster_client(self._client)))
+        return op, {**self._scripts, **scripts.register(self._client, scripts.RESHARD_SCRIPTS)}
+
+    def _resharded(self, report: Any) -> Any:
+        """``report`` of a finished reshard, after this store's keys took the new layout."""
+        if self._core.keys.resolved:
+            self._core.keys.configure(report.to_shards, LAYOUT_SLOTS)
+        return report
 
     @property
     def client(self) -> Any:
@@ -103,12 +123,17 @@ class SyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             self._layout()
-        result = run_sync(self._client, self._scripts, self._retry, op, self._ack)
+        result = run_sync(self._client, self._scripts, self._retry, op, self._ack, self._moves)
         if self._eviction_unchecked:
             # After the first operation that succeeds: a server that does not answer keeps its retry bound.
             self._eviction_unchecked = False
             _eviction.check_sync(self._client)
         return result
+
+    def _reshard(self, mover: Mover) -> Any:
+        """Grow the namespace (the op ``mover`` builds, ``_reshard.py``), driven without relocation."""
+        op, names = self._mover(mover)
+        return self._resharded(run_sync(self._client, names, self._retry, op, self._ack))
 
     def _layout(self) -> None:
         """Read the namespace's layout unless read already: once per store, before its first key is built
@@ -145,13 +170,18 @@ class AsyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             await self._layout()
-        result = await run_async(self._client, self._scripts, self._retry, op, self._ack)
+        result = await run_async(self._client, self._scripts, self._retry, op, self._ack, self._moves)
         if self._eviction_unchecked:
             self._eviction_unchecked = False
             # A task of its own, not awaited here: a caller's timeout or cancellation must never
             # land on the check and lose the result of a write that applied.
             self._eviction_check = asyncio.ensure_future(_eviction.check_async(self._client))
         return result
+
+    async def _reshard(self, mover: Mover) -> Any:
+        """The asyncio twin of ``SyncShell._reshard``."""
+        op, names = self._mover(mover)
+        return self._resharded(await run_async(self._client, names, self._retry, op, self._ack))
 
     async def _layout(self) -> None:
         """The asyncio twin of ``SyncShell._layout``; a cancel the read swallowed is raised before the
@@ -171,6 +201,12 @@ class AsyncShell(StoreShell[C]):
             return
         with observer.operation(self, name) as watch:
             yield lambda op: self._drive(watch(op))
+
+
+def _after_layout(keys: Keys, op: Op[T]) -> Op[T]:
+    """``op`` once ``keys`` were configured by the namespace's layout record (written when absent)."""
+    yield from resolve_layout(keys, None)
+    return (yield from op)
 
 
 def cancels() -> int:

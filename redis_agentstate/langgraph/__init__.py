@@ -9,11 +9,36 @@ rest of ``redis_agentstate`` never imports LangGraph.
     graph = builder.compile(checkpointer=saver)
     with saver.lease("thread-1", wait_ms=5_000):     # optional: this saver is the thread's one writer
         graph.invoke(inputs, {"configurable": {"thread_id": "thread-1"}})
+
+Runs across a fleet: ``RunQueue`` / ``AsyncRunQueue`` queue runs of threads (LangGraph Platform's
+statuses and double-texting strategies, resumable event streams), ``GraphWorker`` executes them::
+
+    queue = RunQueue(redis.Redis())
+    GraphWorker(graph, queue, saver, concurrency=4).run()     # on every worker machine
+    run = queue.create("thread-1", inputs, multitask_strategy="enqueue")
+    for event in queue.stream(run.run_id): ...
 """
 
 from __future__ import annotations
 
-from ..errors import LeaseLost, ThreadBusy
+from ..errors import LeaseLost, RunNotFound, RunRejected, ThreadBusy
+from ._runs_core import Run, RunEvent
+from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver, AsyncThreadLease, ThreadLease
+from .worker import GraphWorker
 
-__all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "LeaseLost", "ThreadBusy", "ThreadLease"]
+__all__ = [
+    "AgentStateSaver",
+    "AsyncAgentStateSaver",
+    "AsyncRunQueue",
+    "AsyncThreadLease",
+    "GraphWorker",
+    "LeaseLost",
+    "Run",
+    "RunEvent",
+    "RunNotFound",
+    "RunQueue",
+    "RunRejected",
+    "ThreadBusy",
+    "ThreadLease",
+]

@@ -11,17 +11,20 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
-from .._ops import Call, Command, Op, Pipe, list_indexes
-from ..errors import InvalidArgument
+from .._ops import Call, Command, Op, Pipe, list_indexes, restartable
+from ..errors import CorruptState, InvalidArgument
 from ..scripts import LG_GET, LG_LIST
 from ._base import _configurable, _ident, _ns, thread_of
 from ._reads import SaverReads
 from ._records import SEP, _foreign_id, _stored_id, _stored_member, _stored_text
 
-__all__ = ["LIST_PAGE", "Lister", "Listing"]
+__all__ = ["LIST_BYTES", "LIST_PAGE", "Lister", "Listing"]
 
 #: Checkpoints fetched per list round trip.
 LIST_PAGE = 100
+#: A whole-checkpoint page ends once its checkpoints carry this many bytes (after one at least):
+#: no ``list()`` call makes Redis read, or send, more than about this much (plus one checkpoint).
+LIST_BYTES = 1 << 20
 
 
 class Listing(SaverReads):
@@ -85,6 +88,9 @@ class Lister:
         #: The namespaces of the current thread still to list (None: not read yet).
         self.spaces: list[str] | None = None
         self.hi: str | None = None
+        #: The blob chains the last checkpoint of the previous page read (field -> chain): the next
+        #: page of the same namespace is not sent them again (``lg_list.lua``, ARGV[7..]).
+        self.carried: dict[Any, Any] = {}
         self.done = limit is not None and limit <= 0
 
     def _bounds(self, ns: str) -> tuple[str, str]:
@@ -113,6 +119,7 @@ class Lister:
         self.spaces = None
         self.hi = None
 
+    @restartable
     def next_page(self) -> Op[list[CheckpointTuple] | None]:
         """The next matches (possibly none), or None when the listing is over."""
         if self.done:
@@ -145,9 +152,15 @@ class Lister:
         # Without a metadata filter every checkpoint of the page is read: whole, in the same round trip.
         whole = not self.filter
         page = self.page_size(whole)
-        reply = yield Call(LG_LIST, keys.as_list(), [self.hi or hi, lo, page, "1" if whole else "0", tid])
-        members, items = reply
-        if len(members) < page:
+        bounds = [self.hi or hi, lo, page]
+        held = list(self.carried) if whole and self.hi else []
+        reply = yield Call(LG_LIST, keys.as_list(),
+                           [*bounds, "1" if whole else "0", tid, LIST_BYTES if whole else 0, *held])  # fmt: skip
+        members, items = reply[0], reply[1]
+        cut = whole and len(reply) > 2 and int(reply[2]) == 1
+        if whole:
+            self.carried = _share_chains(items, self.carried if held else {})
+        if len(members) < page and not cut:
             self.hi = None
             if self.spaces:
                 del self.spaces[0]
@@ -186,3 +199,28 @@ class Lister:
         if whole and self.left is not None:
             return max(1, min(LIST_PAGE, self.left))
         return LIST_PAGE
+
+
+def _share_chains(items: list[Any], held: dict[Any, Any]) -> dict[Any, Any]:
+    """Put back the chains a page sent once (``lg_list.lua``: 1 for "as earlier in this reply, or
+    in ``held``", the chains of the previous page's last checkpoint); the chains of this page's
+    last checkpoint, for the next page."""
+    seen = dict(held)
+    last: dict[Any, Any] = {}
+    for item in items:
+        if not item:
+            continue
+        blobs = item[2]
+        last = {}
+        for i in range(0, len(blobs), 2):
+            chain = blobs[i + 1]
+            if isinstance(chain, int) and not isinstance(chain, bool):
+                if blobs[i] not in seen:
+                    raise CorruptState(
+                        f"a listed checkpoint refers to a value the page did not carry: {blobs[i]!r:.80}"
+                    )
+                blobs[i + 1] = chain = seen[blobs[i]]
+            else:
+                seen[blobs[i]] = chain
+            last[blobs[i]] = chain
+    return last or held

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._ops import Call, Command, Op, Pipe, corrupt_state, member_id
+from .._ops import Call, Command, Op, Pipe, corrupt_state, member_id, restart
 from ..errors import InvalidArgument
 from ..scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
 from ._base import SaverBase, _ident
@@ -38,6 +38,14 @@ class ThreadMaintenance(SaverBase):
         runs = sorted({_ident(r, "run_id") for r in run_ids})
         if not runs:
             return None
+        threads = yield from restart(lambda: self._threads_of_runs(runs))
+        for tid in sorted(threads):
+            reply = yield Call(LG_DELETE_RUNS, self.thread_keys(tid), [tid, self._token(tid), *runs])
+            self._fenced(reply, tid, "delete_for_runs")
+            self._forget(tid)
+        return None
+
+    def _threads_of_runs(self, runs: list[str]) -> Op[set[str]]:
         commands = [
             ("ZRANGEBYLEX", self.keys.shard_runs(s), f"[{r}{SEP}".encode(), f"({r}\x01".encode())
             for r in runs
@@ -49,11 +57,7 @@ class ThreadMaintenance(SaverBase):
             for m in members:
                 # Every member is checked before the first thread is touched: nothing is written on corrupt data.
                 threads.add(_stored_id(member_id(m, cmd[1]).partition(SEP)[2], cmd[1]))
-        for tid in sorted(threads):
-            reply = yield Call(LG_DELETE_RUNS, self.thread_keys(tid), [tid, self._token(tid), *runs])
-            self._fenced(reply, tid, "delete_for_runs")
-            self._forget(tid)
-        return None
+        return threads
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> Op[None]:
         src = _ident(source_thread_id, "source_thread_id")

@@ -123,6 +123,8 @@ local function base_of(f, v)
 end
 
 local MAX_CHAIN = 4096
+-- What checkpoint_reply answers for a checkpoint that would take a listing's page past its budget.
+local FULL = {}
 -- What checkpoint_reply answers, followed by the KEYS index and what is malformed, for
 -- data this library did not write (the script then replies corrupt(i, what), an error
 -- reply naming KEYS[i]; see _ops.CORRUPT_REPLY).
@@ -280,20 +282,39 @@ end
 
 -- Checkpoint <ns>\0<cid> with everything a reader needs: {member, record, blobs, writes}
 -- (blobs = {field, {value, base value, ...}, ...}, each tail chain newest first;
--- writes = its packed pending writes, '' if none), nil if there is no such checkpoint, or
--- CORRUPT, KEYS index, what: data this library did not write.
-local function checkpoint_reply(member)
+-- writes = its packed pending writes, '' if none) and the bytes of values and writes it
+-- carries, nil if there is no such checkpoint, or CORRUPT, KEYS index, what: data this library
+-- did not write. ``seen`` (a listing's page): the fields whose chains the reader has already
+-- (earlier in this reply, or from its last page); such a field's chain is sent as the integer 1,
+-- so checkpoints that read one unchanged value carry it once per listing, not once each. ``room``: the value bytes the page may
+-- still take; a checkpoint whose new values are longer (HSTRLEN, before they are read) answers
+-- FULL (records are small, and bounded by the page's count).
+local function checkpoint_reply(member, seen, room)
   local record = redis.call('HGET', KEYS[2], member)
   if not record then return nil end
   local fields = fields_of(record)
   if not fields then return CORRUPT, 2, 'checkpoint' end
-  local blobs = {}
+  if room then
+    local need = 0
+    for _, f in ipairs(fields) do
+      if not seen[f] then need = need + redis.call('HSTRLEN', KEYS[4], f) end
+    end
+    if need > 0 and need > room then return FULL end
+  end
+  local blobs, size = {}, 0
   for _, f in ipairs(fields) do
-    local c, what = chain(f)
-    if not c then return CORRUPT, 4, what end
     blobs[#blobs + 1] = f
-    blobs[#blobs + 1] = c
+    if seen and seen[f] then
+      blobs[#blobs + 1] = 1
+    else
+      local c, what = chain(f)
+      if not c then return CORRUPT, 4, what end
+      for _, v in ipairs(c) do size = size + #v end
+      if seen then seen[f] = true end
+      blobs[#blobs + 1] = c
+    end
   end
   -- The pending writes are parsed (and checked) by the client alone.
-  return {member, record, blobs, redis.call('HGET', KEYS[5], member) or ''}
+  local writes = redis.call('HGET', KEYS[5], member) or ''
+  return {member, record, blobs, writes}, size + #writes
 end

@@ -1,0 +1,559 @@
+"""Everything the LangGraph run queues and workers do that is not I/O: checks, requests, replies.
+
+A run queue lives in a namespace of its own (``RunQueue(client, namespace)``). Each LangGraph
+thread that ever had a run has a *task* there (a ``CheckpointStore`` task whose id is the thread
+id): claimable while the thread has a run to execute, ``wait_user`` while it has none. A
+``GraphWorker`` takes work with the store's woken ``claim_next`` (no polling), so the fleet's
+scheduling, leases, takeovers and heartbeats are the checkpoint store's, and one thread runs on
+at most one worker at a time. Beside the task, in its slot, the thread's runs (``keys.RunKeys``,
+``lua/_lgrun.lua``): the active list (pending and running runs, oldest first: runs of a thread
+execute in creation order), the kept history, one hash and one event stream per run.
+
+``create`` is one script with the thread's multitask check (``lua/lg_run_create.lua``), which
+also wakes the thread's task when it waits; a worker that puts the task to wait checks again
+after (``lg_run_wake.lua``), so a run created meanwhile is never stranded. Every event, and the
+end of a run, is fenced by the attempt's token: a worker that lost its thread (frozen, cut off)
+writes nothing once another took the run over.
+
+The sync and async queues are shells over ``RunCore``; the workers drive the same ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from .. import scripts as S
+from .._checkpoint_core import CheckpointCore
+from .._ops import Batch, Call, Command, Op, Pipe
+from .._validate import check_int
+from ..errors import AgentStateError, InvalidArgument, LeaseLost, RunNotFound, RunRejected
+from ..models import Checkpoint
+from ..scripts import Reply
+from ._base import _ident
+
+__all__ = [
+    "FINAL_STATUSES",
+    "MULTITASK_STRATEGIES",
+    "STREAM_MODES",
+    "Begun",
+    "EventCursor",
+    "Run",
+    "RunCore",
+    "RunEvent",
+    "RunLost",
+    "RunNotFound",
+    "RunRejected",
+]
+
+RunStatus = Literal["pending", "running", "success", "error", "interrupted", "timeout"]
+MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+#: LangGraph Platform's run statuses that end a run.
+FINAL_STATUSES = frozenset({"success", "error", "interrupted", "timeout"})
+#: LangGraph Platform's double-texting strategies.
+MULTITASK_STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
+#: The stream modes of ``graph.stream`` a run can record.
+STREAM_MODES = ("values", "updates", "messages", "custom", "debug", "checkpoints", "tasks")
+
+#: A run's serialized input, command, config and metadata may take this many bytes.
+MAX_BODY_BYTES = 16 * 2**20
+#: How long an ended run (its record and events) is kept by default: a day.
+DEFAULT_RUN_TTL_MS = 24 * 3600 * 1000
+#: Events kept per run by default (the oldest go first: XADD MAXLEN).
+DEFAULT_MAX_EVENTS = 10_000
+#: Runs a thread may have pending or running at once by default (enqueue past it: RunRejected).
+DEFAULT_MAX_ACTIVE = 100
+#: Events read per round trip by ``stream``.
+_EVENT_PAGE = 200
+_RUN_ID_BYTES = 200
+_KNOWN_THREADS = 10_000
+
+
+class RunLost(LeaseLost):
+    """A worker's attempt no longer runs its run (taken over after its lease lapsed, or ended)."""
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of a run's stream: its stream id (resume with ``after=id``), the event name
+    (a stream mode, or ``metadata`` / ``end``) and its data."""
+
+    id: str
+    event: str
+    data: Any
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run of a LangGraph thread, as stored (LangGraph Platform's fields where they exist)."""
+
+    run_id: str
+    thread_id: str
+    status: RunStatus
+    multitask_strategy: MultitaskStrategy
+    stream_mode: list[str]
+    created_at_ms: int
+    updated_at_ms: int
+    attempt: int = 0
+    worker: str = ""
+    error: str = ""
+    input: Any = None
+    command: Any = None
+    config: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    #: A stop asked of a running run (``interrupt`` or ``rollback``), '' for none.
+    cancel: str = ""
+
+    @property
+    def done(self) -> bool:
+        """True once the run has a final status."""
+        return self.status in FINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What ``begin`` handed a worker: a run to execute (``rollback`` False) or one to delete."""
+
+    run: Run
+    attempt: int
+    #: The run was running before this attempt (a takeover: resume from the last checkpoint).
+    resumed: bool
+    rollback: bool = False
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def _ms(v: Any) -> int | None:
+    s = _text(v) if v is not None else ""
+    return int(s) if s else None
+
+
+@dataclass
+class EventCursor:
+    """Where a ``stream`` reader is: its run, the last id it got, when it gives up waiting."""
+
+    run_id: str
+    after: str
+    block_ms: int | None
+    thread_id: str | None = None
+    #: monotonic seconds of the last event (or the start): ``block_ms`` counts from it.
+    last_at: float = field(default_factory=time.monotonic)
+    done: bool = False
+
+
+class RunCore:
+    """Validation, request building and reply parsing for one run queue's namespace."""
+
+    def __init__(
+        self,
+        namespace: str,
+        serde: SerializerProtocol,
+        *,
+        run_ttl_ms: int = DEFAULT_RUN_TTL_MS,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        max_active: int = DEFAULT_MAX_ACTIVE,
+    ) -> None:
+        # The threads' tasks: built on the same keys, so the run scripts and the task's share one layout.
+        self.tasks = CheckpointCore(namespace, max_payload_bytes=2**20, history_cache=0)
+        self.keys = self.tasks.keys
+        self.serde = serde
+        self.run_ttl_ms = check_int(run_ttl_ms, "run_ttl_ms", 0, 100 * 366 * 24 * 3600 * 1000)
+        self.max_events = check_int(max_events, "max_events", 1, 10_000_000)
+        self.max_active = check_int(max_active, "max_active", 1, 100_000)
+        #: Threads this core saw with a task (an LRU): their runs' creates skip the task's create.
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    def _know(self, tid: str) -> None:
+        self._known[tid] = None
+        self._known.move_to_end(tid)
+        if len(self._known) > _KNOWN_THREADS:
+            self._known.popitem(last=False)
+
+    # ---- checks ---------------------------------------------------------
+
+    @staticmethod
+    def run_id(value: object) -> str:
+        text = _ident(value, "run_id")
+        if len(text.encode()) > _RUN_ID_BYTES:
+            raise InvalidArgument(f"run_id is over {_RUN_ID_BYTES} bytes: {text!r:.80}")
+        return text
+
+    @staticmethod
+    def strategy(value: object) -> str:
+        if value not in MULTITASK_STRATEGIES:
+            raise InvalidArgument(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}, got {value!r}")
+        return str(value)
+
+    @staticmethod
+    def modes(value: object) -> list[str]:
+        modes = [value] if isinstance(value, str) else value
+        if not isinstance(modes, (list, tuple)) or not modes:
+            raise InvalidArgument(f"stream_mode must be a stream mode or a non-empty list of them, got {value!r}")
+        out: list[str] = []
+        for m in modes:
+            if m not in STREAM_MODES:
+                raise InvalidArgument(f"stream_mode {m!r} is not one of {', '.join(STREAM_MODES)}")
+            if m not in out:
+                out.append(str(m))
+        return out
+
+    @staticmethod
+    def _mapping(value: object, what: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"{what} must be a dict or None, got {type(value).__name__}")
+        return dict(value)
+
+    def _dumps(self, value: Any, what: str) -> bytes:
+        try:
+            kind, data = self.serde.dumps_typed(value)
+        except Exception as exc:  # the serializer's own error types vary: name what failed
+            raise InvalidArgument(f"{what} cannot be serialized: {type(exc).__name__}: {exc}") from exc
+        return kind.encode() + b"\0" + bytes(data)
+
+    def _loads(self, blob: bytes) -> Any:
+        kind, _, data = bytes(blob).partition(b"\0")
+        return self.serde.loads_typed((kind.decode(), data))
+
+    # ---- reading runs ---------------------------------------------------
+
+    def _run(self, run_id: str, tid: str, raw: Any) -> Run | None:
+        if not raw:
+            return None
+        h = {
+            _text(k): v for k, v in (raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True))
+        }
+        body = self._loads(h["body"]) if h.get("body") else {}
+        return Run(
+            run_id=run_id, thread_id=tid, status=_text(h["status"]),  # type: ignore[arg-type]
+            multitask_strategy=_text(h.get("strategy", b"reject")),  # type: ignore[arg-type]
+            stream_mode=_text(h.get("modes", b"values")).split(","),
+            created_at_ms=_ms(h.get("created")) or 0, updated_at_ms=_ms(h.get("updated")) or 0,
+            attempt=_ms(h.get("attempt")) or 0, worker=_text(h.get("worker", b"")), error=_text(h.get("error", b"")),
+            input=body.get("input"), command=body.get("command"), config=body.get("config") or {},
+            metadata=body.get("metadata") or {}, started_at_ms=_ms(h.get("started")), ended_at_ms=_ms(h.get("ended")),
+            cancel=_text(h.get("cancel", b"")),
+        )  # fmt: skip
+
+    def thread_of(self, run_id: str) -> Op[str | None]:
+        reply = yield Command(["GET", self.keys.run_lookup(run_id)])
+        return None if reply is None else _text(reply)
+
+    def get(self, run_id: object) -> Op[Run | None]:
+        rid = self.run_id(run_id)
+        tid = yield from self.thread_of(rid)
+        if tid is None:
+            return None
+        raw = yield Command(["HGETALL", self.keys.runs(tid).run(rid)[0]])
+        return self._run(rid, tid, raw)
+
+    def runs_of(self, thread_id: object, limit: int = 100) -> Op[list[Run]]:
+        tid = _ident(thread_id, "thread_id")
+        limit = check_int(limit, "limit", 1, 10_000)
+        keys = self.keys.runs(tid)
+        ids = yield Command(["ZRANGE", keys.history, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, limit])
+        ids = [_text(i) for i in ids]
+        if not ids:
+            return []
+        raws = yield Pipe([("HGETALL", keys.run(i)[0]) for i in ids])
+        return [r for i, raw in zip(ids, raws, strict=True) if (r := self._run(i, tid, raw)) is not None]
+
+    # ---- creating and cancelling ----------------------------------------
+
+    def create(
+        self,
+        thread_id: object,
+        input: Any = None,
+        *,
+        command: Any = None,
+        config: Mapping[str, Any] | None = None,
+        multitask_strategy: str = "reject",
+        stream_mode: str | Sequence[str] = "values",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Op[Run]:
+        tid = _ident(thread_id, "thread_id")
+        strategy = self.strategy(multitask_strategy)
+        modes = self.modes(stream_mode)
+        conf = self._mapping(config, "config")
+        md = self._mapping(metadata, "metadata")
+        if input is not None and command is not None:
+            raise InvalidArgument("a run takes an input or a command (Command(resume=...)), not both")
+        payload = {"input": input, "command": command, "config": conf, "metadata": md}
+        body = self._dumps(payload, "the run's input, command, config and metadata")
+        if len(body) > MAX_BODY_BYTES:
+            raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
+                                  f"over {MAX_BODY_BYTES}")  # fmt: skip
+        rid = str(uuid.uuid4())
+        keys = self.keys.runs(tid)
+        run_hash, run_events = keys.run(rid)
+        args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active]
+        # The id's entry first (a run is found as soon as it exists), in the same round trip.
+        index = Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], [tid, ""])
+        for attempt in range(3):
+            task = self.keys.task(tid).counted()
+            call = Call(S.LG_RUN_CREATE, [*task, keys.active, keys.history, run_hash, run_events], args)
+            if attempt:
+                reply = yield call
+            elif tid in self._known:
+                reply = (yield Batch([index, call]))[1]
+            else:
+                # A thread this client has not met: its task is created in the same round trip, before
+                # the run (a create of a task that exists answers False and writes nothing).
+                making = self.tasks.create(Checkpoint(tid))
+                first = next(making)
+                assert isinstance(first, Call)  # CheckpointCore.create sends one script call
+                replies = yield Batch([index, first, call])
+                with contextlib.suppress(StopIteration):
+                    making.send(replies[1])
+                reply = replies[2]
+            if reply[0] != Reply.REFUSED or _text(reply[1]) != "no-task":
+                break
+            # The thread's task is gone (deleted around us): create it, claimable now, and send again.
+            yield from self.tasks.create(Checkpoint(tid))
+        self._know(tid)
+        if reply[0] == Reply.REFUSED:
+            yield Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
+            why = _text(reply[1])
+            if why == "reject":
+                other = _text(reply[2])
+                raise RunRejected(
+                    f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
+                    thread_id=tid, run_id=other,
+                )  # fmt: skip
+            if why == "full":
+                raise RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
+                                  f"(max_active={self.max_active})", thread_id=tid)  # fmt: skip
+            raise AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+        created = int(reply[1])
+        yield from self._forget(tid, reply[3], reply[4])
+        return Run(rid, tid, "pending", strategy, modes, created, created, input=input, command=command,  # type: ignore[arg-type]
+                   config=conf, metadata=md)  # fmt: skip
+
+    def _forget(self, tid: str, ended: Any = (), deleted: Any = ()) -> Op[None]:
+        """Runs of ``tid`` a script ended (or deleted) on its way: their id entries (in their own
+        slots, so not the script's to write) expire with them, or go."""
+        calls = [Call(S.LG_RUN_INDEX, [self.keys.run_lookup(_text(r))], ["", ""]) for r in deleted or ()]
+        if self.run_ttl_ms:
+            calls += [Call(S.LG_RUN_INDEX, [self.keys.run_lookup(_text(r))], [tid, self.run_ttl_ms])
+                      for r in ended or ()]  # fmt: skip
+        if calls:
+            yield Batch(calls)
+        return None
+
+    def cancel(self, run_id: object, action: str = "interrupt") -> Op[bool]:
+        rid = self.run_id(run_id)
+        if action not in ("interrupt", "rollback"):
+            raise InvalidArgument(f"action must be 'interrupt' or 'rollback', got {action!r}")
+        tid = yield from self.thread_of(rid)
+        if tid is None:
+            raise RunNotFound(rid)
+        keys = self.keys.runs(tid)
+        h, e = keys.run(rid)
+        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e],
+                           [action, self.run_ttl_ms, self.max_events, rid])  # fmt: skip
+        if reply[0] == Reply.REFUSED:
+            if _text(reply[1]) == "missing":
+                raise RunNotFound(rid)
+            return False
+        if _text(reply[1]) == "ended":
+            yield from self._forget(tid, *(((), [rid]) if action == "rollback" else ([rid], ())))
+        return True
+
+    # ---- events -----------------------------------------------------------
+
+    def cursor(self, run_id: object, after: str | None, block_ms: int | None) -> EventCursor:
+        rid = self.run_id(run_id)
+        if after is not None and (not isinstance(after, str) or not _stream_id(after)):
+            raise InvalidArgument(f"after must be an event id ('<ms>-<seq>'), got {after!r}")
+        if block_ms is not None:
+            block_ms = check_int(block_ms, "block_ms", 0, 24 * 3600 * 1000)
+        return EventCursor(rid, after or "0-0", block_ms)
+
+    def _event(self, entry: Any) -> RunEvent:
+        eid, fields = entry
+        f = {
+            _text(k): v
+            for k, v in (fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2], strict=True))
+        }
+        kind, event, data = _text(f.get("type", b"")), _text(f.get("event", b"")), f.get("data", b"")
+        value: Any
+        if kind == "json":
+            value = json.loads(_text(data))
+        elif kind == "status":
+            status, _, why = _text(data).partition(" ")
+            value = {"status": status, "error": why}
+        else:
+            value = self.serde.loads_typed((kind, bytes(data)))
+        return RunEvent(_text(eid), event, value)
+
+    def events(self, cur: EventCursor, slice_ms: int | None) -> Op[list[RunEvent]]:
+        """The next events after ``cur.after`` (waiting for them while the run is active, within
+        ``cur.block_ms``); sets ``cur.done`` after the final one, or when there is no run.
+        ``slice_ms``: the longest block the client's read timeout allows (``block_slice_ms``)."""
+        if cur.thread_id is None:
+            cur.thread_id = yield from self.thread_of(cur.run_id)
+            if cur.thread_id is None:
+                raise RunNotFound(cur.run_id)
+        h, e = self.keys.runs(cur.thread_id).run(cur.run_id)
+        entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
+        if not entries:
+            if status is None and cur.after == "0-0":
+                raise RunNotFound(cur.run_id)
+            if status is None or _text(status) in FINAL_STATUSES:
+                # Ended with its final event read (or trimmed, or the run rolled back meanwhile).
+                cur.done = True
+                return []
+            wait = self._wait_ms(cur, slice_ms)
+            if wait is None:
+                cur.done = True
+                return []
+            reply = yield Command(["XREAD", "COUNT", _EVENT_PAGE, "BLOCK", wait, "STREAMS", e, cur.after])
+            entries = _xread_entries(reply)
+        out = [self._event(x) for x in entries]
+        if out:
+            cur.after = out[-1].id
+            cur.last_at = time.monotonic()
+            if out[-1].event == "end":
+                cur.done = True
+        return out
+
+    @staticmethod
+    def _wait_ms(cur: EventCursor, slice_ms: int | None) -> int | None:
+        """How long the next blocking read waits: a slice the client's read timeout allows (at most a
+        second, so a run that ends without a final event, rolled back, is noticed), within
+        ``block_ms`` of the last event; None once ``block_ms`` passed."""
+        slice_ms = _slice(slice_ms)
+        if cur.block_ms is None:
+            return slice_ms
+        left = cur.block_ms - int((time.monotonic() - cur.last_at) * 1000)
+        return None if left <= 0 else min(left, slice_ms)
+
+    def join_step(self, cur: EventCursor, slice_ms: int | None, wait_ms: int | None) -> Op[Run | None]:
+        """The run if it ended, else None after waiting (a slice, at most ``wait_ms``) for its end
+        marker (``lgrd``: one entry once the run ended, so a join wakes once, not at every event)."""
+        if cur.thread_id is None:
+            cur.thread_id = yield from self.thread_of(cur.run_id)
+            if cur.thread_id is None:
+                raise RunNotFound(cur.run_id)
+        keys = self.keys.runs(cur.thread_id)
+        # One round trip per wait: Redis runs a connection's commands in order, so the HGETALL runs
+        # when the XREAD returns (at once if the run had ended; else when its end marker lands,
+        # written by the same script as its final status, or after the slice) and reads the run as
+        # it is then. The two keys share the thread's slot: one node in a Cluster too.
+        wait = _slice(slice_ms, wait_ms)
+        _, raw = yield Pipe([("XREAD", "COUNT", 1, "BLOCK", wait, "STREAMS", keys.done(cur.run_id), "0-0"),
+                             ("HGETALL", keys.run(cur.run_id)[0])])  # fmt: skip
+        run = self._run(cur.run_id, cur.thread_id, raw)
+        if run is None:
+            raise RunNotFound(cur.run_id)  # rolled back, or expired
+        return run if run.done else None
+
+    # ---- the worker's side -----------------------------------------------
+
+    def begin(self, thread_id: str, token: str, worker: str, max_attempts: int) -> Op[Begun | None]:
+        keys = self.keys.runs(thread_id)
+        reply = yield Call(S.LG_RUN_BEGIN, [keys.active, keys.history, keys.hash_prefix, keys.event_prefix],
+                           [token, worker, max_attempts, self.run_ttl_ms, self.max_events])  # fmt: skip
+        yield from self._forget(thread_id, reply[-1])
+        if reply[0] == Reply.REFUSED:
+            return None
+        rid = _text(reply[2])
+        if _text(reply[1]) == "rollback":
+            raw = yield Command(["HGETALL", keys.run(rid)[0]])
+            run = self._run(rid, thread_id, raw)
+            assert run is not None
+            return Begun(run, run.attempt, resumed=True, rollback=True)
+        attempt, body, modes, strategy, created, before = reply[3:9]  # reply[9]: the runs it ended
+        payload = self._loads(body) if body else {}
+        run = Run(
+            rid, thread_id, "running", _text(strategy), _text(modes).split(","), int(created), int(created),  # type: ignore[arg-type]
+            attempt=int(attempt), worker=worker, input=payload.get("input"), command=payload.get("command"),
+            config=payload.get("config") or {}, metadata=payload.get("metadata") or {},
+        )  # fmt: skip
+        return Begun(run, int(attempt), resumed=_text(before) == "running")
+
+    def emit(self, run: Run, token: str, events: Sequence[tuple[str, Any]]) -> Op[str]:
+        """Append ``events`` (mode, data) to the run's stream; the stop asked of it ('' for none)."""
+        h, e = self.keys.runs(run.thread_id).run(run.run_id)
+        argv: list[Any] = [token, self.max_events]
+        for mode, data in events:
+            kind, blob = self._encode(data)
+            argv += [mode, kind, blob]
+        reply = yield Call(S.LG_RUN_EMIT, [h, e], argv)
+        if reply[0] == Reply.REFUSED:
+            raise RunLost(f"run {run.run_id} of thread {run.thread_id!r} is no longer this worker's",
+                          task_id=run.thread_id)  # fmt: skip
+        return _text(reply[1])
+
+    def _encode(self, data: Any) -> tuple[str, bytes]:
+        try:
+            kind, blob = self.serde.dumps_typed(data)
+        except Exception as exc:  # an event the serializer cannot encode: record that, not crash the run
+            return "json", json.dumps({"unserializable": f"{type(exc).__name__}: {exc}"[:500]}).encode()
+        return kind, bytes(blob)
+
+    def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
+        """End the run (``status`` final, or ``pending``: handed back); the thread's active runs left."""
+        keys = self.keys.runs(run.thread_id)
+        h, e = keys.run(run.run_id)
+        lookup = self.keys.run_lookup(run.run_id)
+        if status == "pending":
+            reply = yield Call(S.LG_RUN_FINISH, [keys.active, keys.history, h, e],
+                               [token, "pending", "", 0, self.max_events, "0", run.run_id])  # fmt: skip
+        else:
+            end = Call(S.LG_RUN_FINISH, [keys.active, keys.history, h, e],
+                       [token, status, error[:2000], self.run_ttl_ms, self.max_events, "1" if gone else "0",
+                        run.run_id])  # fmt: skip
+            # The id's entry expires with the run (or goes with a rolled-back one), in the same round
+            # trip: if the end is refused (another worker took the run over), that worker's end sets it
+            # again, and until then it only bounds how long the id is found (run_ttl_ms).
+            if gone:
+                reply = (yield Batch([end, Call(S.LG_RUN_INDEX, [lookup], ["", ""])]))[0]
+            elif self.run_ttl_ms:
+                reply = (yield Batch([end, Call(S.LG_RUN_INDEX, [lookup], [run.thread_id, self.run_ttl_ms])]))[0]
+            else:
+                reply = yield end
+        if reply[0] == Reply.REFUSED:
+            raise RunLost(f"run {run.run_id} of thread {run.thread_id!r} is no longer this worker's",
+                          task_id=run.thread_id)  # fmt: skip
+        return int(reply[1])
+
+    def wake(self, thread_id: str) -> Op[int]:
+        """After the thread's task was put to wait: wake it if a run came meanwhile; active runs."""
+        keys = self.keys.runs(thread_id)
+        reply = yield Call(S.LG_RUN_WAKE, [*self.keys.task(thread_id).counted(), keys.active],
+                           ["wake:" + uuid.uuid4().hex])  # fmt: skip
+        return int(reply[2])
+
+
+def _stream_id(s: str) -> bool:
+    ms, sep, seq = s.partition("-")
+    return bool(sep) and ms.isdigit() and seq.isdigit()
+
+
+def _xread_entries(reply: Any) -> list[Any]:
+    """The entries of a one-stream XREAD reply, RESP2 (a list) or RESP3 (a map)."""
+    if not reply:
+        return []
+    if isinstance(reply, Mapping):  # redis-py's RESP3 parser: {stream: [entries]}
+        return list(next(iter(reply.values()))[0])
+    return list(reply[0][1])
+
+
+def _slice(slice_ms: int | None, limit_ms: int | None = None) -> int:
+    """One blocking read's wait: within the client's read timeout (``slice_ms``, None: none) and
+    ``limit_ms``, and at most a second, so a run that ends without a final event (rolled back) is noticed."""
+    return max(1, min(slice_ms or 1000, 1000, 1000 if limit_ms is None else limit_ms))

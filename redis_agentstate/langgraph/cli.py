@@ -1,0 +1,140 @@
+"""``agentstate langgraph ...``: run a GraphWorker, and look at and steer a run queue's runs.
+
+Imported by ``redis_agentstate.cli`` only when one of these commands runs (the rest of the CLI
+never imports LangGraph). ``worker MODULE:ATTR`` imports a compiled graph (or a builder with
+``compile``) and executes the queue's runs until SIGTERM / Ctrl-C, which hand the current runs
+back at their next boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .._cli_common import CliError, esc
+from .._cli_common import dump as _dump
+
+__all__ = ["cmd_cancel", "cmd_runs", "cmd_tail", "cmd_worker", "load_graph"]
+
+
+def load_graph(target: str) -> Any:
+    """The graph ``MODULE:ATTR`` names (a compiled graph; a StateGraph is compiled)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"the graph is MODULE:ATTR (e.g. myapp.graphs:agent), got {target!r}", "BadGraph")
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # as `python -m` does: the working directory's modules import
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise CliError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}", "BadGraph") from exc
+    graph: Any = module
+    for part in attr.split("."):
+        if not hasattr(graph, part):
+            raise CliError(f"{module_name!r} has no attribute {attr!r}", "BadGraph")
+        graph = getattr(graph, part)
+    if callable(graph) and not hasattr(graph, "stream") and not hasattr(graph, "compile"):
+        graph = graph()  # a factory
+    if hasattr(graph, "compile") and not hasattr(graph, "stream"):
+        graph = graph.compile()
+    if not hasattr(graph, "stream") or not hasattr(graph, "copy"):
+        raise CliError(f"{target} is not a compiled LangGraph graph ({type(graph).__name__})", "BadGraph")
+    return graph
+
+
+def _queue(args: argparse.Namespace, client: Any) -> Any:
+    from .runs import RunQueue
+
+    return RunQueue(client, namespace=args.queue_namespace)
+
+
+def cmd_worker(args: argparse.Namespace, client: Callable[[], Any]) -> int:
+    """``langgraph worker MODULE:ATTR``: execute the queue's runs until SIGTERM or Ctrl-C."""
+    from .saver import AgentStateSaver
+    from .worker import GraphWorker
+
+    graph = load_graph(args.graph)
+    worker = GraphWorker(graph, _queue(args, client()), AgentStateSaver(client(), namespace=args.saver_namespace),
+                         concurrency=args.concurrency, lease_ms=args.lease_ms,
+                         graph_id=args.graph_id or args.graph.partition(":")[2])  # fmt: skip
+
+    def stop(signum: int, frame: Any) -> None:
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"graph worker {esc(worker.name)}: {esc(args.graph)}, concurrency {args.concurrency}", file=sys.stderr,
+          flush=True)  # fmt: skip
+    worker.run()
+    print(f"graph worker {esc(worker.name)} stopped: {worker.finished}", file=sys.stderr, flush=True)
+    return 0
+
+
+def _run_dict(run: Any) -> dict[str, Any]:
+    return {"run_id": run.run_id, "thread_id": run.thread_id, "status": run.status,
+            "multitask_strategy": run.multitask_strategy, "stream_mode": run.stream_mode,
+            "created_at_ms": run.created_at_ms, "updated_at_ms": run.updated_at_ms, "attempt": run.attempt,
+            "worker": run.worker, "error": run.error}  # fmt: skip
+
+
+def cmd_runs(args: argparse.Namespace, client: Callable[[], Any]) -> int:
+    """``langgraph runs THREAD``: the thread's kept runs, newest first."""
+    runs = _queue(args, client()).list(args.thread, limit=args.limit)
+    if args.json:
+        print(_dump([_run_dict(r) for r in runs]))
+        return 0
+    if not runs:
+        print(f"no runs kept for thread {esc(args.thread)}")
+    for r in runs:
+        why = f"  {esc(r.error)}" if r.error else ""
+        print(f"{r.run_id}  {r.status:<11} attempt {r.attempt}  {esc(r.multitask_strategy):<9} "
+              f"{esc(r.worker) or '-'}{why}")  # fmt: skip
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace, client: Callable[[], Any]) -> int:
+    """``langgraph tail RUN``: the run's events, live until it ends (one line each)."""
+    queue = _queue(args, client())
+    try:
+        for event in queue.stream(args.run, after=args.after):
+            if args.json:
+                print(_dump({"id": event.id, "event": event.event, "data": _plain(event.data)}), flush=True)
+            else:
+                print(f"{event.id}  {esc(event.event):<10} {esc(_dump(_plain(event.data)))}", flush=True)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, client: Callable[[], Any]) -> int:
+    """``langgraph cancel RUN [--rollback]``: stop a run wherever it is."""
+    action = "rollback" if args.rollback else "interrupt"
+    done = _queue(args, client()).cancel(args.run, action=action)
+    if args.json:
+        print(_dump({"run_id": args.run, "cancelled": done, "action": action}))
+    elif done:
+        print(f"{action} asked of run {esc(args.run)}: a pending run ends now, a running one at its next boundary")
+    else:
+        print(f"run {esc(args.run)} had ended already: nothing changed")
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """Event data as JSON can show it (messages and other objects by their dict or repr)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    for attr in ("model_dump", "dict"):
+        fn = getattr(value, attr, None)
+        if callable(fn):
+            try:
+                return _plain(fn())
+            except Exception:
+                continue
+    return repr(value)

@@ -1,0 +1,464 @@
+"""``GraphWorker``: executes the runs of a ``RunQueue`` with a compiled LangGraph graph, fleet-wide.
+
+A worker takes a thread with the queue's ``claim_next`` (woken by Redis, never polling) under a
+lease its keeper renews (the heartbeat), takes the thread's next run (``lg_run_begin.lua``: runs
+of a thread go in creation order) and runs the graph under the thread's saver lease, so at most
+one run per thread executes in the whole fleet and a worker that lost the thread (SIGKILLed,
+frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
+fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
+``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
+at no extra round trip.
+
+A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
+from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
+super-step kept by the saver, so a node whose writes were saved does not run again. A run taken
+over ``max_attempts`` times ends as an ``error`` (a poison run). ``stop()`` (SIGTERM in the CLI)
+ends each worker thread at its run's next boundary and hands the run back (pending, its
+progress kept) for another worker to go on with.
+
+Given an ``AsyncRunQueue`` and an ``AsyncAgentStateSaver``, the worker runs on asyncio instead
+(``await worker.arun()``, ``graph.astream``: async nodes), ``concurrency`` tasks on one loop. The
+two drivers share every decision (``_Attempt``, no I/O); they differ only in how they wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from langgraph.types import Command
+
+from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
+from ..lease import AsyncLease, Lease
+from ..models import AgentStatus, Checkpoint
+from ._runs_core import Begun, Run, RunLost
+from .runs import AsyncRunQueue, RunQueue
+from .saver import AgentStateSaver, AsyncAgentStateSaver
+
+__all__ = ["GraphWorker"]
+
+log = logging.getLogger("redis_agentstate.langgraph")
+
+#: Modes that emit at every super-step: with one of them asked for, no boundary mode is added.
+_PER_STEP = frozenset({"values", "updates", "debug", "checkpoints", "tasks"})
+
+
+class _Failures:
+    """A worker loop's streak of failed turns, without I/O: how long to wait before the next one
+    (doubling from 0.5 s to 10 s) and what to log. An unreachable Redis is one warning line when
+    the streak starts and one when it ends, not a traceback per retry (a log that a pipe nobody
+    reads fills up blocks the process); any other failure keeps its traceback."""
+
+    FIRST_S, MAX_S = 0.5, 10.0
+
+    def __init__(self, name: str) -> None:
+        self.name, self.streak = name, 0
+
+    def failed(self, exc: Exception) -> float:
+        self.streak += 1
+        if not isinstance(exc, BackendUnavailable):
+            log.error("graph worker %s: a thread's turn failed; going on", self.name, exc_info=exc)
+        elif self.streak == 1:
+            log.warning("graph worker %s: Redis unavailable (%s); retrying with backoff", self.name,
+                        type(exc.__cause__ or exc).__name__)  # fmt: skip
+        return min(self.MAX_S, self.FIRST_S * float(1 << min(self.streak - 1, 8)))
+
+    def ok(self) -> None:
+        if self.streak:
+            log.warning("graph worker %s: going on after %d failed turns", self.name, self.streak)
+        self.streak = 0
+
+
+class _Attempt:
+    """One attempt at one run, without I/O: its config and stream modes, what to emit for each
+    chunk, when to stop, and how it ends. Both drivers of ``GraphWorker`` ask it."""
+
+    def __init__(self, worker: GraphWorker, begun: Begun, token: str) -> None:
+        self.run, self.begun, self.token = begun.run, begun, token
+        run = self.run
+        config = dict(run.config)
+        config["configurable"] = {**(config.get("configurable") or {}), "thread_id": run.thread_id}
+        config["metadata"] = {**(config.get("metadata") or {}), **run.metadata, "run_id": run.run_id}
+        with contextlib.suppress(ValueError):  # LangChain's run id is a UUID: ours are, unless given otherwise
+            config["run_id"] = uuid.UUID(run.run_id)
+        self.config = config
+        self.thread_config = {"configurable": {"thread_id": run.thread_id}}
+        modes = list(run.stream_mode)
+        #: No asked mode emits at every super-step: add one for the boundaries, and do not record it.
+        self.boundary = not (_PER_STEP & set(modes))
+        self.asked = [*modes, "checkpoints"] if self.boundary else modes
+        self.deadline = None if worker.run_timeout_s is None else time.monotonic() + worker.run_timeout_s
+        self.timeout_s = worker.run_timeout_s
+        self.lease_args = {"lease_ms": worker.lease_ms, "wait_ms": worker.lease_ms + 2_000}
+        self.status, self.error, self.stop = "success", "", ""
+
+    @property
+    def needs_last(self) -> bool:
+        """A takeover (or a run handed back): where it stands depends on the thread's last checkpoint."""
+        return self.begun.resumed or self.begun.attempt > 1
+
+    def input(self, last: Any) -> Any:
+        """What the graph is given: ``None`` to go on from the thread's last checkpoint ``last`` if this
+        run wrote it (the saved writes of an interrupted super-step are kept), else the run's input
+        or command."""
+        if last is not None and last.metadata.get("run_id") == self.run.run_id:
+            return None
+        cmd = self.run.command
+        if cmd is not None:
+            return cmd if isinstance(cmd, Command) else Command(**cmd) if isinstance(cmd, dict) else cmd
+        return self.run.input
+
+    def events(self, mode: str, data: Any) -> list[tuple[str, Any]]:
+        return [] if self.boundary and mode == "checkpoints" else [(mode, data)]
+
+    def carry_on(self, stop: str, stopping: bool, lost: bool) -> bool:
+        """After a chunk was emitted (``stop``: what the run was asked): False to stop here."""
+        if lost:
+            raise LeaseLost(f"lost thread {self.run.thread_id!r}", task_id=self.run.thread_id)
+        if not stop and stopping:
+            stop = "stop"
+        if not stop and self.deadline is not None and time.monotonic() > self.deadline:
+            stop = "timeout"
+        self.stop = stop
+        return not stop
+
+    def failed(self, exc: BaseException) -> list[tuple[str, Any]]:
+        """The graph raised: the run ends as an error, its ``error`` event first."""
+        self.status, self.error = "error", f"{type(exc).__name__}: {exc}"
+        return [("error", {"error": type(exc).__name__, "message": str(exc)})]
+
+    def ending(self) -> tuple[bool, str, str, bool]:
+        """``(hand back, status, error, gone)``: hand the run back (pending) to the fleet, or end it."""
+        if self.stop == "stop":
+            return True, "pending", "", False
+        if self.stop == "rollback":
+            return False, "interrupted", "rollback", True
+        if self.stop == "interrupt":
+            return False, "interrupted", "interrupt", False
+        if self.stop == "timeout":
+            return False, "timeout", f"ran longer than {self.timeout_s} s", False
+        # A graph that paused on interrupt() ran as asked: 'success', as LangGraph Platform ends it
+        # (its interrupt is in the events, and the thread waits for a Command(resume=...)).
+        return False, self.status, self.error, False
+
+
+def _put_back(lease: Lease | AsyncLease, remaining: int) -> Checkpoint:
+    """The thread's task as the worker commits it: due now if it has runs left, else waiting for one."""
+    cp = lease.checkpoint
+    cp.cycle_index = lease.cycle_index
+    cp.status = AgentStatus.RUNNING if remaining else AgentStatus.WAIT_USER
+    return cp
+
+
+class GraphWorker:
+    """Runs ``graph`` (compiled; its checkpointer becomes ``saver``) for the runs of ``queue``.
+
+    ``queue`` and ``saver`` are both sync (``RunQueue``, ``AgentStateSaver``: ``run()``, one thread
+    per ``concurrency``) or both asyncio (``AsyncRunQueue``, ``AsyncAgentStateSaver``:
+    ``await arun()``, one task per ``concurrency``). ``lease_ms``: the thread's lease (renewed by
+    its keeper; a dead worker's runs are taken over after about this long). ``run_timeout_s``: a
+    run still going after this long ends as ``timeout`` at its next boundary. ``max_attempts``: a
+    run taken over this many times ends as ``error``. ``graph_id``: the name of ``graph``; a run
+    whose ``metadata["graph_id"]`` names another graph ends as ``error`` without running.
+    """
+
+    def __init__(
+        self,
+        graph: Any,
+        queue: RunQueue | AsyncRunQueue,
+        saver: AgentStateSaver | AsyncAgentStateSaver,
+        *,
+        concurrency: int = 1,
+        lease_ms: int = 30_000,
+        max_attempts: int = 3,
+        run_timeout_s: float | None = None,
+        name: str | None = None,
+        block_ms: int = 5_000,
+        graph_id: str | None = None,
+    ) -> None:
+        self.asyncio = isinstance(queue, AsyncRunQueue)
+        if not isinstance(queue, (RunQueue, AsyncRunQueue)):
+            raise InvalidArgument(f"queue must be a RunQueue or an AsyncRunQueue, got {type(queue).__name__}")
+        want = AsyncAgentStateSaver if self.asyncio else AgentStateSaver
+        if not isinstance(saver, want):
+            raise InvalidArgument(f"a {type(queue).__name__} takes an {want.__name__}, got {type(saver).__name__}")
+        if not hasattr(graph, "stream") or not hasattr(graph, "copy"):
+            raise InvalidArgument(f"graph must be a compiled LangGraph graph, got {type(graph).__name__}")
+        for what, value, lo in (("concurrency", concurrency, 1), ("lease_ms", lease_ms, 1000),
+                                ("max_attempts", max_attempts, 1), ("block_ms", block_ms, 1)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise InvalidArgument(f"{what} must be an int >= {lo}, got {value!r}")
+        if run_timeout_s is not None and not (isinstance(run_timeout_s, (int, float)) and run_timeout_s > 0):
+            raise InvalidArgument(f"run_timeout_s must be a number > 0 or None, got {run_timeout_s!r}")
+        self.graph = graph.copy(update={"checkpointer": saver})
+        self.queue: Any = queue
+        self.saver: Any = saver
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.max_attempts = max_attempts
+        self.run_timeout_s = run_timeout_s
+        self.block_ms = block_ms
+        #: The graph this worker runs: a run whose metadata names another ``graph_id`` is not executed
+        #: here (it ends as an error saying so: a queue's workers should all run its graph).
+        self.graph_id = graph_id
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._stopping = threading.Event()
+        #: Runs this worker ended, by final status (for people and tests).
+        self.finished: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """End at each running run's next boundary, handing it back (pending) to the fleet."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _count(self, status: str) -> None:
+        with self._lock:
+            self.finished[status] = self.finished.get(status, 0) + 1
+
+    def _close_waker(self) -> None:
+        waker = getattr(self.queue.tasks, "_waker", None)
+        if waker is not None:  # the woken claims' subscription: no listener outlives the worker
+            waker.close()
+
+    async def _aclose_waker(self) -> None:
+        waker = getattr(self.queue.tasks, "_waker", None)
+        if waker is not None:
+            await waker.aclose()
+
+    def _wrong_graph(self, run: Run) -> str:
+        """Why this worker must not execute ``run`` ('' if it may): the run names another graph."""
+        wanted = run.metadata.get("graph_id")
+        if self.graph_id is None or wanted is None or wanted == self.graph_id:
+            return ""
+        return f"GraphMismatch: the run is for graph {wanted!r}, and reached a worker of {self.graph_id!r}"
+
+    def _lost(self, run: Run, exc: BaseException) -> None:
+        log.warning("graph worker %s: run %s of thread %r is not ours any more: %s",
+                    self.name, run.run_id, run.thread_id, exc)  # fmt: skip
+
+    def _redis_failed(self, run: Run, exc: BaseException) -> None:
+        # Redis failed under the run (a restart, a failover): the run is handed back if Redis answers
+        # again, else its lease lapses and another worker takes it over. Either way it resumes from the
+        # last checkpoint: a Redis error never ends a run as the graph's error.
+        log.warning("graph worker %s: Redis failed under run %s of thread %r (%s); handing it back",
+                    self.name, run.run_id, run.thread_id, exc)  # fmt: skip
+
+    # ---- the sync driver ---------------------------------------------------
+
+    def run(self) -> None:
+        """Execute runs until ``stop()``: ``concurrency`` threads, each one run at a time (an asyncio
+        worker runs ``arun()`` on a loop of its own)."""
+        if self.asyncio:
+            asyncio.run(self.arun())
+            return
+        threads = [threading.Thread(target=self._loop, name=f"graph-worker-{i}", daemon=True)
+                   for i in range(self.concurrency)]  # fmt: skip
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.2)
+        except KeyboardInterrupt:
+            self.stop()
+            for t in threads:
+                t.join()
+        finally:
+            self._close_waker()
+
+    def _loop(self) -> None:
+        failures = _Failures(self.name)
+        while not self._stopping.is_set():
+            try:
+                self.run_once(block_ms=self.block_ms)
+            except Exception as exc:
+                self._stopping.wait(failures.failed(exc))
+            else:
+                failures.ok()
+
+    def run_once(self, *, block_ms: int | None = None) -> bool:
+        """Take one thread with work and execute its next run; False when nothing came within ``block_ms``."""
+        lease = Lease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms)
+        if lease is None:
+            return False
+        with lease:
+            self._turn(lease)
+        return True
+
+    def _turn(self, lease: Lease) -> None:
+        core, tid = self.queue._core, lease.task_id
+        begun: Begun | None = self.queue._run(core.begin(tid, lease.token, self.name, self.max_attempts))
+        remaining = 0
+        if begun is not None and begun.rollback:
+            with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
+                self.saver.delete_for_runs([begun.run.run_id])
+            self.queue._run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+            remaining = 1  # look again at once: the thread may have a run behind it
+        elif begun is not None and (wrong := self._wrong_graph(begun.run)):
+            remaining = self.queue._run(core.finish(begun.run, lease.token, "error", wrong))
+            self._count("error")
+        elif begun is not None:
+            left = self._execute(_Attempt(self, begun, lease.token), lease)
+            if left is None:  # lost the thread, or handed the run back: the lease ends as it is
+                return
+            remaining = left
+        try:
+            lease.commit(_put_back(lease, remaining))
+        except LeaseLost:
+            log.warning("graph worker %s: lost thread %r before putting it back", self.name, tid)
+            return
+        if not remaining:
+            # A run created while the task was ours did not wake it (it was not waiting): look again.
+            self.queue._run(core.wake(tid))
+
+    def _execute(self, a: _Attempt, lease: Lease) -> int | None:
+        """Run the graph for one attempt; the thread's active runs left, or None if the run is not ours
+        any more (lost) or was handed back (stop, Redis failing)."""
+        core, run = self.queue._core, a.run
+        try:
+            with self.saver.lease(run.thread_id, **a.lease_args):
+                last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
+                chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
+                try:
+                    for mode, data in chunks:
+                        stop = self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                        if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                            break
+                except (RunLost, LeaseLost, BackendError):
+                    raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
+                except Exception as exc:
+                    self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                finally:
+                    chunks.close()
+                if a.stop == "rollback":
+                    self.saver.delete_for_runs([run.run_id])
+        except (RunLost, LeaseLost) as exc:
+            self._lost(run, exc)
+            return None
+        except (BackendError, ThreadBusy) as exc:
+            # ThreadBusy: the previous holder's saver lease has not lapsed yet. Either way: back, later.
+            if isinstance(exc, BackendError):
+                self._redis_failed(run, exc)
+            with contextlib.suppress(Exception):
+                self.queue._run(core.finish(run, a.token, "pending"))
+                lease.release(reason=f"{type(exc).__name__}")
+            return None
+        back, status, error, gone = a.ending()
+        if back:
+            self.queue._run(core.finish(run, a.token, "pending"))
+            lease.release()
+            return None
+        left: int = self.queue._run(core.finish(run, a.token, status, error, gone=gone))
+        self._count(status)
+        return left
+
+    # ---- the asyncio driver ----------------------------------------------------
+
+    async def arun(self) -> None:
+        """Execute runs until ``stop()``: ``concurrency`` tasks on this loop, each one run at a time."""
+        if not self.asyncio:
+            raise InvalidArgument("arun() needs an AsyncRunQueue and an AsyncAgentStateSaver; run() for sync ones")
+        try:
+            await asyncio.gather(*(self._aloop() for _ in range(self.concurrency)))
+        finally:
+            await self._aclose_waker()
+
+    async def _aloop(self) -> None:
+        failures = _Failures(self.name)
+        while not self._stopping.is_set():
+            try:
+                await self.arun_once(block_ms=self.block_ms)
+            except Exception as exc:
+                await self._asleep_unless_stopped(failures.failed(exc))
+            else:
+                failures.ok()
+
+    async def _asleep_unless_stopped(self, seconds: float) -> None:
+        # stop() is a threading.Event (the CLI's signal handler may set it from any thread).
+        deadline = time.monotonic() + seconds
+        while not self._stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(0.1, left))
+
+    async def arun_once(self, *, block_ms: int | None = None) -> bool:
+        """The asyncio twin of ``run_once``."""
+        lease = await AsyncLease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms)
+        if lease is None:
+            return False
+        async with lease:
+            await self._aturn(lease)
+        return True
+
+    async def _aturn(self, lease: AsyncLease) -> None:
+        core, tid = self.queue._core, lease.task_id
+        begun: Begun | None = await self.queue._run(core.begin(tid, lease.token, self.name, self.max_attempts))
+        remaining = 0
+        if begun is not None and begun.rollback:
+            async with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
+                await self.saver.adelete_for_runs([begun.run.run_id])
+            await self.queue._run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+            remaining = 1
+        elif begun is not None and (wrong := self._wrong_graph(begun.run)):
+            remaining = await self.queue._run(core.finish(begun.run, lease.token, "error", wrong))
+            self._count("error")
+        elif begun is not None:
+            left = await self._aexecute(_Attempt(self, begun, lease.token), lease)
+            if left is None:
+                return
+            remaining = left
+        try:
+            await lease.commit(_put_back(lease, remaining))
+        except LeaseLost:
+            log.warning("graph worker %s: lost thread %r before putting it back", self.name, tid)
+            return
+        if not remaining:
+            await self.queue._run(core.wake(tid))
+
+    async def _aexecute(self, a: _Attempt, lease: AsyncLease) -> int | None:
+        """The asyncio twin of ``_execute`` (``graph.astream``)."""
+        core, run = self.queue._core, a.run
+        try:
+            async with self.saver.lease(run.thread_id, **a.lease_args):
+                last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
+                chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
+                try:
+                    async for mode, data in chunks:
+                        stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                        if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                            break
+                except (RunLost, LeaseLost, BackendError):
+                    raise
+                except Exception as exc:
+                    await self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                finally:
+                    await chunks.aclose()
+                if a.stop == "rollback":
+                    await self.saver.adelete_for_runs([run.run_id])
+        except (RunLost, LeaseLost) as exc:
+            self._lost(run, exc)
+            return None
+        except (BackendError, ThreadBusy) as exc:
+            if isinstance(exc, BackendError):
+                self._redis_failed(run, exc)
+            with contextlib.suppress(Exception):
+                await self.queue._run(core.finish(run, a.token, "pending"))
+                await lease.release(reason=f"{type(exc).__name__}")
+            return None
+        back, status, error, gone = a.ending()
+        if back:
+            await self.queue._run(core.finish(run, a.token, "pending"))
+            await lease.release()
+            return None
+        left: int = await self.queue._run(core.finish(run, a.token, status, error, gone=gone))
+        self._count(status)
+        return left

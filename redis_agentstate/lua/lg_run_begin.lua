@@ -1,0 +1,57 @@
+-- lg_run_begin.lua: a GraphWorker that claimed a thread's task takes the thread's next run.
+--   KEYS[1] - lgrq:<tid>      the thread's active runs (see _lgrun.lua)
+--   KEYS[2] - lgrh:<tid>      the thread's kept runs
+--   KEYS[3] - lgr:<tid>\0     the prefix of the thread's run hashes (not itself a key)
+--   KEYS[4] - lgre:<tid>\0    the prefix of their event streams (not itself a key)
+--   ARGV[1] - token: this attempt's (every event and the end of the run are fenced by it)
+--   ARGV[2] - worker: a name for people (agentstate langgraph runs)
+--   ARGV[3] - max attempts: a run taken over this many times ends as an error (a poison run)
+--   ARGV[4] - ttl: ms a run ended here is kept
+--   ARGV[5] - cap: events kept per run
+-- The head of the active list is the thread's next run (runs of a thread execute in creation
+-- order). A head that was running is an attempt whose worker died or stalled (its task lease
+-- lapsed): it is taken over, its attempt counted, and it resumes from the thread's last
+-- checkpoint. A head asked to stop (cancel set) whose worker is gone ends here (interrupt), or
+-- is handed to the caller to delete its checkpoints (rollback). Each attempt starts with a
+-- 'metadata' event {"run_id", "attempt"}.
+-- Returns {REPLY_DONE, 'run', run id, attempt, body, modes, strategy, created, status before,
+-- ended}: execute it; {REPLY_DONE, 'rollback', run id, ended}: delete its checkpoints, then
+-- lg_run_finish with gone; {REPLY_REFUSED, 'idle', ended}: no active run. ``ended``: the ids of
+-- the runs this call ended on its way to the head (their id entries are the client's to expire).
+-- A corrupt run hash: AGENTSTATE_CORRUPT, nothing written.
+local token, worker, max_att = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local ttl, cap = tonumber(ARGV[4]), ARGV[5]
+
+local now = server_now_ms()
+local ended = {}
+for _ = 1, 1000 do
+  local head = redis.call('LINDEX', KEYS[1], 0)
+  if not head then return {REPLY_REFUSED, 'idle', ended} end
+  local key, ev = KEYS[3] .. head, KEYS[4] .. head
+  local r = run_of(key)
+  if not r then
+    redis.call('LPOP', KEYS[1])
+  else
+    local bad = bad_run(r)
+    if bad then return corrupt(3, 'run ' .. head .. ' ' .. bad) end
+    local attempt = tonumber(r.attempt ~= '' and r.attempt or '0') + 1
+    if r.cancel == 'rollback' then
+      return {REPLY_DONE, 'rollback', head, ended}
+    elseif r.cancel ~= '' then
+      end_run(KEYS[1], KEYS[2], key, ev, head, 'interrupted', r.cancel, now, ttl, cap, false)
+      ended[#ended + 1] = head
+    elseif r.status == 'running' and attempt > max_att then
+      end_run(KEYS[1], KEYS[2], key, ev, head, 'error', 'lost its worker ' .. fmt(attempt - 1) .. ' times',
+        now, ttl, cap, false)
+      ended[#ended + 1] = head
+    else
+      redis.call('HSET', key, 'status', 'running', 'token', token, 'attempt', fmt(attempt), 'worker', worker,
+        'updated', fmt(now))
+      if r.started == '' then redis.call('HSET', key, 'started', fmt(now)) end
+      redis.call('XADD', ev, 'MAXLEN', cap, '*', 'event', 'metadata', 'type', 'json',
+        'data', '{"run_id": "' .. head .. '", "attempt": ' .. fmt(attempt) .. '}')
+      return {REPLY_DONE, 'run', head, fmt(attempt), r.body, r.modes, r.strategy, r.created, r.status, ended}
+    end
+  end
+end
+return {REPLY_REFUSED, 'idle', ended}

@@ -1,0 +1,30 @@
+-- lg_run_cancel.lua: stop one run, pending or running, wherever its worker is.
+--   KEYS[1] - lgrq:<tid>             the thread's active runs (see _lgrun.lua)
+--   KEYS[2] - lgrh:<tid>             the thread's kept runs
+--   KEYS[3] - lgr:<tid>\0<run_id>    the run's hash
+--   KEYS[4] - lgre:<tid>\0<run_id>   its events
+--   ARGV[1] - action: interrupt (the run ends 'interrupted', its progress kept) or rollback (the
+--             run and the checkpoints it wrote are deleted)
+--   ARGV[2] - ttl: ms an ended run is kept
+--   ARGV[3] - cap: events kept per run
+--   ARGV[4] - run id
+-- A pending run ends here (it wrote nothing). A running one is asked to stop: 'cancel' is set and
+-- its worker ends it at its next event or super-step boundary (lg_run_emit.lua answers it); if
+-- that worker is gone, the next worker of the thread ends it (lg_run_begin.lua).
+-- Returns {REPLY_DONE, 'ended'} or {REPLY_DONE, 'asked'}; {REPLY_REFUSED, 'missing'} no such run;
+-- {REPLY_REFUSED, 'final', status} it ended already. Nothing is written when refused.
+local action, ttl, cap, run_id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+
+local r = run_of(KEYS[3])
+if not r then return {REPLY_REFUSED, 'missing'} end
+local bad = bad_run(r)
+if bad then return corrupt(3, bad) end
+if not ACTIVE[r.status] then return {REPLY_REFUSED, 'final', r.status} end
+local now = server_now_ms()
+if r.status == 'pending' then
+  end_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], run_id, 'interrupted', 'cancelled', now, ttl, cap, action == 'rollback')
+  return {REPLY_DONE, 'ended'}
+end
+-- A rollback asked after an interrupt wins: it does more (an interrupt after a rollback stays one).
+if r.cancel ~= 'rollback' then redis.call('HSET', KEYS[3], 'cancel', action, 'updated', fmt(now)) end
+return {REPLY_DONE, 'asked'}

@@ -1,0 +1,15 @@
+-- reshard_drop.lua: mark a copied old shard moved and delete a batch of its keys (_reshard.py).
+--   KEYS[1]    - <old shard prefix>moved  string  'sealed' -> 'moved' (kept for good: a client
+--                that read the layout before the reshard learns from it where the data went)
+--   KEYS[2..]  - keys of the old shard, copied to its new shards already
+--   ARGV[1]    - the old shard's due channel (<old shard prefix>due): a message on it wakes the
+--                blocked claim_next callers subscribed to it, which then find the seal and
+--                follow the layout to the new shards' channels
+-- Returns the number of keys deleted.
+redis.call('SET', KEYS[1], 'moved')
+local dropped = 0
+for i = 2, #KEYS do
+  dropped = dropped + redis.call('UNLINK', KEYS[i])
+end
+redis.call('SPUBLISH', ARGV[1], '0')
+return dropped

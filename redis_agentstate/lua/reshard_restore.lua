@@ -1,0 +1,37 @@
+-- reshard_restore.lua: write a batch of one new shard's keys, copied from the old shard that
+-- feeds it (_reshard.py). The new shard is untouched by every client until the layout record
+-- counts its old shard as moved (clients wait on the seal until then), so each write here sets
+-- a key whole, and a reshard that stopped half-way copies it again to the same result.
+--   KEYS[1..]  - keys of the new shard (any kind keys.py lists; all of one hash tag)
+--   ARGV[1..]  - per key, in KEYS order: <how> <n> <n values>
+--                how 'r': RESTORE; values: <absolute expiry ms, 0 for none> <DUMP payload>
+--                how 'z': a split index; values: <score> <member> ... (ZADD, the members of
+--                         this new shard)
+-- Returns the number of keys written (a key whose expiry passed meanwhile is not).
+-- The expiry is absolute and turned into a TTL here, on the server's clock (RESTORE's ABSTTL
+-- is not on every server this library runs against).
+local now = server_now_ms()
+local written = 0
+local at = 1
+for i = 1, #KEYS do
+  local how, n = ARGV[at], tonumber(ARGV[at + 1])
+  local first = at + 2
+  if how == 'r' then
+    local expires = tonumber(ARGV[first])
+    if expires == 0 then
+      redis.call('RESTORE', KEYS[i], 0, ARGV[first + 1], 'REPLACE')
+      written = written + 1
+    elseif expires > now then
+      redis.call('RESTORE', KEYS[i], expires - now, ARGV[first + 1], 'REPLACE')
+      written = written + 1
+    end
+  else
+    written = written + 1
+    -- ZADD in slices: Lua's unpack has a bounded stack.
+    for j = first, first + n - 1, 2000 do
+      redis.call('ZADD', KEYS[i], unpack(ARGV, j, math.min(j + 1999, first + n - 1)))
+    end
+  end
+  at = first + n
+end
+return written

@@ -1,0 +1,16 @@
+"""``agentstate serve``: LangGraph's server API (what ``langgraph_sdk`` and ``RemoteGraph`` speak) on a fleet
+of GraphWorkers over plain Redis (the ``serve`` extra: Starlette and uvicorn).
+
+::
+
+    from redis_agentstate.server import create_app
+    app = create_app({"agent": graph}, redis.asyncio.Redis.from_url(url), token="s3cret")
+
+See ``docs/serve.md`` for the routes served, the ones that are not, and the security rules.
+"""
+
+from __future__ import annotations
+
+from ._app import NOT_SERVED, ServedGraph, create_app
+
+__all__ = ["NOT_SERVED", "ServedGraph", "create_app"]

@@ -1,0 +1,608 @@
+"""The ASGI app of ``agentstate serve``: LangGraph's server API over ``AsyncRunQueue`` and the saver.
+
+Each served graph (``--graph NAME=MODULE:ATTR``) has its own namespace, ``<namespace>.<NAME>``:
+its runs queue there and its threads' checkpoints are stored there, so the app's workers (or a
+fleet started with ``agentstate langgraph worker MODULE:ATTR --namespace <namespace>.<NAME>``)
+execute them. A thread belongs to the graph of its first run (``metadata["graph_id"]``, as on
+LangGraph Platform). Thread records are kept in a ``KeyValueStore`` of ``<namespace>.threads``.
+
+Writes (every route that changes something) need the token when one is set, as ``x-api-key``
+or ``Authorization: Bearer``; without a token the app is read-only (they answer 403). Request
+bodies are bounded (``max_body_bytes``), and so is the number of open event streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import (
+    AgentStateError,
+    BackendUnavailable,
+    InvalidArgument,
+    RunNotFound,
+    RunRejected,
+    ThreadBusy,
+)
+from ..kv import AsyncKeyValueStore
+from ..langgraph import AsyncAgentStateSaver, AsyncRunQueue, GraphWorker, Run
+from . import _shapes as shapes
+from ._assistants import AssistantRoutes
+from ._dashboard_routes import DashboardRoutes
+from ._http import page_of, read_body
+from ._shapes import json_response as _json
+
+__all__ = ["ServedGraph", "create_app"]
+
+#: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
+NOT_SERVED = (
+    "/assistants", "/assistants/{aid}/versions", "/assistants/{aid}/latest", "/runs/crons",
+    "/runs/crons/search", "/threads/{tid}/runs/crons", "/store/items", "/store/items/search",
+    "/store/namespaces", "/runs/batch", "/threads/{tid}/copy", "/threads/prune", "/threads/{tid}/stream",
+)  # fmt: skip
+_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint")
+_FINAL = ("success", "error", "interrupted", "timeout")
+
+
+@dataclass
+class ServedGraph:
+    """One graph the app serves: its queue and saver (namespace ``<namespace>.<name>``)."""
+
+    name: str
+    graph: Any
+    queue: AsyncRunQueue
+    saver: AsyncAgentStateSaver
+    stateful: Any = None
+    workers: list[GraphWorker] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stateful = self.graph.copy(update={"checkpointer": self.saver})
+        self.assistant_id = shapes.assistant_id(self.name)
+
+
+class ThreadBook:
+    """The served threads' records (a ``KeyValueStore`` of ``<namespace>.threads``, one JSON record
+    each) and what a thread's graph says about it: its status, values and runs."""
+
+    def __init__(self, kv: AsyncKeyValueStore, graphs: Mapping[str, ServedGraph]) -> None:
+        self.kv, self.graphs = kv, graphs
+
+    async def record(self, thread_id: str) -> dict[str, Any] | None:
+        raw = await self.kv.get(thread_id)
+        return None if raw is None else dict(json.loads(raw))
+
+    async def need_record(self, thread_id: str) -> dict[str, Any]:
+        rec = await self.record(thread_id)
+        if rec is None:
+            raise HTTPException(404, f"no thread {thread_id!r}")
+        return rec
+
+    async def save(self, rec: dict[str, Any]) -> None:
+        rec["updated_ms"] = int(time.time() * 1000)
+        await self.kv.set(rec["thread_id"], shapes.dumps(rec).encode())
+
+    def graph_of(self, rec: Mapping[str, Any]) -> ServedGraph | None:
+        name = (rec.get("metadata") or {}).get("graph_id")
+        return self.graphs.get(name) if isinstance(name, str) else None
+
+    async def status(self, rec: Mapping[str, Any]) -> str:
+        g = self.graph_of(rec)
+        if g is None:
+            return "idle"
+        runs = await g.queue.list(rec["thread_id"], limit=1)
+        if runs and runs[0].status in ("pending", "running"):
+            return "busy"
+        if runs and runs[0].status == "error":
+            return "error"
+        snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
+        return "interrupted" if getattr(snap, "interrupts", ()) else "idle"
+
+    async def out(self, rec: Mapping[str, Any]) -> dict[str, Any]:
+        g = self.graph_of(rec)
+        values = None
+        if g is not None:
+            snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
+            values = snap.values
+        return shapes.thread_json(rec, await self.status(rec), values)
+
+    async def run_of(self, thread_id: str, run_id: str) -> tuple[ServedGraph, Run]:
+        rec = await self.need_record(thread_id)
+        g = self.graph_of(rec)
+        run = None if g is None else await g.queue.get(run_id)
+        if g is None or run is None or run.thread_id != thread_id:
+            raise HTTPException(404, f"no run {run_id!r} in thread {thread_id!r}")
+        return g, run
+
+
+class _App:
+    def __init__(self, client: Any, graphs: Mapping[str, Any], namespace: str, token: str | None,
+                 workers: int, max_body_bytes: int, max_streams: int) -> None:  # fmt: skip
+        if not graphs:
+            raise InvalidArgument("serve needs at least one graph")
+        self.client, self.token, self.max_body = client, token, max_body_bytes
+        self.graphs: dict[str, ServedGraph] = {}
+        for name, graph in graphs.items():
+            ns = f"{namespace}.{name}"
+            served = ServedGraph(
+                name, graph, AsyncRunQueue(client, namespace=ns), AsyncAgentStateSaver(client, namespace=ns)
+            )
+            served.workers = (
+                [GraphWorker(graph, served.queue, served.saver, concurrency=workers, graph_id=name)] if workers else []
+            )
+            self.graphs[name] = served
+        self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
+        self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
+        self.streams = asyncio.Semaphore(max_streams)
+        #: The dashboard: the tasks of ``namespace``, and each graph's threads.
+        self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        for g in self.graphs.values():
+            for w in g.workers:
+                self._tasks.append(asyncio.create_task(w.arun(), name=f"agentstate-serve-worker-{g.name}"))
+        try:
+            yield
+        finally:
+            for g in self.graphs.values():
+                for w in g.workers:
+                    w.stop()
+            await self.dash.stop()
+            if self._tasks:
+                await asyncio.wait(self._tasks, timeout=10)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    # ---- threads ---------------------------------------------------------------------------------
+
+    async def thread_create(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        tid = body.get("thread_id") or str(uuid.uuid4())
+        if not isinstance(tid, str):
+            raise HTTPException(422, "thread_id must be a string")
+        meta = body.get("metadata") or {}
+        if not isinstance(meta, dict):
+            raise HTTPException(422, "metadata must be an object")
+        rec = await self.book.record(tid)
+        if rec is not None:
+            if body.get("if_exists") == "do_nothing":
+                return JSONResponse(await self.book.out(rec))
+            raise HTTPException(409, f"thread {tid!r} exists")
+        now = int(time.time() * 1000)
+        rec = {"thread_id": tid, "created_ms": now, "metadata": meta}
+        await self.book.save(rec)
+        return JSONResponse(shapes.thread_json(rec, "idle"))
+
+    async def thread_get(self, request: Request) -> Response:
+        rec = await self.book.need_record(request.path_params["tid"])
+        return _json(await self.book.out(rec))
+
+    async def thread_patch(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        rec = await self.book.need_record(request.path_params["tid"])
+        meta = body.get("metadata") or {}
+        if not isinstance(meta, dict):
+            raise HTTPException(422, "metadata must be an object")
+        if "graph_id" in meta and meta["graph_id"] != (rec.get("metadata") or {}).get("graph_id"):
+            raise HTTPException(422, "a thread's graph_id is set by its first run")
+        rec["metadata"] = {**(rec.get("metadata") or {}), **meta}
+        await self.book.save(rec)
+        return _json(await self.book.out(rec))
+
+    async def thread_delete(self, request: Request) -> Response:
+        tid = request.path_params["tid"]
+        rec = await self.book.need_record(tid)
+        g = self.book.graph_of(rec)
+        if g is not None:
+            for run in await g.queue.list(tid, limit=100):
+                if not run.done:
+                    with contextlib.suppress(RunNotFound):
+                        await g.queue.cancel(run.run_id, action="interrupt")
+            await g.saver.adelete_thread(tid)
+        await self.book.kv.delete(tid)
+        return Response(status_code=204)
+
+    async def threads_search(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        offset, limit = page_of(body)
+        meta = body.get("metadata") or {}
+        status = body.get("status")
+        ids = body.get("ids")
+        out: list[dict[str, Any]] = []
+        skipped = 0
+        for tid in await self.book.kv.keys():
+            if ids is not None and tid not in ids:
+                continue
+            rec = await self.book.record(tid)
+            if rec is None or any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
+                continue
+            item = await self.book.out(rec)
+            if status is not None and item["status"] != status:
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            out.append(item)
+            if len(out) >= limit:
+                break
+        return _json(out)
+
+    async def threads_count(self, request: Request) -> Response:
+        await read_body(request, self.max_body)
+        return JSONResponse(await self.book.kv.count())
+
+    # ---- thread state ------------------------------------------------------------------------------
+
+    async def _state(self, tid: str, checkpoint: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        rec = await self.book.need_record(tid)
+        g = self.book.graph_of(rec)
+        if g is None:
+            return {"values": {}, "next": [], "checkpoint": None, "metadata": {}, "created_at": None,
+                    "parent_checkpoint": None, "tasks": [], "interrupts": []}  # fmt: skip
+        conf: dict[str, Any] = {"thread_id": tid}
+        for k in ("checkpoint_id", "checkpoint_ns"):
+            if checkpoint and checkpoint.get(k) is not None:
+                conf[k] = checkpoint[k]
+        snap = await g.stateful.aget_state({"configurable": conf})
+        if checkpoint and checkpoint.get("checkpoint_id") and snap.config is None:
+            raise HTTPException(404, f"no checkpoint {checkpoint['checkpoint_id']!r} in thread {tid!r}")
+        return shapes.state_json(snap)
+
+    async def state_get(self, request: Request) -> Response:
+        return _json(await self._state(request.path_params["tid"]))
+
+    async def state_at(self, request: Request) -> Response:
+        return _json(await self._state(request.path_params["tid"], {"checkpoint_id": request.path_params["cid"]}))
+
+    async def state_checkpoint(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        cp = body.get("checkpoint") or {}
+        return _json(await self._state(request.path_params["tid"], cp if isinstance(cp, dict) else {}))
+
+    async def state_update(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        tid = request.path_params["tid"]
+        rec = await self.book.need_record(tid)
+        g = self.book.graph_of(rec) or (next(iter(self.graphs.values())) if len(self.graphs) == 1 else None)
+        if g is None:
+            raise HTTPException(422, f"thread {tid!r} has no graph yet (no run); several graphs are served")
+        if self.book.graph_of(rec) is None:
+            rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
+            await self.book.save(rec)
+        conf: dict[str, Any] = {"thread_id": tid}
+        cp = body.get("checkpoint") or {}
+        if body.get("checkpoint_id"):
+            conf["checkpoint_id"] = body["checkpoint_id"]
+        elif isinstance(cp, dict) and cp.get("checkpoint_id"):
+            conf["checkpoint_id"] = cp["checkpoint_id"]
+        try:
+            # The thread's one writer while it writes: a running run holds the lease, so this waits
+            # for the run's end (or answers 409 after the wait).
+            async with g.saver.lease(tid, lease_ms=30_000, wait_ms=10_000):
+                out = await g.stateful.aupdate_state({"configurable": conf}, body.get("values"),
+                                                     as_node=body.get("as_node"))  # fmt: skip
+        except ThreadBusy as exc:
+            raise HTTPException(409, f"thread {tid!r} is busy (a run holds it): {exc}") from exc
+        return _json({"checkpoint": shapes._checkpoint(out)})
+
+    async def history(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        tid = request.path_params["tid"]
+        rec = await self.book.need_record(tid)
+        g = self.book.graph_of(rec)
+        if g is None:
+            return JSONResponse([])
+        limit = body.get("limit", 10)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise HTTPException(422, "limit must be an int in [1, 1000]")
+        conf: dict[str, Any] = {"thread_id": tid}
+        cp = body.get("checkpoint") or {}
+        if isinstance(cp, dict) and cp.get("checkpoint_id"):
+            conf["checkpoint_id"] = cp["checkpoint_id"]
+        before = body.get("before")
+        if isinstance(before, dict):
+            before = {"configurable": {"thread_id": tid, **before}}
+        elif isinstance(before, str):
+            before = {"configurable": {"thread_id": tid, "checkpoint_id": before}}
+        out = []
+        async for snap in g.stateful.aget_state_history({"configurable": conf}, limit=limit, before=before,
+                                                        filter=body.get("metadata") or None):  # fmt: skip
+            out.append(shapes.state_json(snap))
+        return _json(out)
+
+    # ---- runs ------------------------------------------------------------------------------------------
+
+    async def _create(self, tid: str | None, body: Mapping[str, Any]) -> tuple[ServedGraph, Run, bool]:
+        g = self.assistants.find(body.get("assistant_id"))
+        temporary = tid is None
+        if tid is None:
+            tid = str(uuid.uuid4())
+        rec = await self.book.record(tid)
+        if rec is None:
+            if not temporary and body.get("if_not_exists") != "create":
+                raise HTTPException(404, f"no thread {tid!r}")
+            rec = {"thread_id": tid, "created_ms": int(time.time() * 1000), "metadata": {"graph_id": g.name}}
+            await self.book.save(rec)
+        else:
+            owner = self.book.graph_of(rec)
+            if owner is None:
+                rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
+                await self.book.save(rec)
+            elif owner is not g:
+                raise HTTPException(422, f"thread {tid!r} runs graph {owner.name!r}, not {g.name!r}")
+        for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds", "checkpoint"):
+            if body.get(unsupported):
+                raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
+        modes = body.get("stream_mode") or "values"
+        modes = [modes] if isinstance(modes, str) else list(modes)
+        modes = ["messages" if m == "messages-tuple" else m for m in modes]
+        config = dict(body.get("config") or {})
+        if body.get("context"):
+            config["configurable"] = {**body["context"], **(config.get("configurable") or {})}
+        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": g.assistant_id}
+        try:
+            run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
+                                       multitask_strategy=body.get("multitask_strategy") or "reject",
+                                       stream_mode=modes, metadata=meta)  # fmt: skip
+        except RunRejected as exc:
+            raise HTTPException(409, str(exc)) from exc
+        except InvalidArgument as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return g, run, temporary and body.get("on_completion", "delete") == "delete"
+
+    async def runs_create(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        g, run, _ = await self._create(request.path_params.get("tid"), body)
+        return _json(shapes.run_json(run, g.assistant_id), headers=_location(run))
+
+    async def _final(self, g: ServedGraph, run: Run) -> Any:
+        if run.status == "error":
+            kind, _, message = run.error.partition(": ")
+            return {"__error__": {"error": kind or "Error", "message": message or run.error}}
+        snap = await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})
+        values = snap.values
+        if getattr(snap, "interrupts", ()):
+            values = (
+                {**values, "__interrupt__": [shapes._interrupt(i) for i in snap.interrupts]}
+                if isinstance(values, dict)
+                else values
+            )
+        return values
+
+    async def _join(self, g: ServedGraph, run_id: str) -> Run:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return await g.queue.join(run_id, timeout_s=30)
+
+    async def runs_wait(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        g, run, delete = await self._create(request.path_params.get("tid"), body)
+        done = await self._join(g, run.run_id)
+        out = await self._final(g, done)
+        if delete:
+            await self._drop_thread(g, run.thread_id)
+        return _json(out, headers=_location(run, "join"))
+
+    async def run_join(self, request: Request) -> Response:
+        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        done = run if run.done else await self._join(g, run.run_id)
+        return _json(await self._final(g, done))
+
+    async def run_get(self, request: Request) -> Response:
+        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        return _json(shapes.run_json(run, g.assistant_id))
+
+    async def runs_list(self, request: Request) -> Response:
+        tid = request.path_params["tid"]
+        rec = await self.book.need_record(tid)
+        g = self.book.graph_of(rec)
+        if g is None:
+            return JSONResponse([])
+        limit = _int_param(request, "limit", 10, 1, 1000)
+        offset = _int_param(request, "offset", 0, 0, 10_000)
+        status = request.query_params.get("status")
+        runs = await g.queue.list(tid, limit=min(limit + offset, 10_000))
+        runs = [r for r in runs if status in (None, r.status)][offset : offset + limit]
+        return _json([shapes.run_json(r, g.assistant_id) for r in runs])
+
+    async def run_cancel(self, request: Request) -> Response:
+        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        action = request.query_params.get("action", "interrupt")
+        if action not in ("interrupt", "rollback"):
+            raise HTTPException(422, "action must be 'interrupt' or 'rollback'")
+        await g.queue.cancel(run.run_id, action=action)
+        if request.query_params.get("wait", "false").lower() in ("1", "true"):
+            with contextlib.suppress(RunNotFound):
+                await self._join(g, run.run_id)
+        return Response(status_code=202 if request.query_params.get("wait") is None else 204)
+
+    async def run_delete(self, request: Request) -> Response:
+        _, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        if not run.done:
+            raise HTTPException(409, f"run {run.run_id} is {run.status}: cancel it first")
+        return Response(status_code=204)
+
+    async def _drop_thread(self, g: ServedGraph, tid: str) -> None:
+        await g.saver.adelete_thread(tid)
+        await self.book.kv.delete(tid)
+
+    def _events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None,
+                delete: bool = False) -> StreamingResponse:  # fmt: skip
+        if self.streams.locked():
+            raise HTTPException(503, "too many open event streams")
+
+        async def body() -> AsyncIterator[bytes]:
+            async with self.streams:
+                try:
+                    async for ev in g.queue.stream(run.run_id, after=after):
+                        if ev.event == "end":
+                            break
+                        name = "messages" if ev.event == "messages" else ev.event
+                        if modes and name not in modes and name not in ("metadata", "error"):
+                            continue
+                        yield shapes.sse(name, ev.data, ev.id)
+                except RunNotFound:
+                    return
+                finally:
+                    if delete:
+                        with contextlib.suppress(Exception):
+                            await self._join(g, run.run_id)
+                            await self._drop_thread(g, run.thread_id)
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run, "stream")}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    async def runs_stream(self, request: Request) -> Response:
+        body = await read_body(request, self.max_body)
+        g, run, delete = await self._create(request.path_params.get("tid"), body)
+        return self._events(g, run, None, None, delete)
+
+    async def run_stream(self, request: Request) -> Response:
+        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        after = request.headers.get("last-event-id") or None
+        modes = [m for m in request.query_params.getlist("stream_mode") if m] or None  # None is sent as ''"
+        if modes:
+            modes = ["messages" if m == "messages-tuple" else m for m in modes]
+        return self._events(g, run, after, modes)
+
+    # ---- the rest -----------------------------------------------------------------------------------------
+
+    async def ok(self, request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def info(self, request: Request) -> Response:
+        from .. import __version__
+
+        return JSONResponse({"version": __version__, "flags": {"assistants": True, "crons": False}, "metadata": {}})
+
+    async def not_served(self, request: Request) -> Response:
+        raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise HTTPException(422, f"{name} must be an int") from None
+    if not lo <= v <= hi:
+        raise HTTPException(422, f"{name} must be in [{lo}, {hi}]")
+    return v
+
+
+def _location(run: Run, what: str = "") -> dict[str, str]:
+    path = f"/threads/{run.thread_id}/runs/{run.run_id}" + (f"/{what}" if what else "")
+    return {"Location": path, "Content-Location": path}
+
+
+def _is_write(request: Request) -> bool:
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return False
+    return not (request.method == "POST" and request.url.path.endswith(_READ_POSTS))
+
+
+def create_app(
+    graphs: Mapping[str, Any],
+    client: Any,
+    *,
+    namespace: str = "agentstate",
+    token: str | None = None,
+    workers: int = 1,
+    max_body_bytes: int = 1 << 20,
+    max_streams: int = 256,
+) -> Starlette:
+    """The app: ``graphs`` by name, on an ``redis.asyncio`` client; ``workers`` GraphWorker tasks per
+    graph run in the app (0: a fleet elsewhere executes the runs)."""
+    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams)
+    a = app_state
+    d, s = a.dash, a.assistants
+
+    def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            if _is_write(request):
+                if a.token is None:
+                    return JSONResponse({"detail": "read-only: start agentstate serve with --token to allow writes"},
+                                        status_code=403)  # fmt: skip
+                given = request.headers.get("x-api-key") or ""
+                auth = request.headers.get("authorization") or ""
+                if auth.lower().startswith("bearer "):
+                    given = given or auth[7:].strip()
+                if not hmac.compare_digest(given.encode(), a.token.encode()):
+                    return JSONResponse({"detail": "a write needs the token (x-api-key or Authorization: Bearer)"},
+                                        status_code=401 if not given else 403)  # fmt: skip
+            try:
+                return await handler(request)
+            except HTTPException as exc:
+                return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+            except RunNotFound as exc:
+                return JSONResponse({"detail": str(exc)}, status_code=404)
+            except InvalidArgument as exc:
+                return JSONResponse({"detail": str(exc)}, status_code=422)
+            except BackendUnavailable as exc:
+                # Not the error's text: the app never says where its Redis is.
+                return JSONResponse({"detail": f"Redis is unavailable ({type(exc).__name__})"}, status_code=503)
+            except AgentStateError as exc:
+                return JSONResponse({"detail": f"{type(exc).__name__}"}, status_code=500)
+
+        return guarded
+
+    r = [
+        ("/ok", a.ok, ["GET"]), ("/info", a.info, ["GET"]), ("/", d.page, ["GET"]),
+        ("/dashboard/static/{name}", d.static, ["GET"]), ("/dashboard/api/info", d.dash_info, ["GET"]),
+        ("/dashboard/api/frame", d.dash_frame, ["GET"]), ("/dashboard/api/frames", d.dash_frames, ["GET"]),
+        ("/dashboard/api/pools", d.dash_pools, ["GET"]), ("/dashboard/api/pools/{pool}", d.dash_pool, ["GET"]),
+        ("/dashboard/api/pools/{pool}/tail", d.dash_pool_tail, ["GET"]),
+        ("/dashboard/api/threads", d.dash_threads, ["GET"]),
+        ("/dashboard/api/tasks/{task}/{action}", d.dash_action, ["POST"]),
+        ("/assistants/search", s.assistants_search, ["POST"]), ("/assistants/count", s.assistants_count, ["POST"]),
+        ("/assistants/{aid}", s.assistant_get, ["GET"]), ("/assistants/{aid}/graph", s.assistant_graph, ["GET"]),
+        ("/assistants/{aid}/schemas", s.assistant_schemas, ["GET"]),
+        ("/assistants/{aid}/subgraphs", s.assistant_subgraphs, ["GET"]),
+        ("/assistants/{aid}/subgraphs/{sub:path}", s.assistant_subgraphs, ["GET"]),
+        ("/threads", a.thread_create, ["POST"]), ("/threads/search", a.threads_search, ["POST"]),
+        ("/threads/count", a.threads_count, ["POST"]),
+        ("/threads/{tid}", a.thread_get, ["GET"]), ("/threads/{tid}", a.thread_patch, ["PATCH"]),
+        ("/threads/{tid}", a.thread_delete, ["DELETE"]),
+        ("/threads/{tid}/state", a.state_get, ["GET"]), ("/threads/{tid}/state", a.state_update, ["POST"]),
+        ("/threads/{tid}/state/checkpoint", a.state_checkpoint, ["POST"]),
+        ("/threads/{tid}/state/{cid}", a.state_at, ["GET"]),
+        ("/threads/{tid}/history", a.history, ["POST"]),
+        ("/threads/{tid}/runs", a.runs_create, ["POST"]), ("/threads/{tid}/runs", a.runs_list, ["GET"]),
+        ("/threads/{tid}/runs/wait", a.runs_wait, ["POST"]), ("/threads/{tid}/runs/stream", a.runs_stream, ["POST"]),
+        ("/runs", a.runs_create, ["POST"]), ("/runs/wait", a.runs_wait, ["POST"]),
+        ("/runs/stream", a.runs_stream, ["POST"]),
+        ("/threads/{tid}/runs/{rid}", a.run_get, ["GET"]), ("/threads/{tid}/runs/{rid}", a.run_delete, ["DELETE"]),
+        ("/threads/{tid}/runs/{rid}/join", a.run_join, ["GET"]),
+        ("/threads/{tid}/runs/{rid}/stream", a.run_stream, ["GET"]),
+        ("/threads/{tid}/runs/{rid}/cancel", a.run_cancel, ["POST"]),
+    ]  # fmt: skip
+    routes = [Route(path, guard(fn), methods=methods) for path, fn, methods in r]
+    routes += [
+        Route(path, guard(a.not_served), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]) for path in NOT_SERVED
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        return JSONResponse({"detail": getattr(exc, "detail", "not found")}, status_code=code)
+
+    app = Starlette(routes=routes, lifespan=a.lifespan, exception_handlers={404: not_found, 405: not_found})
+    app.state.agentstate = a
+    return app

@@ -1,0 +1,129 @@
+"""The dashboard's data: one collector per namespace, shared by every open page.
+
+A collector reads what ``agentstate stats --watch`` reads, once a second (``counters``, ``due_head``,
+``parked_tasks``, the concurrency limits: a few pipelined round trips whatever the namespace
+holds), and sweeps the tasks' statuses every ``sweep_s`` seconds (``status_counts``: a page per
+shard per round trip, each bounded, keeping the first ``keep`` leased and waiting tasks). Pages
+subscribe to its frames over server-sent events, so ten open pages cost Redis what one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from .._stats_core import COUNTER_FIELDS, counters, due_head, parked_tasks, status_counts
+from .._stats_view import limit_rows
+from ..checkpoint import AsyncCheckpointStore
+from ..errors import AgentStateError
+
+__all__ = ["Collector"]
+
+log = logging.getLogger("redis_agentstate.server")
+
+#: Rows of leased, waiting and parked tasks a frame carries (the CLI lists them all).
+KEEP = 50
+#: Per-second rate points kept for the charts: ten minutes.
+HISTORY = 600
+
+
+def _row(r: dict[str, Any]) -> dict[str, Any]:
+    keep = ("task_id", "status", "cycle_index", "claim_token", "claimed_cycle", "lease_expires_at_ms",
+            "lease_remaining_ms", "attempts", "last_failure", "due_in_ms", "priority", "corrupt")  # fmt: skip
+    return {k: r.get(k) for k in keep}
+
+
+class Collector:
+    """Frames of one namespace: the latest, and the rates of the last ``HISTORY`` seconds."""
+
+    def __init__(self, store: AsyncCheckpointStore, *, interval_s: float = 1.0, sweep_s: float = 5.0) -> None:
+        self.store, self.interval_s, self.sweep_s = store, interval_s, sweep_s
+        self.latest: dict[str, Any] | None = None
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._sweep: dict[str, Any] = {}
+        self._swept_at = 0.0
+        self._previous: tuple[int, dict[str, int]] | None = None
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.version = 0
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"dashboard-{self.store.namespace}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def refresh_soon(self) -> None:
+        """After an action: the next frame sweeps again, so the page shows its effect at once."""
+        self._swept_at = 0.0
+
+    async def next_frame(self, seen: int, timeout_s: float = 15.0) -> tuple[int, dict[str, Any] | None]:
+        """The first frame newer than version ``seen`` (waiting up to ``timeout_s``), and its version."""
+        self.start()
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > seen), timeout_s)
+            return self.version, self.latest
+
+    async def _loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                frame = await self._frame()
+            except (AgentStateError, OSError) as exc:
+                frame = {**(self.latest or {}), "error": f"Redis: {type(exc).__name__}"}
+                log.warning("dashboard: namespace %r: %s", self.store.namespace, type(exc).__name__)
+            async with self._changed:
+                self.latest = frame
+                self.version += 1
+                self._changed.notify_all()
+            await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
+
+    async def _frame(self) -> dict[str, Any]:
+        store = self.store
+        core, keys = store._core, store._core.keys
+        now, totals = await store._run(counters(keys))
+        _, due, oldest = await store._run(due_head(keys))
+        parked = await store._run(parked_tasks(core, KEEP))
+        limits = limit_rows(await store._run(core.concurrency_limits()))
+        rates: dict[str, float | None] = dict.fromkeys(COUNTER_FIELDS)
+        if self._previous is not None and now > self._previous[0]:
+            seconds = (now - self._previous[0]) / 1000
+            rates = {n: max(0, totals[n] - self._previous[1][n]) / seconds for n in COUNTER_FIELDS}
+            self.history.append({"t": now, **rates})
+        self._previous = (now, totals)
+        if time.monotonic() - self._swept_at >= self.sweep_s:
+            counts = await store._run(status_counts(core, keep=KEEP))
+            self._sweep = {
+                "swept_at_ms": counts.now_ms,
+                "tasks": counts.tasks,
+                "by_status": dict(sorted(counts.by_status.items())),
+                "claimable_now": counts.claimable,
+                "live_leases": counts.live_leases,
+                "expired_leases": counts.expired_leases,
+                "leased": [_row(r) for r in counts.leased],
+                "waiting": [_row(r) for r in counts.waiting],
+                "corrupt": dict(list(counts.corrupt.items())[:KEEP]),
+            }
+            self._swept_at = time.monotonic()
+        return {
+            "namespace": store.namespace,
+            "server_time_ms": now,
+            **self._sweep,
+            "counters": totals,
+            "per_second": rates,
+            "history": list(self.history),
+            "parked": parked.count,
+            "parked_tasks": [_row(r) for r in parked.first],
+            "due_now": due,
+            "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
+            "concurrency_limits": limits,
+        }

@@ -1,0 +1,174 @@
+"""The LangGraph server API's JSON shapes, built from ours: no I/O.
+
+Assistants, threads, runs and thread states are the dicts ``langgraph_sdk.schema`` declares
+(``Assistant``, ``Thread``, ``Run``, ``ThreadState``); events are server-sent events whose
+``data`` is JSON and whose ``id`` is the run stream's entry id (what a client sends back as
+``Last-Event-ID``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import Response
+
+from ..langgraph import Run
+
+__all__ = [
+    "assistant",
+    "assistant_id",
+    "dumps",
+    "iso",
+    "json_response",
+    "run_json",
+    "sse",
+    "state_json",
+    "thread_json",
+]
+
+#: Assistant ids of the graphs served, as LangGraph's server derives them (uuid5 of the graph name).
+_ASSISTANT_NS = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
+
+
+def assistant_id(graph_id: str) -> str:
+    return str(uuid.uuid5(_ASSISTANT_NS, graph_id))
+
+
+def iso(ms: int | float | None) -> str | None:
+    """An ISO-8601 UTC time from epoch milliseconds."""
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat()
+
+
+def _default(obj: Any) -> Any:
+    """JSON for what graphs put in their state and events: messages (pydantic), dataclasses
+    (``Interrupt``, ``Send``), sets, bytes, times; else its ``repr`` (an event is never dropped)."""
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):
+        return dump()
+    to_json = getattr(obj, "to_json", None)
+    if callable(to_json) and not isinstance(obj, type):
+        return to_json()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "_asdict"):
+        return obj._asdict()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, (bytes, bytearray)):
+        return base64.b64encode(bytes(obj)).decode()
+    if isinstance(obj, (dt.datetime, dt.date)):
+        return obj.isoformat()
+    if isinstance(obj, uuid.UUID):
+        return str(obj)
+    return repr(obj)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_response(data: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """``data`` as JSON by ``dumps`` (the API's datetimes, bytes and dataclasses)."""
+    return Response(dumps(data), status_code=status_code, media_type="application/json", headers=headers)
+
+
+def sse(event: str, data: Any, event_id: str | None = None) -> bytes:
+    """One server-sent event: ``event:``, ``data:`` (JSON, one line) and ``id:`` when given."""
+    head = f"event: {event}\n"
+    if event_id is not None:
+        head = f"id: {event_id}\n" + head
+    return (head + f"data: {dumps(data)}\n\n").encode()
+
+
+def assistant(graph_id: str, created_ms: int) -> dict[str, Any]:
+    when = iso(created_ms)
+    return {
+        "assistant_id": assistant_id(graph_id),
+        "graph_id": graph_id,
+        "name": graph_id,
+        "description": None,
+        "config": {},
+        "context": {},
+        "metadata": {"created_by": "system"},
+        "version": 1,
+        "created_at": when,
+        "updated_at": when,
+    }
+
+
+def thread_json(record: Mapping[str, Any], status: str, values: Any = None) -> dict[str, Any]:
+    return {
+        "thread_id": record["thread_id"],
+        "created_at": iso(record["created_ms"]),
+        "updated_at": iso(record.get("updated_ms", record["created_ms"])),
+        "metadata": record.get("metadata") or {},
+        "status": status,
+        "values": values,
+        "interrupts": {},
+    }
+
+
+def run_json(run: Run, assistant: str | None) -> dict[str, Any]:
+    meta = dict(run.metadata)
+    return {
+        "run_id": run.run_id,
+        "thread_id": run.thread_id,
+        "assistant_id": assistant,
+        "created_at": iso(run.created_at_ms),
+        "updated_at": iso(run.updated_at_ms),
+        "status": run.status,
+        "metadata": meta,
+        "multitask_strategy": run.multitask_strategy,
+        "kwargs": {"input": run.input, "command": run.command, "config": run.config, "stream_mode": run.stream_mode},
+    }
+
+
+def _checkpoint(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not config:
+        return None
+    conf = config.get("configurable") or {}
+    return {
+        "thread_id": conf.get("thread_id"),
+        "checkpoint_ns": conf.get("checkpoint_ns", ""),
+        "checkpoint_id": conf.get("checkpoint_id"),
+        "checkpoint_map": conf.get("checkpoint_map"),
+    }
+
+
+def _interrupt(i: Any) -> dict[str, Any]:
+    return {"value": getattr(i, "value", i), "id": getattr(i, "id", None)}
+
+
+def state_json(snapshot: Any) -> dict[str, Any]:
+    """A ``ThreadState`` from LangGraph's ``StateSnapshot``."""
+    tasks = [
+        {
+            "id": t.id,
+            "name": t.name,
+            "path": list(t.path) if getattr(t, "path", None) else [],
+            "error": None if t.error is None else str(t.error),
+            "interrupts": [_interrupt(i) for i in t.interrupts],
+            "checkpoint": None,
+            "state": None,
+            "result": getattr(t, "result", None),
+        }
+        for t in snapshot.tasks
+    ]
+    return {
+        "values": snapshot.values,
+        "next": list(snapshot.next),
+        "checkpoint": _checkpoint(snapshot.config),
+        "metadata": snapshot.metadata,
+        "created_at": snapshot.created_at,
+        "parent_checkpoint": _checkpoint(snapshot.parent_config),
+        "tasks": tasks,
+        "interrupts": [_interrupt(i) for i in getattr(snapshot, "interrupts", ())],
+    }

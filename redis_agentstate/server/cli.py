@@ -1,0 +1,72 @@
+"""``agentstate serve --graph NAME=MODULE:ATTR [...]``: the app of ``create_app`` under uvicorn.
+
+Imported only when the command runs. Without ``--token`` the server binds loopback only (a
+non-loopback ``--host`` is refused) and is read-only; with one, every write needs it. The token
+and the Redis URL's password are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from typing import Any
+
+from .._cli_common import CliError
+
+__all__ = ["cmd_serve", "loopback"]
+
+
+def loopback(host: str) -> bool:
+    """True for a host that only this machine reaches."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _graphs(specs: list[str]) -> dict[str, Any]:
+    from ..langgraph.cli import load_graph
+
+    out: dict[str, Any] = {}
+    for spec in specs:
+        name, sep, target = spec.partition("=")
+        if not sep or not name or not target:
+            raise CliError(f"--graph is NAME=MODULE:ATTR, got {spec!r}", "BadGraph")
+        if name in out:
+            raise CliError(f"--graph {name!r} given twice", "BadGraph")
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise CliError(f"a graph name is letters, digits, '-' and '_', got {name!r}", "BadGraph")
+        out[name] = load_graph(target)
+    return out
+
+
+def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
+    try:
+        import uvicorn
+
+        from . import create_app
+    except ImportError as exc:
+        raise CliError(f"agentstate serve needs the serve extra (pip install 'redis-agentstate[serve]'): {exc}",
+                       "MissingExtra") from exc  # fmt: skip
+    token = args.token or os.environ.get("AGENTSTATE_TOKEN") or None
+    if token is None and not loopback(args.host):
+        raise CliError(f"--host {args.host} is not loopback: serving beyond this machine needs --token", "Unsafe")
+    graphs = _graphs(args.graph)
+    if cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        client: Any = RedisCluster.from_url(url)
+    else:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(url)
+    app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers)
+    mode = "writes need the token" if token else "read-only (no --token)"
+    print(f"agentstate serve: http://{args.host}:{args.port} graphs {', '.join(graphs)}; {mode}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0

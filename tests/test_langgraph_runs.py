@@ -1,0 +1,546 @@
+"""LangGraph runs on Redis: RunQueue / AsyncRunQueue and GraphWorker.
+
+The queue tests run on fakeredis, a real redis-server and the local Cluster, sync and async
+(``flavor``); the workers are real GraphWorkers on threads of this process (and, for a
+SIGKILL, a worker process started with ``agentstate langgraph worker`` on a real server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lg_run_graphs as graphs
+import pytest
+from conftest import require_real
+from langgraph.types import Command
+
+from redis_agentstate import InvalidArgument
+from redis_agentstate.keys import Keys
+from redis_agentstate.langgraph import (
+    AgentStateSaver,
+    AsyncAgentStateSaver,
+    AsyncRunQueue,
+    GraphWorker,
+    Run,
+    RunEvent,
+    RunNotFound,
+    RunQueue,
+    RunRejected,
+)
+from redis_agentstate.langgraph._runs_core import DEFAULT_RUN_TTL_MS
+from redis_agentstate.langgraph.runs import queue_namespace
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def queue(make: Callable[..., Any]) -> Any:
+    return make(RunQueue, AsyncRunQueue)
+
+
+def events(queue: Any, run_id: str, **kw: Any) -> list[RunEvent]:
+    """Every event ``stream`` yields, whichever twin ``queue`` is."""
+    inner = getattr(queue, "wrapped", None)
+    if inner is None:
+        return list(queue.stream(run_id, **kw))
+
+    async def collect() -> list[RunEvent]:
+        return [e async for e in inner.stream(run_id, **kw)]
+
+    return queue._loop.run_until_complete(collect())  # type: ignore[no-any-return]
+
+
+@contextmanager
+def worker(backend: Any, namespace: str, graph: Any, *, flavor: str = "sync", **kw: Any) -> Iterator[GraphWorker]:
+    """A GraphWorker executing ``namespace``'s runs until the block ends: on threads (``sync``), or
+    on an asyncio loop of its own thread, with asyncio clients (``async``)."""
+    kw.setdefault("lease_ms", 3_000)
+    kw.setdefault("block_ms", 200)
+    if flavor == "sync":
+        w = GraphWorker(graph, RunQueue(backend.sync_client(), namespace=namespace),
+                        AgentStateSaver(backend.sync_client(), namespace=namespace), **kw)  # fmt: skip
+        t = threading.Thread(target=w.run, daemon=True)
+    else:
+        built: list[GraphWorker] = []
+        ready = threading.Event()
+
+        async def main() -> None:
+            clients = [backend.new_async_client(), backend.new_async_client()]
+            w = GraphWorker(graph, AsyncRunQueue(clients[0], namespace=namespace),
+                            AsyncAgentStateSaver(clients[1], namespace=namespace), **kw)  # fmt: skip
+            built.append(w)
+            ready.set()
+            try:
+                await w.arun()
+            finally:
+                for c in clients:
+                    await c.aclose()
+
+        t = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    t.start()
+    if flavor != "sync":
+        assert ready.wait(10)
+        w = built[0]
+    try:
+        yield w
+    finally:
+        w.stop()
+        t.join(20)
+        assert not t.is_alive(), "the worker did not stop"
+
+
+@pytest.fixture
+def run_worker(backend: Any, namespace: str, flavor: str) -> Callable[..., Any]:
+    """``worker`` of this test's flavor: an async queue's test runs an asyncio worker."""
+    return functools.partial(worker, backend, namespace, flavor=flavor)
+
+
+def log_of(backend: Any, namespace: str, thread: str) -> list[str]:
+    return thread_log(backend.sync_client(), namespace, thread)
+
+
+def thread_log(client: Any, namespace: str, thread: str) -> list[str]:
+    """The thread's ``log`` channel as its last checkpoint holds it."""
+    saver = AgentStateSaver(client, namespace=namespace)
+    tup = saver.get_tuple({"configurable": {"thread_id": thread}})
+    return [] if tup is None else list(tup.checkpoint["channel_values"].get("log", []))
+
+
+class TestQueue:
+    def test_create_get_list_and_reject(self, queue: Any) -> None:
+        run = queue.create("t1", {"log": ["in"]}, metadata={"who": "me"}, stream_mode=["values", "custom"])
+        assert isinstance(run, Run) and run.status == "pending" and run.thread_id == "t1"
+        got = queue.get(run.run_id)
+        assert got.input == {"log": ["in"]} and got.metadata == {"who": "me"}
+        assert got.stream_mode == ["values", "custom"] and got.multitask_strategy == "reject"
+        with pytest.raises(RunRejected) as info:
+            queue.create("t1", {"log": ["again"]})
+        assert info.value.run_id == run.run_id and info.value.thread_id == "t1"
+        second = queue.create("t1", {"log": ["queued"]}, multitask_strategy="enqueue")
+        assert [r.run_id for r in queue.list("t1")] == [second.run_id, run.run_id]
+        assert queue.get("no-such-run") is None
+        assert queue.list("other") == []
+
+    def test_cancel_a_pending_run_ends_it_and_rollback_deletes_it(self, queue: Any) -> None:
+        first = queue.create("t", {"log": ["1"]})
+        second = queue.create("t", {"log": ["2"]}, multitask_strategy="enqueue")
+        assert queue.cancel(first.run_id) is True
+        assert queue.get(first.run_id).status == "interrupted"
+        assert [e.event for e in events(queue, first.run_id)] == ["end"]
+        assert queue.cancel(first.run_id) is False  # ended already
+        assert queue.cancel(second.run_id, action="rollback") is True
+        assert queue.get(second.run_id) is None
+        with pytest.raises(RunNotFound):
+            queue.cancel(second.run_id)
+
+    def test_interrupt_and_rollback_end_pending_runs_before_queueing(self, queue: Any, backend: Any) -> None:
+        a = queue.create("t", {"log": ["a"]})
+        b = queue.create("t", {"log": ["b"]}, multitask_strategy="interrupt")
+        assert queue.get(a.run_id).status == "interrupted" and queue.get(b.run_id).status == "pending"
+        c = queue.create("t", {"log": ["c"]}, multitask_strategy="rollback")
+        assert queue.get(b.run_id) is None and queue.get(c.run_id).status == "pending"
+        # The ways from a run id to its thread: an ended run's expires with it, a deleted one's goes.
+        raw, lookup = backend.sync_client(), queue._core.keys.run_lookup
+        assert 0 < raw.pttl(lookup(a.run_id)) <= DEFAULT_RUN_TTL_MS
+        assert raw.exists(lookup(b.run_id)) == 0
+        assert raw.pttl(lookup(c.run_id)) == -1  # active: no expiry yet
+
+    def test_bad_input_is_refused_before_anything_is_written(self, queue: Any, backend: Any, namespace: str) -> None:
+        raw = backend.sync_client()
+        qns = queue_namespace(namespace)
+        before = set(raw.keys(f"{qns}:*")) if backend.kind != "cluster" else None
+        for kwargs in ({"multitask_strategy": "sometimes"}, {"stream_mode": "everything"}, {"stream_mode": []},
+                       {"config": "no"}, {"metadata": 3}):  # fmt: skip
+            with pytest.raises(InvalidArgument):
+                queue.create("t", {"log": []}, **kwargs)
+        with pytest.raises(InvalidArgument, match="serialized"):
+            queue.create("t", {"log": [threading.Lock()]})
+        with pytest.raises(InvalidArgument):
+            queue.create("t", {"log": []}, command=Command(resume=1))
+        with pytest.raises(InvalidArgument):
+            queue.create("bad\0thread", {})
+        with pytest.raises(InvalidArgument):
+            queue.cancel("r", action="explode")
+        with pytest.raises(InvalidArgument):
+            events(queue, "r", after="yesterday")
+        for call in (lambda: queue.cancel("missing"), lambda: events(queue, "missing"),
+                     lambda: queue.join("missing", timeout_s=1)):  # fmt: skip
+            with pytest.raises(RunNotFound):
+                call()
+        if before is not None:  # the namespace's layout record aside (the first call of any store writes it)
+            assert {k for k in raw.keys(f"{qns}:*") if not k.endswith(b"}:layout")} == before
+        assert queue.list("t") == []
+
+    def test_two_clients_double_texting_at_once_get_one_outcome(self, backend: Any, namespace: str) -> None:
+        for i in range(10):
+            outcomes: list[Any] = []
+            barrier = threading.Barrier(2)
+
+            def text(
+                q: RunQueue, tid: str = f"race-{i}", barrier: Any = barrier, outcomes: list[Any] = outcomes
+            ) -> None:
+                barrier.wait()
+                try:
+                    outcomes.append(q.create(tid, {"log": []}))
+                except RunRejected as exc:
+                    outcomes.append(exc)
+
+            qs = [RunQueue(backend.sync_client(), namespace=namespace) for _ in range(2)]
+            threads = [threading.Thread(target=text, args=(q,)) for q in qs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            runs = [o for o in outcomes if isinstance(o, Run)]
+            assert len(runs) == 1 and len(outcomes) == 2, outcomes
+            assert outcomes[[isinstance(o, RunRejected) for o in outcomes].index(True)].run_id == runs[0].run_id
+
+
+class TestWorker:
+    def test_a_run_streams_every_mode_and_a_reader_resumes_after_any_event(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any, flavor: str
+    ) -> None:
+        modes = ["values", "updates", "custom", "debug"]
+        if flavor == "async" and sys.version_info < (3, 11):
+            # LangGraph's astream writer for "custom" reads the node's config from a contextvar that
+            # asyncio hands on only from 3.11: before that it raises in the node, whatever the saver.
+            modes.remove("custom")
+        with run_worker(graphs.steps):
+            run = queue.create("t", {"log": ["in"]}, stream_mode=modes)
+            seen = events(queue, run.run_id)
+            done = queue.join(run.run_id, timeout_s=20)
+        assert done.status == "success" and done.attempt == 1
+        kinds = [e.event for e in seen]
+        assert kinds[0] == "metadata" and kinds[-1] == "end" and seen[-1].data["status"] == "success"
+        assert set(modes) <= set(kinds)
+        if "custom" in modes:
+            assert [e.data for e in seen if e.event == "custom"] == [{"node": "a"}, {"node": "b"}, {"node": "c"}]
+        assert seen[-2].event in ("values", "debug")
+        assert [e.data for e in seen if e.event == "values"][-1] == {"log": ["in", "a", "b", "c"]}
+        ids = [e.id for e in seen]
+        assert len(set(ids)) == len(ids)
+        for k in (0, len(seen) // 2, len(seen) - 2):
+            assert [e.id for e in events(queue, run.run_id, after=ids[k])] == ids[k + 1 :]
+        assert events(queue, run.run_id, after=ids[-1]) == []
+
+    def test_enqueued_runs_of_a_thread_run_in_creation_order(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        runs = [queue.create("t", {"log": [f"in{i}"]}, multitask_strategy="enqueue") for i in range(4)]
+        with run_worker(graphs.steps, concurrency=3):
+            done = [queue.join(r.run_id, timeout_s=30) for r in runs]
+        assert [d.status for d in done] == ["success"] * 4
+        starts = [d.started_at_ms for d in done]
+        assert starts == sorted(starts)
+        assert all(done[i].ended_at_ms <= done[i + 1].started_at_ms for i in range(3))  # one at a time
+        log = log_of(backend, namespace, "t")
+        assert [x for x in log if x.startswith("in")] == ["in0", "in1", "in2", "in3"]
+
+    def test_many_threads_run_side_by_side(self, queue: Any, backend: Any, namespace: str, run_worker: Any) -> None:
+        runs = [queue.create(f"t{i}", {"log": []}) for i in range(12)]
+        with run_worker(graphs.steps, concurrency=3) as w:
+            done = [queue.join(r.run_id, timeout_s=30) for r in runs]
+        assert {d.status for d in done} == {"success"}
+        assert w.finished == {"success": 12}
+
+    def test_interrupt_stops_the_running_run_at_a_boundary_and_keeps_its_progress(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        with run_worker(graphs.slow):
+            first = queue.create("t", {"log": ["first"]})
+            _wait_for(lambda: len(log_of(backend, namespace, "t")) >= 2)  # it is under way
+            second = queue.create("t", {"log": ["second"]}, multitask_strategy="interrupt")
+            a, b = queue.join(first.run_id, timeout_s=30), queue.join(second.run_id, timeout_s=30)
+        assert (a.status, a.error) == ("interrupted", "interrupt")
+        assert b.status == "success"
+        log = log_of(backend, namespace, "t")
+        cut = log.index("second")
+        assert log[:2] == ["first", "a"] and len(log[1:cut]) < 5  # stopped early, its steps kept
+        assert log[cut:] == ["second", "a", "b", "c", "d", "e"]
+
+    def test_rollback_deletes_the_running_run_and_its_checkpoints(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        with run_worker(graphs.slow):
+            first = queue.create("t", {"log": ["first"]})
+            _wait_for(lambda: len(log_of(backend, namespace, "t")) >= 2)
+            second = queue.create("t", {"log": ["second"]}, multitask_strategy="rollback")
+            b = queue.join(second.run_id, timeout_s=30)
+        assert b.status == "success" and queue.get(first.run_id) is None
+        assert log_of(backend, namespace, "t") == ["second", "a", "b", "c", "d", "e"]  # nothing of the first
+
+    def test_cancel_reaches_a_running_run_wherever_its_worker_is(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        with run_worker(graphs.slow):
+            run = queue.create("t", {"log": []})
+            _wait_for(lambda: queue.get(run.run_id).status == "running")
+            assert queue.cancel(run.run_id) is True
+            done = queue.join(run.run_id, timeout_s=30)
+        assert done.status == "interrupted" and len(log_of(backend, namespace, "t")) < 5
+
+    def test_a_graph_interrupt_ends_the_run_and_a_command_resumes_it(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any, flavor: str, request: pytest.FixtureRequest
+    ) -> None:
+        # interrupt() reads its config from a contextvar that asyncio hands to a node only from Python
+        # 3.11 on: before that, LangGraph fails it under any async driver (test_langgraph.py says so too).
+        request.applymarker(
+            pytest.mark.xfail(
+                flavor == "async" and sys.version_info < (3, 11),
+                reason="LangGraph: interrupt() under asyncio needs Python 3.11",
+                strict=True,
+            )
+        )
+        with run_worker(graphs.ask):
+            first = queue.create("t", {"log": ["q"]}, stream_mode="updates")
+            assert queue.join(first.run_id, timeout_s=20).status == "success"  # as LangGraph Platform ends it
+            paused = [e.data for e in events(queue, first.run_id) if e.event == "updates"][-1]
+            assert paused["__interrupt__"][0].value == "approve?"
+            second = queue.create("t", command=Command(resume="yes"))
+            assert queue.join(second.run_id, timeout_s=20).status == "success"
+        assert log_of(backend, namespace, "t") == ["q", "a", "answer:yes"]
+
+    def test_a_failing_graph_ends_the_run_as_an_error_with_its_event(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        with run_worker(graphs.steps):
+            run = queue.create("t", {"log": "not a list"})  # operator.add of a list and a str fails
+            done = queue.join(run.run_id, timeout_s=20)
+        assert done.status == "error" and "TypeError" in done.error
+        evs = events(queue, run.run_id)
+        assert [e.event for e in evs][-2:] == ["error", "end"] and evs[-2].data["error"] == "TypeError"
+
+    def test_stop_hands_the_run_back_and_another_worker_finishes_it(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        with run_worker(graphs.slow) as first:
+            run = queue.create("t", {"log": []})
+            _wait_for(lambda: len(log_of(backend, namespace, "t")) >= 2)
+            first.stop()
+        assert queue.get(run.run_id).status == "pending"
+        with run_worker(graphs.slow):
+            done = queue.join(run.run_id, timeout_s=30)
+        assert done.status == "success" and done.attempt == 2
+        assert log_of(backend, namespace, "t") == ["a", "b", "c", "d", "e"]  # no step ran twice
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, namespace: str) -> None:
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    core = q._core
+    stale = q._run(core.begin("t", "tok-a", "w1", 3))
+    taken = q._run(core.begin("t", "tok-b", "w2", 3))  # what the next worker does once the lease lapsed
+    assert taken.resumed and taken.attempt == 2
+    from redis_agentstate.langgraph._runs_core import RunLost
+
+    with pytest.raises(RunLost):
+        q._run(core.emit(stale.run, "tok-a", [("values", {"log": ["late"]})]))
+    with pytest.raises(RunLost):
+        q._run(core.finish(stale.run, "tok-a", "success"))
+    assert q._run(core.emit(taken.run, "tok-b", [("values", {"log": ["ok"]})])) == ""
+    assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
+
+
+def test_a_sigkilled_worker_s_run_resumes_elsewhere_without_rerunning_saved_nodes(
+    real_server: Any, namespace: str
+) -> None:
+    """A worker process (the CLI) SIGKILLs itself inside node b; another worker takes the run over
+    once the lease lapses and resumes from the checkpoint after a: a runs once, b twice (its
+    first attempt died before writing), c once."""
+    url = require_real(real_server)
+    import redis
+
+    env = {
+        **os.environ,
+        "AGENTSTATE_LG_URL": url,
+        "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    q = RunQueue(redis.Redis.from_url(url), namespace=namespace)
+    run = q.create("crash", {"log": ["in"]})
+    cmd = [sys.executable, "-m", "redis_agentstate", "langgraph", "worker", "lg_run_graphs:crashy", "--url", url,
+           "--queue-namespace", namespace, "--saver-namespace", namespace, "--lease-ms", "1500"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    os.environ["AGENTSTATE_LG_URL"] = url
+    try:
+        start = time.monotonic()
+        saver = AgentStateSaver(redis.Redis.from_url(url), namespace=namespace)
+        w = GraphWorker(graphs.crashy, RunQueue(redis.Redis.from_url(url), namespace=namespace), saver,
+                        lease_ms=1500, block_ms=200)  # fmt: skip
+        t = threading.Thread(target=w.run, daemon=True)
+        t.start()
+        done = q.join(run.run_id, timeout_s=30)
+        took = time.monotonic() - start
+        w.stop()
+        t.join(10)
+    finally:
+        os.environ.pop("AGENTSTATE_LG_URL", None)
+    assert done.status == "success" and done.attempt == 2, done
+    r = redis.Redis.from_url(url)
+    assert [int(r.get(f"crash:ran:{n}") or 0) for n in "abc"] == [1, 2, 1]
+    assert took < 10
+    evs = q.stream(run.run_id)
+    kinds = [e.event for e in evs]
+    assert kinds.count("metadata") == 2 and kinds[-1] == "end"
+
+
+def test_the_cli_lists_tails_and_cancels_runs(real_server: Any, namespace: str) -> None:
+    url = require_real(real_server)
+    import redis
+
+    q = RunQueue(redis.Redis.from_url(url), namespace=namespace)
+    run = q.create("<b>thread</b>", {"log": []})
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", *args, "--url", url,
+                              "--queue-namespace", namespace], capture_output=True, timeout=60, check=True)  # fmt: skip
+        return out.stdout.decode()
+
+    assert run.run_id in cli("runs", "<b>thread</b>") and "pending" in cli("runs", "<b>thread</b>")
+    assert "interrupt asked" in cli("cancel", run.run_id)
+    tail = cli("tail", run.run_id)  # ended: the tail prints the final event and exits
+    assert "end" in tail and "interrupted" in tail
+    assert '"status": "interrupted"' in cli("runs", "<b>thread</b>", "--json")
+    assert "ended already" in cli("cancel", run.run_id)
+    bad = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", "worker", "no_such_module:g",
+                          "--url", url], capture_output=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1 and b"cannot import" in bad.stderr
+
+
+def test_keys_of_a_run_belong_to_its_thread() -> None:
+    from redis_agentstate.keys import describe_key
+
+    keys = Keys("ns")
+    keys.configure(64, "slots")
+    rk = keys.runs("th")
+    h, e = rk.run("r1")
+    assert describe_key(h) == ("hash", "thread", "th") and describe_key(e) == ("stream", "thread", "th")
+    assert describe_key(rk.active) == ("list", "thread", "th")
+    assert describe_key(keys.run_lookup("r1")) == ("string", "run", "r1")
+    assert h.split("}:")[0] == keys.task("th").checkpoint.split("}:")[0]  # one slot with the thread's task
+
+
+def test_async_queue_streams_live(backend: Any, namespace: str, twin_loop: asyncio.AbstractEventLoop) -> None:
+    async def main() -> list[str]:
+        q = AsyncRunQueue(backend.new_async_client(), namespace=namespace)
+        run = await q.create("t", {"log": []}, stream_mode="updates")
+        with worker(backend, namespace, graphs.steps):
+            seen = [e.event async for e in q.stream(run.run_id)]
+            assert (await q.join(run.run_id, timeout_s=20)).status == "success"
+        await q.client.aclose()
+        return seen
+
+    assert twin_loop.run_until_complete(main()) == ["metadata", "updates", "updates", "updates", "end"]
+
+
+def test_a_run_for_another_graph_ends_as_an_error_without_running(backend: Any, namespace: str) -> None:
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    other = q.create("t", {"log": ["x"]}, metadata={"graph_id": "billing"})
+    mine = q.create("t", {"log": ["y"]}, metadata={"graph_id": "steps"}, multitask_strategy="enqueue")
+    with worker(backend, namespace, graphs.steps, graph_id="steps"):
+        a, b = q.join(other.run_id, timeout_s=20), q.join(mine.run_id, timeout_s=20)
+    assert a.status == "error" and "GraphMismatch" in a.error and "'billing'" in a.error
+    assert b.status == "success"
+    assert log_of(backend, namespace, "t") == ["y", "a", "b", "c"]  # nothing of the other graph's run
+
+
+def test_join_waits_no_longer_than_its_timeout(backend: Any, namespace: str) -> None:
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})  # no worker: it stays pending
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        q.join(run.run_id, timeout_s=0.3)
+    assert time.monotonic() - start < 0.9
+
+
+def test_runs_move_with_their_threads_in_a_reshard(backend: Any, namespace: str) -> None:
+    q = RunQueue(backend.sync_client(), namespace=namespace, shards=2)
+    done = [q.create(f"t{i}", {"log": [f"r{i}"]}) for i in range(6)]
+    with worker(backend, namespace, graphs.steps):
+        for r in done:
+            assert q.join(r.run_id, timeout_s=20).status == "success"
+    before = {r.run_id: [e.id for e in q.stream(r.run_id)] for r in done}
+    pending = [q.create(f"t{i}", {"log": [f"p{i}"]}) for i in range(6)]
+    report = q.tasks.reshard(8)
+    assert report.to_shards == 8 and report.unknown == 0  # every run key is a kind the resharder knows
+    mover = RunQueue(backend.sync_client(), namespace=namespace)
+    assert {r.run_id: [e.id for e in mover.stream(r.run_id)] for r in done} == before  # events moved whole
+    assert [r.run_id for r in mover.list("t0")] == [pending[0].run_id, done[0].run_id]
+    with pytest.raises(RunRejected):
+        mover.create("t1", {"log": []})  # the thread's active run moved with it: the check still sees it
+    with worker(backend, namespace, graphs.steps):
+        assert all(mover.join(r.run_id, timeout_s=30).status == "success" for r in pending)
+    assert log_of(backend, namespace, "t3") == ["r3", "a", "b", "c", "p3", "a", "b", "c"]
+
+
+def test_sigterm_hands_the_run_back_at_its_next_boundary(real_server: Any, namespace: str) -> None:
+    url = require_real(real_server)
+    import redis
+
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    q = RunQueue(redis.Redis.from_url(url), namespace=namespace)
+    run = q.create("term", {"log": []})
+    cmd = [sys.executable, "-m", "redis_agentstate", "langgraph", "worker", "lg_run_graphs:slow", "--url", url,
+           "--queue-namespace", namespace, "--saver-namespace", namespace]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: (r := q.get(run.run_id)) is not None and r.status == "running")
+        _wait_for(lambda: len(thread_log(redis.Redis.from_url(url), namespace, "term")) >= 1)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"stopped" in err
+    handed = q.get(run.run_id)
+    assert handed.status == "pending" and handed.attempt == 1
+    kept = thread_log(redis.Redis.from_url(url), namespace, "term")
+    assert 1 <= len(kept) < 5
+    w = GraphWorker(graphs.slow, RunQueue(redis.Redis.from_url(url), namespace=namespace),
+                    AgentStateSaver(redis.Redis.from_url(url), namespace=namespace), block_ms=200)  # fmt: skip
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    done = q.join(run.run_id, timeout_s=30)
+    w.stop()
+    t.join(10)
+    assert done.status == "success" and done.attempt == 2
+    assert thread_log(redis.Redis.from_url(url), namespace, "term") == ["a", "b", "c", "d", "e"]  # nothing twice
+
+
+def test_retention_keeps_the_last_events_and_an_ended_run_expires(backend: Any, namespace: str) -> None:
+    q = RunQueue(backend.sync_client(), namespace=namespace, max_events=4, run_ttl_ms=1_500)
+    run = q.create("t", {"log": []}, stream_mode=["values", "updates"])
+    w = GraphWorker(graphs.steps, RunQueue(backend.sync_client(), namespace=namespace, max_events=4, run_ttl_ms=1_500),
+                    AgentStateSaver(backend.sync_client(), namespace=namespace), block_ms=200)  # fmt: skip
+    assert w.run_once(block_ms=2_000)
+    done = q.join(run.run_id, timeout_s=10)
+    assert done.status == "success"
+    kept = list(q.stream(run.run_id))
+    assert len(kept) == 4 and kept[-1].event == "end"  # the oldest went first
+    assert [r.run_id for r in q.list("t")] == [run.run_id]
+    raw = backend.sync_client()
+    h, e = q._core.keys.runs("t").run(run.run_id)
+    assert 0 < raw.pttl(h) <= 1_500 and 0 < raw.pttl(e) <= 1_500
+    _wait_for(lambda: q.get(run.run_id) is None, timeout=10)  # expired with its record
+    assert q.list("t") == []
+    with pytest.raises(RunNotFound):
+        q.cancel(run.run_id)

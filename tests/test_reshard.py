@@ -1,0 +1,387 @@
+"""Growing a live namespace to more shards (``CheckpointStore.reshard``, ``agentstate reshard``).
+
+On every backend (fakeredis, a real redis-server, the local Cluster), sync and async: tasks,
+pools, KV keys and LangGraph threads move with their fences, TTLs and indexes; a lease held
+across the move commits once (its re-send is recognised at the new place); a client that read
+the layout before the reshard follows it; a reshard that stopped half-way is finished by running
+it again; bad counts are refused before anything is written. Then, on a real server, workers
+claim and commit throughout a reshard and every commit applies exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flows import ids_on_every_shard
+
+from redis_agentstate import (
+    AsyncCheckpointStore,
+    AsyncKeyValueStore,
+    AsyncPoolStore,
+    BackendUnavailable,
+    Checkpoint,
+    CheckpointStore,
+    ConfigConflict,
+    InvalidArgument,
+    KeyValueStore,
+    PoolStore,
+)
+from redis_agentstate import cli as cli_mod
+from redis_agentstate._ops import relocation
+from redis_agentstate.keys import Keys
+from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
+
+
+def _record(raw: Any, namespace: str) -> bytes | None:
+    value: bytes | None = raw.get(Keys(namespace).layout_key())
+    return value
+
+
+def _ns_keys(raw: Any, namespace: str) -> list[bytes]:
+    return sorted(raw.scan_iter(match=Keys(namespace).pattern() + "*", count=1000))
+
+
+def _state(store: Any, kv: Any, pools: Any, tids: list[str]) -> dict[str, Any]:
+    """What a user reads back: every task's fields, the KV values, the pool's members and messages."""
+    tasks = {}
+    for tid in tids:
+        cp = store.load(tid)
+        tasks[tid] = None if cp is None else (cp.revision, cp.status, cp.cycle_index, len(cp.messages), cp.attempts)
+    return {
+        "tasks": tasks,
+        "list": store.list(),
+        "parked": store.list_parked(),
+        "kv": {k: kv.get(k) for k in kv.keys()},  # noqa: SIM118 - a store, not a dict
+        "kv_count": kv.count(),
+        "pools": pools.list(),
+        "records": [(r.cursor.sequence, r.kind) for r in pools.watch("pool-1", Cursor(0))],
+    }
+
+
+@pytest.mark.usefixtures("backend")
+class TestReshard:
+    """Every owner kind moves whole; nothing is lost, nothing applies twice."""
+
+    def _fill(self, make: Callable[..., Any], shards: int = 4) -> tuple[Any, Any, Any, list[str]]:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=shards, max_attempts=1)
+        kv = make(KeyValueStore, AsyncKeyValueStore)
+        pools = make(PoolStore, AsyncPoolStore)
+        tids = ids_on_every_shard(Keys("x", 16), per_shard=3, prefix="task")
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        for i in range(40):
+            kv.set(f"key-{i}", b"value-%d" % i)
+        kv.set("short-lived", b"v", ttl_ms=600_000)
+        pools.open("pool-1", PoolConfig())
+        pools.join("pool-1", PoolMember("run-1", topics=["work"]))
+        pools.join("pool-1", PoolMember("run-2", topics=["work"]))
+        message = RunMessage("m-1", "idem-1", payload={"x": 1}, topic="work", sender="run-1")
+        pools.record_message("pool-1", message, MessageReceipt("m-1", recipients=["run-2"]))
+        return store, kv, pools, tids
+
+    def test_everything_moves_and_reads_back_the_same(self, make: Callable[..., Any], raw: Any, namespace: str) -> None:
+        store, kv, pools, tids = self._fill(make)
+        held = store.claim_next(token="w1", lease_ms=600_000)
+        parked = store.claim_next(token="w2", lease_ms=600_000)
+        assert held is not None and parked is not None
+        assert store.release(parked.task_id, token="w2", expected_revision=parked.revision, reason="boom")
+        assert store.list_parked() == [parked.task_id]  # max_attempts=1: a failed attempt parks it
+        before = _state(store, kv, pools, tids)
+        ttl_before = raw.pttl(Keys(namespace, 4).kv("short-lived"))
+        report = store.reshard(16)
+        assert (report.from_shards, report.to_shards, report.moved, report.unknown) == (4, 16, 4, 0)
+        assert report.keys > len(tids) and report.worst_pause_ms > 0
+        assert _record(raw, namespace) == b"slots 16"
+        assert store.shards == 16
+        # A client of the new layout, and the stores that moved it, read the same.
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        for reader in (store, fresh):
+            assert _state(reader, kv, pools, tids) == before
+        assert fresh.shards == 16
+        new = Keys(namespace, 16)
+        assert all(raw.exists(new.task(t).checkpoint) for t in tids)
+        assert 599_000 - 5_000 < raw.pttl(new.kv("short-lived")) <= ttl_before
+        # Nothing is left under the old tags but their seals.
+        old = {p for p in Keys(namespace, 4)._shard_prefixes}
+        left = [k for k in _ns_keys(raw, namespace) if any(k.decode().startswith(p) for p in old)]
+        assert sorted(left) == sorted(p.encode() + b"moved" for p in old)
+        moved = store.load(held.task_id)
+        assert moved is not None and (moved.claim_token, moved.lease_expires_at_ms) == ("w1", held.lease_expires_at_ms)
+
+    def test_a_lease_held_across_the_move_commits_once(self, make: Callable[..., Any]) -> None:
+        store, _, _, _ = self._fill(make)
+        cp = store.claim_next(token="w1", lease_ms=600_000)
+        assert cp is not None
+        store.reshard(16)
+        msg = {"role": "assistant", "content": "after"}
+        done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+        assert store.commit(done, token="w1", expected_revision=cp.revision) is True
+        after = store.load(cp.task_id)
+        assert after is not None and after.revision == cp.revision + 1
+        # The same commit re-sent (its reply lost, say) is recognised at the new place: applied once.
+        assert store.commit(done, token="w1", expected_revision=cp.revision) is True
+        again = store.load(cp.task_id)
+        assert again is not None and again.revision == after.revision and len(again.messages) == len(after.messages)
+        # The fence moved too: a stale token is still refused.
+        assert store.commit(done, token="w9", expected_revision=cp.revision) is False
+
+    def test_a_client_that_read_the_old_layout_follows_it(self, make: Callable[..., Any], namespace: str) -> None:
+        store, _, pools, tids = self._fill(make)
+        stale = make(CheckpointStore, AsyncCheckpointStore)
+        stale_kv = make(KeyValueStore, AsyncKeyValueStore)
+        stale_pools = make(PoolStore, AsyncPoolStore)
+        before = _state(stale, stale_kv, stale_pools, tids)  # all three read the 4-shard layout now
+        make(CheckpointStore, AsyncCheckpointStore).reshard(16)
+        assert stale_kv.get("key-3") == b"value-3"  # a plain read finds the seal, and follows
+        assert _state(stale, stale_kv, stale_pools, tids) == before
+        assert stale.shards == 16
+        cp = stale.claim_next(token="w", lease_ms=60_000)
+        assert cp is not None and cp.task_id in tids
+        assert stale.create(Checkpoint("new-task"))
+        assert store.load("new-task") is not None
+        message = RunMessage("m-2", "idem-2", payload={}, topic="work", sender="run-2")
+        stale_pools.record_message("pool-1", message, MessageReceipt("m-2", recipients=["run-1"]))
+        assert pools.message_receipt("pool-1", "idem-2") == MessageReceipt("m-2", recipients=["run-1"])
+        assert len(pools.watch("pool-1", Cursor(0))) == len(before["records"]) + 1
+
+    def test_bad_counts_are_refused_before_anything_is_written(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        store, _, _, _ = self._fill(make)
+        before = {k: raw.dump(k) for k in _ns_keys(raw, namespace)}
+        for bad in (6, 2, 3, 0, 16385, "8", None):
+            with pytest.raises(InvalidArgument):
+                store.reshard(bad)
+        assert {k: raw.dump(k) for k in _ns_keys(raw, namespace)} == before
+        report = store.reshard(4)  # its own count: nothing to do
+        assert report.moved == 0 and _record(raw, namespace) == b"slots 4"
+
+    def test_a_reshard_that_stopped_half_way_is_finished_by_running_it_again(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        store, kv, pools, tids = self._fill(make)
+        before = _state(store, kv, pools, tids)
+
+        def stop_after_two(moved: int, of: int) -> None:
+            if moved == 2:
+                raise KeyboardInterrupt  # the operator's ^C, or a crash, between two shards
+
+        with pytest.raises(KeyboardInterrupt):
+            store.reshard(16, progress=stop_after_two)
+        assert _record(raw, namespace) == b"slots 4 16 2"
+        # Half moved: every client works across both layouts meanwhile.
+        mid = make(CheckpointStore, AsyncCheckpointStore)
+        assert _state(mid, kv, pools, tids) == before
+        assert mid.create(Checkpoint("made-mid-way"))
+        with pytest.raises(ConfigConflict, match="being resharded from 4 to 16"):
+            mid.reshard(32)
+        report = mid.reshard(16)
+        assert (report.moved, _record(raw, namespace)) == (2, b"slots 16")
+        assert store.load("made-mid-way") is not None
+        assert _state(store, kv, pools, tids)["tasks"] == before["tasks"]
+
+    def test_after_script_flush_the_reshard_loads_its_scripts(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        store, kv, pools, tids = self._fill(make)
+        before = _state(store, kv, pools, tids)
+        for node in getattr(raw, "get_primaries", lambda: [None])():
+            (raw.get_redis_connection(node) if node is not None else raw).script_flush()
+        assert store.reshard(8).moved == 4
+        assert _state(store, kv, pools, tids) == before
+
+    def test_a_sealed_shard_holds_calls_until_it_moves(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        assert store.create(Checkpoint("t"))
+        keys = Keys(namespace, 4)
+        seal = keys.moved_marker(keys.shard_of("t"))
+        raw.set(seal, "sealed")
+        # Reads go on: a sealed shard's data is whole and current until it is marked moved.
+        started = time.monotonic()
+        assert store.load("t") is not None and store.list() == ["t"]
+        assert time.monotonic() - started < 0.25
+        threading.Timer(0.3, raw.delete, [seal]).start()
+        cp = store.claim("t", 1, token="w", lease_ms=60_000)  # a write waits for the seal to go
+        assert cp is not None and time.monotonic() - started >= 0.25
+        raw.set(seal, "sealed")
+        monkeypatch.setattr(relocation, "SEALED_WAIT_S", 0.2)
+        with pytest.raises(BackendUnavailable, match="sealed"):
+            store.renew("t", token="w", expected_revision=cp.revision, lease_ms=60_000)
+        raw.delete(seal)
+
+
+@pytest.mark.usefixtures("backend")
+class TestBlockedCallers:
+    """A claim_next blocked through a reshard hears of work in the new shards (its waker resubscribes)."""
+
+    def test_a_blocked_claim_next_is_woken_by_a_task_of_the_new_layout(
+        self, make: Callable[..., Any], backend: Any
+    ) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        assert store.create(Checkpoint("first"))
+        assert store.claim_next(token="w", lease_ms=60_000) is not None  # the layout read, nothing else due
+        other = CheckpointStore(backend.sync_client(), namespace=store.namespace)
+        created: list[float] = []
+
+        def grow_then_create() -> None:
+            time.sleep(0.3)  # the caller is blocked by now
+            other.reshard(16)
+            time.sleep(1.5)  # past the listener's check of the layout: it subscribed to the new channels
+            created.append(time.monotonic())
+            assert other.create(Checkpoint("after"))
+
+        if hasattr(store, "wrapped"):
+            inner = store.wrapped
+
+            async def both() -> Any:
+                blocked = inner.claim_next(token="w", lease_ms=60_000, block_ms=8_000)
+                got, _ = await asyncio.gather(blocked, asyncio.to_thread(grow_then_create))
+                return got
+
+            got = store._loop.run_until_complete(both())
+        else:
+            mover = threading.Thread(target=grow_then_create)
+            mover.start()
+            got = store.claim_next(token="w", lease_ms=60_000, block_ms=8_000)
+            mover.join(10)
+        assert got is not None and got.task_id == "after"
+        assert time.monotonic() - created[0] < 3.0
+
+
+@pytest.mark.usefixtures("backend")
+class TestLangGraphThreads:
+    """A LangGraph thread's checkpoints, writes and lease move with it."""
+
+    def test_threads_read_back_after_a_reshard(self, backend: Any, namespace: str) -> None:
+        from langgraph.checkpoint.conformance.test_utils import (
+            generate_checkpoint,
+            generate_config,
+            generate_metadata,
+        )
+
+        from redis_agentstate.langgraph import AgentStateSaver
+
+        saver = AgentStateSaver(backend.sync_client(), namespace=namespace, shards=4)
+        configs = {}
+        for i in range(12):
+            cfg = saver.put(generate_config(f"thread-{i}"), generate_checkpoint(), generate_metadata(), {})
+            saver.put_writes(cfg, [("channel", f"value-{i}")], f"task-{i}")
+            configs[i] = cfg
+        before = {i: saver.get_tuple(cfg) for i, cfg in configs.items()}
+        CheckpointStore(backend.sync_client(), namespace=namespace).reshard(8)
+        after = {i: saver.get_tuple(cfg) for i, cfg in configs.items()}
+        assert {i: (t.checkpoint, t.pending_writes) for i, t in after.items()} == {
+            i: (t.checkpoint, t.pending_writes) for i, t in before.items()
+        }
+        assert len(list(saver.list(None))) == 12
+        saver.delete_thread("thread-0")
+        assert saver.get_tuple(configs[0]) is None
+
+
+@pytest.mark.real
+class TestUnderLoad:
+    """Workers claim and commit through a whole reshard: every commit lands once, none is lost."""
+
+    def test_workers_keep_committing_while_the_namespace_grows(self, real_server: Any) -> None:
+        import redis
+        from conftest import require_real
+
+        url = require_real(real_server)
+        namespace = f"load-{time.monotonic_ns()}"
+        make = lambda: CheckpointStore(redis.Redis.from_url(url), namespace=namespace)  # noqa: E731
+        seed = CheckpointStore(redis.Redis.from_url(url), namespace=namespace, shards=8)
+        tids = [f"agent-{i}" for i in range(400)]
+        for tid in tids:
+            assert seed.create(Checkpoint(tid))
+        acked: dict[str, int] = {t: 0 for t in tids}
+        lock = threading.Lock()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        pauses: list[float] = []
+
+        def worker(n: int) -> None:
+            store = make()
+            try:
+                while not stop.is_set():
+                    cp = store.claim_next(token=f"w{n}", lease_ms=30_000)
+                    if cp is None:
+                        continue
+                    msg = {"role": "assistant", "content": f"{cp.task_id}:{cp.revision}"}
+                    started = time.monotonic()
+                    done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                    ok = store.commit(done, token=f"w{n}", expected_revision=cp.revision)
+                    with lock:
+                        pauses.append(time.monotonic() - started)
+                        if ok:
+                            acked[cp.task_id] += 1
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        report = make().reshard(64)
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert report.moved == 8
+        check = make()
+        for tid in tids:
+            cp = check.load(tid)
+            assert cp is not None
+            # Each acknowledged commit appended exactly one message: none lost, none applied twice.
+            assert len(cp.messages) == acked[tid] == cp.cycle_index, (tid, len(cp.messages), acked[tid], cp.cycle_index)
+        assert check.shards == 64
+        assert sum(acked.values()) > 100
+        assert max(pauses) * 1000 < report.worst_pause_ms + 1000
+
+
+class TestCli:
+    """``agentstate reshard --shards N`` in a pipe."""
+
+    def test_reshard_prints_what_it_moved(
+        self, backend: Any, namespace: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        if backend.kind == "fake":
+            pytest.skip("the CLI connects by URL")
+        store = CheckpointStore(backend.sync_client(), namespace=namespace, shards=2)
+        for i in range(30):
+            assert store.create(Checkpoint(f"c{i}"))
+        if backend.kind == "cluster":
+            host, port = backend.cluster.startup
+            target = ["--url", f"redis://{host}:{port}", "--cluster"]
+        else:
+            target = ["--url", backend.url]
+
+        def stop_after_one(moved: int, of: int) -> None:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            store.reshard(8, progress=stop_after_one)
+        assert cli_mod.main(["stats", *target, "--namespace", namespace, "--json"]) == 0
+        stats = json.loads(capsys.readouterr().out)
+        assert (stats["tasks"], stats["shards"], stats["resharding"]) == (30, 2, {"to": 8, "moved": 1}), stats
+        assert cli_mod.main(["stats", *target, "--namespace", namespace]) == 0
+        assert "2 shards (slots layout); resharding to 8: 1 of 2 moved" in capsys.readouterr().out
+        assert cli_mod.main(["reshard", *target, "--namespace", namespace, "--shards", "8", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert (data["from_shards"], data["to_shards"], data["moved_shards"]) == (2, 8, 1)
+        assert cli_mod.main(["reshard", *target, "--namespace", namespace, "--shards", "8"]) == 0
+        assert "has 8 shards already" in capsys.readouterr().out
+        assert cli_mod.main(["reshard", *target, "--namespace", namespace, "--shards", "12"]) == 1
+        assert "multiple of 8" in capsys.readouterr().err
+        assert sorted(CheckpointStore(backend.sync_client(), namespace=namespace).list()) == sorted(
+            f"c{i}" for i in range(30)
+        )

@@ -1,0 +1,389 @@
+"""``agentstate serve``: LangGraph's server API, judged by the real ``langgraph-sdk`` client and
+``RemoteGraph``, over workers executing the runs (``GraphWorker`` tasks in the server).
+
+On fakeredis the app runs under uvicorn in a thread of this process; on a real redis-server it is
+the CLI in a subprocess (``python -m redis_agentstate serve ...``), as a user starts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import httpx
+import lg_run_graphs as graphs
+import pytest
+from conftest import free_port
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+langgraph_sdk = pytest.importorskip("langgraph_sdk")
+
+from langgraph_sdk import get_client, get_sync_client  # noqa: E402
+
+TESTS = Path(__file__).parent
+TOKEN = "s3cret-token-for-tests"
+GRAPHS = {n: f"lg_run_graphs:{n}" for n in ("steps", "slow", "ask", "chat")}
+
+
+@dataclass
+class Served:
+    url: str
+    token: str | None
+    log: Any = None
+    files: tuple[Any, Any] | None = None
+
+    def output(self) -> tuple[str, str]:
+        """What the server printed so far: (stdout, stderr)."""
+        assert self.files is not None
+        return _read(self.files[0]), _read(self.files[1])
+
+    def sync(self, **kw: Any) -> Any:
+        return get_sync_client(url=self.url, api_key=self.token, **kw)
+
+    def aio(self, **kw: Any) -> Any:
+        return get_client(url=self.url, api_key=self.token, **kw)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
+def _read(f: Any) -> str:
+    if f is None:
+        return ""
+    f.flush()
+    f.seek(0)
+    return str(f.read().decode("utf-8", "replace"))
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes] | None = None, err: Any = None) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"agentstate serve exited {proc.returncode}: {_read(err)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/ok", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError("agentstate serve did not come up")
+
+
+@contextlib.contextmanager
+def _in_thread(server: Any, namespace: str, token: str | None) -> Iterator[Served]:
+    import uvicorn
+
+    from redis_agentstate.server import create_app
+
+    port = free_port()
+    app = create_app({n: getattr(graphs, n) for n in GRAPHS}, fakeredis.FakeAsyncRedis(server=server),
+                     namespace=namespace, token=token, workers=2)  # fmt: skip
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        _wait_up(f"http://127.0.0.1:{port}")
+        yield Served(f"http://127.0.0.1:{port}", token)
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+
+
+@contextlib.contextmanager
+def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[Served]:
+    port = free_port()
+    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", url, "--namespace", namespace,
+            "--port", str(port), "--workers", "2", *extra]  # fmt: skip
+    for name, target in GRAPHS.items():
+        args += ["--graph", f"{name}={target}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env.pop("AGENTSTATE_TOKEN", None)
+    if token is not None:
+        env["AGENTSTATE_TOKEN"] = token  # not on the command line: ps would show it
+    # Its output goes to files, not pipes: a pipe nobody reads while the test runs would block the
+    # server once its buffer filled.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=err)
+        try:
+            _wait_up(f"http://127.0.0.1:{port}", proc, err)
+            yield Served(f"http://127.0.0.1:{port}", token, proc, (out, err))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _serve(backend: Any, namespace: str, token: str | None) -> Any:
+    if backend.kind == "fake":
+        return _in_thread(backend.server, namespace, token)
+    extra = ("--cluster",) if backend.kind == "cluster" else ()
+    return _cli(backend.url, namespace, token, *extra)
+
+
+#: The app's queue, saver and KV store are the ones test_langgraph_runs and the store suites run on a
+#: Cluster too; here: fakeredis (the app in this process) and a real server (the CLI).
+on_fake_and_real = pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"],
+                                           indirect=True)  # fmt: skip
+
+
+@pytest.fixture
+def served(backend: Any, namespace: str) -> Iterator[Served]:
+    with _serve(backend, namespace, TOKEN) as s:
+        yield s
+
+
+def _values(client: Any, tid: str) -> Any:
+    return client.threads.get_state(tid)["values"]
+
+
+@on_fake_and_real
+class TestSdkClient:
+    """The real ``langgraph_sdk`` clients, sync and async, against the server."""
+
+    def test_assistants_are_the_served_graphs(self, served: Served) -> None:
+        c = served.sync()
+        found = c.assistants.search()
+        assert sorted(a["graph_id"] for a in found) == sorted(GRAPHS)
+        steps = c.assistants.get("steps")
+        assert steps["graph_id"] == "steps" and c.assistants.get(steps["assistant_id"]) == steps
+        graph = c.assistants.get_graph("steps")
+        assert {n["id"] for n in graph["nodes"]} >= {"a", "b", "c"}
+        assert c.assistants.get_schemas("steps")["graph_id"] == "steps"
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.assistants.get("nope")
+        assert err.value.response.status_code == 404
+
+    def test_a_thread_is_created_found_updated_and_deleted(self, served: Served) -> None:
+        c = served.sync()
+        t = c.threads.create(metadata={"team": "a"})
+        tid = t["thread_id"]
+        assert t["status"] == "idle" and t["metadata"] == {"team": "a"}
+        assert c.threads.get(tid)["thread_id"] == tid
+        assert c.threads.create(thread_id=tid, if_exists="do_nothing")["thread_id"] == tid
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.threads.create(thread_id=tid)
+        assert err.value.response.status_code == 409
+        c.threads.update(tid, metadata={"stage": "two"})
+        assert c.threads.get(tid)["metadata"] == {"team": "a", "stage": "two"}
+        assert [x["thread_id"] for x in c.threads.search(metadata={"team": "a"})] == [tid]
+        c.threads.delete(tid)
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.threads.get(tid)
+        assert err.value.response.status_code == 404
+
+    def test_wait_returns_the_final_values_and_the_run_is_listed(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        out = c.runs.wait(tid, "steps", input={"log": ["hi"]})
+        assert out == {"log": ["hi", "a", "b", "c"]}
+        runs = c.runs.list(tid)
+        assert [r["status"] for r in runs] == ["success"]
+        assert c.runs.get(tid, runs[0]["run_id"])["status"] == "success"
+        assert c.threads.get(tid)["status"] == "idle"
+        assert _values(c, tid) == out
+
+    def test_stream_sends_every_mode_asked_in_order(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        parts = list(c.runs.stream(tid, "steps", input={"log": []}, stream_mode=["values", "updates", "custom"]))
+        events = [p.event for p in parts]
+        assert events[0] == "metadata" and parts[0].data["run_id"]
+        assert [p.data for p in parts if p.event == "updates"] == [{"a": {"log": ["a"]}}, {"b": {"log": ["b"]}},
+                                                                  {"c": {"log": ["c"]}}]  # fmt: skip
+        assert [p.data for p in parts if p.event == "custom"] == [{"node": n} for n in "abc"]
+        assert [p.data for p in parts if p.event == "values"][-1] == {"log": ["a", "b", "c"]}
+
+    def test_join_stream_after_a_disconnect_resumes_after_the_last_event_seen(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        run = c.runs.create(tid, "slow", input={"log": []}, stream_mode=["values", "updates"])
+        # A reader that saw two events, then lost its connection: the raw SSE ids are what a browser
+        # (or langgraph-sdk's reconnect) sends back as Last-Event-ID.
+        seen: list[tuple[str, str]] = []
+        with served.http() as h, h.stream("GET", f"/threads/{tid}/runs/{run['run_id']}/stream") as r:
+            event_id = None
+            for line in r.iter_lines():
+                if line.startswith("id: "):
+                    event_id = line[4:]
+                elif line.startswith("event: "):
+                    seen.append((event_id or "", line[7:]))
+                    if len(seen) == 3:
+                        break
+        rest = list(c.runs.join_stream(tid, run["run_id"], last_event_id=seen[-1][0]))
+        assert rest and rest[0].event != "metadata"  # it resumed: nothing before the cut again
+        full = c.runs.join_stream(tid, run["run_id"])
+        everything = [p.event for p in full]
+        assert everything[: len(seen)] == [e for _, e in seen]
+        assert everything[len(seen) :] == [p.event for p in rest]
+        assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
+
+    def test_double_texting_reject_enqueue_and_interrupt(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        first = c.runs.create(tid, "slow", input={"log": ["first"]})
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.runs.create(tid, "slow", input={"log": ["second"]}, multitask_strategy="reject")
+        assert err.value.response.status_code == 409
+        queued = c.runs.create(tid, "slow", input={"log": ["queued"]}, multitask_strategy="enqueue")
+        c.runs.join(tid, queued["run_id"])
+        assert [c.runs.get(tid, r["run_id"])["status"] for r in (first, queued)] == ["success", "success"]
+        log = _values(c, tid)["log"]
+        assert log.index("first") < log.index("queued")
+        going = c.runs.create(tid, "slow", input={"log": ["going"]})
+        _until(lambda: c.runs.get(tid, going["run_id"])["status"] == "running")
+        newer = c.runs.create(tid, "slow", input={"log": ["newer"]}, multitask_strategy="interrupt")
+        c.runs.join(tid, newer["run_id"])
+        assert c.runs.get(tid, going["run_id"])["status"] == "interrupted"
+        assert c.runs.get(tid, newer["run_id"])["status"] == "success"
+
+    def test_cancel_stops_a_running_run(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        run = c.runs.create(tid, "slow", input={"log": []})
+        _until(lambda: c.runs.get(tid, run["run_id"])["status"] == "running")
+        c.runs.cancel(tid, run["run_id"], wait=True)
+        assert c.runs.get(tid, run["run_id"])["status"] == "interrupted"
+        assert len(_values(c, tid)["log"]) < 5  # stopped at a boundary, its progress kept
+
+    def test_state_update_and_history(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        c.runs.wait(tid, "steps", input={"log": ["x"]})
+        state = c.threads.get_state(tid)
+        assert state["next"] == [] and state["checkpoint"]["checkpoint_id"]
+        c.threads.update_state(tid, {"log": ["edited"]}, as_node="c")
+        assert _values(c, tid)["log"][-1] == "edited"
+        history = c.threads.get_history(tid, limit=3)
+        assert len(history) == 3 and history[0]["values"]["log"][-1] == "edited"
+        old = history[-1]["checkpoint"]["checkpoint_id"]
+        assert c.threads.get_state(tid, checkpoint_id=old)["checkpoint"]["checkpoint_id"] == old
+
+    def test_a_graph_interrupt_waits_and_a_command_resumes_it(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        paused = c.runs.wait(tid, "ask", input={"log": ["q"]})
+        assert paused["__interrupt__"][0]["value"] == "approve?"
+        assert c.threads.get(tid)["status"] == "interrupted"
+        done = c.runs.wait(tid, "ask", command={"resume": "yes"})
+        assert done["log"][-1] == "answer:yes" and c.threads.get(tid)["status"] == "idle"
+
+    def test_messages_tuple_streams_the_models_tokens(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        parts = list(c.runs.stream(tid, "chat", input={"log": []}, stream_mode=["messages-tuple", "values"]))
+        tokens = [p.data for p in parts if p.event == "messages"]
+        assert tokens and all(isinstance(t, list) and len(t) == 2 for t in tokens)
+        text = "".join(chunk["content"] for chunk, _meta in tokens)
+        assert text == "hello there friend" and tokens[0][1]["langgraph_node"] == "talk"
+        assert [p.data for p in parts if p.event == "values"][-1] == {"log": ["hello there friend"]}
+
+    def test_the_async_client_does_the_same(self, served: Served) -> None:
+        async def go() -> None:
+            c = served.aio()
+            tid = (await c.threads.create())["thread_id"]
+            assert await c.runs.wait(tid, "steps", input={"log": []}) == {"log": ["a", "b", "c"]}
+            parts = [p async for p in c.runs.stream(tid, "steps", input={"log": []}, stream_mode="updates")]
+            assert [p.event for p in parts] == ["metadata", "updates", "updates", "updates"]
+            assert (await c.threads.get_state(tid))["values"]["log"] == ["a", "b", "c", "a", "b", "c"]
+            stateless = await c.runs.wait(None, "steps", input={"log": ["tmp"]})
+            assert stateless == {"log": ["tmp", "a", "b", "c"]}
+
+        asyncio.run(go())
+
+    def test_remote_graph_invokes_and_streams(self, served: Served) -> None:
+        from langgraph.pregel.remote import RemoteGraph
+
+        remote = RemoteGraph("steps", url=served.url, api_key=served.token)
+        tid = served.sync().threads.create()["thread_id"]
+        config = {"configurable": {"thread_id": tid}}
+        assert remote.invoke({"log": ["r"]}, config) == {"log": ["r", "a", "b", "c"]}
+        chunks = list(remote.stream({"log": []}, config, stream_mode="updates"))
+        assert chunks == [{"a": {"log": ["a"]}}, {"b": {"log": ["b"]}}, {"c": {"log": ["c"]}}]
+        assert remote.get_state(config).values["log"] == ["r", "a", "b", "c", "a", "b", "c"]
+        assert {n.id for n in remote.get_graph().nodes.values()} >= {"a", "b", "c"}
+        fresh = {"configurable": {"thread_id": "made-by-remote-graph"}}  # if_not_exists="create"
+        assert remote.invoke({"log": []}, fresh) == {"log": ["a", "b", "c"]}
+        history = list(remote.get_state_history(fresh, limit=2))
+        assert len(history) == 2 and history[0].values == {"log": ["a", "b", "c"]}
+        remote.update_state(fresh, {"log": ["edited"]}, as_node="c")
+        assert remote.get_state(fresh).values["log"][-1] == "edited"
+
+
+def _until(cond: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+@on_fake_and_real
+class TestSecurity:
+    def test_without_a_token_it_is_read_only(self, backend: Any, namespace: str) -> None:
+        with _serve(backend, namespace, None) as s, s.http() as h:
+            assert h.post("/assistants/search", json={}).status_code == 200
+            for method, path in (("POST", "/threads"), ("POST", "/threads/x/runs"), ("DELETE", "/threads/x"),
+                                 ("POST", "/threads/x/runs/y/cancel"), ("PATCH", "/threads/x")):  # fmt: skip
+                r = h.request(method, path, json={})
+                assert r.status_code == 403 and "read-only" in r.json()["detail"], (method, path)
+
+    def test_with_a_token_every_write_needs_it(self, served: Served) -> None:
+        with served.http() as h:
+            assert h.post("/threads", json={}).status_code == 401
+            assert h.post("/threads", json={}, headers={"x-api-key": "wrong"}).status_code == 403
+            assert h.post("/threads", json={}, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+            r = h.post("/threads", json={}, headers={"x-api-key": TOKEN})
+            assert r.status_code == 200 and TOKEN not in r.text
+            assert h.post("/threads/search", json={}).status_code == 200  # a read, though a POST
+
+    def test_bodies_are_bounded_and_bad_ones_refused_with_json(self, served: Served) -> None:
+        auth = {"x-api-key": TOKEN}
+        with served.http() as h:
+            big = h.post("/threads", content=b'{"metadata": {"x": "' + b"a" * (2 << 20) + b'"}}', headers=auth)
+            assert big.status_code == 413
+            assert h.post("/threads", content=b"{nope", headers=auth).status_code == 422
+            assert h.post("/threads", json=[1], headers=auth).status_code == 422
+            assert h.post("/threads/x/runs", json={"assistant_id": "steps"}, headers=auth).status_code == 404
+            r = h.post("/runs/crons", json={}, headers=auth)
+            assert r.status_code == 501 and "not served" in r.json()["detail"]
+            assert h.get("/no/such/route").status_code == 404
+            assert h.get("/no/such/route").json()["detail"]
+
+
+class TestCli:
+    """What the command itself refuses and prints (no Redis needed)."""
+
+    def test_the_cli_refuses_a_public_host_without_a_token(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                              "--graph", "steps=lg_run_graphs:steps", "--host", "0.0.0.0"],
+                             capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+        assert out.returncode != 0 and "needs --token" in out.stderr
+
+    def test_the_token_and_the_redis_password_never_reach_a_reply_or_the_log(self, namespace: str) -> None:
+        # A Redis that does not answer: every request fails in Redis, where the URL would show.
+        url = f"redis://:hunter2pw@127.0.0.1:{free_port()}/0"
+        with _cli(url, namespace, TOKEN) as s, s.http() as h:
+            replies = [h.get("/threads/x"), h.post("/threads", json={}, headers={"x-api-key": TOKEN}),
+                       h.post("/threads", json={}, headers={"x-api-key": "wrong-" + TOKEN})]  # fmt: skip
+            s.log.terminate()
+            s.log.wait(20)
+            out, err = s.output()
+        assert [r.status_code for r in replies] == [503, 503, 403]
+        assert "Redis unavailable" in err  # the workers said so, once each, without the URL
+        for text in [*(r.text for r in replies), out, err]:
+            assert TOKEN not in text and "hunter2pw" not in text
