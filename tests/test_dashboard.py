@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +26,8 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = os.environ.get("AGENTSTATE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 XSS = '<img src=x onerror="window.__pwned=1">'
 SCRIPT_ID = "<script>window.__pwned=2</script>"
+#: A thread id holds no "/" (the API puts it in the path as it is): HTML all the same.
+THREAD_ID = "<b onmouseover=window.__pwned=3>t<b>"
 
 
 def _chromium() -> str:
@@ -59,6 +62,15 @@ def real_url(real_server: Any) -> str:
     from conftest import require_real
 
     return require_real(real_server)
+
+
+#: Screenshots the tests take, to look at (CI keeps the folder as an artifact): .artifacts/ unless set.
+ARTIFACTS = Path(os.environ.get("AGENTSTATE_ARTIFACTS") or Path(__file__).resolve().parent.parent / ".artifacts")
+
+
+def _shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
 
 def _page(served: Served) -> Any:
@@ -110,6 +122,15 @@ class TestDashboard:
                 page.fill("#waiting tbody input", '"approved"')
                 page.click("#waiting tbody button")
                 page.wait_for_function("document.querySelectorAll('#waiting tbody tr').length === 0", timeout=20_000)
+                # A task created and claimed now appears live; its cancel button (confirmed) ends it.
+                store.create(Checkpoint("fresh"))
+                store.claim("fresh", 1, token="w9", lease_ms=60_000)
+                page.wait_for_function("[...document.querySelectorAll('#leases tbody tr')]"
+                                       ".some(r => r.cells[0].textContent === 'fresh')", timeout=20_000)  # fmt: skip
+                _shot(page, "live")
+                page.click("#leases tbody tr button")
+                page.wait_for_function("document.querySelectorAll('#leases tbody tr').length === 0", timeout=20_000)
+                assert store.load("fresh").status == "cancelled" and dialogs == ["cancel task fresh?"]
                 assert store.load("asks").status == "running" and store.load("poison").status == "running"
                 page.wait_for_function("document.getElementById('chart').dataset !== undefined")
             finally:
@@ -119,18 +140,19 @@ class TestDashboard:
     def test_threads_and_a_runs_events(self, real_url: str, namespace: str) -> None:
         with _cli(real_url, namespace, TOKEN) as served:
             c = served.sync()
-            tid = c.threads.create(thread_id=SCRIPT_ID)["thread_id"]
+            tid = c.threads.create(thread_id=THREAD_ID)["thread_id"]
             run = c.runs.create(tid, "steps", input={"log": [XSS]}, stream_mode=["values", "updates"])
             c.runs.join(tid, run["run_id"])
             pw, browser, page, dialogs = _page(served)
             try:
                 page.wait_for_function("document.querySelectorAll('#threads tbody tr').length === 1", timeout=20_000)
-                assert _rows(page, "threads")[0][:2] == [SCRIPT_ID, "steps"]
+                assert _rows(page, "threads")[0][:2] == [THREAD_ID, "steps"]
                 page.click("#threads tbody button")
                 page.wait_for_function("document.getElementById('run-events').textContent.includes('updates')",
                                        timeout=20_000)  # fmt: skip
                 text = page.text_content("#run-events")
                 assert "metadata" in text and XSS.replace('"', '\\"') in text
+                _shot(page, "run-events")
                 assert page.evaluate("window.__pwned") is None and dialogs == []
             finally:
                 browser.close()

@@ -357,6 +357,8 @@ class TestSecurity:
             assert big.status_code == 413
             assert h.post("/threads", content=b"{nope", headers=auth).status_code == 422
             assert h.post("/threads", json=[1], headers=auth).status_code == 422
+            for bad in ("a/b", "x" * 257, "t\n", 7):  # a "/" would put the thread's routes out of reach
+                assert h.post("/threads", json={"thread_id": bad}, headers=auth).status_code == 422, bad
             assert h.post("/threads/x/runs", json={"assistant_id": "steps"}, headers=auth).status_code == 404
             r = h.post("/runs/crons", json={}, headers=auth)
             assert r.status_code == 501 and "not served" in r.json()["detail"]

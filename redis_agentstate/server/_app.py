@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -53,6 +54,7 @@ NOT_SERVED = (
     "/runs/crons/search", "/threads/{tid}/runs/crons", "/store/items", "/store/items/search",
     "/store/namespaces", "/runs/batch", "/threads/{tid}/copy", "/threads/prune", "/threads/{tid}/stream",
 )  # fmt: skip
+_THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint")
 _FINAL = ("success", "error", "interrupted", "timeout")
 
@@ -174,8 +176,10 @@ class _App:
     async def thread_create(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         tid = body.get("thread_id") or str(uuid.uuid4())
-        if not isinstance(tid, str):
-            raise HTTPException(422, "thread_id must be a string")
+        if not isinstance(tid, str) or not _THREAD_ID.fullmatch(tid):
+            # A "/" (or "?", "#") would make the thread's own routes unreachable: clients put the id in
+            # the path as it is.
+            raise HTTPException(422, "thread_id must be a string of 1-256 characters without / ? # or control ones")
         meta = body.get("metadata") or {}
         if not isinstance(meta, dict):
             raise HTTPException(422, "metadata must be an object")
