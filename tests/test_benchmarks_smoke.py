@@ -366,3 +366,33 @@ def test_demo_fence_runs_the_demo_and_counts_the_fence() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the fence shown in 1 of 1 runs" in proc.stdout
+
+
+def test_serve_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks.serve --quick``: the API's two paths, every SSE client got every event, the dashboard
+    painted in Chromium and showed each probe's lease, and Redis logged no slow command."""
+    _need_redis_server()
+    pytest.importorskip("playwright.sync_api")
+    if shutil.which("chromium") is None and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("no Chromium on this machine")
+    from benchmarks import report, serve
+
+    args = ["--quick", "--rounds", "1", "--runs", "5", "--clients", "5", "--events", "10", "--tasks", "200",
+            "--probes", "2", "--out", str(tmp_path)]  # fmt: skip
+    assert serve.main(args) == 0
+    results = json.loads((tmp_path / "serve.json").read_text("utf-8"))
+    assert results["meta"]["command"] == "python -m benchmarks.serve " + " ".join(args)
+    data, params = results["standalone"]["data"], results["standalone"]["params"]
+    (rnd,) = data["overhead"]["rounds"]
+    for path in ("queue", "http"):
+        assert 0 < rnd[path]["p50"] <= rnd[path]["p99"] < 10_000, rnd
+    f = data["fanout"]
+    assert f["every_event"] == 5 and f["received"] == 50, f
+    assert all(-5 < x < 5_000 for x in f["latency_ms"].values()), f  # one clock
+    d = data["dashboard"]
+    assert 0 < d["first_frame_ms"] < 60_000 and d["update_ms"]["n"] == 2, d
+    assert 0 < d["update_ms"]["p50"] < 30_000 and d["sweep_every_s"] >= 1.0, d
+    assert d["commands_logged"] > 0 and d["slowest_us"] is not None and d["slowest_us"] < 1_000_000, d
+    block = serve.markdown(data, params)
+    assert report.blocks(results, [])["serve"].rstrip() == block.rstrip()
+    assert "| B: `langgraph-sdk` `client.runs.wait`" in block and "5 of 5" in block, block

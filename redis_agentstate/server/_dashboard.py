@@ -2,8 +2,10 @@
 
 A collector reads what ``agentstate stats --watch`` reads, once a second (``counters``, ``due_head``,
 ``parked_tasks``, the concurrency limits: a few pipelined round trips whatever the namespace
-holds), and sweeps the tasks' statuses every ``sweep_s`` seconds (``status_counts``: a page per
-shard per round trip, each bounded, keeping the first ``keep`` leased and waiting tasks). Pages
+holds), and sweeps the tasks' statuses (``status_counts``: a page per shard per round trip, each
+bounded, keeping the first ``keep`` leased and waiting tasks) as often as it can while sweeping at
+most a ``1 / DUTY`` share of the time: every second on a small namespace, every few seconds on one
+of 100,000 tasks, so the live leases stay fresh without the page weighing on Redis. Pages
 subscribe to its frames over server-sent events, so ten open pages cost Redis what one does.
 """
 
@@ -29,6 +31,8 @@ log = logging.getLogger("redis_agentstate.server")
 KEEP = 50
 #: Per-second rate points kept for the charts: ten minutes.
 HISTORY = 600
+#: A sweep starts ``DUTY`` times its last one's length after that one started (at most one in ``DUTY``).
+DUTY = 4
 
 
 def _row(r: dict[str, Any]) -> dict[str, Any]:
@@ -40,8 +44,10 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
 class Collector:
     """Frames of one namespace: the latest, and the rates of the last ``HISTORY`` seconds."""
 
-    def __init__(self, store: AsyncCheckpointStore, *, interval_s: float = 1.0, sweep_s: float = 5.0) -> None:
-        self.store, self.interval_s, self.sweep_s = store, interval_s, sweep_s
+    def __init__(self, store: AsyncCheckpointStore, *, interval_s: float = 1.0) -> None:
+        self.store, self.interval_s = store, interval_s
+        #: Seconds between two sweeps' starts: DUTY times the last one's length, at least a frame's.
+        self.sweep_every_s = interval_s
         self.latest: dict[str, Any] | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._sweep: dict[str, Any] = {}
@@ -100,10 +106,14 @@ class Collector:
             rates = {n: max(0, totals[n] - self._previous[1][n]) / seconds for n in COUNTER_FIELDS}
             self.history.append({"t": now, **rates})
         self._previous = (now, totals)
-        if time.monotonic() - self._swept_at >= self.sweep_s:
+        # Half a beat of slack: a sweep due before the next frame is made now, not a beat late.
+        if time.monotonic() - self._swept_at >= self.sweep_every_s - self.interval_s / 2:
+            began = time.monotonic()
             counts = await store._run(status_counts(core, keep=KEEP))
+            self.sweep_every_s = max(self.interval_s, DUTY * (time.monotonic() - began))
             self._sweep = {
                 "swept_at_ms": counts.now_ms,
+                "sweep_every_s": round(self.sweep_every_s, 2),
                 "tasks": counts.tasks,
                 "by_status": dict(sorted(counts.by_status.items())),
                 "claimable_now": counts.claimable,
@@ -113,7 +123,7 @@ class Collector:
                 "waiting": [_row(r) for r in counts.waiting],
                 "corrupt": dict(list(counts.corrupt.items())[:KEEP]),
             }
-            self._swept_at = time.monotonic()
+            self._swept_at = began
         return {
             "namespace": store.namespace,
             "server_time_ms": now,
