@@ -192,7 +192,7 @@ def fanout(base: str, pid: int, clients: int, events: int, gap_ms: float) -> dic
             "max": round(max(lat), 2),
         }
         if lat
-        else None,  # fmt: skip
+        else None,
         "server_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 3),
         "wall_s": round(wall, 2),
         "lead_ms": lead_ms,
