@@ -666,8 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_langgraph(sub, common)
     serve = sub.add_parser("serve", parents=[common],
                            help="LangGraph's server API (langgraph-sdk, RemoteGraph) over the runs")  # fmt: skip
-    serve.add_argument("--graph", action="append", required=True, metavar="NAME=MODULE:ATTR",
-                       help="a graph to serve (repeatable); its runs and threads are in namespace NS.NAME")  # fmt: skip
+    serve.add_argument("--graph", action="append", default=[], metavar="NAME=MODULE:ATTR",
+                       help="a graph to serve (repeatable); its runs and threads are in namespace NS.NAME; "
+                       "none: the dashboard alone")  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     serve.add_argument("--port", type=_positive, default=2024, help="port (default 2024)")
     serve.add_argument("--token", default=None,

@@ -3,6 +3,7 @@ commands against a private redis-server, and the embedded-server fallbacks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -56,6 +57,48 @@ def test_demo_on_the_embedded_default_exits_0_and_prints_the_table() -> None:
     assert int(cells["stale commits rejected by fencing"]) >= 1
     assert "INVARIANT BROKEN" not in out
     assert "worker logs" not in proc.stderr  # deleted after a clean run: never point at a missing folder
+
+
+@pytest.mark.real
+def test_demo_with_the_dashboard_serves_the_fleet_it_runs_while_it_runs() -> None:
+    """``agentstate demo --dashboard PORT``, README's one command for the fleet and its page: the page
+    answers while the workers run, shows the demo's namespace with its tasks, and is read-only."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("the embedded default needs redis-server on PATH in this environment")
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "AGENTSTATE_TOKEN")}
+    argv = [sys.executable, "-m", "redis_agentstate", "demo", "--dashboard", str(port), "--workers", "3",
+            "--tasks", "8", "--cycles", "12", "--step-ms", "150", "--lease-ms", "1500", "--timeout", "90"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    frames = []
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                info = httpx.get(f"http://127.0.0.1:{port}/dashboard/api/info", timeout=5).json()
+                frame = httpx.get(f"http://127.0.0.1:{port}/dashboard/api/frame", timeout=10).json()
+                frames.append((info, frame))
+                if frame.get("tasks") == 8:
+                    denied = httpx.post(f"http://127.0.0.1:{port}/dashboard/api/tasks/task-000/requeue", json={})
+                    assert denied.status_code == 403
+                    break
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert f"dashboard: http://127.0.0.1:{port}/ (read-only)" in err.decode()
+    info, frame = frames[-1]
+    assert info["read_only"] is True and info["namespaces"][0].startswith("demo-")
+    assert frame["namespace"] == info["namespaces"][0] and frame["tasks"] == 8, frame
+    assert "every cycle committed exactly once" in out.decode()
+    with pytest.raises(httpx.HTTPError):  # it stopped with the demo (stdin is not a terminal: no lingering)
+        httpx.get(f"http://127.0.0.1:{port}/ok", timeout=2)
 
 
 @pytest.mark.real

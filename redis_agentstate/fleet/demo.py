@@ -31,6 +31,7 @@ The exit status is non-zero if any invariant broke.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -69,6 +71,10 @@ class DemoConfig:
     chaos: bool = True
     timeout_s: float = 120.0
     keep: bool = False
+    #: Serve the dashboard (``agentstate serve``, read-only, loopback) on this port while the demo runs.
+    dashboard_port: int | None = None
+    #: With the dashboard: keep it (and the demo's tasks) up after the report until Ctrl-C.
+    linger: bool = False
 
 
 @dataclass
@@ -385,6 +391,7 @@ def _run_demo(
     procs: list[subprocess.Popen[bytes]] = []
     frozen_pid: int | None = None
     progress: _Progress | None = None
+    dash: subprocess.Popen[bytes] | None = None
     clean = False  # the worker logs are kept, and named, unless a report comes back clean
     try:
         if url is None:
@@ -405,6 +412,9 @@ def _run_demo(
             f"lease {config.lease_ms} ms, step ~{config.step_ms} ms\n"
         )
         total = config.tasks * config.cycles
+        if config.dashboard_port is not None:
+            dash = _start_dashboard(url, ns, config.dashboard_port, logdir)
+            out.write(f"dashboard: http://127.0.0.1:{config.dashboard_port}/ (read-only)\n")
         for i in range(config.workers):
             log = open(os.path.join(logdir, f"w{i}.log"), "wb")  # noqa: SIM115 - closed with the process
             argv = [sys.executable, "-m", "redis_agentstate", "_demo-worker", "--url", url, "--namespace", ns,
@@ -481,6 +491,10 @@ def _run_demo(
         report.worker_failures = failures
         report.problems += [f"worker {f}" for f in failures]
         clean = not report.problems
+        if dash is not None and config.linger:
+            out.write(f"{_summary_line(report)}; the dashboard stays up on the demo's tasks: Ctrl-C to stop\n")
+            with contextlib.suppress(KeyboardInterrupt):
+                dash.wait()
         if not config.keep:
             for tid in tids:
                 store.delete(tid)
@@ -495,6 +509,13 @@ def _run_demo(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        if dash is not None and dash.poll() is None:
+            dash.terminate()
+            try:
+                dash.wait(10)
+            except subprocess.TimeoutExpired:
+                dash.kill()
+                dash.wait()
         if client is not None:
             client.close()
         if server is not None:
@@ -504,6 +525,32 @@ def _run_demo(
                 shutil.rmtree(logdir, ignore_errors=True)
             else:  # a broken invariant, a failed worker, or the demo itself failed: the logs say why
                 out.write(f"worker logs kept in {logdir}\n")
+
+
+def _summary_line(report: DemoReport) -> str:
+    return "every cycle committed exactly once" if not report.problems else "INVARIANTS BROKEN (see below)"
+
+
+def _start_dashboard(url: str, ns: str, port: int, logdir: str) -> subprocess.Popen[bytes]:
+    """``agentstate serve`` on the demo's namespace (read-only, loopback), up and answering."""
+    path = os.path.join(logdir, "dashboard.log")
+    with open(path, "wb") as log:
+        argv = [sys.executable, "-m", "redis_agentstate", "serve", "--url", url, "--namespace", ns,
+                "--port", str(port), "--workers", "0"]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}  # the demo's page is read-only
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/ok", timeout=1) as r:
+            if r.status == 200:
+                return proc
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        tail = f.read()[-600:].strip()
+    raise RuntimeError(f"the dashboard did not start on port {port}: {tail or 'no output'}")
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]], frozen_pid: int | None, killed: int | None) -> list[str]:

@@ -132,8 +132,6 @@ class ThreadBook:
 class _App:
     def __init__(self, client: Any, graphs: Mapping[str, Any], namespace: str, token: str | None,
                  workers: int, max_body_bytes: int, max_streams: int) -> None:  # fmt: skip
-        if not graphs:
-            raise InvalidArgument("serve needs at least one graph")
         self.client, self.token, self.max_body = client, token, max_body_bytes
         self.graphs: dict[str, ServedGraph] = {}
         for name, graph in graphs.items():

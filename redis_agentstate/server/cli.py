@@ -66,7 +66,8 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
         client = redis.asyncio.Redis.from_url(url)
     app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers)
     mode = "writes need the token" if token else "read-only (no --token)"
-    print(f"agentstate serve: http://{args.host}:{args.port} graphs {', '.join(graphs)}; {mode}",
+    served = f"graphs {', '.join(graphs)}" if graphs else "the dashboard (no --graph)"
+    print(f"agentstate serve: http://{args.host}:{args.port} {served}; {mode}",
           file=sys.stderr, flush=True)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
