@@ -130,12 +130,19 @@ def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[S
 def _serve(backend: Any, namespace: str, token: str | None) -> Any:
     if backend.kind == "fake":
         return _in_thread(backend.server, namespace, token)
-    extra = ("--cluster",) if backend.kind == "cluster" else ()
-    return _cli(backend.url, namespace, token, *extra)
+    if backend.kind == "cluster":
+        host, port = backend.cluster.startup
+        return _cli(f"redis://{host}:{port}", namespace, token, "--cluster")
+    return _cli(backend.url, namespace, token)
 
 
-#: The app's queue, saver and KV store are the ones test_langgraph_runs and the store suites run on a
-#: Cluster too; here: fakeredis (the app in this process) and a real server (the CLI).
+#: fakeredis (the app in this process), a real server and the local Cluster (the CLI, ``--cluster``).
+on_every_backend = pytest.mark.parametrize(
+    "backend",
+    [pytest.param("fake", marks=pytest.mark.fakeredis), "real", pytest.param("cluster", marks=pytest.mark.cluster)],
+    indirect=True,
+)
+#: Where the store suites already cover the Cluster: fakeredis and a real server.
 on_fake_and_real = pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"],
                                            indirect=True)  # fmt: skip
 
@@ -150,7 +157,7 @@ def _values(client: Any, tid: str) -> Any:
     return client.threads.get_state(tid)["values"]
 
 
-@on_fake_and_real
+@on_every_backend
 class TestSdkClient:
     """The real ``langgraph_sdk`` clients, sync and async, against the server."""
 
@@ -329,6 +336,39 @@ def _until(cond: Any, timeout: float = 20) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting")
         time.sleep(0.02)
+
+
+@on_every_backend
+class TestDashboardApi:
+    """The dashboard's reads and actions over HTTP, on every backend (the browser: test_dashboard.py)."""
+
+    def test_a_frame_shows_the_namespace_and_an_action_applies(self, backend: Any, served: Served,
+                                                               namespace: str) -> None:  # fmt: skip
+        from redis_agentstate import Checkpoint, CheckpointStore
+
+        store = CheckpointStore(backend.sync_client(), namespace=namespace, max_attempts=1)
+        for i in range(5):
+            store.create(Checkpoint(f"t{i}"))
+        held = store.claim("t0", 1, token="w", lease_ms=60_000)
+        lapsed = store.claim("t1", 1, token="w", lease_ms=60_000)
+        store.release("t1", token="w", expected_revision=lapsed.revision, reason="ValueError: no")
+        auth = {"x-api-key": TOKEN}
+        with served.http() as h:
+            info = h.get("/dashboard/api/info").json()
+            assert info["namespaces"][0] == namespace and info["read_only"] is False
+            frame = h.get(f"/dashboard/api/frame?ns={namespace}").json()
+            assert frame["tasks"] == 5 and frame["parked"] == 1 and frame["live_leases"] == 1, frame
+            assert [r["task_id"] for r in frame["leased"]] == ["t0"] and frame["leased"][0]["claim_token"] == "w"
+            assert frame["parked_tasks"][0]["last_failure"] == "ValueError: no"
+            assert h.post(f"/dashboard/api/tasks/t1/requeue?ns={namespace}", headers=auth).json()["ok"] is True
+            r = h.post(f"/dashboard/api/tasks/t1/requeue?ns={namespace}", headers=auth)
+            assert r.status_code == 409  # not parked any more
+            assert h.post(f"/dashboard/api/tasks/nope/cancel?ns={namespace}", headers=auth).status_code == 404
+            assert h.post(f"/dashboard/api/tasks/t0/cancel?ns={namespace}", json={"reason": "ops"},
+                          headers=auth).status_code == 200  # fmt: skip
+            assert h.get("/dashboard/api/frame?ns=elsewhere").status_code == 404
+        assert store.load("t1").status == "running" and store.load("t0").status == "cancelled"
+        assert held.revision < store.load("t0").revision
 
 
 @on_fake_and_real
