@@ -481,7 +481,9 @@ def test_a_renewal_stuck_on_a_frozen_redis_still_loses_on_time(private_server: A
         try:
             started = time.monotonic()
             assert lease.lost_event.wait(2.0), "the keeper waited on a renewal that never answers"
-            assert time.monotonic() - started <= 0.45
+            # Lost before the lease itself could lapse (600 ms after its last renewal, at most `started`):
+            # the 400 ms renew deadline plus a loaded machine's scheduling stays inside it.
+            assert time.monotonic() - started <= 0.6
             assert "did not answer" in (lease.lost_reason or "")
         finally:
             os.kill(private_server.proc.pid, signal.SIGCONT)

@@ -203,6 +203,9 @@ class TestSdkClient:
         assert c.threads.get(tid)["status"] == "idle"
         assert _values(c, tid) == out
 
+    # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
+    # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.
+    @pytest.mark.xfail(sys.version_info < (3, 11), reason="LangGraph's async context needs Python 3.11", strict=True)
     def test_stream_sends_every_mode_asked_in_order(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]
@@ -279,6 +282,9 @@ class TestSdkClient:
         old = history[-1]["checkpoint"]["checkpoint_id"]
         assert c.threads.get_state(tid, checkpoint_id=old)["checkpoint"]["checkpoint_id"] == old
 
+    # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
+    # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.
+    @pytest.mark.xfail(sys.version_info < (3, 11), reason="LangGraph's async context needs Python 3.11", strict=True)
     def test_a_graph_interrupt_waits_and_a_command_resumes_it(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]
@@ -288,6 +294,9 @@ class TestSdkClient:
         done = c.runs.wait(tid, "ask", command={"resume": "yes"})
         assert done["log"][-1] == "answer:yes" and c.threads.get(tid)["status"] == "idle"
 
+    # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
+    # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.
+    @pytest.mark.xfail(sys.version_info < (3, 11), reason="LangGraph's async context needs Python 3.11", strict=True)
     def test_messages_tuple_streams_the_models_tokens(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]
