@@ -360,6 +360,58 @@ def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, names
     assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
 
 
+class _HeldLease:
+    """What ``GraphWorker._execute`` asks of the thread's task lease: it is still held."""
+
+    lost = False
+
+    def release(self, reason: str = "") -> None:
+        pass
+
+
+class _AHeldLease(_HeldLease):
+    async def release(self, reason: str = "") -> None:  # type: ignore[override]
+        pass
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_worker_that_stalled_before_the_saver_lease_writes_no_checkpoint(
+    backend: Any, namespace: str, flavor: str, twin_loop: asyncio.AbstractEventLoop
+) -> None:
+    """The chaos run's find (a run saved twice, after a newer run): a worker took run X, then stalled
+    before taking the thread's saver lease; another worker took X over and finished it, a second run
+    finished after it, the saver lease fell free. The stale worker then must not run the graph (it
+    would start X again from its input, on top of the second run's checkpoint)."""
+    from redis_agentstate.langgraph.worker import _Attempt
+
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    x = q.create("t", {"log": ["x"]})
+    core = q._core
+    stale = q._run(core.begin("t", "tok-a", "w1", 3))  # then the worker stalls
+    saver = AgentStateSaver(backend.sync_client(), namespace=namespace)
+    w = GraphWorker(graphs.steps, q, saver, lease_ms=1_000)
+    taken = q._run(core.begin("t", "tok-b", "w2", 3))  # the task lease lapsed: taken over
+    assert w._execute(_Attempt(w, taken, "tok-b"), _HeldLease()) == 0  # type: ignore[arg-type]
+    y = q.create("t", {"log": ["y"]})
+    second = q._run(core.begin("t", "tok-c", "w3", 3))
+    assert w._execute(_Attempt(w, second, "tok-c"), _HeldLease()) == 0  # type: ignore[arg-type]
+    before = log_of(backend, namespace, "t")
+    assert before == ["x", "a", "b", "c", "y", "a", "b", "c"]
+    if flavor == "sync":
+        assert w._execute(_Attempt(w, stale, "tok-a"), _HeldLease()) is None  # type: ignore[arg-type]
+    else:
+        client, aclient = backend.new_async_client(), backend.new_async_client()
+        aw = GraphWorker(graphs.steps, AsyncRunQueue(client, namespace=namespace),
+                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=1_000)  # fmt: skip
+        attempt = aw._aexecute(_Attempt(aw, stale, "tok-a"), _AHeldLease())  # type: ignore[arg-type]
+        assert twin_loop.run_until_complete(attempt) is None
+        twin_loop.run_until_complete(client.aclose())
+        twin_loop.run_until_complete(aclient.aclose())
+    assert log_of(backend, namespace, "t") == before
+    assert q.get(x.run_id).status == "success" and q.get(x.run_id).attempt == 2
+    assert q.get(y.run_id).status == "success"
+
+
 def test_a_sigkilled_worker_s_run_resumes_elsewhere_without_rerunning_saved_nodes(
     real_server: Any, namespace: str
 ) -> None:

@@ -118,6 +118,17 @@ class _Attempt:
     def events(self, mode: str, data: Any) -> list[tuple[str, Any]]:
         return [] if self.boundary and mode == "checkpoints" else [(mode, data)]
 
+    def started(self, stop: str, stopping: bool, lost: bool) -> bool:
+        """After the fenced check that opens an attempt, once the thread's saver lease is ours (an
+        ``emit`` of no events, which raises ``RunLost`` if the run is no longer this attempt's): False
+        if the run was asked to stop before it started. Without the check, a worker that stalled
+        between taking the run and taking the saver lease (frozen, or its lease keeper starved) could
+        wake after another worker had ended the run and the saver lease had fallen free, take it, and
+        run the graph from the run's input on top of the newer runs' checkpoints: the saver lease alone
+        fences checkpoints against a concurrent holder, not against the run having moved on. After the
+        check, a takeover needs the saver lease this attempt now holds, so it waits until it lapses."""
+        return self.carry_on(stop, stopping, lost)
+
     def carry_on(self, stop: str, stopping: bool, lost: bool) -> bool:
         """After a chunk was emitted (``stop``: what the run was asked): False to stop here."""
         if lost:
@@ -328,19 +339,22 @@ class GraphWorker:
         core, run = self.queue._core, a.run
         try:
             with self.saver.lease(run.thread_id, **a.lease_args):
-                last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
-                chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
-                try:
-                    for mode, data in chunks:
-                        stop = self.queue._run(core.emit(run, a.token, a.events(mode, data)))
-                        if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
-                            break
-                except (RunLost, LeaseLost, BackendError):
-                    raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
-                except Exception as exc:
-                    self.queue._run(core.emit(run, a.token, a.failed(exc)))
-                finally:
-                    chunks.close()
+                # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
+                stop = self.queue._run(core.emit(run, a.token, []))
+                if a.started(stop, self._stopping.is_set(), lease.lost):
+                    last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
+                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
+                    try:
+                        for mode, data in chunks:
+                            stop = self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                            if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                                break
+                    except (RunLost, LeaseLost, BackendError):
+                        raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
+                    except Exception as exc:
+                        self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                    finally:
+                        chunks.close()
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:
@@ -429,19 +443,21 @@ class GraphWorker:
         core, run = self.queue._core, a.run
         try:
             async with self.saver.lease(run.thread_id, **a.lease_args):
-                last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
-                chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
-                try:
-                    async for mode, data in chunks:
-                        stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data)))
-                        if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
-                            break
-                except (RunLost, LeaseLost, BackendError):
-                    raise
-                except Exception as exc:
-                    await self.queue._run(core.emit(run, a.token, a.failed(exc)))
-                finally:
-                    await chunks.aclose()
+                stop = await self.queue._run(core.emit(run, a.token, []))
+                if a.started(stop, self._stopping.is_set(), lease.lost):
+                    last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
+                    chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
+                    try:
+                        async for mode, data in chunks:
+                            stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                            if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                                break
+                    except (RunLost, LeaseLost, BackendError):
+                        raise
+                    except Exception as exc:
+                        await self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                    finally:
+                        await chunks.aclose()
                 if a.stop == "rollback":
                     await self.saver.adelete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:
