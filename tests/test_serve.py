@@ -86,7 +86,8 @@ def _in_thread(server: Any, namespace: str, token: str | None) -> Iterator[Serve
     from redis_agentstate.server import create_app
 
     port = free_port()
-    app = create_app({n: getattr(graphs, n) for n in GRAPHS}, fakeredis.FakeAsyncRedis(server=server),
+    client = fakeredis.FakeAsyncRedis(server=server, max_connections=320)  # as agentstate serve sizes it
+    app = create_app({n: getattr(graphs, n) for n in GRAPHS}, client,
                      namespace=namespace, token=token, workers=2)  # fmt: skip
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     srv = uvicorn.Server(config)
@@ -240,6 +241,43 @@ class TestSdkClient:
         assert everything[: len(seen)] == [e for _, e in seen]
         assert everything[len(seen) :] == [p.event for p in rest]
         assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
+
+    def test_more_followers_of_one_run_than_the_pool_has_connections_all_get_every_event(self, served: Served) -> None:
+        # 120 SSE clients on one run: more than redis-py's default pool of 100 connections. The server
+        # reads the run once for all of them (server/_feeds.py), so none is refused, none breaks off,
+        # and its workers keep their connections.
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        run = c.runs.create(tid, "slow", input={"log": []}, stream_mode=["updates", "custom"])
+        path = f"/threads/{tid}/runs/{run['run_id']}/stream"
+
+        async def follow(http: httpx.AsyncClient) -> list[tuple[str, str]]:
+            seen: list[tuple[str, str]] = []
+            event_id = ""
+            async with http.stream("GET", path) as r:
+                assert r.status_code == 200, await r.aread()
+                async for line in r.aiter_lines():
+                    if line.startswith("id: "):
+                        event_id = line[4:]
+                    elif line.startswith("event: "):
+                        seen.append((event_id, line[7:]))
+            return seen
+
+        async def everyone() -> list[list[tuple[str, str]]]:
+            limits = httpx.Limits(max_connections=130, max_keepalive_connections=130)
+            async with httpx.AsyncClient(base_url=served.url, timeout=60, limits=limits) as http:
+                return await asyncio.gather(*(follow(http) for _ in range(120)))
+
+        got = asyncio.run(everyone())
+        assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
+        full = [p.event for p in c.runs.join_stream(tid, run["run_id"])]
+        assert full.count("updates") == 5 and full.count("custom") == 5
+        assert all([e for _, e in seen] == full for seen in got), [len(s) for s in got]
+        if served.files is not None:
+            assert "Too many connections" not in served.output()[1]
+        with served.http() as h:
+            bad = h.get(path, headers={"Last-Event-ID": "not-an-id"})
+        assert bad.status_code == 422 and "event id" in bad.json()["detail"]
 
     def test_double_texting_reject_enqueue_and_interrupt(self, served: Served) -> None:
         c = served.sync()

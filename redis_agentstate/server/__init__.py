@@ -4,7 +4,8 @@ of GraphWorkers over plain Redis (the ``serve`` extra: Starlette and uvicorn).
 ::
 
     from redis_agentstate.server import create_app
-    app = create_app({"agent": graph}, redis.asyncio.Redis.from_url(url), token="s3cret")
+    client = redis.asyncio.Redis.from_url(url, max_connections=320)  # the open streams and the workers
+    app = create_app({"agent": graph}, client, token="s3cret")
 
 See ``docs/serve.md`` for the routes served, the ones that are not, and the security rules.
 """

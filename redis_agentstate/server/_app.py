@@ -43,6 +43,7 @@ from ..langgraph import AsyncAgentStateSaver, AsyncRunQueue, GraphWorker, Run
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._dashboard_routes import DashboardRoutes
+from ._feeds import RunFeeds
 from ._http import page_of, read_body
 from ._shapes import json_response as _json
 
@@ -56,6 +57,11 @@ NOT_SERVED = (
 )  # fmt: skip
 _THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint")
+#: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
+MAX_STREAMS = 256
+#: The connections beyond ``MAX_STREAMS`` that ``agentstate serve`` gives its client's pool (workers,
+#: API reads, the dashboard's sweep).
+POOL_MARGIN = 64
 _FINAL = ("success", "error", "interrupted", "timeout")
 
 
@@ -146,6 +152,8 @@ class _App:
         self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
         self.streams = asyncio.Semaphore(max_streams)
+        #: One Redis read per followed run, shared by all its SSE clients.
+        self.feeds = RunFeeds()
         #: The dashboard: the tasks of ``namespace``, and each graph's threads.
         self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
         self._tasks: list[asyncio.Task[None]] = []
@@ -164,6 +172,7 @@ class _App:
                 for w in g.workers:
                     w.stop()
             await self.dash.stop()
+            await self.feeds.close()
             if self._tasks:
                 await asyncio.wait(self._tasks, timeout=10)
 
@@ -448,11 +457,12 @@ class _App:
                 delete: bool = False) -> StreamingResponse:  # fmt: skip
         if self.streams.locked():
             raise HTTPException(503, "too many open event streams")
+        g.queue._core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
 
         async def body() -> AsyncIterator[bytes]:
             async with self.streams:
                 try:
-                    async for ev in g.queue.stream(run.run_id, after=after):
+                    async for ev in self.feeds.follow(g.queue, run.run_id, after):
                         if ev.event == "end":
                             break
                         name = "messages" if ev.event == "messages" else ev.event
@@ -529,10 +539,13 @@ def create_app(
     token: str | None = None,
     workers: int = 1,
     max_body_bytes: int = 1 << 20,
-    max_streams: int = 256,
+    max_streams: int = MAX_STREAMS,
 ) -> Starlette:
     """The app: ``graphs`` by name, on an ``redis.asyncio`` client; ``workers`` GraphWorker tasks per
-    graph run in the app (0: a fleet elsewhere executes the runs)."""
+    graph run in the app (0: a fleet elsewhere executes the runs). At most ``max_streams`` event streams
+    are open at once; each followed run (however many clients follow it) and each pool tail holds one
+    of the client's pooled connections while it waits, so give the client a pool that large plus what
+    the workers need (``agentstate serve`` does: ``MAX_STREAMS + POOL_MARGIN``)."""
     app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams)
     a = app_state
     d, s = a.dash, a.assistants

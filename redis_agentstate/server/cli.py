@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
         import uvicorn
 
         from . import create_app
+        from ._app import MAX_STREAMS, POOL_MARGIN
     except ImportError as exc:
         raise CliError(f"agentstate serve needs the serve extra (pip install 'redis-agentstate[serve]'): {exc}",
                        "MissingExtra") from exc  # fmt: skip
@@ -56,14 +57,19 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
     if token is None and not loopback(args.host):
         raise CliError(f"--host {args.host} is not loopback: serving beyond this machine needs --token", "Unsafe")
     graphs = _graphs(args.graph)
+    # redis-py's pool holds 100 connections by default; every open stream may hold one while it waits.
+    pool = MAX_STREAMS + POOL_MARGIN
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        client: Any = RedisCluster.from_url(url)
+        client: Any = RedisCluster.from_url(url, max_connections=pool)
     else:
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url(url)
+        # A burst of requests beyond the pool waits for a connection instead of failing.
+        client = redis.asyncio.Redis(
+            connection_pool=redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=pool)
+        )
     app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers)
     mode = "writes need the token" if token else "read-only (no --token)"
     served = f"graphs {', '.join(graphs)}" if graphs else "the dashboard (no --graph)"
