@@ -184,6 +184,26 @@ class KvCore:
         return found
 
     @restartable
+    def keys_page(self, after: str | None, limit: int) -> Op[tuple[list[str], str | None]]:
+        """Up to ``limit`` live keys after ``after`` (from the first by default), sorted, and the cursor
+        of the next page (None after the last): one pipeline of one bounded read per shard."""
+        limit = check_int(limit, "limit", 1, _KEYS_PAGE)
+        start = "-" if after is None else "(" + self._key(after)
+        shards = range(self.keys.shards)
+        replies = yield Batch([Call(KV_KEYS, self.keys.kv_index(s), [start, limit]) for s in shards])
+        found: list[str] = []
+        cut: str | None = None  # every key up to it was read, from every shard that has more
+        for shard, page in zip(shards, replies, strict=True):
+            found.extend(member_id(k, self.keys.kv_index(shard)[0]) for k in page[1:])
+            if page[0]:
+                last = member_id(page[0], self.keys.kv_index(shard)[0])
+                cut = last if cut is None else min(cut, last)
+        found = sorted(k for k in found if cut is None or k <= cut)[:limit]
+        if len(found) == limit:
+            return found, found[-1]
+        return found, cut  # a short page (expired keys were skipped) before the cut, or the last one
+
+    @restartable
     def count(self) -> Op[int]:
         replies = yield Batch([Call(KV_COUNT, self.keys.kv_index(s), []) for s in range(self.keys.shards)])
         return sum(int(r) for r in replies)

@@ -72,6 +72,11 @@ class KeyValueStore(_KeyValues, SyncShell[KvCore]):
         """Every live key of the namespace, sorted."""
         return iter(self._run(self._core.keys_list()))
 
+    def keys_page(self, after: str | None = None, *, limit: int = 100) -> tuple[list[str], str | None]:
+        """Up to ``limit`` (at most 1,000) live keys after ``after``, sorted, and the ``after`` of the
+        next page (None after the last): a bounded read, where ``keys()`` reads them all."""
+        return self._run(self._core.keys_page(after, limit))
+
     def count(self) -> int:
         """The number of live keys of the namespace."""
         return self._run(self._core.count())
@@ -110,6 +115,10 @@ class AsyncKeyValueStore(_KeyValues, AsyncShell[KvCore]):
     async def keys(self) -> Iterator[str]:
         """Every live key of the namespace, sorted."""
         return iter(await self._run(self._core.keys_list()))
+
+    async def keys_page(self, after: str | None = None, *, limit: int = 100) -> tuple[list[str], str | None]:
+        """Up to ``limit`` live keys after ``after``, and the next page's ``after`` (see ``KeyValueStore``)."""
+        return await self._run(self._core.keys_page(after, limit))
 
     async def count(self) -> int:
         """The number of live keys of the namespace."""

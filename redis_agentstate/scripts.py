@@ -179,7 +179,10 @@ LG_RUN_FINISH = "lg_run_finish"
 LG_RUN_CANCEL = "lg_run_cancel"
 LG_RUN_WAKE = "lg_run_wake"
 LG_RUN_INDEX = "lg_run_index"
-LG_RUN_SCRIPTS = (LG_RUN_CREATE, LG_RUN_BEGIN, LG_RUN_EMIT, LG_RUN_FINISH, LG_RUN_CANCEL, LG_RUN_WAKE, LG_RUN_INDEX)
+LG_RUN_DELETE = "lg_run_delete"
+LG_RUN_SCRIPTS = (
+    LG_RUN_CREATE, LG_RUN_BEGIN, LG_RUN_EMIT, LG_RUN_FINISH, LG_RUN_CANCEL, LG_RUN_WAKE, LG_RUN_INDEX, LG_RUN_DELETE,
+)  # fmt: skip
 
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of

@@ -192,6 +192,30 @@ class TestKeysAndTtl:
         assert iter(got) is got  # an iterator, as docs/design.md says
         assert list(got) == sorted(keys)
 
+    def test_keys_page_walks_every_key_once_in_bounded_pages(self, kv: Any) -> None:
+        keys = [f"key-{i:03d}" for i in range(150)] + same_shard_keys(40, 5, prefix="s") + HOSTILE
+        kv.set_many({k: b"v" for k in keys})
+        kv.set_many({f"gone{i}": b"x" for i in range(30)}, ttl_ms=1)
+        time.sleep(0.05)
+        seen: list[str] = []
+        after: str | None = None
+        pages = 0
+        while True:
+            page, after = kv.keys_page(after, limit=7)
+            assert len(page) <= 7 and page == sorted(page)
+            seen += page
+            pages += 1
+            if after is None:
+                break
+        assert seen == sorted(keys) and pages >= len(keys) // 7
+        assert kv.keys_page(limit=1000) == (sorted(keys), None)
+        assert kv.keys_page(sorted(keys)[-1]) == ([], None)
+        for bad in (0, 1001, "7"):
+            with pytest.raises(InvalidArgument, match="limit"):
+                kv.keys_page(limit=bad)
+        with pytest.raises(InvalidArgument, match="key"):
+            kv.keys_page(b"bytes-not-str")
+
     def test_deleted_keys_leave_the_index(self, kv: Any) -> None:
         kv.set_many({"a": b"1", "b": b"2", "c": b"3"})
         kv.delete("b")

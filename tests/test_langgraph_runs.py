@@ -144,6 +144,28 @@ class TestQueue:
         with pytest.raises(RunNotFound):
             queue.cancel(second.run_id)
 
+    def test_delete_removes_an_ended_run_and_refuses_an_active_one(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        first = queue.create("t", {"log": []})
+        second = queue.create("t", {"log": []}, multitask_strategy="enqueue")
+        assert queue.delete(first.run_id) is False  # pending: its worker may be starting it
+        assert queue.get(first.run_id).status == "pending"
+        with run_worker(graphs.steps):
+            assert queue.join(first.run_id, timeout_s=30).status == "success"
+            assert queue.join(second.run_id, timeout_s=30).status == "success"
+        assert queue.delete(first.run_id) is True
+        assert queue.get(first.run_id) is None and [r.run_id for r in queue.list("t")] == [second.run_id]
+        assert log_of(backend, namespace, "t") == list("abcabc")  # its checkpoints are the thread's: kept
+        raw, keys = backend.sync_client(), queue._core.keys
+        h, e = keys.runs("t").run(first.run_id)
+        assert raw.exists(h, e, keys.run_lookup(first.run_id)) == 0
+        for gone in (first.run_id, "no-such-run"):
+            with pytest.raises(RunNotFound):
+                queue.delete(gone)
+        with pytest.raises(RunNotFound):
+            queue.join(first.run_id, timeout_s=1)
+
     def test_interrupt_and_rollback_end_pending_runs_before_queueing(self, queue: Any, backend: Any) -> None:
         a = queue.create("t", {"log": ["a"]})
         b = queue.create("t", {"log": ["b"]}, multitask_strategy="interrupt")

@@ -193,6 +193,22 @@ class TestSdkClient:
             c.threads.get(tid)
         assert err.value.response.status_code == 404
 
+    def test_search_pages_through_every_thread_in_bounded_reads(self, served: Served) -> None:
+        c = served.sync()
+        made = {c.threads.create(metadata={"team": "ab"[i % 2], "i": i})["thread_id"] for i in range(130)}
+        walked: list[str] = []
+        for offset in range(0, 140, 40):
+            walked += [t["thread_id"] for t in c.threads.search(limit=40, offset=offset)]
+        assert len(walked) == 130 and set(walked) == made  # every thread once, across pages of 100 keys
+        team_b = c.threads.search(metadata={"team": "b"}, limit=1000)
+        assert len(team_b) == 65 and all(t["metadata"]["team"] == "b" for t in team_b)
+        some = sorted(made)[:3]
+        assert sorted(t["thread_id"] for t in c.threads.search(ids=[*some, "no-such-thread"])) == some
+        assert c.threads.count() >= 130
+        with served.http() as h:
+            assert h.post("/threads/search", json={"ids": "not-a-list"}).status_code == 422
+            assert h.post("/threads/search", json={"metadata": ["x"]}).status_code == 422
+
     def test_wait_returns_the_final_values_and_the_run_is_listed(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]
@@ -203,6 +219,11 @@ class TestSdkClient:
         assert c.runs.get(tid, runs[0]["run_id"])["status"] == "success"
         assert c.threads.get(tid)["status"] == "idle"
         assert _values(c, tid) == out
+        c.runs.delete(tid, runs[0]["run_id"])
+        assert c.runs.list(tid) == [] and _values(c, tid) == out  # the run goes, its checkpoints stay
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.runs.get(tid, runs[0]["run_id"])
+        assert err.value.response.status_code == 404
 
     # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
     # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.

@@ -372,6 +372,21 @@ class RunCore:
             yield from self._forget(tid, *(((), [rid]) if action == "rollback" else ([rid], ())))
         return True
 
+    def delete(self, run_id: object) -> Op[bool]:
+        rid = self.run_id(run_id)
+        tid = yield from self.thread_of(rid)
+        if tid is None:
+            raise RunNotFound(rid)
+        keys = self.keys.runs(tid)
+        h, e = keys.run(rid)
+        reply = yield Call(S.LG_RUN_DELETE, [keys.history, h, e], [rid])
+        if reply[0] == Reply.REFUSED:
+            if _text(reply[1]) == "missing":
+                raise RunNotFound(rid)
+            return False
+        yield from self._forget(tid, (), [rid])
+        return True
+
     # ---- events -----------------------------------------------------------
 
     def cursor(self, run_id: object, after: str | None, block_ms: int | None) -> EventCursor:

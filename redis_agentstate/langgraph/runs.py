@@ -130,6 +130,11 @@ class RunQueue(_Queue, SyncShell[RunCore]):
         False if it had ended already."""
         return self._run(self._core.cancel(run_id, action))
 
+    def delete(self, run_id: str) -> bool:
+        """Delete an ended run (its record and events; the checkpoints it wrote stay); False if it is
+        still pending or running (cancel it first). ``RunNotFound`` if there is no such run."""
+        return self._run(self._core.delete(run_id))
+
     @property
     def tasks(self) -> CheckpointStore:
         """The checkpoint store of the threads' tasks (what a GraphWorker claims)."""
@@ -186,6 +191,10 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
     async def cancel(self, run_id: str, *, action: str = "interrupt") -> bool:
         """Stop the run (see ``RunQueue.cancel``)."""
         return await self._run(self._core.cancel(run_id, action))
+
+    async def delete(self, run_id: str) -> bool:
+        """Delete an ended run (see ``RunQueue.delete``)."""
+        return await self._run(self._core.delete(run_id))
 
     @property
     def tasks(self) -> AsyncCheckpointStore:

@@ -57,6 +57,9 @@ NOT_SERVED = (
 )  # fmt: skip
 _THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint")
+#: Threads a search examines past its ``offset`` at most (a search with filters on a larger namespace
+#: sees its first threads in id order only).
+SEARCH_SCAN = 10_000
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
 MAX_STREAMS = 256
 #: The connections beyond ``MAX_STREAMS`` that ``agentstate serve`` gives its client's pool (workers,
@@ -235,13 +238,15 @@ class _App:
         meta = body.get("metadata") or {}
         status = body.get("status")
         ids = body.get("ids")
+        if not isinstance(meta, dict):
+            raise HTTPException(422, "metadata must be an object")
+        listed = isinstance(ids, list) and len(ids) <= 1000 and all(isinstance(i, str) for i in ids)
+        if ids is not None and not listed:
+            raise HTTPException(422, "ids must be a list of at most 1000 thread ids")
         out: list[dict[str, Any]] = []
         skipped = 0
-        for tid in await self.book.kv.keys():
-            if ids is not None and tid not in ids:
-                continue
-            rec = await self.book.record(tid)
-            if rec is None or any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
+        async for rec in self._thread_records(ids, offset + SEARCH_SCAN):
+            if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
                 continue
             item = await self.book.out(rec)
             if status is not None and item["status"] != status:
@@ -253,6 +258,21 @@ class _App:
             if len(out) >= limit:
                 break
         return _json(out)
+
+    async def _thread_records(self, ids: list[str] | None, most: int) -> AsyncIterator[dict[str, Any]]:
+        """The records of ``ids``, or of the first ``most`` threads in id order: pages of 100, each one
+        bounded read of the index and one ``get_many``, so a search never reads a namespace whole."""
+        kv = self.book.kv
+        after: str | None = None
+        while ids or (ids is None and most > 0):
+            if ids is not None:
+                page, ids = ids[:100], ids[100:]
+            else:
+                page, after = await kv.keys_page(after, limit=min(100, most))
+                most = most - len(page) if after is not None else 0
+            for raw in await kv.get_many(page) if page else []:
+                if raw is not None:
+                    yield dict(json.loads(raw))
 
     async def threads_count(self, request: Request) -> Response:
         await read_body(request, self.max_body)
@@ -444,8 +464,8 @@ class _App:
         return Response(status_code=202 if request.query_params.get("wait") is None else 204)
 
     async def run_delete(self, request: Request) -> Response:
-        _, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
-        if not run.done:
+        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        if not await g.queue.delete(run.run_id):
             raise HTTPException(409, f"run {run.run_id} is {run.status}: cancel it first")
         return Response(status_code=204)
 

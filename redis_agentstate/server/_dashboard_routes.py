@@ -132,9 +132,10 @@ class DashboardRoutes:
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
     async def dash_threads(self, request: Request) -> Response:
-        ids = list(await self.app.book.kv.keys())
+        kv = self.app.book.kv
+        first, _ = await kv.keys_page(limit=KEEP)
         out = []
-        for tid in ids[:KEEP]:
+        for tid in first:
             rec = await self.app.book.record(tid)
             if rec is None:
                 continue
@@ -144,7 +145,7 @@ class DashboardRoutes:
                         "metadata": rec.get("metadata") or {},
                         "runs": [{"run_id": r.run_id, "status": r.status, "attempt": r.attempt, "worker": r.worker,
                                   "error": r.error, "created_at_ms": r.created_at_ms} for r in runs]})  # fmt: skip
-        return json_response({"count": len(ids), "threads": out})
+        return json_response({"count": await kv.count(), "threads": out})
 
     async def dash_action(self, request: Request) -> Response:
         ns, task, action = self._ns(request), request.path_params["task"], request.path_params["action"]
