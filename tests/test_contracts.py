@@ -340,6 +340,7 @@ def run_queue_contract_flow(client: Any, namespace: str) -> None:
     assert begun is not None and begun.run.run_id == run.run_id
     assert queue._run(core.emit(begun.run, TOKEN, [("values", {"x": 2})])) == ""
     assert queue._run(core.finish(begun.run, TOKEN, "success")) == 0
+    assert queue.delete(run.run_id) is True
     other = queue.create("rq-t", {"x": 3})
     assert queue.cancel(other.run_id, action="rollback")
     assert queue._run(core.wake("rq-t")) == 0
