@@ -247,7 +247,8 @@ class RedisServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if remove:
+        # AGENTSTATE_KEEP_SERVERS=1 keeps the data dir and redis.log of every server a test started.
+        if remove and not os.environ.get("AGENTSTATE_KEEP_SERVERS"):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -543,7 +543,7 @@ def test_join_waits_no_longer_than_its_timeout(backend: Any, namespace: str) -> 
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         q.join(run.run_id, timeout_s=0.3)
-    assert time.monotonic() - start < 0.9
+    assert time.monotonic() - start < 2.5  # the run never ends: a join that ignored its timeout would hang
 
 
 def test_runs_move_with_their_threads_in_a_reshard(backend: Any, namespace: str) -> None:
