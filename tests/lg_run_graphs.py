@@ -29,8 +29,9 @@ class State(TypedDict):
 
 
 def _node(name: str, sleep: float = 0.0) -> Any:
-    # The writer and the config come in as parameters, not from get_stream_writer() / get_config():
-    # before Python 3.11 those find nothing in a node that an asyncio worker runs (LangGraph's rule).
+    # The writer comes in as a parameter, not from get_stream_writer(). Before Python 3.11 that
+    # helps only while "custom" is not streamed: under astream, LangGraph's writer calls
+    # get_config() itself, and there it finds nothing (docs/langgraph-runs.md, "Asyncio").
     def run(state: State, writer: StreamWriter) -> dict[str, Any]:
         if sleep:
             time.sleep(sleep)

@@ -269,7 +269,11 @@ class TestSdkClient:
         # and its workers keep their connections.
         c = served.sync()
         tid = c.threads.create()["thread_id"]
-        run = c.runs.create(tid, "slow", input={"log": []}, stream_mode=["updates", "custom"])
+        # Before Python 3.11 LangGraph's astream cannot stream "custom" events at all (its writer
+        # calls get_config(), which finds nothing there: docs/langgraph-runs.md, "Asyncio"): values
+        # stand in for them, so the fan-out is checked on every version.
+        second = "custom" if sys.version_info >= (3, 11) else "values"
+        run = c.runs.create(tid, "slow", input={"log": []}, stream_mode=["updates", second])
         path = f"/threads/{tid}/runs/{run['run_id']}/stream"
 
         async def follow(http: httpx.AsyncClient) -> list[tuple[str, str]]:
@@ -292,7 +296,7 @@ class TestSdkClient:
         got = asyncio.run(everyone())
         assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
         full = [p.event for p in c.runs.join_stream(tid, run["run_id"])]
-        assert full.count("updates") == 5 and full.count("custom") == 5
+        assert full.count("updates") == 5 and full.count(second) >= 5
         assert all([e for _, e in seen] == full for seen in got), [len(s) for s in got]
         if served.files is not None:
             assert "Too many connections" not in served.output()[1]
