@@ -7,7 +7,15 @@ saver runs a fresh thread of ``STEPS`` invokes per round, the savers in a
 shuffled order per round; every invoke is timed. Memory per thread is the
 server's ``used_memory`` delta across the thread's first 100 and all 400 steps
 (the server runs nothing else; for ``AgentStateSaver`` the ``MEMORY USAGE`` of the
-thread's own keys is reported too). Contenders:
+thread's own keys is reported too, and split by key: checkpoint records, their
+index, channel values, pending writes). Two workloads, each with every contender:
+
+* ``input-once`` (the first table): ``other`` comes in with the first input only;
+* ``rewrite``: the node writes ``other`` again at every step, with the same content (what
+  a graph that returns its whole state does), so a saver that stores a value once per
+  version stores those 1,024 bytes 400 times.
+
+Contenders:
 
 * ``redis_agentstate`` ``AgentStateSaver``;
 * ``langgraph-checkpoint-plainredis`` ``RedisSaver`` (plain Redis, no modules);
@@ -37,22 +45,32 @@ class State(TypedDict):
     other: str
 
 
+OTHER = "o" * 1024
+WORKLOADS = ("input-once", "rewrite")
+#: A contender's look at its own keys: their ``MEMORY USAGE`` ("total" and by kind), None if unknown.
+Own = Callable[[str], "dict[str, int] | None"]
+
+
 def _answer(state: State) -> dict[str, Any]:
     n = len(state["messages"])
     return {"messages": [f"assistant {n:05d} " + "a" * (MESSAGE - 16)]}
 
 
-def _graph(saver: Any) -> Any:
+def _answer_and_rewrite(state: State) -> dict[str, Any]:
+    return {**_answer(state), "other": OTHER}
+
+
+def _graph(saver: Any, workload: str = "input-once") -> Any:
     from langgraph.graph import END, START, StateGraph
 
     b = StateGraph(State)
-    b.add_node("answer", _answer)
+    b.add_node("answer", _answer_and_rewrite if workload == "rewrite" else _answer)
     b.add_edge(START, "answer")
     b.add_edge("answer", END)
     return b.compile(checkpointer=saver)
 
 
-def _ours(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+def _ours(settings: Settings) -> tuple[Any, Own]:
     from redis_agentstate.keys import Keys
     from redis_agentstate.langgraph import AgentStateSaver
 
@@ -60,19 +78,25 @@ def _ours(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
     ns = settings.ns("langgraph")
     saver = AgentStateSaver(client, namespace=ns)
 
-    def own_keys(thread_id: str) -> int | None:
-        return sum(int(client.memory_usage(k, samples=0) or 0) for k in Keys(ns).thread(thread_id).as_list())
+    def own_keys(thread_id: str) -> dict[str, int]:
+        keys = Keys(ns).thread(thread_id)
+        by = {
+            kind: int(client.memory_usage(key, samples=0) or 0)
+            for kind, key in (("records", keys.records), ("index", keys.index), ("values", keys.blobs),
+                              ("writes", keys.writes))
+        }  # fmt: skip
+        return {"total": sum(int(client.memory_usage(k, samples=0) or 0) for k in keys.as_list()), **by}
 
     return saver, own_keys
 
 
-def _plainredis(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+def _plainredis(settings: Settings) -> tuple[Any, Own]:
     from langgraph_checkpoint_plainredis import RedisSaver
 
     return RedisSaver(settings.client(), prefix=settings.ns("plainredis")), lambda _t: None
 
 
-def _valkey(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+def _valkey(settings: Settings) -> tuple[Any, Own]:
     from langgraph_checkpoint_aws import ValkeySaver
     from valkey import Valkey
 
@@ -80,7 +104,7 @@ def _valkey(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
     return ValkeySaver(client), lambda _t: None
 
 
-def _redis_checkpoint(settings: Settings) -> tuple[Any, Callable[[str], int | None]]:
+def _redis_checkpoint(settings: Settings) -> tuple[Any, Own]:
     modules = {m.lower() for m in server_modules(settings.client())}
     if not {"rejson", "search"} <= modules and not {"redisjson", "search"} <= modules:
         raise RuntimeError("needs RedisJSON+RediSearch (server has none)")
@@ -91,7 +115,7 @@ def _redis_checkpoint(settings: Settings) -> tuple[Any, Callable[[str], int | No
     return saver, lambda _t: None
 
 
-CONTENDERS: dict[str, Callable[[Settings], tuple[Any, Callable[[str], int | None]]]] = {
+CONTENDERS: dict[str, Callable[[Settings], tuple[Any, Own]]] = {
     "redis_agentstate AgentStateSaver": _ours,
     "langgraph-checkpoint-plainredis RedisSaver": _plainredis,
     "langgraph-checkpoint-aws ValkeySaver": _valkey,
@@ -105,12 +129,12 @@ VERSIONS = {
 }
 
 
-def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Callable[[str], int | None]) -> dict[str, Any]:
+def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Own) -> dict[str, Any]:
     config = {"configurable": {"thread_id": thread_id}}
     times_ms: list[float] = []
     memory: dict[int, dict[str, int | None]] = {}
     before = int(client.info("memory")["used_memory"])
-    other = "o" * 1024
+    other = OTHER
     for step in range(1, steps + 1):
         text = f"user {step:05d} " + "u" * (MESSAGE - 11)
         payload: dict[str, Any] = {"messages": [text]}
@@ -120,9 +144,11 @@ def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Callable[[
         graph.invoke(payload, config)
         times_ms.append((time.perf_counter() - t0) * 1000)
         if step in MEMORY_AT or step == steps:
+            mine = own(thread_id)
             memory[step] = {
                 "used_memory_delta": int(client.info("memory")["used_memory"]) - before,
-                "own_keys": own(thread_id),
+                "own_keys": None if mine is None else mine["total"],
+                "own_by_key": None if mine is None else {k: v for k, v in mine.items() if k != "total"},
             }
     values = graph.get_state(config).values
     assert len(values["messages"]) == 2 * steps and values["other"] == other
@@ -130,55 +156,67 @@ def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Callable[[
 
 
 def run(settings: Settings) -> dict[str, Any]:
+    """The ``input-once`` workload's figures at the top level, the ``rewrite`` workload's under "rewrite"."""
     from importlib import metadata
 
     steps = 20 if settings.quick else STEPS
     rounds = 1 if settings.quick else max(1, min(settings.rounds, 3))
     rng = random.Random(settings.seed + 7)
     client = settings.client()
-    built: dict[str, tuple[Any, Callable[[str], int | None]]] = {}
+    built: dict[tuple[str, str], tuple[Any, Own]] = {}
     status: dict[str, str] = {}
     for name, factory in CONTENDERS.items():
         try:
             saver, own = factory(settings)
-            built[name] = (_graph(saver), own)
+            for workload in WORKLOADS:
+                built[(workload, name)] = (_graph(saver, workload), own)
             status[name] = "ok"
         except Exception as exc:  # a missing package or module: reported in its row
             status[name] = f"not run: {type(exc).__name__}: {exc}"
-    for graph, own in built.values():
+    for (workload, _name), (graph, own) in built.items():
         # Warm-up: scripts loaded, connections open, so the memory figures count the thread only.
-        _thread(graph, client, f"bench-warmup-{settings.run_id}", 2, own)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
+        _thread(graph, client, f"bench-warmup-{settings.run_id}-{workload}", 2, own)
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in built}
     for r in range(rounds):
         order = list(built)
         rng.shuffle(order)
-        for name in order:
-            graph, own = built[name]
-            runs[name].append(_thread(graph, client, f"bench-thread-{settings.run_id}-{r}", steps, own))
-    out: dict[str, Any] = {"steps": steps, "rounds": rounds, "message_bytes": MESSAGE, "contenders": {}}
+        for workload, name in order:
+            graph, own = built[(workload, name)]
+            thread = f"bench-thread-{settings.run_id}-{workload}-{r}"
+            runs[(workload, name)].append(_thread(graph, client, thread, steps, own))
+    versions: dict[str, str | None] = {}
     for name in CONTENDERS:
         try:
-            version = metadata.version(VERSIONS[name])
+            versions[name] = metadata.version(VERSIONS[name])
         except metadata.PackageNotFoundError:
-            version = None
-        row: dict[str, Any] = {"status": status[name], "version": version}
-        if name in runs:
-            first = [sum(t["times_ms"][:10]) / 10 for t in runs[name]]
-            last = [sum(t["times_ms"][-10:]) / 10 for t in runs[name]]
-            row["ms_first10"] = summary(first)
-            row["ms_last10"] = summary(last)
-            row["last_over_first"] = summary([b / a for a, b in zip(first, last, strict=True)])
-            row["memory"] = {
-                str(step): {
-                    "used_memory_delta": summary(
-                        [float(t["memory"][step]["used_memory_delta"] or 0) for t in runs[name]], 0
-                    ),
-                    "own_keys": runs[name][0]["memory"][step]["own_keys"],
-                }
-                for step in sorted(runs[name][0]["memory"])
-            }
-        out["contenders"][name] = row
-    return out
+            versions[name] = None
+    by_workload = {
+        workload: {name: _row(status[name], versions[name], runs.get((workload, name))) for name in CONTENDERS}
+        for workload in WORKLOADS
+    }
+    head = {"steps": steps, "rounds": rounds, "message_bytes": MESSAGE}
+    return {**head, "workload": "input-once", "contenders": by_workload["input-once"],
+            "rewrite": {**head, "workload": "rewrite", "contenders": by_workload["rewrite"]}}  # fmt: skip
+
+
+def _row(status: str, version: str | None, threads: list[dict[str, Any]] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"status": status, "version": version}
+    if not threads:
+        return row
+    first = [sum(t["times_ms"][:10]) / 10 for t in threads]
+    last = [sum(t["times_ms"][-10:]) / 10 for t in threads]
+    row["ms_first10"] = summary(first)
+    row["ms_last10"] = summary(last)
+    row["last_over_first"] = summary([b / a for a, b in zip(first, last, strict=True)])
+    row["memory"] = {
+        str(step): {
+            "used_memory_delta": summary([float(t["memory"][step]["used_memory_delta"] or 0) for t in threads], 0),
+            "own_keys": threads[0]["memory"][step]["own_keys"],
+            "own_by_key": threads[0]["memory"][step]["own_by_key"],
+        }
+        for step in sorted(threads[0]["memory"])
+    }
+    return row
 
 
 def _mib(n: float) -> str:
@@ -186,9 +224,18 @@ def _mib(n: float) -> str:
 
 
 def markdown(fig: dict[str, Any]) -> str:
+    """Both workloads' tables (a figure from before the ``rewrite`` workload has only the first)."""
+    parts = [_table(fig, "input-once: `other` comes with the first input only")]
+    if "rewrite" in fig:
+        parts.append(_table(fig["rewrite"], "rewrite: the node writes the same 1 KiB `other` again at every step"))
+    return "\n\n".join(parts)
+
+
+def _table(fig: dict[str, Any], title: str) -> str:
     steps = fig["steps"]
     marks = [str(s) for s in (100, steps) if s <= steps]
     lines = [
+        f"**{title}.** "
         f"{fig['rounds']} round(s) of one fresh thread of {steps} invokes per saver; "
         f"messages ~{fig['message_bytes']} B, "
         "2 per step, 1 KiB of other state. Memory: the server's used_memory delta over the thread "
@@ -221,11 +268,24 @@ def markdown(fig: dict[str, Any]) -> str:
             + " | ".join(mem)
             + " |"
         )
+    ours = fig["contenders"].get("redis_agentstate AgentStateSaver", {})
+    split = ours.get("memory", {}).get(str(steps), {}).get("own_by_key")
+    if split:
+        lines += ["", f"AgentStateSaver's keys after {steps} steps: " + ", ".join(
+            f"{kind} {_mib(n)}" for kind, n in split.items()
+        ) + "."]  # fmt: skip
     return "\n".join(lines)
 
 
 def targets(fig: dict[str, Any]) -> list[str]:
-    """The saver's goals, each with its measured figure (medians over rounds)."""
+    """The saver's goals, each with its measured figure (medians over rounds), for each workload."""
+    out = _targets(fig)
+    if "rewrite" in fig:
+        out += [f"rewrite: {line}" for line in _targets(fig["rewrite"])]
+    return out
+
+
+def _targets(fig: dict[str, Any]) -> list[str]:
     rows = fig["contenders"]
     ours = rows.get("redis_agentstate AgentStateSaver")
     if not ours or ours["status"] != "ok":

@@ -406,7 +406,9 @@ RENDERERS = {
 
 
 #: Commands of their own (``python -m benchmarks.NAME --readme``): each writes block NAME and results/NAME.json.
-STANDALONE = ("script_floor", "functions_ab", "blocking", "shard_spread", "shard_count", "reshard")
+STANDALONE = (
+    "script_floor", "functions_ab", "blocking", "shard_spread", "shard_count", "reshard", "langgraph_conformance",
+)  # fmt: skip
 
 
 def publish(meta: dict[str, Any], name: str, data: dict[str, Any], params: dict[str, Any]) -> None:
