@@ -329,6 +329,12 @@ def versions(client: redis.Redis) -> dict[str, Any]:
     return out
 
 
+def has_json_and_search(client: redis.Redis) -> bool:
+    """True if the server has loaded RedisJSON and RediSearch (what langgraph-checkpoint-redis needs)."""
+    mods = {m.lower() for m in server_modules(client)}
+    return bool({"rejson", "redisjson", "json"} & mods and {"search", "ft", "redisearch"} & mods)
+
+
 def server_modules(client: redis.Redis) -> list[str]:
     try:
         mods = client.execute_command("MODULE", "LIST")

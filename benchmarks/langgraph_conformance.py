@@ -25,7 +25,7 @@ import redis
 from redis_agentstate.embedded import start_embedded
 
 from . import report
-from ._util import command_line, run_meta, server_modules, version_of
+from ._util import command_line, has_json_and_search, run_meta, version_of
 
 #: The capabilities in LangGraph's order: base, then extended.
 CAPABILITIES = ("put", "put_writes", "get_tuple", "list", "delete_thread", "delete_for_runs", "copy_thread", "prune")
@@ -129,9 +129,9 @@ def _valkey(url: str) -> Callable[[], AsyncIterator[Any]]:
 def _official(url: str) -> Callable[[], AsyncIterator[Any]]:
     from langgraph.checkpoint.redis.aio import AsyncRedisSaver
 
-    modules = {m.lower() for m in server_modules(redis.Redis.from_url(url))}
-    if "search" not in modules or not {"rejson", "redisjson"} & modules:
-        raise RuntimeError("needs RedisJSON+RediSearch (give --stack-url)")
+    with redis.Redis.from_url(url) as client:
+        if not has_json_and_search(client):
+            raise RuntimeError("needs RedisJSON+RediSearch (give --stack-url)")
 
     async def factory() -> AsyncIterator[Any]:
         async with AsyncRedisSaver.from_conn_string(url) as saver:
@@ -221,7 +221,8 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
 
 
 def _server_version(url: str) -> str:
-    return str(redis.Redis.from_url(url).info("server")["redis_version"])
+    with redis.Redis.from_url(url) as client:
+        return str(client.info("server")["redis_version"])
 
 
 def main(argv: list[str] | None = None) -> int:

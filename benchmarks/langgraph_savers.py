@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
-from ._util import Settings, server_modules, summary
+from ._util import Settings, has_json_and_search, summary
 
 STEPS = 400
 MEMORY_AT = (100, 400)
@@ -80,12 +80,9 @@ def _ours(settings: Settings) -> tuple[Any, Own]:
 
     def own_keys(thread_id: str) -> dict[str, int]:
         keys = Keys(ns).thread(thread_id)
-        by = {
-            kind: int(client.memory_usage(key, samples=0) or 0)
-            for kind, key in (("records", keys.records), ("index", keys.index), ("values", keys.blobs),
-                              ("writes", keys.writes))
-        }  # fmt: skip
-        return {"total": sum(int(client.memory_usage(k, samples=0) or 0) for k in keys.as_list()), **by}
+        usage = {key: int(client.memory_usage(key, samples=0) or 0) for key in keys.as_list()}
+        kinds = {"records": keys.records, "index": keys.index, "values": keys.blobs, "writes": keys.writes}
+        return {"total": sum(usage.values()), **{kind: usage[key] for kind, key in kinds.items()}}
 
     return saver, own_keys
 
@@ -105,8 +102,7 @@ def _valkey(settings: Settings) -> tuple[Any, Own]:
 
 
 def _redis_checkpoint(settings: Settings) -> tuple[Any, Own]:
-    modules = {m.lower() for m in server_modules(settings.client())}
-    if not {"rejson", "search"} <= modules and not {"redisjson", "search"} <= modules:
+    if not has_json_and_search(settings.client()):
         raise RuntimeError("needs RedisJSON+RediSearch (server has none)")
     from langgraph.checkpoint.redis import RedisSaver
 

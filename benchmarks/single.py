@@ -24,6 +24,7 @@ from redis_agentstate.testing import finish, first_call, internals
 from ._lean import LeanDriver
 from ._util import (
     Settings,
+    has_json_and_search,
     host_port,
     latency_summary,
     make_state,
@@ -276,8 +277,8 @@ LANGGRAPH_LABEL = "langgraph-checkpoint-redis: put + get of a 1 KiB checkpoint"
 
 
 def langgraph_contender(settings: Settings, client: redis.Redis, state: dict[str, Any]) -> Contender:
-    mods = {m.lower() for m in server_modules(client)}
-    if not ({"rejson", "redisjson", "json"} & mods and {"search", "ft", "redisearch"} & mods):
+    if not has_json_and_search(client):
+        mods = {m.lower() for m in server_modules(client)}
         have = ", ".join(sorted(mods)) if mods else "none"
         return Contender(
             "langgraph_redis", LANGGRAPH_LABEL, None, status=f"not run: needs RedisJSON+RediSearch (server has {have})"
