@@ -21,13 +21,15 @@ from typing import Any, cast
 import msgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .._ops import corrupt_state
 from .._validate import check_id
 from ..errors import CorruptState, InvalidArgument, LeaseLost, ThreadBusy
 from ..keys import MAX_ID_BYTES, Keys, ThreadKeys
 from ..scripts import Reply
-from ._records import SEP, _record_body, _Remembered, _text
+from ._compact import COMPACT, expand_record
+from ._records import SEP, _reads_and_body, _Remembered, _text
 
 __all__ = ["SaverBase", "thread_of"]
 
@@ -165,26 +167,44 @@ class SaverBase:
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds {what} its serializer cannot read ({exc!r:.160})") from exc
 
-    def _unpack_record(self, raw: bytes, key: str) -> tuple[Any, ...]:
+    @property
+    def plain_serde(self) -> bool:
+        """True for LangGraph's own serializer: records are then stored compact and long values shared
+        (see ``_compact``); another one (``EncryptedSerializer``) must see every record whole."""
+        return isinstance(self.serde, JsonPlusSerializer)
+
+    def _unpack_record(self, raw: bytes, key: str, cid: str = "") -> tuple[Any, ...]:
+        """``(parent, checkpoint body or None, ck_kind, ck_data, md_kind, md_data)`` of a stored record:
+        a compact one comes with its body decoded, a serde one with its kind and data."""
         try:
-            fields = msgpack.unpackb(_record_body(raw, key), raw=False)
+            reads, packed = _reads_and_body(raw, key)
+            fields = msgpack.unpackb(packed, raw=False)
         except CorruptState:
             raise
         except Exception as exc:
             raise corrupt_state(key, [key], f"holds a malformed checkpoint record: {exc}") from exc
+        if isinstance(fields, list) and fields and fields[0] == COMPACT and type(fields[0]) is int:
+            channels = [f.split(b"\0")[1].decode("utf-8", "replace") if f.count(b"\0") == 2 else "" for f in reads]
+            expanded = expand_record(fields, cid, channels)
+            if expanded is None:
+                raise corrupt_state(key, [key], "holds a compact checkpoint record of the wrong shape")
+            parent, body, md_kind, md_data = expanded
+            return parent, body, None, None, md_kind, md_data
         if not isinstance(fields, list) or len(fields) != 5 or not isinstance(fields[0], (str, type(None))):
             raise corrupt_state(key, [key], "holds a checkpoint record of the wrong shape")
-        return tuple(fields)
+        parent, ck_kind, ck_data, md_kind, md_data = fields
+        return parent, None, ck_kind, ck_data, md_kind, md_data
 
-    def _record(self, raw: bytes, key: str) -> tuple[str | None, Any, Any]:
-        parent, ck_kind, ck_data, md_kind, md_data = self._unpack_record(raw, key)
-        checkpoint = self._load(ck_kind, ck_data, key, "a checkpoint")
+    def _record(self, raw: bytes, key: str, cid: str) -> tuple[str | None, Any, Any]:
+        parent, checkpoint, ck_kind, ck_data, md_kind, md_data = self._unpack_record(raw, key, cid)
+        if checkpoint is None:
+            checkpoint = self._load(ck_kind, ck_data, key, "a checkpoint")
         if not isinstance(checkpoint, dict):
             raise corrupt_state(key, [key], "holds a checkpoint that is not a dict")
         return parent, checkpoint, self._metadata_of(md_kind, md_data, key)
 
     def _metadata(self, raw: bytes, key: str) -> Any:
-        _, _, _, md_kind, md_data = self._unpack_record(raw, key)
+        md_kind, md_data = self._unpack_record(raw, key)[4:]
         return self._metadata_of(md_kind, md_data, key)
 
     def _metadata_of(self, kind: Any, data: Any, key: str) -> Any:

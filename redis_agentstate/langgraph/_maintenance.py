@@ -146,5 +146,5 @@ class ThreadMaintenance(SaverBase):
         return keep
 
     def _parent_and_metadata(self, raw: bytes, key: str) -> tuple[str | None, Any]:
-        parent, _, _, md_kind, md_data = self._unpack_record(raw, key)
+        parent, _, _, _, md_kind, md_data = self._unpack_record(raw, key)
         return parent, self._metadata_of(md_kind, md_data, key)

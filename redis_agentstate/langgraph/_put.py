@@ -9,6 +9,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from .._ops import Call, Op
 from ..errors import InvalidArgument
 from ..scripts import LG_PUT, LG_PUT_WRITES, Reply
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
+from ._compact import REF, SHARE_BYTES, SHARED_PREFIX, compact_record, pack_write, share_field
 from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
 
 __all__ = ["SaverWrites"]
@@ -66,9 +68,11 @@ class SaverWrites(SaverBase):
         md = get_serializable_checkpoint_metadata(config, metadata)
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
-        ck_kind, ck_data = self._typed(body, "the checkpoint")
         md_kind, md_data = self._typed(md, "the checkpoint metadata")
-        record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
+        record = compact_record(parent, cid, body, md_kind, md_data, list(versions)) if self.plain_serde else None
+        if record is None:
+            ck_kind, ck_data = self._typed(body, "the checkpoint")
+            record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
         reads = [f"{ns}{SEP}{self._channel(ch)}{SEP}{self._version(v)}" for ch, v in versions.items()]
         blobs: list[tuple[str, bytes, tuple[str, str, str], _Remembered | None]] = []
         for ch, v in new_versions.items():
@@ -86,7 +90,7 @@ class SaverWrites(SaverBase):
         parent_member = "" if parent is None else f"{ns}{SEP}{parent}"
         head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
         while True:
-            reply = yield Call(LG_PUT, keys, [*head, *(x for b in blobs for x in b[:2])])
+            reply = yield Call(LG_PUT, keys, [*head, *self._blob_pairs(blobs)])
             if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
                 # The base of a tail is gone (pruned, deleted): store those values in full.
                 missing = _text(reply[2])
@@ -97,6 +101,21 @@ class SaverWrites(SaverBase):
         for _, _, cache_key, remembered in blobs:
             self._remember(cache_key, remembered)
         return _config(tid, ns, cid)
+
+    def _blob_pairs(self, blobs: list[tuple[str, bytes, tuple[str, str, str], _Remembered | None]]) -> list[Any]:
+        """The blob field, value pairs of a put: a long full value as a reference, then the shared
+        values (each once) the references name."""
+        pairs: list[Any] = []
+        shared: dict[bytes, bytes] = {}
+        for fld, value, _, _ in blobs:
+            if self.plain_serde and value[:1] == _FULL and len(value) >= SHARE_BYTES:
+                f = share_field(value)
+                shared[f] = value
+                value = REF + f[len(SHARED_PREFIX) :]
+            pairs += [fld, value]
+        for f, value in shared.items():
+            pairs += [f, value]
+        return pairs
 
     @staticmethod
     def _channel(ch: object) -> str:
@@ -180,7 +199,8 @@ class SaverWrites(SaverBase):
         task = _ident(task_id, "task_id")
         if not isinstance(task_path, str):
             raise InvalidArgument(f"task_path must be a str, got {type(task_path).__name__}")
-        args: list[Any] = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}"]
+        args: list[Any] = []
+        shared: dict[bytes, bytes] = {}
         for idx, pair in enumerate(writes):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidArgument(f"each write must be a (channel, value) pair, got {pair!r:.80}")
@@ -188,25 +208,67 @@ class SaverWrites(SaverBase):
             self._channel(channel)
             i = WRITES_IDX_MAP.get(channel, idx)
             kind, data = self._typed(value, f"the write to channel {channel!r}")
-            payload = msgpack.packb([task, i, task_path, channel, kind, data], use_bin_type=True)
+            stored = None
+            if self.plain_serde and len(data) + len(kind) + 8 >= SHARE_BYTES:
+                stored = _FULL + msgpack.packb([kind, data], use_bin_type=True)
+                if len(stored) >= SHARE_BYTES:
+                    shared[share_field(stored)] = stored
+                else:
+                    stored = None
+            payload = pack_write(task_path, channel, kind, data, stored)
             # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
             args += [f"{task}{SEP}{i}", "1" if i < 0 else "0", payload]
-        if len(args) == 4:
+        if not args:
             return None
-        reply = yield Call(LG_PUT_WRITES, self.thread_keys(tid), args)
+        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", 2 * len(shared)]
+        reply = yield Call(
+            LG_PUT_WRITES, self.thread_keys(tid), [*head, *(x for p in shared.items() for x in p), *args]
+        )
         self._fenced(reply, tid, "put_writes")
         return None
 
     @staticmethod
     def next_version(current: str | int | float | None) -> str:
-        # As the postgres saver: a zero-padded counter (so versions sort as strings) and a
-        # random suffix (so two writers forking a thread never mint the same version), but
-        # 21 characters, not 49: a version is repeated in every checkpoint, blob field and
-        # versions_seen entry, so its length is a large share of a thread's memory.
+        # A fixed-width counter in an alphabet in ASCII order (so versions sort as strings, which
+        # is how LangGraph compares them) and a random suffix (so two writers forking a thread
+        # never mint the same version): 12 characters. A version is repeated in every
+        # checkpoint's list of blob fields, every blob field and every versions_seen entry, so its
+        # length is a large share of a thread's memory. A thread begun with the earlier
+        # 21-character form ('<12 digits>.<8 hex>') keeps it: the two forms do not sort together.
+        if isinstance(current, str) and _LEGACY_VERSION.fullmatch(current):
+            return f"{int(current[:12]) + 1:012d}.{random.getrandbits(32):08x}"
         if current is None:
             n = 0
         elif isinstance(current, (int, float)):
             n = int(current)
+        elif isinstance(current, str) and _VERSION.fullmatch(current):
+            n = _decode64(current[:VERSION_DIGITS])
         else:
             n = int(str(current).split(".")[0])
-        return f"{n + 1:012d}.{random.getrandbits(32):08x}"
+        return _encode64(n + 1, VERSION_DIGITS) + _encode64(random.getrandbits(32), VERSION_DIGITS)
+
+
+#: The digits of a version's counter, and of its random suffix (64**6 > 2**32).
+VERSION_DIGITS = 6
+#: 64 characters in ASCII order: a fixed-width number written with them sorts as a string.
+_ALPHABET64 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~"
+_DIGIT64 = {c: i for i, c in enumerate(_ALPHABET64)}
+_VERSION = re.compile(r"[0-9A-Za-z_~]{12}")
+_LEGACY_VERSION = re.compile(r"[0-9]{12}\.[0-9a-f]{8}")
+
+
+def _encode64(n: int, width: int) -> str:
+    if n >= 64**width:
+        raise InvalidArgument(f"channel version counter {n} does not fit {width} digits")
+    out = []
+    for _ in range(width):
+        n, d = divmod(n, 64)
+        out.append(_ALPHABET64[d])
+    return "".join(reversed(out))
+
+
+def _decode64(text: str) -> int:
+    n = 0
+    for c in text:
+        n = n * 64 + _DIGIT64[c]
+    return n

@@ -16,6 +16,7 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, writes_sort_k
 from .._ops import Call, Op, corrupt_state
 from ..scripts import LG_GET
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
+from ._compact import unpack_write
 from ._records import _EMPTY, _FULL, _TAIL, SEP, _length_at, _stored_member, _stored_text, _unpack_writes
 
 __all__ = ["SaverReads"]
@@ -37,7 +38,7 @@ class SaverReads(SaverBase):
     def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
         keys = self.thread_key_set(tid)
         ns, cid = _stored_member(reply[0], keys.index)
-        parent, checkpoint, metadata = self._record(reply[1], keys.records)
+        parent, checkpoint, metadata = self._record(reply[1], keys.records, cid)
         values: dict[str, Any] = {}
         blobs = reply[2]
         rebuilt: dict[str, str] = {}
@@ -53,11 +54,15 @@ class SaverReads(SaverBase):
                 if value is not _EMPTY:
                     values[ch] = value
         writes = []
-        for raw in _unpack_writes(reply[3], keys.writes):
+        for entry, raw in _unpack_writes(reply[3], keys.writes):
+            key_task, _, key_idx = entry.decode("utf-8", "replace").rpartition(SEP)
             try:
-                task, idx, path, channel, kind, data = msgpack.unpackb(raw, raw=False)
+                write = unpack_write(raw, key_task, int(key_idx) if key_idx.lstrip("-").isdigit() else 0)
             except Exception as exc:
                 raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
+            if write is None:
+                raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
+            task, idx, path, channel, kind, data = write
             if not (
                 isinstance(task, str)
                 and isinstance(path, str)
@@ -66,7 +71,12 @@ class SaverReads(SaverBase):
                 and not isinstance(idx, bool)
             ):
                 raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
-            value = self._load(kind, data, keys.writes, "a pending write")
+            if kind is None:
+                if not isinstance(data, bytes) or data[:1] != _FULL:
+                    raise corrupt_state(keys.blobs, [keys.blobs], "holds a shared value that is not a full value")
+                value = self._value(data[1:], keys.blobs)
+            else:
+                value = self._load(kind, data, keys.writes, "a pending write")
             writes.append((writes_sort_key(path, task, idx), (task, channel, value)))
         writes.sort(key=lambda w: w[0])
         if "channel_versions" not in checkpoint:

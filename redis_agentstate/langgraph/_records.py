@@ -46,19 +46,20 @@ def _length_at(data: bytes, i: int) -> tuple[int, int] | None:
     return (n, colon + 1) if colon + 1 + n <= len(data) else None
 
 
-def _unpack_writes(packed: bytes, key: str) -> list[bytes]:
-    """The writes of a checkpoint's packed value: '<n>:<task_id>\\0<idx><m>:<write>' each (see _lg.lua)."""
+def _unpack_writes(packed: bytes, key: str) -> list[tuple[bytes, bytes]]:
+    """The (entry key, write) pairs of a checkpoint's packed value: '<n>:<task_id>\\0<idx><m>:<write>'
+    each (see _lg.lua)."""
     if not isinstance(packed, bytes):
         raise corrupt_state(key, [key], "holds malformed pending writes")
-    out: list[bytes] = []
+    out: list[tuple[bytes, bytes]] = []
     i = 0
     while i < len(packed):
         head = _length_at(packed, i)
         write = head and _length_at(packed, head[1] + head[0])
-        if not write:
+        if not head or not write:
             raise corrupt_state(key, [key], f"holds malformed pending writes (at byte {i})")
         n, start = write
-        out.append(packed[start : start + n])
+        out.append((packed[head[1] : head[1] + head[0]], packed[start : start + n]))
         i = start + n
     return out
 

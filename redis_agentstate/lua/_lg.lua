@@ -17,6 +17,14 @@
 -- A tail blob 'T<n>:<base version><value>' holds the items a list channel gained
 -- since version <base version> of the same channel; readers rebuild the list from
 -- the chain of bases down to a full value. No id the library stores contains NUL.
+--
+-- Shared values (see redis_agentstate/langgraph/_compact.py): a full value or a pending
+-- write at least SHARE_BYTES long is stored once per thread, in KEYS[4] under the field
+-- '\0\0' + its 16-byte digest (no blob field starts so: channels are never empty), and
+-- referenced: a blob as 'R' + digest, a write as 'R' + digest + the rest of the write. Replies
+-- carry the value, not the reference: a blob as the shared 'F' value, a write as
+-- 'X<n>:' + the n bytes of the shared value + the rest. Prune and delete_for_runs keep a shared
+-- value while a kept blob or a kept write references it (mark and sweep, in one script).
 
 local SEP = '\0'
 
@@ -109,6 +117,10 @@ end
 local function base_of(f, v)
   local kind = string.sub(v, 1, 1)
   if kind == 'F' then return nil end
+  if kind == 'R' then
+    if #v ~= 17 then return false end
+    return nil
+  end
   if kind ~= 'T' then return false end
   local n, c = length_at(v, 2)
   if not n then return false end
@@ -120,6 +132,15 @@ local function base_of(f, v)
     last = j
   end
   return string.sub(f, 1, last) .. version
+end
+
+local SHARED = SEP .. SEP
+local REF_BYTES = 17
+
+-- The field of the shared value that reference v names, nil if v is not a reference.
+local function shared_of(v)
+  if #v >= REF_BYTES and string.sub(v, 1, 1) == 'R' then return SHARED .. string.sub(v, 2, REF_BYTES) end
+  return nil
 end
 
 local MAX_CHAIN = 4096
@@ -138,7 +159,14 @@ local function chain(f)
   local out = {}
   local v = redis.call('HGET', KEYS[4], f)
   while v do
-    out[#out + 1] = v
+    local shared = string.sub(v, 1, 1) == 'R' and shared_of(v)
+    if shared then
+      local full = redis.call('HGET', KEYS[4], shared)
+      if not full or string.sub(full, 1, 1) ~= 'F' then return nil, 'shared-value' end
+      out[#out + 1] = full
+    else
+      out[#out + 1] = v
+    end
     f = base_of(f, v)
     if f == false then return nil, 'blob' end
     if not f then break end
@@ -181,6 +209,38 @@ local function pack_writes(entries)
   return table.concat(parts)
 end
 
+-- Mark in ``keep`` the shared values the packed writes ``s`` reference; false if ``s`` is malformed.
+local function mark_writes(s, keep)
+  local entries = unpack_writes(s)
+  if not entries then return false end
+  for _, e in ipairs(entries) do
+    local shared = shared_of(e[2])
+    if shared then keep[shared] = true end
+  end
+  return true
+end
+
+-- The packed writes ``s`` with each reference replaced by 'X<n>:' + the shared value + the rest of
+-- the write; ``s`` itself when it holds none or is malformed (the client checks the framing);
+-- nil if a referenced value is missing.
+local function resolve_writes(s)
+  if not string.find(s, 'R', 1, true) then return s end
+  local entries = unpack_writes(s)
+  if not entries then return s end
+  local changed = false
+  for _, e in ipairs(entries) do
+    local shared = shared_of(e[2])
+    if shared then
+      local full = redis.call('HGET', KEYS[4], shared)
+      if not full then return nil end
+      e[2] = 'X' .. #full .. ':' .. full .. string.sub(e[2], REF_BYTES + 1)
+      changed = true
+    end
+  end
+  if not changed then return s end
+  return pack_writes(entries)
+end
+
 -- Remove checkpoint <ns>\0<cid> and its pending writes (not its blobs: see gc_blobs).
 local function drop_checkpoint(member)
   redis.call('HDEL', KEYS[2], member)
@@ -210,7 +270,13 @@ local function blobs_read(reads)
       while f and not keep[f] do
         keep[f] = true
         local v = redis.call('HGET', KEYS[4], f)
-        if v then f = base_of(f, v) else f = nil end
+        if v then
+          local shared = shared_of(v)
+          if shared then keep[shared] = true end
+          f = base_of(f, v)
+        else
+          f = nil
+        end
         if f == false then return nil end
       end
     end
@@ -297,7 +363,14 @@ local function checkpoint_reply(member, seen, room)
   if room then
     local need = 0
     for _, f in ipairs(fields) do
-      if not seen[f] then need = need + redis.call('HSTRLEN', KEYS[4], f) end
+      if not seen[f] then
+        local n = redis.call('HSTRLEN', KEYS[4], f)
+        if n == REF_BYTES then
+          local shared = shared_of(redis.call('HGET', KEYS[4], f))
+          if shared then n = redis.call('HSTRLEN', KEYS[4], shared) end
+        end
+        need = need + n
+      end
     end
     if need > 0 and need > room then return FULL end
   end
@@ -314,7 +387,8 @@ local function checkpoint_reply(member, seen, room)
       blobs[#blobs + 1] = c
     end
   end
-  -- The pending writes are parsed (and checked) by the client alone.
-  local writes = redis.call('HGET', KEYS[5], member) or ''
+  -- The pending writes are checked by the client (here only references are resolved).
+  local writes = resolve_writes(redis.call('HGET', KEYS[5], member) or '')
+  if not writes then return CORRUPT, 4, 'shared-value' end
   return {member, record, blobs, writes}, size + #writes
 end

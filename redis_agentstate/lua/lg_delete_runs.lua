@@ -3,10 +3,11 @@
 --   ARGV[1]     - thread id
 --   ARGV[2]     - lease token of the caller ('' = it holds no lease)
 --   ARGV[3..]   - run ids
--- Blobs no remaining checkpoint reads go too.
+-- Blobs no remaining checkpoint reads go too, and shared values no remaining blob or write references.
 -- Everything it reads is checked before its first write.
 -- Returns {DONE, checkpoints deleted}; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease;
--- an AGENTSTATE_CORRUPT error reply for a malformed checkpoint, blob or run member (nothing written).
+-- an AGENTSTATE_CORRUPT error reply for a malformed checkpoint, blob, pending writes or run member
+-- (nothing written).
 local tid, token = ARGV[1], ARGV[2]
 
 probe()
@@ -24,9 +25,17 @@ local blobs
 if #gone > 0 then
   local reads = all_reads()
   if not reads then return corrupt(2, 'checkpoint') end
-  for _, m in ipairs(gone) do reads[string.sub(m, #run_of(m) + 2)] = nil end
+  local dropped = {}
+  for _, m in ipairs(gone) do
+    dropped[string.sub(m, #run_of(m) + 2)] = true
+    reads[string.sub(m, #run_of(m) + 2)] = nil
+  end
   blobs = blobs_read(reads)
   if not blobs then return corrupt(4, 'blob') end
+  local writes = redis.call('HGETALL', KEYS[5])
+  for i = 1, #writes, 2 do
+    if not dropped[writes[i]] and not mark_writes(writes[i + 1], blobs) then return corrupt(5, 'pending-writes') end
+  end
 end
 -- Every check passed: the first write.
 for _, m in ipairs(gone) do

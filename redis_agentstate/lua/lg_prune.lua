@@ -5,10 +5,11 @@
 --   ARGV[3..]   - keep_latest: members <ns>\0<cid> to keep as well (the ancestors a
 --                 DeltaChannel of a kept checkpoint replays, found by the caller)
 -- A thread under a live lease is left alone. keep_latest keeps the kept
--- checkpoints' writes and every blob they read (tail chains included).
+-- checkpoints' writes and every blob they read (tail chains included), and the shared
+-- values those blobs and writes reference.
 -- Everything it reads is checked before its first write.
 -- Returns {DONE} pruned; {REFUSED, 'busy'} skipped (leased); an AGENTSTATE_CORRUPT error
--- reply for a malformed checkpoint, blob, index or run member (nothing written).
+-- reply for a malformed checkpoint, blob, pending writes, index or run member (nothing written).
 local tid, strategy = ARGV[1], ARGV[2]
 
 probe()
@@ -34,6 +35,10 @@ for m in pairs(reads) do
 end
 local blobs = blobs_read(reads)
 if not blobs then return corrupt(4, 'blob') end
+for m in pairs(keep) do
+  local w = redis.call('HGET', KEYS[5], m)
+  if w and not mark_writes(w, blobs) then return corrupt(5, 'pending-writes') end
+end
 local runs, gone = {}, {}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
   local run = run_of(m)

@@ -7,7 +7,8 @@
 --   ARGV[5]     - the stored checkpoint: '<n>:' + the blob fields it reads (n bytes) + record
 --   ARGV[6]     - run id ('' = none)
 --   ARGV[7]     - <ns>\0<parent cid> ('' = no parent)
---   ARGV[8..]   - blob field, value pairs: the channels of new_versions only
+--   ARGV[8..]   - blob field, value pairs: the channels of new_versions only, and the shared
+--                 values their references name ('\0\0' + digest, 'F' + value; see _lg.lua)
 -- Returns {DONE} stored; {REFUSED, 'busy'} / {REFUSED, 'lost'} refused by the lease (nothing
 -- written); {REFUSED, 'gone', parent} the parent is not in the thread (deleted under the
 -- writer: storing the child would resurrect a thread whose channels read back missing;

@@ -1,0 +1,256 @@
+"""How the saver stores a thread, compactly: shared values, compact records and writes, short versions.
+
+Every test runs on fakeredis, a real redis-server and the local Redis Cluster, for the
+sync saver and the async one. Each compares what the graph reads back against
+LangGraph's ``InMemorySaver`` fed the same steps, then looks at the stored bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from typing import Any
+
+import msgpack
+import pytest
+import test_langgraph
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.graph import END, START, StateGraph
+from test_langgraph import (
+    Driver,
+    State,
+    _call,
+    _plain_graph,
+    _raw,
+    _XorCipher,
+)
+
+from redis_agentstate import CorruptState
+from redis_agentstate.keys import Keys
+from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
+from redis_agentstate.langgraph._base import SaverBase
+from redis_agentstate.langgraph._compact import SHARED_PREFIX
+from redis_agentstate.langgraph._put import SaverWrites
+from redis_agentstate.langgraph._records import _reads_and_body, _unpack_writes
+
+saver = test_langgraph.saver  # the fixture, shared with the saver's other tests
+BIG = "B" * 1024
+
+
+def _rewrite(i: int) -> dict[str, Any]:
+    return {"messages": [f"in {i}"], "count": 0, "blob": ""} if i == 0 else {"messages": [f"in {i}"]}
+
+
+def _rewriting_step(state: State) -> dict[str, Any]:
+    # What a graph that returns its whole state writes: the same 1 KiB again at every step.
+    return {"messages": [f"ai {len(state['messages'])}"], "count": state["count"] + 1, "blob": BIG}
+
+
+def _rewriting_graph(saver: Any) -> Any:
+    b = StateGraph(State)
+    b.add_node("step", _rewriting_step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    return b.compile(checkpointer=saver)
+
+
+def _thread_bytes(backend: Any, namespace: str, tid: str) -> bytes:
+    raw = _raw(backend)
+    k = Keys(namespace).thread(tid)
+    return b"".join(f + v for key in (k.records, k.blobs, k.writes) for f, v in raw.hgetall(key).items())
+
+
+def _shared(backend: Any, namespace: str, tid: str) -> dict[bytes, bytes]:
+    blobs = _raw(backend).hgetall(Keys(namespace).thread(tid).blobs)
+    return {f: v for f, v in blobs.items() if f.startswith(SHARED_PREFIX)}
+
+
+def _history(saver: Any, loop: asyncio.AbstractEventLoop, tid: str) -> list[Any]:
+    """Each checkpoint's values and pending writes (channel and value: task ids are drawn from the
+    checkpoint ids, which differ between savers), newest first."""
+    tuples = _call(saver, loop, "list", {"configurable": {"thread_id": tid}})
+    return [(t.checkpoint["channel_values"], sorted(repr(w[1:]) for w in t.pending_writes)) for t in tuples]
+
+
+def test_a_value_rewritten_at_every_step_is_stored_once(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    memory = InMemorySaver()
+    d, ref = Driver(_rewriting_graph(saver), flavor, twin_loop), Driver(_rewriting_graph(memory), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "rw"}}
+    for i in range(12):
+        assert d.invoke(_rewrite(i), cfg) == ref.invoke(_rewrite(i), cfg)
+    assert _history(saver, twin_loop, "rw") == _history(memory, twin_loop, "rw")
+    # 12 inputs, 12 * 3 checkpoints, 12 * 2 tasks' writes, all naming one 1 KiB value: one copy of it.
+    stored = _thread_bytes(backend, namespace, "rw")
+    assert stored.count(BIG.encode()) == 1
+    assert len(stored) < 30_000
+
+
+def test_prune_keeps_exactly_the_shared_values_still_referenced(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "pr"}}
+    for i, blob in enumerate(["a" * 900, "b" * 900, "c" * 900]):
+        d.invoke({"messages": [f"in {i}"], "count": 0, "blob": blob}, cfg)
+    assert len(_shared(backend, namespace, "pr")) >= 3
+    # A pending write on the newest checkpoint names a value no channel holds.
+    latest = _call(saver, twin_loop, "get_tuple", cfg)
+    _call(saver, twin_loop, "put_writes", latest.config, [("blob", "w" * 900)], "task-1")
+    before = _call(saver, twin_loop, "get_tuple", cfg)
+    _call(saver, twin_loop, "prune", ["pr"], strategy="keep_latest")
+    after = _call(saver, twin_loop, "get_tuple", cfg)
+    assert after.checkpoint["channel_values"] == before.checkpoint["channel_values"]
+    assert after.pending_writes == before.pending_writes == [("task-1", "blob", "w" * 900)]
+    kept = sorted(v for v in _shared(backend, namespace, "pr").values())
+    assert [v.count(b"c" * 900) + v.count(b"w" * 900) for v in kept] == [1, 1]
+    assert b"a" * 900 not in _thread_bytes(backend, namespace, "pr")
+    _call(saver, twin_loop, "prune", ["pr"], strategy="delete")
+    assert _thread_bytes(backend, namespace, "pr") == b""
+
+
+def test_delete_for_runs_drops_the_shared_values_only_those_runs_referenced(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    for run, blob in (("run-1", "x" * 900), ("run-2", "y" * 900)):
+        cfg = {"configurable": {"thread_id": "dr"}, "metadata": {"run_id": run}}
+        d.invoke({"messages": [run], "count": 0, "blob": blob}, cfg)
+    _call(saver, twin_loop, "delete_for_runs", ["run-2"])
+    cfg = {"configurable": {"thread_id": "dr"}}
+    assert d.get_state(cfg).values["blob"] == "x" * 900
+    stored = _thread_bytes(backend, namespace, "dr")
+    # Run 1's value stays (in its input, and shared by its channel and its write); run 2's is gone.
+    assert b"x" * 900 in stored and b"y" * 900 not in stored
+    shared = list(_shared(backend, namespace, "dr").values())
+    assert any(b"x" * 900 in v for v in shared) and not any(b"y" * 900 in v for v in shared)
+
+
+def test_copy_thread_carries_the_shared_values(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_rewriting_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "cs"}}
+    for i in range(3):
+        d.invoke(_rewrite(i), cfg)
+    _call(saver, twin_loop, "copy_thread", "cs", "cs-copy")
+    assert _history(saver, twin_loop, "cs-copy") == _history(saver, twin_loop, "cs")
+    _call(saver, twin_loop, "delete_thread", "cs")
+    assert d.get_state({"configurable": {"thread_id": "cs-copy"}}).values["blob"] == BIG
+
+
+def test_a_missing_shared_value_is_corrupt_state_naming_the_key(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_rewriting_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "gone"}}
+    d.invoke(_rewrite(0), cfg)
+    key = Keys(namespace).thread("gone").blobs
+    _raw(backend).hdel(key, *_shared(backend, namespace, "gone"))
+    with pytest.raises(CorruptState) as err:
+        _call(saver, twin_loop, "get_tuple", cfg)
+    assert err.value.key == key
+
+
+def test_records_and_writes_are_compact_and_versions_short(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    d = Driver(_plain_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "cr"}}
+    for i in range(3):
+        d.invoke({"messages": [f"in {i}"], "count": 0, "blob": "b"} if i == 0 else {"messages": [f"in {i}"]}, cfg)
+    raw = _raw(backend)
+    k = Keys(namespace).thread("cr")
+    for member, stored in raw.hgetall(k.records).items():
+        fields, body = _reads_and_body(stored, k.records)
+        record = msgpack.unpackb(body, raw=False)
+        assert record[0] == 2  # the compact form
+        cid = member.split(b"\0")[1]
+        assert cid not in body  # the id is the member's, not stored again
+        assert all(re.fullmatch(rb"[0-9A-Za-z_~]{12}", f.split(b"\0")[2]) for f in fields)
+    for packed in raw.hvals(k.writes):
+        for entry, write in _unpack_writes(packed, k.writes):
+            task = entry.split(b"\0")[0]
+            assert task not in write  # the task id is the entry's key, not stored again
+    tup = _call(saver, twin_loop, "get_tuple", cfg)
+    assert tup.checkpoint["id"] == tup.config["configurable"]["checkpoint_id"]
+    assert set(tup.checkpoint) >= {"v", "id", "ts", "channel_values", "channel_versions", "versions_seen"}
+
+
+def test_versions_sort_as_strings_and_an_earlier_thread_keeps_its_form():
+    v, seen = None, []
+    for _ in range(200):
+        v = SaverWrites.next_version(v)
+        seen.append(v)
+    assert seen == sorted(seen) and len(set(seen)) == 200 and all(len(x) == 12 for x in seen)
+    counters = [random.randrange(64**6 - 1) for _ in range(500)]
+    minted = [SaverWrites.next_version(SaverWrites.next_version(n)) for n in counters]
+    assert sorted(minted) == [m for _, m in sorted(zip(counters, minted, strict=True))]
+    # A thread begun with the 21-character form goes on in it (the two forms do not sort together).
+    legacy = SaverWrites.next_version("000000000041.0a1b2c3d")
+    assert re.fullmatch(r"000000000042\.[0-9a-f]{8}", legacy)
+    assert SaverWrites.next_version(7)[:6] == "000008"
+
+
+def _legacy_next_version(current: Any) -> str:
+    n = 0 if current is None else int(str(current).split(".")[0])
+    return f"{n + 1:012d}.{random.getrandbits(32):08x}"
+
+
+def test_a_thread_stored_in_the_earlier_forms_reads_back_and_goes_on(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    """A thread 0.3 wrote (serde records, 6-field writes, 21-character versions, no shared values)."""
+    memory = InMemorySaver()
+    d, ref = Driver(_rewriting_graph(saver), flavor, twin_loop), Driver(_rewriting_graph(memory), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "old"}}
+    with monkeypatch.context() as m:
+        m.setattr(SaverBase, "plain_serde", property(lambda self: False))
+        m.setattr(SaverWrites, "next_version", staticmethod(_legacy_next_version))
+        for i in range(4):
+            assert d.invoke(_rewrite(i), cfg) == ref.invoke(_rewrite(i), cfg)
+    raw = _raw(backend)
+    k = Keys(namespace).thread("old")
+    # The writes as 0.3 packed them: [task, idx, path, channel, kind, data].
+    for member, packed in raw.hgetall(k.writes).items():
+        entries = []
+        for entry, write in _unpack_writes(packed, k.writes):
+            task, _, idx = entry.partition(b"\0")
+            path, channel, kind, data = msgpack.unpackb(write, raw=False)
+            old = msgpack.packb([task.decode(), int(idx), path, channel, kind or "msgpack", data], use_bin_type=True)
+            entries.append(b"%d:%s%d:%s" % (len(entry), entry, len(old), old))
+        raw.hset(k.writes, member, b"".join(entries))
+    assert not _shared(backend, namespace, "old")
+    assert all(msgpack.unpackb(_reads_and_body(v, k.records)[1])[0] != 2 for v in raw.hvals(k.records))
+    assert _history(saver, twin_loop, "old") == _history(memory, twin_loop, "old")
+    for i in range(4, 8):  # and the thread goes on, in the new forms where they keep its order
+        assert d.invoke(_rewrite(i), cfg) == ref.invoke(_rewrite(i), cfg)
+    assert _history(saver, twin_loop, "old") == _history(memory, twin_loop, "old")
+    versions = _call(saver, twin_loop, "get_tuple", cfg).checkpoint["channel_versions"]
+    assert all(re.fullmatch(r"\d{12}\.[0-9a-f]{8}", v) for v in versions.values())
+
+
+def test_an_encrypted_thread_is_stored_whole_and_never_shared(
+    backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
+):
+    serde = EncryptedSerializer(_XorCipher())
+    if flavor == "sync":
+        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
+    else:
+
+        async def build() -> Any:
+            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
+
+        saver = twin_loop.run_until_complete(build())
+    d = Driver(_rewriting_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "enc"}}
+    for i in range(3):
+        d.invoke(_rewrite(i), cfg)
+    assert d.get_state(cfg).values["blob"] == BIG
+    assert not _shared(backend, namespace, "enc")
+    stored = _thread_bytes(backend, namespace, "enc")
+    assert BIG.encode() not in stored and b"versions_seen" not in stored
