@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import uuid
 from typing import Any
 
 import msgpack
@@ -31,7 +32,7 @@ from redis_agentstate import CorruptState
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
 from redis_agentstate.langgraph._base import SaverBase
-from redis_agentstate.langgraph._compact import SHARED_PREFIX
+from redis_agentstate.langgraph._compact import SHARED_PREFIX, task_of_key
 from redis_agentstate.langgraph._put import SaverWrites
 from redis_agentstate.langgraph._records import _reads_and_body, _unpack_writes
 
@@ -173,8 +174,10 @@ def test_records_and_writes_are_compact_and_versions_short(
         assert all(re.fullmatch(rb"[0-9A-Za-z_~]{12}", f.split(b"\0")[2]) for f in fields)
     for packed in raw.hvals(k.writes):
         for entry, write in _unpack_writes(packed, k.writes):
-            task = entry.split(b"\0")[0]
-            assert task not in write  # the task id is the entry's key, not stored again
+            # LangGraph's task ids are UUIDs: their 16 bytes in the entry's key, not stored again.
+            task, _ = task_of_key(entry)
+            assert entry[:1] == b"\0" and len(entry) == 19 and uuid.UUID(task).bytes == entry[1:17]
+            assert task.encode() not in write and entry[1:17] not in write
     tup = _call(saver, twin_loop, "get_tuple", cfg)
     assert tup.checkpoint["id"] == tup.config["configurable"]["checkpoint_id"]
     assert set(tup.checkpoint) >= {"v", "id", "ts", "channel_values", "channel_versions", "versions_seen"}
@@ -219,10 +222,11 @@ def test_a_thread_stored_in_the_earlier_forms_reads_back_and_goes_on(
     for member, packed in raw.hgetall(k.writes).items():
         entries = []
         for entry, write in _unpack_writes(packed, k.writes):
-            task, _, idx = entry.partition(b"\0")
+            task, idx = task_of_key(entry)
             path, channel, kind, data = msgpack.unpackb(write, raw=False)
-            old = msgpack.packb([task.decode(), int(idx), path, channel, kind or "msgpack", data], use_bin_type=True)
-            entries.append(b"%d:%s%d:%s" % (len(entry), entry, len(old), old))
+            old = msgpack.packb([task, idx, path, channel, kind or "msgpack", data], use_bin_type=True)
+            key = f"{task}\0{idx}".encode()
+            entries.append(b"%d:%s%d:%s" % (len(key), key, len(old), old))
         raw.hset(k.writes, member, b"".join(entries))
     assert not _shared(backend, namespace, "old")
     assert all(msgpack.unpackb(_reads_and_body(v, k.records)[1])[0] != 2 for v in raw.hvals(k.records))

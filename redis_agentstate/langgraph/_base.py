@@ -208,7 +208,8 @@ class SaverBase:
         return self._metadata_of(md_kind, md_data, key)
 
     def _metadata_of(self, kind: Any, data: Any, key: str) -> Any:
-        metadata = self._load(kind, data, key, "checkpoint metadata")
+        # kind None: a compact record's plain metadata, already decoded.
+        metadata = data if kind is None else self._load(kind, data, key, "checkpoint metadata")
         if not isinstance(metadata, dict):
             raise corrupt_state(key, [key], "holds checkpoint metadata that is not a dict")
         return metadata

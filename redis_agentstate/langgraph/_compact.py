@@ -11,14 +11,16 @@ now ``msgpack [2, parent, v, ts, versions_seen, updated_channels, md_kind, md_da
 - the checkpoint's ``id`` is not stored: it is the checkpoint's member in the index;
 - ``parent`` is 16 bytes for a UUID in its canonical text form (what LangGraph mints);
 - ``ts`` is microseconds since the epoch when that gives back the exact text;
-- ``md_kind`` is nil for ``msgpack``.
+- ``md_kind`` is nil for ``msgpack``, and 0 for plain metadata (msgpack's own types) with
+  LangGraph's ``source``, ``step`` and ``parents``, stored as ``[source, step, parents, the rest]``.
 
 Anything else (another serde, such as ``EncryptedSerializer``, which must see the whole
 record; a field LangGraph may add) keeps the first form, and both are read back.
 
 A pending write was ``msgpack [task, idx, path, channel, kind, data]``; its task and
 index are already in its entry's key (``<task>\\0<idx>``, see ``_lg.lua``), so it is
-now ``msgpack [path, channel, kind, data]``. A write or channel value whose stored
+now ``msgpack [path, channel, kind, data]``, and a task id that is a UUID is its 16 bytes in
+the key (see ``write_key``). A write or channel value whose stored
 form is at least ``SHARE_BYTES`` long is stored once per thread, under the field
 ``\\0\\0`` + its 16-byte BLAKE2b digest in the thread's value hash, and referenced:
 a channel value as ``R`` + digest, a write as ``R`` + digest + ``msgpack [path, channel]``.
@@ -42,11 +44,15 @@ __all__ = [
     "expand_record",
     "pack_write",
     "share_field",
+    "task_of_key",
     "unpack_write",
+    "write_key",
 ]
 
 #: The format tag of a compact record (a legacy record starts with its parent: a str or nil).
 COMPACT = 2
+#: md_kind of a compact record whose metadata is plain: ``[source, step, parents, the rest or nil]``.
+PLAIN_METADATA = 0
 #: Values (and writes) at least this long are stored once per thread and referenced. Below it a
 #: reference and the shared entry's own overhead (about 100 bytes in Redis) cost more than a copy.
 SHARE_BYTES = 512
@@ -132,8 +138,39 @@ def _seen_dict(flat: object, channels: list[str]) -> dict[str, dict[str, Any]] |
     return out
 
 
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+_MD_KEYS = ("source", "step", "parents")
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """True for a value raw msgpack gives back exactly (as LangGraph's serializer would)."""
+    if type(value) in _PLAIN_SCALARS:
+        return True
+    if depth > 32:
+        return False
+    if type(value) is list:
+        return all(_plain(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _plain_metadata(md: dict[str, Any]) -> list[Any] | None:
+    """``[source, step, parents, the other keys or nil]`` of plain metadata with LangGraph's three keys."""
+    if not all(k in md for k in _MD_KEYS) or not _plain(md):
+        return None
+    rest = {k: v for k, v in md.items() if k not in _MD_KEYS}
+    return [md["source"], md["step"], md["parents"], rest or None]
+
+
 def compact_record(
-    parent: str | None, cid: str, body: dict[str, Any], md_kind: str, md_data: bytes, channels: list[str]
+    parent: str | None,
+    cid: str,
+    body: dict[str, Any],
+    md: dict[str, Any],
+    md_kind: str,
+    md_data: bytes,
+    channels: list[str],
 ) -> bytes | None:
     """The compact record of a checkpoint body (no channel values or versions), or None if it has
     fields this form does not carry exactly (the caller then stores the serde's form).
@@ -155,17 +192,29 @@ def compact_record(
     ts = body["ts"] if ts_us is None else ts_us
     if type(ts) not in (str, int):
         return None
-    kind = None if md_kind == "msgpack" else md_kind
+    plain_md = _plain_metadata(md)
+    kind: str | int | None = None if md_kind == "msgpack" else md_kind
+    if plain_md is not None:
+        kind = PLAIN_METADATA
     seen = _seen_list(body["versions_seen"], at)
-    fields = [COMPACT, _uuid_bytes(parent), body["v"], ts, seen, updated, kind, md_data]
+    fields = [
+        COMPACT,
+        _uuid_bytes(parent),
+        body["v"],
+        ts,
+        seen,
+        updated,
+        kind,
+        md_data if plain_md is None else plain_md,
+    ]
     return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def expand_record(
     fields: list[Any], cid: str, channels: list[str]
-) -> tuple[str | None, dict[str, Any], str, Any] | None:
+) -> tuple[str | None, dict[str, Any], str | None, Any] | None:
     """``(parent, checkpoint body, md_kind, md_data)`` of a compact record's fields (``channels``: as
-    ``compact_record`` had them), None if malformed."""
+    ``compact_record`` had them), None if malformed. ``md_kind`` None: ``md_data`` is the metadata."""
     if len(fields) != 8:
         return None
     _, parent, v, ts, flat, updated, md_kind, md_data = fields
@@ -181,7 +230,17 @@ def expand_record(
             ts = (_EPOCH + ts * _US).isoformat()
         except OverflowError:
             return None
-    if type(ts) is not str or not isinstance(md_kind, (str, type(None))):
+    if type(ts) is not str:
+        return None
+    if md_kind == PLAIN_METADATA and type(md_kind) is int:
+        if type(md_data) is not list or len(md_data) != 4 or not isinstance(md_data[3], (dict, type(None))):
+            return None
+        metadata = dict(zip(_MD_KEYS, md_data[:3], strict=True))
+        metadata.update(md_data[3] or {})
+        md_kind, md_data = None, metadata
+    elif isinstance(md_kind, str) or md_kind is None:
+        md_kind = "msgpack" if md_kind is None else md_kind
+    else:
         return None
     body: dict[str, Any] = {"v": v, "id": cid, "ts": ts, "versions_seen": seen}
     if updated is not False:
@@ -192,7 +251,35 @@ def expand_record(
             if None in updated:
                 return None
         body["updated_channels"] = updated
-    return parent, body, "msgpack" if md_kind is None else md_kind, md_data
+    return parent, body, md_kind, md_data
+
+
+def write_key(task: str, idx: int) -> bytes:
+    """The key of a write in its checkpoint's packed writes: ``<task>\\0<idx>``, or ``\\0`` + the 16
+    bytes of a task id that is a canonical UUID (LangGraph's) + ``\\0<idx>`` (no task id holds a NUL)."""
+    raw = _uuid_bytes(task)
+    if isinstance(raw, bytes):
+        return b"\0" + raw + b"\0%d" % idx
+    return b"%s\0%d" % (task.encode(), idx)
+
+
+def task_of_key(key: bytes) -> tuple[str, int] | None:
+    """``(task, idx)`` of a write's key (either form of ``write_key``), None if malformed."""
+    if key[:1] == b"\0":
+        if len(key) < 19 or key[17:18] != b"\0":
+            return None
+        task, idx = str(uuid.UUID(bytes=key[1:17])), key[18:]
+    else:
+        text, sep, idx = key.rpartition(b"\0")
+        if not sep:
+            return None
+        try:
+            task = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not idx.lstrip(b"-").isdigit():
+        return None
+    return task, int(idx)
 
 
 def pack_write(path: str, channel: str, kind: str, data: bytes, stored_value: bytes | None) -> bytes:

@@ -27,7 +27,7 @@ from .._ops import Call, Op
 from ..errors import InvalidArgument
 from ..scripts import LG_PUT, LG_PUT_WRITES, Reply
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
-from ._compact import REF, SHARE_BYTES, SHARED_PREFIX, compact_record, pack_write, share_field
+from ._compact import REF, SHARE_BYTES, SHARED_PREFIX, compact_record, pack_write, share_field, write_key
 from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
 
 __all__ = ["SaverWrites"]
@@ -69,7 +69,7 @@ class SaverWrites(SaverBase):
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
         md_kind, md_data = self._typed(md, "the checkpoint metadata")
-        record = compact_record(parent, cid, body, md_kind, md_data, list(versions)) if self.plain_serde else None
+        record = compact_record(parent, cid, body, dict(md), md_kind, md_data, list(versions)) if self.plain_serde else None
         if record is None:
             ck_kind, ck_data = self._typed(body, "the checkpoint")
             record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
@@ -217,7 +217,7 @@ class SaverWrites(SaverBase):
                     stored = None
             payload = pack_write(task_path, channel, kind, data, stored)
             # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
-            args += [f"{task}{SEP}{i}", "1" if i < 0 else "0", payload]
+            args += [write_key(task, i), "1" if i < 0 else "0", payload]
         if not args:
             return None
         head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", 2 * len(shared)]

@@ -16,7 +16,7 @@ from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, writes_sort_k
 from .._ops import Call, Op, corrupt_state
 from ..scripts import LG_GET
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
-from ._compact import unpack_write
+from ._compact import task_of_key, unpack_write
 from ._records import _EMPTY, _FULL, _TAIL, SEP, _length_at, _stored_member, _stored_text, _unpack_writes
 
 __all__ = ["SaverReads"]
@@ -55,9 +55,13 @@ class SaverReads(SaverBase):
                     values[ch] = value
         writes = []
         for entry, raw in _unpack_writes(reply[3], keys.writes):
-            key_task, _, key_idx = entry.decode("utf-8", "replace").rpartition(SEP)
+            task_idx = task_of_key(entry)
+            if task_idx is None:
+                raise corrupt_state(
+                    keys.writes, [keys.writes], f"holds a pending write key of the wrong shape: {entry!r:.80}"
+                )
             try:
-                write = unpack_write(raw, key_task, int(key_idx) if key_idx.lstrip("-").isdigit() else 0)
+                write = unpack_write(raw, *task_idx)
             except Exception as exc:
                 raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
             if write is None:
