@@ -36,6 +36,8 @@ from typing import Annotated, Any, TypedDict
 from ._util import Settings, has_json_and_search, summary
 
 STEPS = 400
+#: Reads of one old checkpoint per thread, for its cost (after the history is read).
+OLD_READS = 10
 MEMORY_AT = (100, 400)
 MESSAGE = 90
 
@@ -148,7 +150,21 @@ def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Own) -> di
             }
     values = graph.get_state(config).values
     assert len(values["messages"]) == 2 * steps and values["other"] == other
-    return {"times_ms": times_ms, "memory": memory}
+    # Reads of the whole thread: its history (every checkpoint, with its values and writes), then one
+    # old checkpoint (the 30th from the start: about step 10) read again and again.
+    t0 = time.perf_counter()
+    history = list(graph.get_state_history(config))
+    history_ms = (time.perf_counter() - t0) * 1000
+    old = history[-min(30, len(history))]
+    old_ms = []
+    for _ in range(OLD_READS):
+        t0 = time.perf_counter()
+        snap = graph.get_state(old.config)
+        old_ms.append((time.perf_counter() - t0) * 1000)
+    assert snap.values == old.values
+    # A saver whose list() misses checkpoints shows it here (LangGraph writes 3 per invoke).
+    return {"times_ms": times_ms, "memory": memory, "history_ms": history_ms, "history_len": len(history),
+            "old_get_ms": old_ms}  # fmt: skip
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -204,6 +220,10 @@ def _row(status: str, version: str | None, threads: list[dict[str, Any]] | None)
     row["ms_first10"] = summary(first)
     row["ms_last10"] = summary(last)
     row["last_over_first"] = summary([b / a for a, b in zip(first, last, strict=True)])
+    if all("history_ms" in t for t in threads):
+        row["history_ms"] = summary([t["history_ms"] for t in threads])
+        row["old_get_ms"] = summary([sorted(t["old_get_ms"])[len(t["old_get_ms"]) // 2] for t in threads])
+        row["history_len"] = min(t["history_len"] for t in threads)
     row["memory"] = {
         str(step): {
             "used_memory_delta": summary([float(t["memory"][step]["used_memory_delta"] or 0) for t in threads], 0),
@@ -264,6 +284,24 @@ def _table(fig: dict[str, Any], title: str) -> str:
             + " | ".join(mem)
             + " |"
         )
+    reads = [(n, r) for n, r in fig["contenders"].items() if r["status"] == "ok" and "history_ms" in r]
+    if reads:
+        lines += [
+            "",
+            f"Reads after the {steps} steps (medians over rounds): the whole history "
+            f"(`get_state_history`: {3 * steps:,} checkpoints, 3 per invoke), and `get_state` of an old checkpoint "
+            f"(the 30th from the start, read {OLD_READS} times per thread).",
+            "",
+            "| saver | history, ms | checkpoints it returned | get_state of an old checkpoint, ms |",
+            "| --- | --- | --- | --- |",
+        ]
+        for name, row in reads:
+            label = f"{name} {row['version']}" if row.get("version") else name
+            h, g = row["history_ms"], row["old_get_ms"]
+            lines.append(
+                f"| {label} | {h['median']:.1f} ({h['p10']:.1f}-{h['p90']:.1f}) | {row['history_len']:,} | "
+                f"{g['median']:.2f} ({g['p10']:.2f}-{g['p90']:.2f}) |"
+            )
     ours = fig["contenders"].get("redis_agentstate AgentStateSaver", {})
     split = ours.get("memory", {}).get(str(steps), {}).get("own_by_key")
     if split:
@@ -290,7 +328,12 @@ def _targets(fig: dict[str, Any]) -> list[str]:
     peers = {n: r for n, r in rows.items() if r is not ours and r["status"] == "ok"}
     out = []
     mem = ours["memory"][steps]["used_memory_delta"]["median"]
-    out.append(f"memory per thread after {steps} steps: {mem / 2**20:.2f} MiB (target: at most 1 MiB)")
+    own = ours["memory"][steps].get("own_keys")
+    own_text = "" if not own else f", {own / 2**20:.2f} MiB by its keys' MEMORY USAGE"
+    out.append(
+        f"memory per thread after {steps} steps: {mem / 2**20:.2f} MiB of used_memory{own_text} "
+        "(target: at most 1 MiB, both)"
+    )
     if peers:
         best = min(r["memory"][steps]["used_memory_delta"]["median"] for r in peers.values())
         out.append(f"memory, best peer / ours: {best / max(mem, 1):.0f}x (target: at least 50x)")
@@ -302,4 +345,8 @@ def _targets(fig: dict[str, Any]) -> list[str]:
         out.append(
             f"{n} / ours, ms per invoke: {first:.2f}x at steps 1-10, {last:.2f}x at the last 10 (target: above 1)"
         )
+        if "history_ms" in r and "history_ms" in ours:
+            hist = r["history_ms"]["median"] / ours["history_ms"]["median"]
+            old = r["old_get_ms"]["median"] / ours["old_get_ms"]["median"]
+            out.append(f"{n} / ours, reads: {hist:.2f}x for the history, {old:.2f}x for an old checkpoint")
     return out

@@ -15,6 +15,7 @@ is invisible to callers.
 from __future__ import annotations
 
 import enum
+import re
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -339,13 +340,102 @@ def _read(name: str) -> str:
     return resources.files("redis_agentstate").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
 
 
+_TOP_DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*=)")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _units(text: str) -> list[tuple[frozenset[str], str]]:
+    """The top-level statements of a prelude, each with the names it defines (none: it runs for its
+    effect, as ``_moved.lua``'s check does, and is always kept). A statement runs from a line that
+    starts in column 0 up to the next one; a ``local function`` up to its ``end`` in column 0.
+    Comments are dropped (they never reach a statement)."""
+    units: list[tuple[frozenset[str], str]] = []
+    lines: list[str] = []
+    names: frozenset[str] = frozenset()
+    in_function = False
+
+    def close() -> None:
+        if lines:
+            units.append((names, "\n".join(lines)))
+
+    for line in text.splitlines():
+        top = bool(line) and not line[0].isspace()
+        if in_function:
+            lines.append(line)
+            if line.rstrip() == "end":
+                in_function = False
+            continue
+        if not top or line.startswith("--"):
+            if lines and line and not line.lstrip().startswith("--"):
+                lines.append(line)  # a statement's continuation (a table over several lines)
+            continue
+        if line.rstrip() in ("end", "}"):
+            lines.append(line)
+            continue
+        close()
+        lines = [line]
+        m = _TOP_DEFINES.match(line)
+        if m and m.group(1):
+            names, in_function = frozenset({m.group(1)}), not line.rstrip().endswith(" end")
+        elif m:
+            names = frozenset(n.strip() for n in m.group(2).split(","))
+        else:
+            names = frozenset()
+    close()
+    return units
+
+
+def _strip_comments(code: str) -> str:
+    """``code`` less its ``--`` comments (a ``--`` inside a quoted string is not one)."""
+    out = []
+    for line in code.splitlines():
+        quote, i = "", 0
+        while i < len(line):
+            c = line[i]
+            if quote:
+                if c == "\\":
+                    i += 1
+                elif c == quote:
+                    quote = ""
+            elif c in "'\"":
+                quote = c
+            elif line.startswith("--", i):
+                line = line[:i]
+                break
+            i += 1
+        out.append(line)
+    return "\n".join(out)
+
+
+def _shaken(preludes: list[str], body: str) -> str:
+    """The preludes less every definition nothing kept uses: every EVALSHA runs its whole text
+    again (each ``local function`` is a new closure per call), so an unused helper is a cost on
+    every call of every script (benchmarks/README.md, "What does the server pay?")."""
+    units = [u for text in preludes for u in _units(text)]
+    used = set(_NAME.findall(_strip_comments(body)))
+    keep = [not names for names, _ in units]
+    for i, (_, code) in enumerate(units):
+        if keep[i]:
+            used |= set(_NAME.findall(_strip_comments(code)))
+    changed = True
+    while changed:
+        changed = False
+        for i, (names, code) in enumerate(units):
+            if not keep[i] and names & used:
+                keep[i] = changed = True
+                used |= set(_NAME.findall(_strip_comments(code)))
+    return "\n".join(code for (_, code), k in zip(units, keep, strict=True) if k)
+
+
 @cache
 def script_text(name: str) -> str:
-    """The full text sent to Redis for operation ``name`` (constants and preludes included)."""
+    """The full text sent to Redis for operation ``name``: the constants and preludes it uses, and
+    its own file."""
     # _moved.lua lets the scripts that only read run on a sealed shard (its data is whole until it moved).
     reads = f"local SEALED_READS = {'true' if name in READS else 'false'}\n"
-    parts = [constants_prelude() + reads, *(_read(p) for p in PRELUDES.get(name, ())), _read(name)]
-    return "\n".join(parts)
+    preludes = [constants_prelude() + reads, *(_read(p) for p in PRELUDES.get(name, ()))]
+    body = _read(name)
+    return _shaken(preludes, body) + "\n" + body
 
 
 def register(client: RedisClient, names: tuple[str, ...]) -> dict[str, Any]:

@@ -78,10 +78,28 @@ def test_reply_codes_are_distinct(enum: Any) -> None:
 
 @pytest.mark.parametrize("name", sorted(scripts.PRELUDES))
 def test_every_script_is_built_from_the_rendered_constants_and_its_preludes(name: str) -> None:
+    """Its own file last, after the statements of the constants and its preludes that it uses (all of
+    them that run for their effect, such as _moved.lua's check), in their order, verbatim."""
     text = scripts.script_text(name)
-    assert text.startswith(scripts.constants_prelude())
-    positions = [text.index(f"-- {p}.lua") for p in (*scripts.PRELUDES[name], name)]
-    assert positions == sorted(positions)
+    body = scripts._read(name)
+    assert text.endswith("\n" + body)
+    head = text[: -len(body) - 1]
+    reads = f"local SEALED_READS = {'true' if name in scripts.READS else 'false'}\n"
+    preludes = [scripts.constants_prelude() + reads, *(scripts._read(p) for p in scripts.PRELUDES.get(name, ()))]
+    units = [u for t in preludes for u in scripts._units(t)]
+    at = 0
+    for names, code in units:
+        found = head.find(code, at)
+        if not names:  # a statement run for its effect is always there
+            assert found >= 0, (name, code[:80])
+        if found >= 0:
+            at = found + len(code)
+    defined = {n for names, code in units if code in head for n in names}
+    used = set(re.findall(r"[A-Za-z_]\w*", scripts._strip_comments(body)))
+    offered = {n for names, _ in units for n in names}
+    assert used & offered <= defined, f"{name} uses prelude names its text lacks: {sorted((used & offered) - defined)}"
+    # And nothing it does not use: a kept definition is named by the body or by another kept statement.
+    assert len(head) < len("\n".join(preludes))
 
 
 def lua_sources() -> dict[str, str]:

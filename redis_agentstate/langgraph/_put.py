@@ -69,7 +69,9 @@ class SaverWrites(SaverBase):
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
         md_kind, md_data = self._typed(md, "the checkpoint metadata")
-        record = compact_record(parent, cid, body, dict(md), md_kind, md_data, list(versions)) if self.plain_serde else None
+        record = None
+        if self.plain_serde:
+            record = compact_record(parent, cid, body, dict(md), md_kind, md_data, list(versions))
         if record is None:
             ck_kind, ck_data = self._typed(body, "the checkpoint")
             record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
