@@ -170,6 +170,20 @@ def test_functions_ab_runs(tmp_path: Path) -> None:
     assert "EVALSHA: median" in proc.stdout and "FCALL: median" in proc.stdout and "x" in proc.stdout
 
 
+def test_prelude_ab_runs() -> None:
+    """The whole-preludes A/B sends every workload both ways and prints the ratios."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.prelude_ab", "--rounds", "2", "--calls", "12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("whole preludes") == 3 and proc.stdout.count("x\n") == 3
+
+
 def test_script_floor_runs() -> None:
     """The server-time floor measurement runs every contender and prints the ratios."""
     _need_redis_server()

@@ -11,7 +11,7 @@ import asyncio
 import random
 import re
 import uuid
-from typing import Any
+from typing import Any, TypedDict
 
 import msgpack
 import pytest
@@ -34,6 +34,7 @@ from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
 from redis_agentstate.langgraph._base import SaverBase
 from redis_agentstate.langgraph._compact import SHARED_PREFIX, task_of_key
 from redis_agentstate.langgraph._put import SaverWrites
+from redis_agentstate.langgraph._reads import SaverReads
 from redis_agentstate.langgraph._records import _reads_and_body, _unpack_writes
 
 saver = test_langgraph.saver  # the fixture, shared with the saver's other tests
@@ -258,3 +259,89 @@ def test_an_encrypted_thread_is_stored_whole_and_never_shared(
     assert not _shared(backend, namespace, "enc")
     stored = _thread_bytes(backend, namespace, "enc")
     assert BIG.encode() not in stored and b"versions_seen" not in stored
+
+
+class Big(TypedDict):
+    big: str
+    n: int
+
+
+def _count_step(state: Big) -> dict[str, Any]:
+    return {"n": state["n"] + 1}
+
+
+def _big_graph(saver: Any) -> Any:
+    b = StateGraph(Big)
+    b.add_node("step", _count_step)
+    b.add_edge(START, "step")
+    b.add_edge("step", END)
+    return b.compile(checkpointer=saver)
+
+
+def test_a_long_shared_value_never_comes_through_a_script(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    """A value longer than the scripts carry (here 300 KB, unchanged over 30 checkpoints, and a
+    pending write of another) is named in their replies and read with one HMGET."""
+    memory = InMemorySaver()
+    d, ref = Driver(_big_graph(saver), flavor, twin_loop), Driver(_big_graph(memory), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "long"}}
+    for i in range(10):
+        first = {"big": "L" * 300_000, "n": 0}
+        assert d.invoke(first if i == 0 else {"n": 0}, cfg) == ref.invoke(first if i == 0 else {"n": 0}, cfg)
+    for s in (saver, memory):
+        _call(s, twin_loop, "put_writes", _call(s, twin_loop, "get_tuple", cfg).config, [("big", "W" * 200_000)], "t")
+    seen: list[int] = []
+    real = SaverReads.fetch_deferred
+
+    def watching(self: Any, tid: str, replies: Any) -> Any:
+        for reply in replies:
+            if reply:
+                items = [x for chain in reply[2][1::2] if isinstance(chain, list) for x in chain]
+                assert all(isinstance(x, list) or len(x) < 70_000 for x in items)
+                assert len(reply[3]) < 70_000
+                seen.append(sum(isinstance(x, list) for x in items) + reply[3].count(b"Y\0\0"))
+        return (yield from real(self, tid, replies))
+
+    monkeypatch.setattr(SaverReads, "fetch_deferred", watching)
+    assert _history(saver, twin_loop, "long") == _history(memory, twin_loop, "long")
+    got = _call(saver, twin_loop, "get_tuple", cfg)
+    assert (
+        got.pending_writes == [("t", "big", "W" * 200_000)] and got.checkpoint["channel_values"]["big"] == "L" * 300_000
+    )
+    assert max(seen) >= 2  # the value and the write, each named instead of sent
+
+
+def test_a_read_that_loses_a_long_value_under_it_reads_again(
+    saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+):  # fmt: skip
+    d = Driver(_big_graph(saver), flavor, twin_loop)
+    cfg = {"configurable": {"thread_id": "race"}}
+    d.invoke({"big": "R" * 100_000, "n": 0}, cfg)
+    raw, key = _raw(backend), Keys(namespace).thread("race").blobs
+    shared = _shared(backend, namespace, "race")  # the input's and the channel's: both long
+    calls: list[bool] = []
+    real = SaverReads.fetch_deferred
+
+    def racing(self: Any, tid: str, replies: Any) -> Any:
+        # The first read's HMGET runs while another client has the values away (a prune between).
+        if not calls:
+            raw.hdel(key, *shared)
+        got = yield from real(self, tid, replies)
+        if not calls:
+            raw.hset(key, mapping=shared)
+        calls.append(got)
+        return got
+
+    monkeypatch.setattr(SaverReads, "fetch_deferred", racing)
+    assert _call(saver, twin_loop, "get_tuple", cfg).checkpoint["channel_values"]["big"] == "R" * 100_000
+    assert calls == [False, True]
+    # Gone for good while a blob still names it: the script itself reports the thread corrupt.
+    calls.clear()
+    monkeypatch.setattr(SaverReads, "fetch_deferred", real)
+    raw.hdel(key, *shared)
+    with pytest.raises(CorruptState) as err:
+        _call(saver, twin_loop, "get_tuple", cfg)
+    assert err.value.key == key

@@ -13,9 +13,9 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from .._ops import Call, Command, Op, Pipe, list_indexes, restartable
 from ..errors import CorruptState, InvalidArgument
-from ..scripts import LG_GET, LG_LIST
+from ..scripts import LG_LIST
 from ._base import _configurable, _ident, _ns, thread_of
-from ._reads import SaverReads
+from ._reads import READ_TRIES, SaverReads
 from ._records import SEP, _foreign_id, _stored_id, _stored_member, _stored_text
 
 __all__ = ["LIST_BYTES", "LIST_PAGE", "Lister", "Listing"]
@@ -154,8 +154,13 @@ class Lister:
         page = self.page_size(whole)
         bounds = [self.hi or hi, lo, page]
         held = list(self.carried) if whole and self.hi else []
-        reply = yield Call(LG_LIST, keys.as_list(),
-                           [*bounds, "1" if whole else "0", tid, LIST_BYTES if whole else 0, *held])  # fmt: skip
+        for _ in range(READ_TRIES):
+            reply = yield Call(LG_LIST, keys.as_list(),
+                               [*bounds, "1" if whole else "0", tid, LIST_BYTES if whole else 0, *held])  # fmt: skip
+            if not whole or (yield from self.core.fetch_deferred(tid, reply[1])):
+                break
+        else:
+            raise CorruptState(f"a shared value of thread {tid!r} vanished under {READ_TRIES} listings in a row")
         members, items = reply[0], reply[1]
         cut = whole and len(reply) > 2 and int(reply[2]) == 1
         if whole:
@@ -183,7 +188,7 @@ class Lister:
                 md = self.core._metadata(item, keys.records)
                 if not all(md.get(k) == v for k, v in self.filter.items()):
                     continue
-                got = yield Call(LG_GET, keys.as_list(), [ns, cid, ""])
+                got = yield from self.core.read_checkpoint(tid, ns, cid)
                 if not got:
                     continue  # deleted between the page and this read
             out.append(self.core._tuple(tid, got))

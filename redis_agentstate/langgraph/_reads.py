@@ -13,13 +13,25 @@ import msgpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, writes_sort_key
 
-from .._ops import Call, Op, corrupt_state
+from .._ops import Call, Command, Op, corrupt_state
 from ..scripts import LG_GET
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
-from ._compact import task_of_key, unpack_write
+from ._compact import SHARED_PREFIX, task_of_key, unpack_write
 from ._records import _EMPTY, _FULL, _TAIL, SEP, _length_at, _stored_member, _stored_text, _unpack_writes
 
-__all__ = ["SaverReads"]
+__all__ = ["READ_TRIES", "SaverReads"]
+
+#: Reads of a checkpoint whose long shared value vanished between its script and its HMGET (a prune
+#: or delete ran in between) before the reader calls it corrupt.
+READ_TRIES = 5
+_DEFERRED_WRITE = b"Y"
+
+
+def _deferred_field(item: list[Any], key: str) -> bytes:
+    """The field of a ``[field, length]`` a chain names instead of a long shared value."""
+    if len(item) != 2 or not isinstance(item[0], bytes) or not item[0].startswith(SHARED_PREFIX) or len(item[0]) != 18:
+        raise corrupt_state(key, [key], f"names a shared value of the wrong shape: {item!r:.80}")
+    return item[0]
 
 
 class SaverReads(SaverBase):
@@ -32,8 +44,66 @@ class SaverReads(SaverBase):
         cid = conf.get("checkpoint_id")
         cid = "" if cid is None else _ident(cid, "checkpoint_id")
         ttl = self._ttl_arg() if self.refresh_on_read else ""
-        reply = yield Call(LG_GET, self.thread_keys(tid), [ns, cid, ttl])
+        reply = yield from self.read_checkpoint(tid, ns, cid, ttl)
         return self._tuple(tid, reply) if reply else None
+
+    def read_checkpoint(self, tid: str, ns: str, cid: str, ttl: str = "") -> Op[Any]:
+        """``lg_get``'s reply for one checkpoint (``cid`` '': the newest of ``ns``), its long shared
+        values read in (see ``fetch_deferred``), or None if there is no such checkpoint."""
+        for _ in range(READ_TRIES):
+            reply = yield Call(LG_GET, self.thread_keys(tid), [ns, cid, ttl])
+            if not reply:
+                return None
+            if (yield from self.fetch_deferred(tid, [reply])):
+                return reply
+        keys = self.thread_key_set(tid)
+        raise corrupt_state(keys.blobs, [keys.blobs], f"lost a shared value under {READ_TRIES} reads in a row")
+
+    def fetch_deferred(self, tid: str, replies: Sequence[Any]) -> Op[bool]:
+        """Read in, with one HMGET, the shared values too long to come through a script that checkpoint
+        replies name (a chain's ``[field, length]``, a write's ``Y`` + field; see ``_lg.lua``), in
+        place; False if one is gone (the thread changed under the read: read it again)."""
+        keys = self.thread_key_set(tid)
+        wanted: dict[bytes, bytes | None] = {}
+        writes: list[tuple[Any, list[tuple[bytes, bytes]]]] = []
+        for reply in replies:
+            if not reply:
+                continue
+            for chain in reply[2][1::2]:
+                if isinstance(chain, list):
+                    for item in chain:
+                        if isinstance(item, list):
+                            wanted[_deferred_field(item, keys.blobs)] = None
+            if b"Y" in reply[3]:
+                entries = _unpack_writes(reply[3], keys.writes)
+                if any(w[:1] == _DEFERRED_WRITE for _, w in entries):
+                    writes.append((reply, entries))
+                    for _, w in entries:
+                        if w[:1] == _DEFERRED_WRITE:
+                            wanted[w[1 : 1 + len(SHARED_PREFIX) + 16]] = None
+        if not wanted:
+            return True
+        fields = list(wanted)
+        values = yield Command(["HMGET", keys.blobs, *fields])
+        if any(v is None for v in values):
+            return False
+        got = dict(zip(fields, values, strict=True))
+        for reply in replies:
+            if not reply:
+                continue
+            for chain in reply[2][1::2]:
+                if isinstance(chain, list):
+                    chain[:] = [got[item[0]] if isinstance(item, list) else item for item in chain]
+        for reply, entries in writes:
+            packed = []
+            for key, w in entries:
+                if w[:1] == _DEFERRED_WRITE:
+                    n = 1 + len(SHARED_PREFIX) + 16
+                    value = got[w[1:n]]
+                    w = b"X%d:%s%s" % (len(value), value, w[n:])
+                packed.append(b"%d:%s%d:%s" % (len(key), key, len(w), w))
+            reply[3] = b"".join(packed)
+        return True
 
     def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
         keys = self.thread_key_set(tid)

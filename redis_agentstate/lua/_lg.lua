@@ -23,7 +23,9 @@
 -- '\0\0' + its 16-byte digest (no blob field starts so: channels are never empty), and
 -- referenced: a blob as 'R' + digest, a write as 'R' + digest + the rest of the write. Replies
 -- carry the value, not the reference: a blob as the shared 'F' value, a write as
--- 'X<n>:' + the n bytes of the shared value + the rest. Prune and delete_for_runs keep a shared
+-- 'X<n>:' + the n bytes of the shared value + the rest; a shared value longer than DEFER_BYTES
+-- as its field instead (a blob as {field, length}, a write as 'Y' + field + the rest), which
+-- the reader reads with a plain HGET, so no script copies more than a page's budget of values. Prune and delete_for_runs keep a shared
 -- value while a kept blob or a kept write references it (mark and sweep, in one script).
 
 local SEP = '\0'
@@ -136,6 +138,8 @@ end
 
 local SHARED = SEP .. SEP
 local REF_BYTES = 17
+-- A shared value longer than this is not copied through a script (see chain and resolve_writes).
+local DEFER_BYTES = 65536
 
 -- The field of the shared value that reference v names, nil if v is not a reference.
 local function shared_of(v)
@@ -161,9 +165,16 @@ local function chain(f)
   while v do
     local shared = string.sub(v, 1, 1) == 'R' and shared_of(v)
     if shared then
-      local full = redis.call('HGET', KEYS[4], shared)
-      if not full or string.sub(full, 1, 1) ~= 'F' then return nil, 'shared-value' end
-      out[#out + 1] = full
+      local n = redis.call('HSTRLEN', KEYS[4], shared)
+      if n > DEFER_BYTES then
+        -- Too long to carry through a script: the reader reads it with a plain HGET (it is never
+        -- changed, only deleted, and a reader that finds it gone reads the checkpoint again).
+        out[#out + 1] = {shared, n}
+      else
+        local full = redis.call('HGET', KEYS[4], shared)
+        if not full or string.sub(full, 1, 1) ~= 'F' then return nil, 'shared-value' end
+        out[#out + 1] = full
+      end
     else
       out[#out + 1] = v
     end
@@ -221,8 +232,9 @@ local function mark_writes(s, keep)
 end
 
 -- The packed writes ``s`` with each reference replaced by 'X<n>:' + the shared value + the rest of
--- the write; ``s`` itself when it holds none or is malformed (the client checks the framing);
--- nil if a referenced value is missing.
+-- the write, or by 'Y' + the shared value's field + the rest when it is longer than DEFER_BYTES
+-- (the reader reads it itself); ``s`` itself when it holds none or is malformed (the client
+-- checks the framing); nil if a referenced value is missing.
 local function resolve_writes(s)
   if not string.find(s, 'R', 1, true) then return s end
   local entries = unpack_writes(s)
@@ -231,9 +243,13 @@ local function resolve_writes(s)
   for _, e in ipairs(entries) do
     local shared = shared_of(e[2])
     if shared then
-      local full = redis.call('HGET', KEYS[4], shared)
-      if not full then return nil end
-      e[2] = 'X' .. #full .. ':' .. full .. string.sub(e[2], REF_BYTES + 1)
+      if redis.call('HSTRLEN', KEYS[4], shared) > DEFER_BYTES then
+        e[2] = 'Y' .. shared .. string.sub(e[2], REF_BYTES + 1)
+      else
+        local full = redis.call('HGET', KEYS[4], shared)
+        if not full then return nil end
+        e[2] = 'X' .. #full .. ':' .. full .. string.sub(e[2], REF_BYTES + 1)
+      end
       changed = true
     end
   end
@@ -382,7 +398,7 @@ local function checkpoint_reply(member, seen, room)
     else
       local c, what = chain(f)
       if not c then return CORRUPT, 4, what end
-      for _, v in ipairs(c) do size = size + #v end
+      for _, v in ipairs(c) do size = size + (type(v) == 'table' and v[2] or #v) end
       if seen then seen[f] = true end
       blobs[#blobs + 1] = c
     end
