@@ -38,6 +38,8 @@ from ._util import Settings, has_json_and_search, summary
 STEPS = 400
 #: Reads of one old checkpoint per thread, for its cost (after the history is read).
 OLD_READS = 10
+#: The long-value thread: a channel of LONG_MIB MiB, unchanged over 3 * LONG_INVOKES checkpoints.
+LONG_MIB, LONG_INVOKES = 4, 20
 MEMORY_AT = (100, 400)
 MESSAGE = 90
 
@@ -127,6 +129,57 @@ VERSIONS = {
 }
 
 
+class LongState(TypedDict):
+    big: str
+    n: int
+
+
+def _count(state: LongState) -> dict[str, Any]:
+    return {"n": state["n"] + 1}
+
+
+def _long_graph(saver: Any) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    b = StateGraph(LongState)
+    b.add_node("count", _count)
+    b.add_edge(START, "count")
+    b.add_edge("count", END)
+    return b.compile(checkpointer=saver)
+
+
+def _long_value(saver: Any, client: Any, thread_id: str, mib: int, invokes: int) -> dict[str, Any]:
+    """A thread whose ``mib`` MiB channel is unchanged over ``3 * invokes`` checkpoints: reading its
+    history, the longest command and the longest script the server ran (SLOWLOG at threshold 0; the
+    server runs nothing else), the time, and the checkpoints returned."""
+    graph = _long_graph(saver)
+    config = {"configurable": {"thread_id": thread_id}}
+    graph.invoke({"big": "x" * (mib << 20), "n": 0}, config)
+    for _ in range(invokes - 1):
+        graph.invoke({"n": 0}, config)
+    old = client.config_get("slowlog-*")
+    client.config_set("slowlog-max-len", 100_000)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
+    try:
+        t0 = time.perf_counter()
+        history = list(graph.get_state_history(config))
+        ms = (time.perf_counter() - t0) * 1000
+        log = client.slowlog_get(100_000)
+    finally:
+        client.config_set("slowlog-log-slower-than", old["slowlog-log-slower-than"])
+        client.config_set("slowlog-max-len", old["slowlog-max-len"])
+    scripts = [e["duration"] for e in log if e["command"][:4].upper() in (b"EVAL", b"FCAL")]
+    assert all(len(h.values.get("big", "")) == mib << 20 for h in history[:-1])
+    return {
+        "history_ms": ms,
+        "checkpoints": len(history),
+        "longest_command_ms": max((e["duration"] for e in log), default=0) / 1000,
+        "longest_script_ms": max(scripts, default=0) / 1000,
+        "scripts": len(scripts),
+    }
+
+
 def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Own) -> dict[str, Any]:
     config = {"configurable": {"thread_id": thread_id}}
     times_ms: list[float] = []
@@ -185,7 +238,9 @@ def run(settings: Settings) -> dict[str, Any]:
             status[name] = "ok"
         except Exception as exc:  # a missing package or module: reported in its row
             status[name] = f"not run: {type(exc).__name__}: {exc}"
-    for (workload, _name), (graph, own) in built.items():
+    savers = {}
+    for (workload, name), (graph, own) in built.items():
+        savers[name] = graph.checkpointer
         # Warm-up: scripts loaded, connections open, so the memory figures count the thread only.
         _thread(graph, client, f"bench-warmup-{settings.run_id}-{workload}", 2, own)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in built}
@@ -196,6 +251,16 @@ def run(settings: Settings) -> dict[str, Any]:
             graph, own = built[(workload, name)]
             thread = f"bench-thread-{settings.run_id}-{workload}-{r}"
             runs[(workload, name)].append(_thread(graph, client, thread, steps, own))
+    long_mib, long_invokes = (1, 4) if settings.quick else (LONG_MIB, LONG_INVOKES)
+    long_value: dict[str, Any] = {}
+    for name in CONTENDERS:
+        if name in savers:
+            try:
+                long_value[name] = _long_value(
+                    savers[name], client, f"bench-long-{settings.run_id}", long_mib, long_invokes
+                )
+            except Exception as exc:  # a saver that cannot hold the value: reported in its row
+                long_value[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     versions: dict[str, str | None] = {}
     for name in CONTENDERS:
         try:
@@ -208,7 +273,9 @@ def run(settings: Settings) -> dict[str, Any]:
     }
     head = {"steps": steps, "rounds": rounds, "message_bytes": MESSAGE}
     return {**head, "workload": "input-once", "contenders": by_workload["input-once"],
-            "rewrite": {**head, "workload": "rewrite", "contenders": by_workload["rewrite"]}}  # fmt: skip
+            "rewrite": {**head, "workload": "rewrite", "contenders": by_workload["rewrite"]},
+            "long_value": {"mib": long_mib, "invokes": long_invokes, "versions": versions,
+                           "contenders": long_value}}  # fmt: skip
 
 
 def _row(status: str, version: str | None, threads: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -244,7 +311,31 @@ def markdown(fig: dict[str, Any]) -> str:
     parts = [_table(fig, "input-once: `other` comes with the first input only")]
     if "rewrite" in fig:
         parts.append(_table(fig["rewrite"], "rewrite: the node writes the same 1 KiB `other` again at every step"))
+    if "long_value" in fig:
+        parts.append(_long_table(fig["long_value"]))
     return "\n\n".join(parts)
+
+
+def _long_table(fig: dict[str, Any]) -> str:
+    lines = [
+        f"**long value: a {fig['mib']} MiB channel unchanged over {3 * fig['invokes']} checkpoints.** "
+        "Reading the thread's whole history once; the longest command and the longest script the "
+        "server ran meanwhile (SLOWLOG at threshold 0; the server runs nothing else).",
+        "",
+        "| saver | history, ms | checkpoints it returned | longest script, ms | longest command, ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, row in fig["contenders"].items():
+        version = fig["versions"].get(name)
+        label = f"{name} {version}" if version else name
+        if "error" in row:
+            lines.append(f"| {label} | {row['error']} | - | - | - |")
+            continue
+        script = f"{row['longest_script_ms']:.2f} ({row['scripts']} scripts)" if row["scripts"] else "none"
+        lines.append(
+            f"| {label} | {row['history_ms']:.0f} | {row['checkpoints']} | {script} | {row['longest_command_ms']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def _table(fig: dict[str, Any], title: str) -> str:
@@ -316,6 +407,12 @@ def targets(fig: dict[str, Any]) -> list[str]:
     out = _targets(fig)
     if "rewrite" in fig:
         out += [f"rewrite: {line}" for line in _targets(fig["rewrite"])]
+    ours = fig.get("long_value", {}).get("contenders", {}).get("redis_agentstate AgentStateSaver")
+    if ours and "error" not in ours:
+        out.append(
+            f"long value: longest script while reading the history {ours['longest_script_ms']:.2f} ms "
+            f"(target: at most 10 ms), {ours['checkpoints']} of {3 * fig['long_value']['invokes']} checkpoints returned"
+        )
     return out
 
 
