@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
@@ -168,8 +169,7 @@ def compact_record(
     cid: str,
     body: dict[str, Any],
     md: dict[str, Any],
-    md_kind: str,
-    md_data: bytes,
+    md_typed: Callable[[], tuple[str, bytes]],
     channels: list[str],
 ) -> bytes | None:
     """The compact record of a checkpoint body (no channel values or versions), or None if it has
@@ -177,6 +177,7 @@ def compact_record(
 
     ``channels``: the channels of the record's list of blob fields, in its order. A channel name in
     ``versions_seen`` or ``updated_channels`` is stored as its place in that list when it is there.
+    ``md_typed``: the serde's ``(kind, data)`` of the metadata, asked for only when it is not plain.
     """
     if not set(body) <= _BODY_KEYS or not {"v", "id", "ts", "versions_seen"} <= set(body):
         return None
@@ -193,20 +194,15 @@ def compact_record(
     if type(ts) not in (str, int):
         return None
     plain_md = _plain_metadata(md)
-    kind: str | int | None = None if md_kind == "msgpack" else md_kind
+    kind: str | int | None
+    data: Any
     if plain_md is not None:
-        kind = PLAIN_METADATA
+        kind, data = PLAIN_METADATA, plain_md
+    else:
+        md_kind, data = md_typed()
+        kind = None if md_kind == "msgpack" else md_kind
     seen = _seen_list(body["versions_seen"], at)
-    fields = [
-        COMPACT,
-        _uuid_bytes(parent),
-        body["v"],
-        ts,
-        seen,
-        updated,
-        kind,
-        md_data if plain_md is None else plain_md,
-    ]
+    fields = [COMPACT, _uuid_bytes(parent), body["v"], ts, seen, updated, kind, data]
     return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
 

@@ -68,11 +68,13 @@ class SaverWrites(SaverBase):
         md = get_serializable_checkpoint_metadata(config, metadata)
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
-        md_kind, md_data = self._typed(md, "the checkpoint metadata")
         record = None
         if self.plain_serde:
-            record = compact_record(parent, cid, body, dict(md), md_kind, md_data, list(versions))
+            record = compact_record(
+                parent, cid, body, dict(md), lambda: self._typed(md, "the checkpoint metadata"), list(versions)
+            )
         if record is None:
+            md_kind, md_data = self._typed(md, "the checkpoint metadata")
             ck_kind, ck_data = self._typed(body, "the checkpoint")
             record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
         reads = [f"{ns}{SEP}{self._channel(ch)}{SEP}{self._version(v)}" for ch, v in versions.items()]
