@@ -40,9 +40,10 @@ def test_checkpoint_script_constants_match_files() -> None:
         assert getattr(scripts, name.upper()) == name
         assert f"{name}.lua" in lua_files()
         text = scripts.script_text(name)
-        # The rendered constants, then the preludes _base and _common, then the script itself.
-        assert text.startswith(scripts.constants_prelude())
-        assert 0 < text.index("-- _base.lua") < text.index("-- _common.lua") < text.index(f"-- {name}.lua")
+        # The statements it uses of the rendered constants and the preludes _base and _common (in that
+        # order: tests/test_contracts.py checks them), then the script itself.
+        assert scripts.PRELUDES[name][:3] == ("_base", "_moved", "_common")
+        assert text.endswith("\n" + scripts._read(name)) and text.index(f"-- {name}.lua") > 0
 
 
 @pytest.fixture(scope="module")
