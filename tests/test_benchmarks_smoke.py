@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -442,3 +443,20 @@ def test_langgraph_conformance_benchmark_judges_every_saver() -> None:
         assert row["status"] == "ok" and row["capabilities"]["put"]["failed"] == 0, row
     table = conf.markdown(data, {"suite": "x", "plain_server": "7", "stack_server": None})
     assert table.count("\n| ") == len(conf.SAVERS) + 2 and "not run" in table  # header, rule, a row each
+
+
+def test_lg_layouts_runs() -> None:
+    """The layout measurement fills a thread, copies it into each layout and prints their sizes."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lg_layouts", "--steps", "12"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+->", line) for line in proc.stdout.splitlines())
+    sizes = {m.group(1): int(m.group(2)) for m in rows if m}
+    assert set(sizes) == {"as stored", "records in the index", "writes in the record", "both"}
+    assert all(n > 0 for n in sizes.values()) and sizes["both"] < sizes["as stored"]
