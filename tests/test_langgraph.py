@@ -560,16 +560,20 @@ class _XorCipher:
         return bytes(b ^ 0x5A for b in ciphertext)
 
 
-def test_encrypted_serializer(backend: Any, flavor: str, namespace: str, twin_loop):
+def _encrypted_saver(backend: Any, flavor: str, namespace: str, loop: asyncio.AbstractEventLoop) -> Any:
+    """A saver of either flavor whose serde is EncryptedSerializer (with the XOR stand-in)."""
     serde = EncryptedSerializer(_XorCipher())
     if flavor == "sync":
-        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
-    else:
+        return AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
 
-        async def build() -> Any:
-            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
+    async def build() -> Any:
+        return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
 
-        saver = twin_loop.run_until_complete(build())
+    return loop.run_until_complete(build())
+
+
+def test_encrypted_serializer(backend: Any, flavor: str, namespace: str, twin_loop):
+    saver = _encrypted_saver(backend, flavor, namespace, twin_loop)
     d = Driver(_plain_graph(saver), flavor, twin_loop)
     cfg = {"configurable": {"thread_id": "secret"}}
     for i in range(3):

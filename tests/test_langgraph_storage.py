@@ -17,20 +17,19 @@ import msgpack
 import pytest
 import test_langgraph
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, StateGraph
 from test_langgraph import (
     Driver,
     State,
     _call,
+    _encrypted_saver,
+    _every_stored_byte,
     _plain_graph,
     _raw,
-    _XorCipher,
 )
 
 from redis_agentstate import CorruptState
 from redis_agentstate.keys import Keys
-from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
 from redis_agentstate.langgraph._base import SaverBase
 from redis_agentstate.langgraph._compact import SHARED_PREFIX, task_of_key
 from redis_agentstate.langgraph._put import SaverWrites
@@ -58,12 +57,6 @@ def _rewriting_graph(saver: Any) -> Any:
     return b.compile(checkpointer=saver)
 
 
-def _thread_bytes(backend: Any, namespace: str, tid: str) -> bytes:
-    raw = _raw(backend)
-    k = Keys(namespace).thread(tid)
-    return b"".join(f + v for key in (k.records, k.blobs, k.writes) for f, v in raw.hgetall(key).items())
-
-
 def _shared(backend: Any, namespace: str, tid: str) -> dict[bytes, bytes]:
     blobs = _raw(backend).hgetall(Keys(namespace).thread(tid).blobs)
     return {f: v for f, v in blobs.items() if f.startswith(SHARED_PREFIX)}
@@ -86,7 +79,7 @@ def test_a_value_rewritten_at_every_step_is_stored_once(
         assert d.invoke(_rewrite(i), cfg) == ref.invoke(_rewrite(i), cfg)
     assert _history(saver, twin_loop, "rw") == _history(memory, twin_loop, "rw")
     # 12 inputs, 12 * 3 checkpoints, 12 * 2 tasks' writes, all naming one 1 KiB value: one copy of it.
-    stored = _thread_bytes(backend, namespace, "rw")
+    stored = _every_stored_byte(backend, namespace, "rw")
     assert stored.count(BIG.encode()) == 1
     assert len(stored) < 30_000
 
@@ -109,9 +102,9 @@ def test_prune_keeps_exactly_the_shared_values_still_referenced(
     assert after.pending_writes == before.pending_writes == [("task-1", "blob", "w" * 900)]
     kept = sorted(v for v in _shared(backend, namespace, "pr").values())
     assert [v.count(b"c" * 900) + v.count(b"w" * 900) for v in kept] == [1, 1]
-    assert b"a" * 900 not in _thread_bytes(backend, namespace, "pr")
+    assert b"a" * 900 not in _every_stored_byte(backend, namespace, "pr")
     _call(saver, twin_loop, "prune", ["pr"], strategy="delete")
-    assert _thread_bytes(backend, namespace, "pr") == b""
+    assert _every_stored_byte(backend, namespace, "pr") == b""
 
 
 def test_delete_for_runs_drops_the_shared_values_only_those_runs_referenced(
@@ -124,7 +117,7 @@ def test_delete_for_runs_drops_the_shared_values_only_those_runs_referenced(
     _call(saver, twin_loop, "delete_for_runs", ["run-2"])
     cfg = {"configurable": {"thread_id": "dr"}}
     assert d.get_state(cfg).values["blob"] == "x" * 900
-    stored = _thread_bytes(backend, namespace, "dr")
+    stored = _every_stored_byte(backend, namespace, "dr")
     # Run 1's value stays (in its input, and shared by its channel and its write); run 2's is gone.
     assert b"x" * 900 in stored and b"y" * 900 not in stored
     shared = list(_shared(backend, namespace, "dr").values())
@@ -242,22 +235,14 @@ def test_a_thread_stored_in_the_earlier_forms_reads_back_and_goes_on(
 def test_an_encrypted_thread_is_stored_whole_and_never_shared(
     backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
 ):
-    serde = EncryptedSerializer(_XorCipher())
-    if flavor == "sync":
-        saver: Any = AgentStateSaver(backend.sync_client(), namespace=namespace, serde=serde)
-    else:
-
-        async def build() -> Any:
-            return AsyncAgentStateSaver(backend.async_client(), namespace=namespace, serde=serde)
-
-        saver = twin_loop.run_until_complete(build())
+    saver = _encrypted_saver(backend, flavor, namespace, twin_loop)
     d = Driver(_rewriting_graph(saver), flavor, twin_loop)
     cfg = {"configurable": {"thread_id": "enc"}}
     for i in range(3):
         d.invoke(_rewrite(i), cfg)
     assert d.get_state(cfg).values["blob"] == BIG
     assert not _shared(backend, namespace, "enc")
-    stored = _thread_bytes(backend, namespace, "enc")
+    stored = _every_stored_byte(backend, namespace, "enc")
     assert BIG.encode() not in stored and b"versions_seen" not in stored
 
 
