@@ -314,8 +314,11 @@ def test_ttl_is_set_on_every_data_key_by_each_write(backend: Any, flavor: str, n
     _call(saver, twin_loop, "put_writes", stored, [("a", 2)], "task-1")
     raw = _raw(backend)
     k = Keys(namespace).thread("t")
-    for key in (k.records, k.index, k.blobs, k.writes, k.runs):
+    # The checkpoint and its writes are one index entry; the records and writes hashes hold only what
+    # earlier versions stored (or writes sent before their checkpoint), and expire alike.
+    for key in (k.index, k.blobs, k.runs):
         assert 0 < raw.pttl(key) <= 60_000, key
+    assert not raw.exists(k.records) and not raw.exists(k.writes)
 
 
 def test_bad_input_raises_typed_errors_and_writes_nothing(saver: Any, backend: Any, namespace: str, twin_loop):
@@ -580,11 +583,11 @@ def test_encrypted_serializer(backend: Any, flavor: str, namespace: str, twin_lo
         d.invoke({"messages": ["top secret"], "count": 0, "blob": "classified"} if i == 0 else {"messages": []}, cfg)
     assert d.get_state(cfg).values["messages"][0] == "top secret"
     assert len(d.get_state(cfg).values["messages"]) == 7
-    raw = _raw(backend)
-    k = Keys(namespace).thread("secret")
-    stored = b"".join(raw.hvals(k.blobs)) + b"".join(raw.hvals(k.records))
+    stored = _every_stored_byte(backend, namespace, "secret")
     assert b"top secret" not in stored and b"classified" not in stored
     assert b"+xor" in stored
+    records = b"".join(_raw(backend).zrange(Keys(namespace).thread("secret").index, 0, -1))
+    assert records.count(b"+xor") >= 7  # each checkpoint's record is the serializer's, encrypted whole
 
 
 def test_the_keeper_renews_the_lease(backend: Any, namespace: str):
@@ -638,11 +641,11 @@ def test_refresh_on_read_extends_the_ttl(backend: Any, namespace: str):
     plain = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60)
     refreshing = AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=60, refresh_on_read=True)
     stored = _put(plain, None, "t")
-    raw.pexpire(keys.records, 5_000)
+    raw.pexpire(keys.index, 5_000)
     plain.get_tuple(stored)
-    assert raw.pttl(keys.records) <= 5_000  # a read leaves the expiry alone by default
+    assert raw.pttl(keys.index) <= 5_000  # a read leaves the expiry alone by default
     refreshing.get_tuple(stored)
-    assert raw.pttl(keys.records) > 50_000
+    assert raw.pttl(keys.index) > 50_000
     with pytest.raises(InvalidArgument):
         AgentStateSaver(backend.sync_client(), namespace=namespace, ttl=-1)
 
@@ -856,7 +859,8 @@ def test_delete_thread_racing_an_unleased_writer_leaves_no_half_thread(
 def _every_stored_byte(backend: Any, namespace: str, tid: str) -> bytes:
     raw = _raw(backend)
     k = Keys(namespace).thread(tid)
-    return b"".join(f + v for key in (k.records, k.blobs, k.writes) for f, v in raw.hgetall(key).items())
+    hashes = b"".join(f + v for key in (k.records, k.blobs, k.writes) for f, v in raw.hgetall(key).items())
+    return hashes + b"".join(raw.zrange(k.index, 0, -1))
 
 
 def test_a_serializer_assigned_after_construction_is_used(

@@ -45,6 +45,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from redis_agentstate import CheckpointStore, CorruptState, RetryPolicy
 from redis_agentstate.keys import Keys, shard_of
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
+from redis_agentstate.langgraph._records import _held_writes
 
 SEP = b"\0"
 #: A call this long is a hang (every call here takes milliseconds).
@@ -300,9 +301,12 @@ def _well_formed(result: Any) -> bool:
 class Harness:
     """Runs saver calls on one target under the guards, and checks what each call did."""
 
-    def __init__(self, target: Target, flavor: str) -> None:
+    def __init__(self, target: Target, flavor: str, layout: str = "index") -> None:
         self.target = target
         self.flavor = flavor
+        #: "index": a checkpoint's record and writes in its index entry (this version); "hash": the
+        #: records and writes hashes of earlier versions, which this version still reads.
+        self.layout = layout
         self.raw = target.sync_client()
         self.loop = asyncio.new_event_loop()
         self.keys = Keys(NS).thread("t")
@@ -391,21 +395,93 @@ class _AsyncFace:
         return lambda *a, **k: self.loop.run_until_complete(method(*a, **k))
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync-index", "async-index", "sync-hash"])
 def harness(request: pytest.FixtureRequest, target: Target) -> Iterator[Harness]:
-    h = Harness(target, request.param)
+    flavor, layout = request.param.split("-")
+    h = Harness(target, flavor, layout)
     yield h
     h.close()
 
 
 def _setup(h: Harness) -> Built:
     h.raw.flushall()
-    return build(AgentStateSaver(h.target.sync_client(), namespace=NS))
+    built = build(AgentStateSaver(h.target.sync_client(), namespace=NS))
+    if h.layout == "hash":
+        for tid in ("t", "u"):
+            _to_hash_layout(h.raw, Keys(NS).thread(tid))
+    return built
+
+
+def _split_entry(entry: bytes) -> tuple[bytes, bytes | None]:
+    first = entry.find(b"\0")
+    second = entry.find(b"\0", first + 1) if first >= 0 else -1
+    return (entry, None) if second < 0 else (entry[:second], entry[second + 1 :])
+
+
+def _to_hash_layout(raw: Any, k: Any) -> None:
+    """Thread ``k`` as earlier versions stored it: records in the records hash, plain members in the
+    index, each checkpoint's writes in the writes hash."""
+    for entry in raw.zrange(k.index, 0, -1):
+        member, stored = _split_entry(entry)
+        if stored is None:
+            continue
+        held, body_at = _held_writes(stored, k.index)
+        raw.zrem(k.index, entry)
+        raw.zadd(k.index, {member: 0})
+        raw.hset(k.records, member, _split(stored)[0] + stored[body_at:])
+        if held:
+            raw.hset(k.writes, member, held)
+
+
+def _member(built: Built) -> bytes:
+    return ("\0" + built.latest["configurable"]["checkpoint_id"]).encode()
 
 
 def _record_of(h: Harness, built: Built) -> tuple[bytes, bytes]:
-    member = ("\0" + built.latest["configurable"]["checkpoint_id"]).encode()
-    return member, h.raw.hget(h.keys.records, member)
+    """The newest checkpoint's member and stored form, wherever the layout keeps it."""
+    member = _member(built)
+    if h.layout == "hash":
+        return member, h.raw.hget(h.keys.records, member)
+    entry = h.raw.zrangebylex(h.keys.index, b"[" + member + b"\0", b"(" + member + b"\1")[0]
+    return member, entry[len(member) + 1 :]
+
+
+def _set_record(h: Harness, member: bytes, stored: bytes) -> None:
+    """Store ``stored`` as checkpoint ``member``'s record, where the layout keeps it."""
+    if h.layout == "hash":
+        h.raw.hset(h.keys.records, member, stored)
+        return
+    for entry in h.raw.zrangebylex(h.keys.index, b"[" + member + b"\0", b"(" + member + b"\1"):
+        h.raw.zrem(h.keys.index, entry)
+    h.raw.zadd(h.keys.index, {member + b"\0" + stored: 0})
+
+
+def _writes_of(h: Harness, member: bytes) -> bytes:
+    if h.layout == "hash":
+        return h.raw.hget(h.keys.writes, member)
+    return _held_writes(_record_of_member(h, member), h.keys.index)[0]
+
+
+def _record_of_member(h: Harness, member: bytes) -> bytes:
+    entry = h.raw.zrangebylex(h.keys.index, b"[" + member + b"\0", b"(" + member + b"\1")[0]
+    return entry[len(member) + 1 :]
+
+
+def _set_writes(h: Harness, member: bytes, packed: bytes) -> None:
+    """Checkpoint ``member``'s packed writes replaced by ``packed``, where the layout keeps them."""
+    if h.layout == "hash":
+        h.raw.hset(h.keys.writes, member, packed)
+        return
+    stored = _record_of_member(h, member)
+    _, body_at = _held_writes(stored, h.keys.index)
+    _set_record(h, member, _split(stored)[0] + b"W%d:%s" % (len(packed), packed) + stored[body_at:])
+
+
+def _held_key(h: Harness, attr: str) -> str:
+    """The key a CorruptState about a record (or a checkpoint's writes) names in the harness's layout."""
+    if h.layout == "index" and attr in ("records", "held-writes"):
+        return h.keys.index
+    return getattr(h.keys, "writes" if attr == "held-writes" else attr)
 
 
 # ---- item 1: the hang ------------------------------------------------------------------------------
@@ -435,13 +511,13 @@ def test_a_negative_blob_field_length_is_corrupt_state_not_a_hang(harness: Harne
     """The issue's record: a blob-field list reading '-3:' looped the scripts' parser for ever."""
     built = _setup(harness)
     member, stored = _record_of(harness, built)
-    harness.raw.hset(harness.keys.records, member, _with_field_length(stored, b"-3"))
+    _set_record(harness, member, _with_field_length(stored, b"-3"))
     got = _each_op(harness, built, sorted(OPS))
     assert not harness.failures, "\n".join(harness.failures)
     # The calls that read the newest checkpoint; the others never parse it and succeed.
     reads = {"get_tuple", "list_thread", "list_any_ns", "list_all", "list_filtered", "prune", "delete_for_runs"}
     for op, result in got.items():
-        corrupt = isinstance(result, CorruptState) and result.key == harness.keys.records
+        corrupt = isinstance(result, CorruptState) and result.key == _held_key(harness, "records")
         assert corrupt == (op in reads | {"copy_thread"}), (op, result)
 
 
@@ -449,12 +525,12 @@ def test_a_negative_pending_write_length_is_corrupt_state_not_a_hang(harness: Ha
     """The same value in a checkpoint's pending writes looped the client's parser (and put_writes' script)."""
     built = _setup(harness)
     member, _ = _record_of(harness, built)
-    packed = harness.raw.hget(harness.keys.writes, member)
-    harness.raw.hset(harness.keys.writes, member, b"-3:" + packed.split(b":", 1)[1])
+    packed = _writes_of(harness, member)
+    _set_writes(harness, member, b"-3:" + packed.split(b":", 1)[1])
     got = _each_op(harness, built, ["get_tuple", "list_thread", "put_writes", "put_writes_again", "copy_thread"])
     assert not harness.failures, "\n".join(harness.failures)
     for op, result in got.items():
-        assert isinstance(result, CorruptState) and result.key == harness.keys.writes, (op, result)
+        assert isinstance(result, CorruptState) and result.key == _held_key(harness, "held-writes"), (op, result)
 
 
 # ---- item 2: the shard's history-epoch counter ------------------------------------------------------
@@ -503,8 +579,8 @@ def _with_body(stored: bytes, body: bytes) -> bytes:
 NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
     "record-pickle": (
         "records",
-        lambda h, b: h.raw.hset(
-            h.keys.records,
+        lambda h, b: _set_record(
+            h,
             _record_of(h, b)[0],
             _with_body(_record_of(h, b)[1], _pack(None, "pickle", b"x", "json", b"{}")),
         ),
@@ -512,8 +588,8 @@ NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
     ),
     "record-not-utf8-metadata": (
         "records",
-        lambda h, b: h.raw.hset(
-            h.keys.records,
+        lambda h, b: _set_record(
+            h,
             _record_of(h, b)[0],
             _with_body(_record_of(h, b)[1], _pack(None, "json", b"{}", "json", b"\xff\xfe")),
         ),
@@ -521,8 +597,8 @@ NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
     ),
     "record-metadata-a-list": (
         "records",
-        lambda h, b: h.raw.hset(
-            h.keys.records,
+        lambda h, b: _set_record(
+            h,
             _record_of(h, b)[0],
             _with_body(_record_of(h, b)[1], _pack(None, "json", b"{}", "json", b"[1]")),
         ),
@@ -530,12 +606,12 @@ NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
     ),
     "record-no-colon": (
         "records",
-        lambda h, b: h.raw.hset(h.keys.records, _record_of(h, b)[0], b"garbage"),
+        lambda h, b: _set_record(h, _record_of(h, b)[0], b"garbage"),
         ["get_tuple", "list_thread", "list_filtered", "prune", "delete_for_runs"],
     ),
     "blob-field-without-separators": (
         "records",
-        lambda h, b: h.raw.hset(h.keys.records, _record_of(h, b)[0], b"6:4:abcd" + _split(_record_of(h, b)[1])[1]),
+        lambda h, b: _set_record(h, _record_of(h, b)[0], b"6:4:abcd" + _split(_record_of(h, b)[1])[1]),
         ["get_tuple", "list_thread"],
     ),
     "tail-negative-length": (
@@ -582,10 +658,8 @@ NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
         ["get_tuple", "list_thread"],
     ),
     "write-truncated": (
-        "writes",
-        lambda h, b: h.raw.hset(
-            h.keys.writes, _record_of(h, b)[0], h.raw.hget(h.keys.writes, _record_of(h, b)[0])[:-4]
-        ),
+        "held-writes",
+        lambda h, b: _set_writes(h, _record_of(h, b)[0], _writes_of(h, _record_of(h, b)[0])[:-4]),
         ["get_tuple", "list_thread", "put_writes", "put_writes_again"],
     ),
     "index-member-without-separator": (
@@ -629,18 +703,22 @@ NAMED: dict[str, tuple[str, Callable[[Harness, Built], None], list[str]]] = {
 
 def _plant_member(h: Harness, b: Built, member: bytes) -> None:
     """A checkpoint under an index member the saver would not write (a copy of the newest one's record)."""
-    h.raw.zadd(h.keys.index, {member: 0})
-    h.raw.hset(h.keys.records, member, _record_of(h, b)[1])
+    stored = _record_of(h, b)[1]
+    if h.layout == "hash":
+        h.raw.zadd(h.keys.index, {member: 0})
+        h.raw.hset(h.keys.records, member, stored)
+    else:
+        h.raw.zadd(h.keys.index, {member + b"\0" + stored: 0})
 
 
 def _plant_parent_loop(h: Harness, b: Built) -> None:
     """The newest checkpoint names itself as its parent and claims 10**15 DeltaChannel steps to replay."""
     member, stored = _record_of(h, b)
-    _, ck_kind, ck_data, _, _ = msgpack.unpackb(_split(stored)[1], raw=False)
+    ck_kind, ck_data = JsonPlusSerializer().dumps_typed(generate_checkpoint())
     md = {"source": "loop", "step": 3, "parents": {}, "counters_since_delta_snapshot": {"msgs": [1, 10**15]}}
     md_kind, md_data = JsonPlusSerializer().dumps_typed(md)
     body = _pack(b.latest["configurable"]["checkpoint_id"], ck_kind, ck_data, md_kind, md_data)
-    h.raw.hset(h.keys.records, member, _with_body(stored, body))
+    _set_record(h, member, _with_body(stored, body))
 
 
 @pytest.mark.parametrize("case", sorted(NAMED))
@@ -653,7 +731,7 @@ def test_corrupt_saver_data_is_corrupt_state_naming_the_key(harness: Harness, ca
         got = harness.run(f"{case}/{op}", lambda op=op: OPS[op](harness.saver(), built))
         if not isinstance(got, CorruptState):
             harness.failures.append(f"{case}/{op}: no CorruptState, got {got!r:.200}")
-        elif got.key != getattr(harness.keys, attr):
+        elif got.key != _held_key(harness, attr):
             harness.failures.append(f"{case}/{op}: CorruptState names {got.key!r}, not the {attr} key")
         elif "LangGraph thread 't'" not in str(got) and attr not in ("shard_runs", "shard_threads"):
             harness.failures.append(f"{case}/{op}: the message names no thread: {got}")
@@ -697,6 +775,20 @@ def _plant_fuzz(h: Harness, built: Built, rng: random.Random) -> str:
     """One random corruption of thread t's stored data; returns what it did (to name the case)."""
     k = h.keys
     target = rng.choice(["records", "records", "blobs", "blobs", "writes", "writes", "index", "runs", "shard", "type"])
+    if target in ("records", "writes") and h.layout == "index":
+        # The index entries hold the records and the writes: damage one's record, or the writes it holds.
+        entries = [_split_entry(e) for e in h.raw.zrange(k.index, 0, -1)]
+        if target == "writes":
+            entries = [(m, st) for m, st in entries if st and _held_writes(st, k.index)[0]]
+        member, stored = rng.choice(sorted(e for e in entries if e[1]))
+        assert stored is not None
+        if target == "writes":
+            how, new = _bytes_mutation(rng, _held_writes(stored, k.index)[0])
+            _set_writes(h, member, new)
+        else:
+            how, new = _bytes_mutation(rng, stored)
+            _set_record(h, member, new)
+        return f"index entry {member!r} {target} {how}"
     if target in ("records", "blobs", "writes"):
         key = getattr(k, target)
         fields = sorted(h.raw.hkeys(key))
@@ -771,7 +863,11 @@ def _plant_fuzz(h: Harness, built: Built, rng: random.Random) -> str:
 
 def test_fuzz_corrupt_saver_records(harness: Harness) -> None:
     """Random damage to every kind of stored record: each call is CorruptState (nothing written) or a result."""
-    seed = {"fake": 19_1, "real": 19_2}[harness.target.kind] + (harness.flavor == "async")
+    seed = (
+        {"fake": 19_1, "real": 19_2}[harness.target.kind]
+        + (harness.flavor == "async")
+        + 10 * (harness.layout == "hash")
+    )
     rng = random.Random(seed)
     for case in range(FUZZ_CASES):
         built = _setup(harness)

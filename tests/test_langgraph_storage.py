@@ -34,10 +34,17 @@ from redis_agentstate.langgraph._base import SaverBase
 from redis_agentstate.langgraph._compact import SHARED_PREFIX, task_of_key
 from redis_agentstate.langgraph._put import SaverWrites
 from redis_agentstate.langgraph._reads import SaverReads
-from redis_agentstate.langgraph._records import _reads_and_body, _unpack_writes
+from redis_agentstate.langgraph._records import _held_writes, _reads_and_body, _unpack_writes
 
 saver = test_langgraph.saver  # the fixture, shared with the saver's other tests
 BIG = "B" * 1024
+
+
+def _split_entry(entry: bytes) -> tuple[bytes, bytes]:
+    """An index entry's member and stored checkpoint (see _lg.lua)."""
+    first = entry.index(b"\0")
+    second = entry.index(b"\0", first + 1)
+    return entry[:second], entry[second + 1 :]
 
 
 def _rewrite(i: int) -> dict[str, Any]:
@@ -159,15 +166,19 @@ def test_records_and_writes_are_compact_and_versions_short(
         d.invoke({"messages": [f"in {i}"], "count": 0, "blob": "b"} if i == 0 else {"messages": [f"in {i}"]}, cfg)
     raw = _raw(backend)
     k = Keys(namespace).thread("cr")
-    for member, stored in raw.hgetall(k.records).items():
-        fields, body = _reads_and_body(stored, k.records)
+    entries = [_split_entry(e) for e in raw.zrange(k.index, 0, -1)]
+    assert entries and not raw.exists(k.records) and not raw.exists(k.writes)  # one index entry each
+    held = [w for _, stored in entries for w in _unpack_writes(_held_writes(stored, k.index)[0], k.index)]
+    assert len(held) >= 6  # 3 invokes, 2 tasks' writes each, held in their checkpoints' entries
+    for member, stored in entries:
+        fields, body = _reads_and_body(stored, k.index)
         record = msgpack.unpackb(body, raw=False)
         assert record[0] == 2  # the compact form
         cid = member.split(b"\0")[1]
         assert cid not in body  # the id is the member's, not stored again
         assert all(re.fullmatch(rb"[0-9A-Za-z_~]{12}", f.split(b"\0")[2]) for f in fields)
-    for packed in raw.hvals(k.writes):
-        for entry, write in _unpack_writes(packed, k.writes):
+    for _, stored in entries:
+        for entry, write in _unpack_writes(_held_writes(stored, k.index)[0], k.index):
             # LangGraph's task ids are UUIDs: their 16 bytes in the entry's key, not stored again.
             task, _ = task_of_key(entry)
             assert entry[:1] == b"\0" and len(entry) == 19 and uuid.UUID(task).bytes == entry[1:17]
@@ -212,17 +223,27 @@ def test_a_thread_stored_in_the_earlier_forms_reads_back_and_goes_on(
             assert d.invoke(_rewrite(i), cfg) == ref.invoke(_rewrite(i), cfg)
     raw = _raw(backend)
     k = Keys(namespace).thread("old")
-    # The writes as 0.3 packed them: [task, idx, path, channel, kind, data].
-    for member, packed in raw.hgetall(k.writes).items():
+    # 0.3's layout: records in the records hash, plain members in the index, the writes (packed as
+    # [task, idx, path, channel, kind, data]) in the writes hash.
+    for entry in raw.zrange(k.index, 0, -1):
+        member, stored = _split_entry(entry)
+        held, body_at = _held_writes(stored, k.index)
+        reads_end = body_at - (len(stored) - len(stored[body_at:])) if not held else None
+        plain = stored[: stored.index(b":") + 1 + int(stored[: stored.index(b":")])] + stored[body_at:]
+        assert reads_end is None or plain == stored
+        raw.zrem(k.index, entry)
+        raw.zadd(k.index, {member: 0})
+        raw.hset(k.records, member, plain)
         entries = []
-        for entry, write in _unpack_writes(packed, k.writes):
-            task, idx = task_of_key(entry)
+        for key, write in _unpack_writes(held, k.index):
+            task, idx = task_of_key(key)
             path, channel, kind, data = msgpack.unpackb(write, raw=False)
             old = msgpack.packb([task, idx, path, channel, kind or "msgpack", data], use_bin_type=True)
-            key = f"{task}\0{idx}".encode()
-            entries.append(b"%d:%s%d:%s" % (len(key), key, len(old), old))
-        raw.hset(k.writes, member, b"".join(entries))
-    assert not _shared(backend, namespace, "old")
+            text_key = f"{task}\0{idx}".encode()
+            entries.append(b"%d:%s%d:%s" % (len(text_key), text_key, len(old), old))
+        if entries:
+            raw.hset(k.writes, member, b"".join(entries))
+    assert not _shared(backend, namespace, "old") and raw.hlen(k.writes) > 0
     assert all(msgpack.unpackb(_reads_and_body(v, k.records)[1])[0] != 2 for v in raw.hvals(k.records))
     assert _history(saver, twin_loop, "old") == _history(memory, twin_loop, "old")
     for i in range(4, 8):  # and the thread goes on, in the new forms where they keep its order

@@ -225,12 +225,12 @@ class TestNamespaceSetting:
         assert cp.create(Checkpoint("t")) and raw.exists(keys.task("t").checkpoint)
         saver = _saver(backend, flavor, namespace, twin_loop, shards=200)
         cfg = _put(saver, flavor, twin_loop, "thread-1")
-        assert raw.exists(keys.thread("thread-1").records)
+        assert raw.exists(keys.thread("thread-1").index)
         assert _get(saver, flavor, twin_loop, cfg) is not None
         wrong = _saver(backend, flavor, namespace, twin_loop, shards=64)
         with pytest.raises(ConfigConflict):
             _put(wrong, flavor, twin_loop, "thread-2")
-        assert not raw.exists(keys.thread("thread-2").records)
+        assert not raw.exists(keys.thread("thread-2").index)
 
     def test_a_corrupt_record_is_refused_and_kept(self, make: Callable[..., Any], raw: Any, namespace: str) -> None:
         record = Keys(namespace).layout_key()

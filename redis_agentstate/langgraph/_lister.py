@@ -16,7 +16,7 @@ from ..errors import CorruptState, InvalidArgument
 from ..scripts import LG_LIST
 from ._base import _configurable, _ident, _ns, thread_of
 from ._reads import READ_TRIES, SaverReads
-from ._records import SEP, _foreign_id, _stored_id, _stored_member, _stored_text
+from ._records import SEP, _entry_member, _foreign_id, _stored_id, _stored_member, _stored_text
 
 __all__ = ["LIST_BYTES", "LIST_PAGE", "Lister", "Listing"]
 
@@ -95,8 +95,9 @@ class Lister:
 
     def _bounds(self, ns: str) -> tuple[str, str]:
         if self.cid is not None:
+            # The member alone (a record of the earlier layout) or its entry '<member>\0<stored>'.
             member = f"{ns}{SEP}{self.cid}"
-            return f"[{member}", f"[{member}"
+            return f"({member}\x01", f"[{member}"
         if self.before is not None:
             return f"({ns}{SEP}{self.before}", f"[{ns}{SEP}"
         return f"({ns}\x01", f"[{ns}{SEP}"
@@ -109,7 +110,7 @@ class Lister:
             first = yield Command(["ZRANGEBYLEX", index, lo, "+", "LIMIT", 0, 1])
             if not first:
                 break
-            ns, cid = _stored_member(first[0], index)
+            ns, cid = _stored_member(_entry_member(first[0]), index)
             found.append((cid, ns))
             lo = f"[{ns}\x01"  # past every member of ns (ids hold no byte below \x01)
         return [ns for _, ns in sorted(found)]
@@ -174,7 +175,8 @@ class Lister:
         else:
             self.hi = "(" + _stored_text(members[-1], keys.index, "a checkpoint member")
         out: list[CheckpointTuple] = []
-        for m, item in zip(members, items, strict=True):
+        where = reply[2] if not whole and len(reply) > 2 else [2] * len(members)
+        for m, item, at in zip(members, items, where, strict=True):
             if item is None:
                 continue  # deleted under the index (not by this library's scripts, which do both)
             ns, cid = _stored_member(m, keys.index)
@@ -185,7 +187,7 @@ class Lister:
             if whole:
                 got = item
             else:
-                md = self.core._metadata(item, keys.records)
+                md = self.core._metadata(item, keys.index if int(at) == 3 else keys.records)
                 if not all(md.get(k) == v for k, v in self.filter.items()):
                     continue
                 got = yield from self.core.read_checkpoint(tid, ns, cid)

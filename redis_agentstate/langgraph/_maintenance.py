@@ -13,7 +13,7 @@ from .._ops import Call, Command, Op, Pipe, corrupt_state, member_id, restart
 from ..errors import InvalidArgument
 from ..scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
 from ._base import SaverBase, _ident
-from ._records import SEP, _reads_and_body, _stored_id, _stored_member, _unpack_writes
+from ._records import SEP, _entry_member, _held_writes, _reads_and_body, _stored_id, _stored_member, _unpack_writes
 
 __all__ = ["ThreadMaintenance"]
 
@@ -65,15 +65,17 @@ class ThreadMaintenance(SaverBase):
         if src == dst:
             raise InvalidArgument("copy_thread needs two different threads")
         dump = yield Call(LG_DUMP, self.thread_keys(src), [])
-        records, blobs, writes, _runs = dump
+        records, blobs, writes, _runs, where = dump
         if not records:
             return None
         keys = self.thread_key_set(src)
         # The target's script indexes the records' members: checked here, before it writes, with the
         # framing of what it copies (a corrupt thread is reported, not duplicated).
-        for member, stored in zip(records[::2], records[1::2], strict=True):
-            _stored_member(member, keys.records)
-            _reads_and_body(stored, keys.records)
+        for member, stored, at in zip(records[::2], records[1::2], where, strict=True):
+            key = keys.index if int(at) == 3 else keys.records
+            _stored_member(member, keys.index)
+            _reads_and_body(stored, key)
+            _unpack_writes(_held_writes(stored, key)[0], key)
         for packed in writes[1::2]:
             _unpack_writes(packed, keys.writes)
         # The copy is a thread of its own: its checkpoints do not join the source's runs, so
@@ -108,25 +110,35 @@ class ThreadMaintenance(SaverBase):
         (``counters_since_delta_snapshot``), so that many parents are kept with their writes.
         """
         keys = self.thread_key_set(tid)
-        members = [_stored_member(m, keys.index) for m in (yield Command(["ZRANGE", keys.index, 0, -1]))]
+        entries = yield Command(["ZRANGE", keys.index, 0, -1])
+        members = [_stored_member(_entry_member(e), keys.index) for e in entries]
+        # The stored checkpoints the index entries carry; one of the earlier layout is in the hash.
+        inline = {_entry_member(e): e[len(_entry_member(e)) + 1 :] for e in entries if len(_entry_member(e)) < len(e)}
+
+        def stored_of(member: str) -> Op[tuple[Any, str]]:
+            raw = inline.get(member.encode())
+            if raw is not None:
+                return raw, keys.index
+            return (yield Command(["HGET", keys.records, member])), keys.records
+
         latest: dict[str, str] = {}
         for ns, cid in members:  # lex order: the last member of a namespace is its newest checkpoint
             latest[ns] = cid
         keep: list[str] = []
         for ns, cid in latest.items():
             member = f"{ns}{SEP}{cid}"
-            raw = yield Command(["HGET", keys.records, member])
+            raw, where = yield from stored_of(member)
             if raw is None:
                 continue
-            parent, md = self._parent_and_metadata(raw, keys.records)
+            parent, md = self._parent_and_metadata(raw, where)
             counters = md.get("counters_since_delta_snapshot") or {}
             if not isinstance(counters, Mapping):
-                raise corrupt_state(keys.records, [keys.records], "holds malformed DeltaChannel counters")
+                raise corrupt_state(where, [where], "holds malformed DeltaChannel counters")
             depth = 0
             for c in counters.values():
                 if isinstance(c, (list, tuple)) and len(c) == 2:
                     if not isinstance(c[1], int) or isinstance(c[1], bool) or c[1] < 0:
-                        raise corrupt_state(keys.records, [keys.records], "holds malformed DeltaChannel counters")
+                        raise corrupt_state(where, [where], "holds malformed DeltaChannel counters")
                     depth = max(depth, c[1])
             # A count read from Redis: no more ancestors than the thread has, and a parent chain that
             # comes back to a checkpoint it passed is corrupt (ids only grow), not a walk for ever.
@@ -134,14 +146,14 @@ class ThreadMaintenance(SaverBase):
             seen = {cid}
             while depth > 0 and parent:
                 if parent in seen:
-                    raise corrupt_state(keys.records, [keys.records], "holds a parent chain that loops")
+                    raise corrupt_state(where, [where], "holds a parent chain that loops")
                 seen.add(parent)
                 member = f"{ns}{SEP}{parent}"
-                raw = yield Command(["HGET", keys.records, member])
+                raw, where = yield from stored_of(member)
                 if raw is None:
                     break
                 keep.append(member)
-                parent, _ = self._parent_and_metadata(raw, keys.records)
+                parent, _ = self._parent_and_metadata(raw, where)
                 depth -= 1
         return keep
 

@@ -108,14 +108,18 @@ class SaverReads(SaverBase):
     def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
         keys = self.thread_key_set(tid)
         ns, cid = _stored_member(reply[0], keys.index)
-        parent, checkpoint, metadata = self._record(reply[1], keys.records, cid)
+        # Where the script found the record and the writes (KEYS indexes: an error names the key).
+        at = {2: keys.records, 3: keys.index, 5: keys.writes}
+        records = at.get(int(reply[4]), keys.index) if len(reply) > 5 else keys.records
+        writes_key = at.get(int(reply[5]), keys.writes) if len(reply) > 5 else keys.writes
+        parent, checkpoint, metadata = self._record(reply[1], records, cid)
         values: dict[str, Any] = {}
         blobs = reply[2]
         rebuilt: dict[str, str] = {}
         for i in range(0, len(blobs), 2):
-            parts = _stored_text(blobs[i], keys.records, "a blob field").split(SEP)
+            parts = _stored_text(blobs[i], records, "a blob field").split(SEP)
             if len(parts) != 3:
-                raise corrupt_state(keys.records, [keys.records], f"reads a malformed blob field {blobs[i]!r:.80}")
+                raise corrupt_state(records, [records], f"reads a malformed blob field {blobs[i]!r:.80}")
             _, ch, version = parts
             rebuilt[ch] = version
             chain = blobs[i + 1]
@@ -124,18 +128,18 @@ class SaverReads(SaverBase):
                 if value is not _EMPTY:
                     values[ch] = value
         writes = []
-        for entry, raw in _unpack_writes(reply[3], keys.writes):
+        for entry, raw in _unpack_writes(reply[3], writes_key):
             task_idx = task_of_key(entry)
             if task_idx is None:
                 raise corrupt_state(
-                    keys.writes, [keys.writes], f"holds a pending write key of the wrong shape: {entry!r:.80}"
+                    writes_key, [writes_key], f"holds a pending write key of the wrong shape: {entry!r:.80}"
                 )
             try:
                 write = unpack_write(raw, *task_idx)
             except Exception as exc:
-                raise corrupt_state(keys.writes, [keys.writes], f"holds a malformed pending write: {exc}") from exc
+                raise corrupt_state(writes_key, [writes_key], f"holds a malformed pending write: {exc}") from exc
             if write is None:
-                raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
+                raise corrupt_state(writes_key, [writes_key], "holds a pending write of the wrong shape")
             task, idx, path, channel, kind, data = write
             if not (
                 isinstance(task, str)
@@ -144,13 +148,13 @@ class SaverReads(SaverBase):
                 and isinstance(idx, int)
                 and not isinstance(idx, bool)
             ):
-                raise corrupt_state(keys.writes, [keys.writes], "holds a pending write of the wrong shape")
+                raise corrupt_state(writes_key, [writes_key], "holds a pending write of the wrong shape")
             if kind is None:
                 if not isinstance(data, bytes) or data[:1] != _FULL:
                     raise corrupt_state(keys.blobs, [keys.blobs], "holds a shared value that is not a full value")
                 value = self._value(data[1:], keys.blobs)
             else:
-                value = self._load(kind, data, keys.writes, "a pending write")
+                value = self._load(kind, data, writes_key, "a pending write")
             writes.append((writes_sort_key(path, task, idx), (task, channel, value)))
         writes.sort(key=lambda w: w[0])
         if "channel_versions" not in checkpoint:

@@ -64,13 +64,30 @@ def _unpack_writes(packed: bytes, key: str) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def _held_writes(stored: bytes, key: str) -> tuple[bytes, int]:
+    """The packed pending writes a stored checkpoint holds (b"" if none) and where its record starts:
+    after its list of blob fields comes 'W<k>:' + k bytes of writes, in a checkpoint stored in the
+    index (see _lg.lua). A record is msgpack, so it never starts with 'W'."""
+    head = _length_at(stored, 0) if isinstance(stored, bytes) else None
+    if head is None:
+        raise corrupt_state(key, [key], "holds a malformed checkpoint (its list of blob fields)")
+    at = head[1] + head[0]
+    if stored[at : at + 1] != b"W":
+        return b"", at
+    held = _length_at(stored, at + 1)
+    if held is None:
+        raise corrupt_state(key, [key], "holds a malformed checkpoint (the pending writes it holds)")
+    return stored[held[1] : held[1] + held[0]], held[1] + held[0]
+
+
 def _reads_and_body(stored: bytes, key: str) -> tuple[list[bytes], bytes]:
     """The blob fields a stored checkpoint reads and its msgpack record (see _lg.lua)."""
     head = _length_at(stored, 0) if isinstance(stored, bytes) else None
     if head is None:
         raise corrupt_state(key, [key], "holds a malformed checkpoint (its list of blob fields)")
     n, start = head
-    reads, body, fields, i = stored[start : start + n], stored[start + n :], [], 0
+    body_at = _held_writes(stored, key)[1]
+    reads, body, fields, i = stored[start : start + n], stored[body_at:], [], 0
     while i < len(reads):
         one = _length_at(reads, i)
         if one is None:
@@ -91,6 +108,16 @@ def _stored_text(value: Any, key: str, what: str) -> str:
         return value.decode("utf-8") if isinstance(value, bytes) else str(value)
     except UnicodeDecodeError as exc:
         raise corrupt_state(key, [key], f"holds {what} that is not UTF-8: {value!r:.80}") from exc
+
+
+def _entry_member(value: Any) -> Any:
+    """The member of an index entry: '<ns>\\0<cid>', before the stored checkpoint an entry of this
+    version's layout goes on with (see _lg.lua)."""
+    if isinstance(value, bytes):
+        first = value.find(b"\0")
+        second = value.find(b"\0", first + 1) if first >= 0 else -1
+        return value if second < 0 else value[:second]
+    return value
 
 
 def _stored_member(value: Any, key: str) -> tuple[str, str]:

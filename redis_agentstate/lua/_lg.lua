@@ -3,12 +3,20 @@
 -- Every script takes the keys of one thread, in this order (keys.ThreadKeys; all
 -- in the slot of the thread's shard, so a script runs unchanged on Redis Cluster):
 --   KEYS[1]  lgmeta:<tid>   hash  holder, exp: the thread's lease (absent when free)
---   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> '<n>:' + the n bytes of the blob fields the
---                                   checkpoint reads (each '<len>:<field>') + its record (opaque)
---   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>, score 0: lex order is id order
+--   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> a stored checkpoint (below), as earlier versions
+--                                   stored them; this one stores them in KEYS[3]
+--   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>\0<stored checkpoint> (or <ns>\0<cid> alone, its record
+--                                   in KEYS[2]), score 0: lex order is id order
 --   KEYS[4]  lgblob:<tid>   hash  <ns>\0<channel>\0<version> -> 'F'<value> or a tail (below)
 --   KEYS[5]  lgw:<tid>      hash  <ns>\0<cid> -> the checkpoint's pending writes, packed: one
---                                   '<n>:<task_id>\0<idx><m>:<write>' per write (n, m: lengths)
+--                                   '<n>:<task_id>\0<idx><m>:<write>' per write (n, m: lengths),
+--                                   for a checkpoint stored in KEYS[2] or not stored (yet)
+--
+-- A stored checkpoint is '<n>:' + the n bytes of the blob fields it reads (each '<len>:<field>'),
+-- then 'W<k>:' + its k bytes of packed pending writes when it holds them (a checkpoint stored in
+-- KEYS[3] whose writes are not in KEYS[5]), then its record (opaque: msgpack, never 'W').
+-- One sorted-set entry per checkpoint, not a hash entry, an index entry and a writes entry: a
+-- third of a thread's memory (benchmarks/lg_layouts.py).
 --   KEYS[6]  lgrun:<tid>    zset  <run_id>\0<ns>\0<cid>, score 0
 --   KEYS[7]  lgrel:<tid>    list  release notices for lease waiters
 --   KEYS[8]  lgthreads      zset  thread ids of the shard, score 0
@@ -257,22 +265,107 @@ local function resolve_writes(s)
   return pack_writes(entries)
 end
 
+-- The index entry of checkpoint m when it is stored in the index ('<m>\0<stored>'), or nil.
+local function entry_of(m)
+  return redis.call('ZRANGEBYLEX', KEYS[3], '[' .. m .. SEP, '(' .. m .. '\1', 'LIMIT', 0, 1)[1]
+end
+
+-- The member of index entry e and its stored checkpoint (nil: stored in KEYS[2], the layout of
+-- earlier versions); e itself and nil for an entry with no separator (the reader reports it).
+local function split_entry(e)
+  local a = string.find(e, SEP, 1, true)
+  local b = a and string.find(e, SEP, a + 1, true)
+  if not b then return e, nil end
+  return string.sub(e, 1, b - 1), string.sub(e, b + 1)
+end
+
+-- The members of index entries (as split_entry), in their order.
+local function members_of(entries)
+  local out = {}
+  for i, e in ipairs(entries) do out[i] = (split_entry(e)) end
+  return out
+end
+
+-- The stored checkpoint m and its index entry (the entry nil: stored in KEYS[2], or absent).
+local function record_of(m)
+  local e = entry_of(m)
+  if e then return string.sub(e, #m + 2), e end
+  return redis.call('HGET', KEYS[2], m), nil
+end
+
+-- The parts of a stored checkpoint: the end of its list of blob fields, the packed writes it holds
+-- (nil: none), and where its record starts; nil if the framing is malformed.
+local function parts_of(stored)
+  local n, c = length_at(stored, 1)
+  if not n then return nil end
+  local i = c + n + 1
+  if string.sub(stored, i, i) ~= 'W' then return i - 1, nil, i end
+  local k, c2 = length_at(stored, i + 1)
+  if not k then return nil end
+  return i - 1, string.sub(stored, c2 + 1, c2 + k), c2 + k + 1
+end
+
+-- The stored checkpoint with ``writes`` as the packed writes it holds ('' or nil: none), or nil if
+-- the framing of ``stored`` is malformed.
+local function with_writes(stored, writes)
+  local reads_end, _, body = parts_of(stored)
+  if not reads_end then return nil end
+  local held = ''
+  if writes and writes ~= '' then held = 'W' .. #writes .. ':' .. writes end
+  return string.sub(stored, 1, reads_end) .. held .. string.sub(stored, body)
+end
+
+-- The pending writes of checkpoint m whose stored form (nil: not stored) is ``stored``: those of
+-- KEYS[5], else those it holds; '' if none, nil if ``stored`` is malformed.
+local function writes_of(m, stored)
+  local w = redis.call('HGET', KEYS[5], m)
+  if w then return w end
+  if not stored then return '' end
+  local reads_end, held = parts_of(stored)
+  if not reads_end then return nil end
+  return held or ''
+end
+
+-- Store checkpoint m as ``stored`` in the index (replacing entry ``old``, if any, and a record of
+-- the earlier layout).
+local function put_record(m, stored, old)
+  if old then redis.call('ZREM', KEYS[3], old) end
+  redis.call('HDEL', KEYS[2], m)
+  redis.call('ZREM', KEYS[3], m)
+  redis.call('ZADD', KEYS[3], 0, m .. SEP .. stored)
+end
+
 -- Remove checkpoint <ns>\0<cid> and its pending writes (not its blobs: see gc_blobs).
 local function drop_checkpoint(member)
+  local e = entry_of(member)
+  if e then redis.call('ZREM', KEYS[3], e) end
   redis.call('HDEL', KEYS[2], member)
   redis.call('ZREM', KEYS[3], member)
   redis.call('HDEL', KEYS[5], member)
 end
 
--- The blob fields each checkpoint of the thread reads: {member = fields}, or nil if a
--- stored checkpoint is malformed.
-local function all_reads()
+-- Every stored checkpoint of the thread, both layouts: {member = stored}, and {member = the KEYS
+-- index it is stored in (2 or 3)}.
+local function all_records()
+  local out, where = {}, {}
   local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do out[all[i]], where[all[i]] = all[i + 1], 2 end
+  for _, e in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    local m, stored = split_entry(e)
+    if stored then out[m], where[m] = stored, 3 end
+  end
+  return out, where
+end
+
+-- The blob fields each checkpoint of the thread reads: {member = fields}; or nil and the KEYS index
+-- of a stored checkpoint that is malformed.
+local function all_reads()
   local out = {}
-  for i = 1, #all, 2 do
-    local fields = fields_of(all[i + 1])
-    if not fields then return nil end
-    out[all[i]] = fields
+  local records, where = all_records()
+  for m, stored in pairs(records) do
+    local fields = fields_of(stored)
+    if not fields or (where[m] == 3 and not parts_of(stored)) then return nil, where[m] end
+    out[m] = fields
   end
   return out
 end
@@ -362,7 +455,9 @@ local function drop_thread(tid)
   return true
 end
 
--- Checkpoint <ns>\0<cid> with everything a reader needs: {member, record, blobs, writes}
+-- Checkpoint <ns>\0<cid> (``stored``: its stored form, read already from its index entry) with
+-- everything a reader needs: {member, record (without the writes it holds), blobs, writes, the
+-- KEYS index of the record (2 or 3), the KEYS index of the writes (3 or 5)}
 -- (blobs = {field, {value, base value, ...}, ...}, each tail chain newest first;
 -- writes = its packed pending writes, '' if none) and the bytes of values and writes it
 -- carries, nil if there is no such checkpoint, or CORRUPT, KEYS index, what: data this library
@@ -371,11 +466,13 @@ end
 -- so checkpoints that read one unchanged value carry it once per listing, not once each. ``room``: the value bytes the page may
 -- still take; a checkpoint whose new values are longer (HSTRLEN, before they are read) answers
 -- FULL (records are small, and bounded by the page's count).
-local function checkpoint_reply(member, seen, room)
-  local record = redis.call('HGET', KEYS[2], member)
+local function checkpoint_reply(member, seen, room, stored)
+  local record, entry = stored, stored
+  if not record then record, entry = record_of(member) end
   if not record then return nil end
   local fields = fields_of(record)
-  if not fields then return CORRUPT, 2, 'checkpoint' end
+  local held = entry and parts_of(record)
+  if not fields or (entry and not held) then return CORRUPT, entry and 3 or 2, 'checkpoint' end
   if room then
     local need = 0
     for _, f in ipairs(fields) do
@@ -404,7 +501,12 @@ local function checkpoint_reply(member, seen, room)
     end
   end
   -- The pending writes are checked by the client (here only references are resolved).
-  local writes = resolve_writes(redis.call('HGET', KEYS[5], member) or '')
+  local writes = resolve_writes(writes_of(member, entry and record))
   if not writes then return CORRUPT, 4, 'shared-value' end
-  return {member, record, blobs, writes}, size + #writes
+  local where_w = 5
+  if entry then
+    if redis.call('HEXISTS', KEYS[5], member) == 0 then where_w = 3 end
+    record = with_writes(record, nil)
+  end
+  return {member, record, blobs, writes, entry and 3 or 2, where_w}, size + #writes
 end

@@ -23,8 +23,8 @@ for i = 3, #ARGV do
 end
 local blobs
 if #gone > 0 then
-  local reads = all_reads()
-  if not reads then return corrupt(2, 'checkpoint') end
+  local reads, bad = all_reads()
+  if not reads then return corrupt(bad, 'checkpoint') end
   local dropped = {}
   for _, m in ipairs(gone) do
     dropped[string.sub(m, #run_of(m) + 2)] = true
@@ -35,6 +35,13 @@ if #gone > 0 then
   local writes = redis.call('HGETALL', KEYS[5])
   for i = 1, #writes, 2 do
     if not dropped[writes[i]] and not mark_writes(writes[i + 1], blobs) then return corrupt(5, 'pending-writes') end
+  end
+  for _, e in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    local m, stored = split_entry(e)
+    if stored and not dropped[m] then
+      local reads_end, held = parts_of(stored)
+      if not reads_end or (held and not mark_writes(held, blobs)) then return corrupt(3, 'pending-writes') end
+    end
   end
 end
 -- Every check passed: the first write.

@@ -8,14 +8,15 @@
 -- checkpoint or blob.
 local ns, cid, ttl = ARGV[1], ARGV[2], ARGV[3]
 
-local member
+local member, stored
 if cid == '' then
-  member = redis.call('ZREVRANGEBYLEX', KEYS[3], '(' .. ns .. '\1', '[' .. ns .. SEP, 'LIMIT', 0, 1)[1]
-  if not member then return {} end
+  local entry = redis.call('ZREVRANGEBYLEX', KEYS[3], '(' .. ns .. '\1', '[' .. ns .. SEP, 'LIMIT', 0, 1)[1]
+  if not entry then return {} end
+  member, stored = split_entry(entry)
 else
   member = ns .. SEP .. cid
 end
-local reply, i, what = checkpoint_reply(member)
+local reply, i, what = checkpoint_reply(member, nil, nil, stored)
 if not reply then return {} end
 if reply == CORRUPT then return corrupt(i, what) end
 touch(ttl)

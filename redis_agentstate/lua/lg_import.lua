@@ -24,7 +24,8 @@ local function pairs_into(n, key, index)
   i = i + n
 end
 local n_records = tonumber(ARGV[4])
-pairs_into(n_records, KEYS[2], KEYS[3])
+for j = i, i + n_records - 1, 2 do put_record(ARGV[j], ARGV[j + 1], nil) end
+i = i + n_records
 pairs_into(tonumber(ARGV[5]), KEYS[4], nil)
 pairs_into(tonumber(ARGV[6]), KEYS[5], nil)
 for j = i, i + tonumber(ARGV[7]) - 1 do

@@ -18,7 +18,7 @@ if strategy == 'delete' then
   if not drop_thread(tid) then return corrupt(6, 'run-member') end
   return {REPLY_DONE}
 end
-local members = redis.call('ZRANGE', KEYS[3], 0, -1)
+local members = members_of(redis.call('ZRANGE', KEYS[3], 0, -1))
 local keep = {}
 for i = 3, #ARGV do keep[ARGV[i]] = true end
 for i, m in ipairs(members) do
@@ -28,16 +28,17 @@ for i, m in ipairs(members) do
   local nxt = members[i + 1]
   if not nxt or string.sub(nxt, 1, #ns + 1) ~= ns .. SEP then keep[m] = true end
 end
-local reads = all_reads()
-if not reads then return corrupt(2, 'checkpoint') end
+local reads, bad = all_reads()
+if not reads then return corrupt(bad, 'checkpoint') end
 for m in pairs(reads) do
   if not keep[m] then reads[m] = nil end
 end
 local blobs = blobs_read(reads)
 if not blobs then return corrupt(4, 'blob') end
 for m in pairs(keep) do
-  local w = redis.call('HGET', KEYS[5], m)
-  if w and not mark_writes(w, blobs) then return corrupt(5, 'pending-writes') end
+  local stored, entry = record_of(m)
+  local w = writes_of(m, entry and stored)
+  if not w or not mark_writes(w, blobs) then return corrupt(5, 'pending-writes') end
 end
 local runs, gone = {}, {}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do

@@ -5,6 +5,7 @@
 --   ARGV[3]     - ttl in ms for every data key of the thread ('' = none)
 --   ARGV[4]     - <ns>\0<cid>
 --   ARGV[5]     - the stored checkpoint: '<n>:' + the blob fields it reads (n bytes) + record
+--                 (stored in KEYS[3], see _lg.lua)
 --   ARGV[6]     - run id ('' = none)
 --   ARGV[7]     - <ns>\0<parent cid> ('' = no parent)
 --   ARGV[8..]   - blob field, value pairs: the channels of new_versions only, and the shared
@@ -13,20 +14,38 @@
 -- written); {REFUSED, 'gone', parent} the parent is not in the thread (deleted under the
 -- writer: storing the child would resurrect a thread whose channels read back missing;
 -- nothing written); {REFUSED, 'base', field} a tail whose base is gone (nothing written:
--- the caller resends the full value).
+-- the caller resends the full value); an AGENTSTATE_CORRUPT error reply if the checkpoint
+-- stored under the same id is malformed (nothing written).
 local tid, token, ttl, member, record, run_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local parent = ARGV[7]
 
 probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
-if parent ~= '' and redis.call('HEXISTS', KEYS[2], parent) == 0 then return {REPLY_REFUSED, 'gone', parent} end
+if parent ~= '' and not record_of(parent) then return {REPLY_REFUSED, 'gone', parent} end
+-- The checkpoint holds its pending writes: those it held if it is stored again, or those sent
+-- before it (LangGraph's background writer can run a task's put_writes before the put), which
+-- leave KEYS[5] (unpacked first: they are checked before the first write).
+local old_stored, old_entry = record_of(member)
+local held
+if old_entry then
+  local reads_end, w = parts_of(old_stored)
+  if not reads_end then return corrupt(3, 'checkpoint') end
+  held = w
+end
+local early = redis.call('HGET', KEYS[5], member)
+if early then
+  if not unpack_writes(early) then return corrupt(5, 'pending-writes') end
+  held = early
+end
+local stored = with_writes(record, held)
+if not stored then return redis.error_reply('ERR lg_put: ARGV[5] is not a framed checkpoint') end
 for i = 8, #ARGV, 2 do
   local base = base_of(ARGV[i], ARGV[i + 1])
   if base and redis.call('HEXISTS', KEYS[4], base) == 0 then return {REPLY_REFUSED, 'base', ARGV[i]} end
 end
-redis.call('HSET', KEYS[2], member, record)
-redis.call('ZADD', KEYS[3], 0, member)
+put_record(member, stored, old_entry)
+if early then redis.call('HDEL', KEYS[5], member) end
 for i = 8, #ARGV, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end

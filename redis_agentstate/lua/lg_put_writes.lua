@@ -16,8 +16,19 @@ local tid, token, ttl, member = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
-local entries = unpack_writes(redis.call('HGET', KEYS[5], member) or '')
-if not entries then return corrupt(5, 'pending-writes') end
+-- Into the checkpoint's index entry when it is stored there and KEYS[5] holds none of its writes.
+local record, entry = record_of(member)
+local inline = entry and not redis.call('HGET', KEYS[5], member)
+local packed
+if inline then
+  local reads_end, held = parts_of(record)
+  if not reads_end then return corrupt(3, 'checkpoint') end
+  packed = held or ''
+else
+  packed = redis.call('HGET', KEYS[5], member) or ''
+end
+local entries = unpack_writes(packed)
+if not entries then return corrupt(inline and 3 or 5, 'pending-writes') end
 local n_shared = tonumber(ARGV[5])
 local shared = {}
 for i = 6, 5 + n_shared, 2 do shared[ARGV[i]] = ARGV[i + 1] end
@@ -38,7 +49,11 @@ for _, w in ipairs(stored) do
   local f = shared_of(w)
   if f and shared[f] then redis.call('HSET', KEYS[4], f, shared[f]) end
 end
-redis.call('HSET', KEYS[5], member, pack_writes(entries))
+if inline then
+  put_record(member, with_writes(record, pack_writes(entries)), entry)
+else
+  redis.call('HSET', KEYS[5], member, pack_writes(entries))
+end
 redis.call('ZADD', KEYS[8], 0, tid)
 touch(ttl)
 return {REPLY_DONE}
