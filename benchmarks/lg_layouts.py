@@ -1,14 +1,14 @@
-"""What a LangGraph thread would cost in other key layouts, from the bytes the saver really stores.
+"""What a LangGraph thread costs in each key layout, from the bytes the saver really stores.
 
 ``python -m benchmarks.lg_layouts [--steps 400] [--workload input-once|rewrite]``: on a private
 redis-server, runs the langgraph figure's workload for one thread through ``AgentStateSaver``,
-then copies the thread's stored records, index and pending writes into scratch keys laid out
-another way, and prints each layout's ``MEMORY USAGE`` (the values hash is the same in all):
+then copies the thread's stored checkpoints (records and pending writes) into scratch keys laid
+out another way, and prints each layout's ``MEMORY USAGE`` (the values hash is the same in all):
 
-- ``as stored``: records hash + index sorted set + writes hash (the saver's layout);
+- ``records hash + index + writes hash``: the layout of earlier versions;
 - ``records in the index``: one sorted-set entry per checkpoint, ``<member>\\0<record>``, + writes hash;
 - ``writes in the record``: records hash whose values carry their checkpoint's writes + index;
-- ``both``: one sorted-set entry per checkpoint holding its record and its writes.
+- ``records and writes in the index``: one sorted-set entry per checkpoint (this version's, as stored).
 
 A measurement for a design decision (which layout brings a 400-step thread under 1 MiB), not a
 figure of the main harness; it prints, and writes nothing to the README.
@@ -24,6 +24,7 @@ import redis
 from redis_agentstate.embedded import start_embedded
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import AgentStateSaver
+from redis_agentstate.langgraph._records import _entry_member, _held_writes, _length_at
 
 from .langgraph_savers import MESSAGE, OTHER, WORKLOADS, _graph
 
@@ -41,31 +42,52 @@ def _fill(client: redis.Redis, steps: int, workload: str) -> Keys:
 
 
 def layouts(client: redis.Redis, keys: Any) -> dict[str, int]:
-    """MEMORY USAGE of the thread's records, index and writes in each layout (bytes)."""
-    records: dict[bytes, bytes] = client.hgetall(keys.records)
-    writes: dict[bytes, bytes] = client.hgetall(keys.writes)
+    """MEMORY USAGE of the thread's checkpoints (records and writes) in each layout (bytes)."""
+    records: dict[bytes, bytes] = {}
+    writes: dict[bytes, bytes] = dict(client.hgetall(keys.writes))
+    for entry in client.zrange(keys.index, 0, -1):
+        member = _entry_member(entry)
+        stored = entry[len(member) + 1 :]
+        held, body_at = _held_writes(stored, keys.index)
+        head = _length_at(stored, 0)
+        assert head is not None
+        records[member] = stored[: head[1] + head[0]] + stored[body_at:]
+        if held:
+            writes[member] = held
 
     def usage(*names: str) -> int:
         return sum(int(client.memory_usage(n, samples=0) or 0) for n in names)
 
-    scratch = [f"{keys.records}:x{i}" for i in range(4)]
-    client.delete(*scratch)
+    h, z, w, hw, zr, zrw = (f"{keys.records}:x{i}" for i in range(6))
+    client.delete(h, z, w, hw, zr, zrw)
     with client.pipeline(transaction=False) as p:
         for member, record in records.items():
-            w = writes.get(member, b"")
-            p.zadd(scratch[0], {member + b"\0" + record: 0})
-            p.hset(scratch[1], member, record + w)
-            p.zadd(scratch[2], {member + b"\0" + record + w: 0})
+            held = writes.get(member, b"")
+            p.hset(h, member, record)
+            p.zadd(z, {member: 0})
+            if held:
+                p.hset(w, member, held)
+            p.hset(hw, member, _with(record, held))
+            p.zadd(zr, {member + b"\0" + record: 0})
+            p.zadd(zrw, {member + b"\0" + _with(record, held): 0})
         p.execute()
     out = {
-        "as stored": usage(keys.records, keys.index, keys.writes),
-        "records in the index": usage(scratch[0], keys.writes),
-        "writes in the record": usage(scratch[1], keys.index),
-        "both": usage(scratch[2]),
+        "records hash + index + writes hash": usage(h, z, w),
+        "records in the index": usage(zr, w),
+        "writes in the record": usage(hw, z),
+        "records and writes in the index": usage(zrw),
+        "as stored": usage(keys.index, keys.records, keys.writes),
         "values (the same in every layout)": usage(keys.blobs),
     }
-    client.delete(*scratch)
+    client.delete(h, z, w, hw, zr, zrw)
     return out
+
+
+def _with(record: bytes, held: bytes) -> bytes:
+    head = _length_at(record, 0)
+    assert head is not None
+    at = head[1] + head[0]
+    return record[:at] + (b"W%d:%s" % (len(held), held) if held else b"") + record[at:]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,7 @@ def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
     assert ours["status"] == "ok" and ours["ms_first10"]["median"] > 0
     assert ours["memory"][str(fig["steps"])]["own_keys"] > 0
     split = ours["memory"][str(fig["steps"])]["own_by_key"]
-    assert set(split) == {"records", "index", "values", "writes"} and all(n > 0 for n in split.values())
+    assert set(split) == {"checkpoints (records and writes)", "values"} and all(n > 0 for n in split.values())
     # The second workload writes the same 1 KiB again at every step: its values hold more than the first's.
     again = fig["rewrite"]["contenders"]["redis_agentstate AgentStateSaver"]
     assert again["status"] == "ok" and again["memory"][str(fig["steps"])]["own_by_key"]["values"] > split["values"]
@@ -458,5 +458,14 @@ def test_lg_layouts_runs() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+->", line) for line in proc.stdout.splitlines())
     sizes = {m.group(1): int(m.group(2)) for m in rows if m}
-    assert set(sizes) == {"as stored", "records in the index", "writes in the record", "both"}
-    assert all(n > 0 for n in sizes.values()) and sizes["both"] < sizes["as stored"]
+    assert set(sizes) == {
+        "records hash + index + writes hash",
+        "records in the index",
+        "writes in the record",
+        "records and writes in the index",
+        "as stored",
+    }
+    assert all(n > 0 for n in sizes.values())
+    # The same entries (a skiplist's levels are random: its size differs by a little from copy to copy).
+    assert abs(sizes["as stored"] - sizes["records and writes in the index"]) <= 0.05 * sizes["as stored"]
+    assert sizes["records and writes in the index"] < sizes["records hash + index + writes hash"]
