@@ -467,5 +467,6 @@ def test_lg_layouts_runs() -> None:
     }
     assert all(n > 0 for n in sizes.values())
     # The same entries (a skiplist's levels are random: its size differs by a little from copy to copy).
-    assert abs(sizes["as stored"] - sizes["records and writes in the index"]) <= 0.05 * sizes["as stored"]
+    # (The tool prints whole KiB: on a 12-step thread one KiB of rounding is more than 5%.)
+    assert abs(sizes["as stored"] - sizes["records and writes in the index"]) <= max(2, 0.05 * sizes["as stored"])
     assert sizes["records and writes in the index"] < sizes["records hash + index + writes hash"]
