@@ -278,11 +278,11 @@ def task_of_key(key: bytes) -> tuple[str, int] | None:
     return task, int(idx)
 
 
-def pack_write(path: str, channel: str, kind: str, data: bytes, stored_value: bytes | None) -> bytes:
-    """A pending write in its compact form; ``stored_value`` (``F`` + msgpack [kind, data]) when it is
+def pack_write(path: str, channel: str, kind: str, data: bytes, shared: bytes | None) -> bytes:
+    """A pending write in its compact form; ``shared`` (the ``share_field`` of its stored value) when it is
     shared: the write is then a reference to it."""
-    if stored_value is not None:
-        return REF + share_field(stored_value)[len(SHARED_PREFIX) :] + cast(bytes, msgpack.packb([path, channel]))
+    if shared is not None:
+        return REF + shared[len(SHARED_PREFIX) :] + cast(bytes, msgpack.packb([path, channel]))
     return msgpack.packb([path, channel, None if kind == "msgpack" else kind, data], use_bin_type=True)  # type: ignore[no-any-return]
 
 

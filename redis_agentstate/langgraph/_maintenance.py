@@ -113,7 +113,11 @@ class ThreadMaintenance(SaverBase):
         entries = yield Command(["ZRANGE", keys.index, 0, -1])
         members = [_stored_member(_entry_member(e), keys.index) for e in entries]
         # The stored checkpoints the index entries carry; one of the earlier layout is in the hash.
-        inline = {_entry_member(e): e[len(_entry_member(e)) + 1 :] for e in entries if len(_entry_member(e)) < len(e)}
+        inline = {}
+        for e in entries:
+            member = _entry_member(e)
+            if len(member) < len(e):
+                inline[member] = e[len(member) + 1 :]
 
         def stored_of(member: str) -> Op[tuple[Any, str]]:
             raw = inline.get(member.encode())

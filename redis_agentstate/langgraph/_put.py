@@ -212,14 +212,13 @@ class SaverWrites(SaverBase):
             self._channel(channel)
             i = WRITES_IDX_MAP.get(channel, idx)
             kind, data = self._typed(value, f"the write to channel {channel!r}")
-            stored = None
+            field = None
             if self.plain_serde and len(data) + len(kind) + 8 >= SHARE_BYTES:
                 stored = _FULL + msgpack.packb([kind, data], use_bin_type=True)
                 if len(stored) >= SHARE_BYTES:
-                    shared[share_field(stored)] = stored
-                else:
-                    stored = None
-            payload = pack_write(task_path, channel, kind, data, stored)
+                    field = share_field(stored)  # hashed once: the write names it, the script stores it
+                    shared[field] = stored
+            payload = pack_write(task_path, channel, kind, data, field)
             # Special writes (errors, interrupts) replace; regular ones keep the first (a resend is a no-op).
             args += [write_key(task, i), "1" if i < 0 else "0", payload]
         if not args:
