@@ -10,6 +10,14 @@ out another way, and prints each layout's ``MEMORY USAGE`` (the values hash is t
 - ``writes in the record``: records hash whose values carry their checkpoint's writes + index;
 - ``records and writes in the index``: one sorted-set entry per checkpoint (this version's, as stored).
 
+And the floor of any layout with one Redis entry per checkpoint (what every saver compared does),
+printed under it: ``a bare entry per checkpoint`` (a sorted set of the checkpoints' 16-byte ids,
+nothing else: no record, no versions, no writes), ``+ the thread's values once`` (with one string
+holding every message the thread ever held, once, and its other state: what no layout can store
+less of without compression), and ``+ id, parent and ts in each entry`` (each entry 40 bytes: a
+record at its least, still without metadata, versions or pending writes). What a goal of "50x
+smaller than the best peer" is held to.
+
 A measurement for a design decision (which layout brings a 400-step thread under 1 MiB), not a
 figure of the main harness; it prints, and writes nothing to the README.
 """
@@ -17,6 +25,7 @@ figure of the main harness; it prints, and writes nothing to the README.
 from __future__ import annotations
 
 import argparse
+import uuid
 from typing import Any
 
 import redis
@@ -29,7 +38,7 @@ from redis_agentstate.langgraph._records import _entry_member, _held_writes, _le
 from .langgraph_savers import MESSAGE, OTHER, WORKLOADS, _graph
 
 
-def _fill(client: redis.Redis, steps: int, workload: str) -> Keys:
+def _fill(client: redis.Redis, steps: int, workload: str) -> tuple[AgentStateSaver, Any]:
     saver = AgentStateSaver(client, namespace="layouts")
     graph = _graph(saver, workload)
     config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
@@ -38,7 +47,7 @@ def _fill(client: redis.Redis, steps: int, workload: str) -> Keys:
         if step == 1:
             payload["other"] = OTHER
         graph.invoke(payload, config)
-    return Keys("layouts")
+    return saver, Keys("layouts").thread("t")
 
 
 def layouts(client: redis.Redis, keys: Any) -> dict[str, int]:
@@ -83,6 +92,30 @@ def layouts(client: redis.Redis, keys: Any) -> dict[str, int]:
     return out
 
 
+def floor(client: redis.Redis, keys: Any, values: dict[str, Any]) -> dict[str, int]:
+    """MEMORY USAGE of the floor of a one-entry-per-checkpoint layout (see the module docstring): the
+    thread's checkpoints as bare 16-byte ids, and with its channel ``values`` (its newest state: every
+    message it ever held) stored once as one string (bytes)."""
+    n = int(client.zcard(keys.index)) + int(client.hlen(keys.records))
+    ids, linked, content = (f"{keys.records}:floor-{x}" for x in ("ids", "linked", "values"))
+    client.delete(ids, linked, content)
+    with client.pipeline(transaction=False) as p:
+        for _ in range(n):
+            p.zadd(ids, {uuid.uuid4().bytes: 0})
+            # A record at its least: the id, the parent's id and the timestamp (no metadata, no versions).
+            p.zadd(linked, {uuid.uuid4().bytes + uuid.uuid4().bytes + b"\0" * 8: 0})
+        p.set(content, b"".join(str(v).encode() for v in (*values["messages"], values.get("other", ""))))
+        p.execute()
+    bare, least = (int(client.memory_usage(k, samples=0) or 0) for k in (ids, linked))
+    once = int(client.memory_usage(content) or 0)
+    client.delete(ids, linked, content)
+    return {
+        "a bare entry per checkpoint": bare,
+        "+ the thread's values once": bare + once,
+        "+ id, parent and ts in each entry": least + once,
+    }
+
+
 def _with(record: bytes, held: bytes) -> bytes:
     head = _length_at(record, 0)
     assert head is not None
@@ -98,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     server = start_embedded(prefer="redis-server")
     try:
         client = redis.Redis.from_url(server.url)
-        keys = _fill(client, args.steps, args.workload).thread("t")
+        saver, keys = _fill(client, args.steps, args.workload)
         got = layouts(client, keys)
         values = got["values (the same in every layout)"]
         print(f"{args.workload}, {args.steps} steps, MEMORY USAGE (KiB; with the values: MiB per thread):")
         for name, n in got.items():
             total = "" if name.startswith("values") else f"  -> {(n + values) / 2**20:.2f} MiB per thread"
             print(f"  {name:34s} {n / 1024:7.0f}{total}")
+        state = _graph(saver, args.workload).get_state({"configurable": {"thread_id": "t"}}).values
+        print("floor of one entry per checkpoint (KiB; the whole thread):")
+        for name, n in floor(client, keys, state).items():
+            print(f"  {name:34s} {n / 1024:7.0f}  =  {n / 2**20:.3f} MiB per thread")
     finally:
         server.stop()
     return 0

@@ -470,3 +470,33 @@ def test_lg_layouts_runs() -> None:
     # (The tool prints whole KiB: on a 12-step thread one KiB of rounding is more than 5%.)
     assert abs(sizes["as stored"] - sizes["records and writes in the index"]) <= max(2, 0.05 * sizes["as stored"])
     assert sizes["records and writes in the index"] < sizes["records hash + index + writes hash"]
+    # The floor of one entry per checkpoint: below what is stored, each row above the one before.
+    floors = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+=", line) for line in proc.stdout.splitlines())
+    floor = {m.group(1): int(m.group(2)) for m in floors if m}
+    assert list(floor) == [
+        "a bare entry per checkpoint",
+        "+ the thread's values once",
+        "+ id, parent and ts in each entry",
+    ]
+    assert 0 < floor["a bare entry per checkpoint"] <= floor["+ the thread's values once"]
+    assert floor["+ the thread's values once"] <= floor["+ id, parent and ts in each entry"] < sizes["as stored"]
+
+
+def test_lg_invoke_cost_runs() -> None:
+    """The invoke-cost measurement times every installed saver and both client libraries' round trip."""
+    _need_redis_server()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lg_invoke_cost", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(r"^  (\S.*?)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.-]+)$",
+                                                            proc.stdout, re.M)}  # fmt: skip
+    assert "AgentStateSaver" in rows, proc.stdout
+    ms, _cpu, commands, _rest = rows["AgentStateSaver"]
+    # LangGraph's get_tuple, 3 puts and 2 put_writes, each one script (with the commands it runs).
+    assert float(ms) > 0 and float(commands) >= 6
+    assert re.search(r"^  redis-py\s+PING\s+[\d.]+", proc.stdout, re.M), proc.stdout

@@ -34,6 +34,8 @@ from ._records import SEP, _reads_and_body, _Remembered, _text
 __all__ = ["SaverBase", "thread_of"]
 
 MAX_TTL_S = 100 * 366 * 24 * 3600
+#: Threads whose built keys a saver keeps (see ``SaverBase._built``).
+THREAD_KEYS_CACHE = 4096
 
 
 def _ident(value: object, what: str) -> str:
@@ -95,6 +97,10 @@ class SaverBase:
     #: thread id -> token of the lease this saver holds on it (set by the lease shells).
     tokens: dict[str, str] = field(default_factory=dict)
     lists: OrderedDict[tuple[str, str, str], _Remembered] = field(default_factory=OrderedDict)
+    #: thread id -> (``keys.version`` they were built in, its keys, their list): every operation names its
+    #: thread's nine keys, and building them (CRC of the id, nine concatenations) was a tenth of a put's
+    #: client time. A reshard bumps the version, so keys of an older layout are never reused.
+    _thread_keys: dict[str, tuple[int, ThreadKeys, list[str]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys.unresolved(self.namespace)
@@ -105,10 +111,22 @@ class SaverBase:
     # ---- helpers --------------------------------------------------------
 
     def thread_keys(self, thread_id: str) -> list[str]:
-        return self.thread_key_set(thread_id).as_list()
+        """The thread's keys in the order every ``lg_*`` script takes them (shared: not to be changed)."""
+        return self._built(thread_id)[2]
 
     def thread_key_set(self, thread_id: str) -> ThreadKeys:
-        return self.keys.thread(thread_id)
+        return self._built(thread_id)[1]
+
+    def _built(self, thread_id: str) -> tuple[int, ThreadKeys, list[str]]:
+        version = self.keys.version
+        hit = self._thread_keys.get(thread_id)
+        if hit is not None and hit[0] == version:
+            return hit
+        keys = self.keys.thread(thread_id)
+        if len(self._thread_keys) >= THREAD_KEYS_CACHE:
+            self._thread_keys.clear()  # a saver touching this many threads rebuilds them; no LRU bookkeeping per call
+        built = self._thread_keys[thread_id] = (version, keys, keys.as_list())
+        return built
 
     def _ttl_arg(self) -> str:
         return "" if self.ttl_ms is None else str(self.ttl_ms)

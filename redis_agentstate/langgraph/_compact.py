@@ -85,13 +85,23 @@ def _ts_us(ts: object) -> int | None:
 
 
 def _uuid_bytes(text: str | None) -> bytes | str | None:
+    """The 16 bytes of a UUID in its canonical text form (lowercase 8-4-4-4-12, what ``str(UUID)``
+    gives), else ``text`` itself. Without building a ``uuid.UUID``: this runs for every checkpoint
+    and pending write."""
     if text is None:
         return None
-    try:
-        u = uuid.UUID(text)
-    except ValueError:
-        return text
-    return u.bytes if str(u) == text else text
+    if len(text) == 36 and text[8] == text[13] == text[18] == text[23] == "-":
+        digits = text.replace("-", "")
+        # 32 characters left: no other dash; lowercase, and fromhex takes 16 bytes: hex only (it
+        # would skip whitespace and yield fewer).
+        if len(digits) == 32 and digits == digits.lower():
+            try:
+                raw = bytes.fromhex(digits)
+            except ValueError:
+                return text
+            if len(raw) == 16:
+                return raw
+    return text
 
 
 def _plain_versions(seen: object) -> bool:

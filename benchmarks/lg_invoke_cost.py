@@ -1,0 +1,134 @@
+"""Where an invoke's time goes at steps 1-10, for each LangGraph saver on plain Redis.
+
+``python -m benchmarks.lg_invoke_cost [--rounds 30]``: on a private redis-server, the langgraph
+figure's workload (``input-once``) in fresh threads of 10 invokes, the savers interleaved in a
+shuffled order per round. For each saver, per invoke (medians over rounds):
+
+- ``ms/invoke``: the wall time of ``graph.invoke`` (the median over rounds);
+- ``server µs`` and ``commands``: the CPU time the server process spent (its utime + stime:
+  the commands, scripts with what they run, and the network reads and writes; the server runs
+  nothing else; a mean over every round, as its clock ticks in 10 ms) and the commands it
+  processed (a script's own commands included: ``AgentStateSaver`` sends 6 per invoke, one a call);
+- ``the rest, ms``: the Python that runs the graph and the saver's client side, and the
+  waits (LangGraph's own work is the same for every saver).
+
+Then the client libraries' own cost per round trip, the same command through each (redis-py,
+which ``AgentStateSaver`` takes, and valkey-py, which ``ValkeySaver`` takes): what one
+command costs before any saver work. A measurement for the closing note of a design question (why
+one saver is faster at steps 1-10); it prints, and writes nothing to the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from redis_agentstate.embedded import start_embedded
+
+from ._util import proc_cpu_seconds, server_pid_of
+from .langgraph_savers import MESSAGE, OTHER, _graph
+
+STEPS = 10
+
+
+def _savers(url: str) -> dict[str, Any]:
+    from redis_agentstate.langgraph import AgentStateSaver
+
+    out: dict[str, Any] = {"AgentStateSaver": AgentStateSaver(redis.Redis.from_url(url), namespace="cost")}
+    try:
+        from langgraph_checkpoint_aws import ValkeySaver
+        from valkey import Valkey
+
+        out["ValkeySaver"] = ValkeySaver(Valkey.from_url(url))
+    except ImportError:
+        pass
+    try:
+        from langgraph_checkpoint_plainredis import RedisSaver
+
+        out["plainredis RedisSaver"] = RedisSaver(redis.Redis.from_url(url), prefix="cost-plain")
+    except ImportError:
+        pass
+    return out
+
+
+def _thread(graph: Any, admin: redis.Redis, pid: int | None) -> tuple[float, float, float]:
+    """(ms, server CPU µs, commands) per invoke over one fresh thread of STEPS invokes."""
+    config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+    commands = int(admin.info("stats")["total_commands_processed"])
+    cpu = proc_cpu_seconds(pid) or 0.0
+    t0 = time.perf_counter()
+    for step in range(1, STEPS + 1):
+        payload: dict[str, Any] = {"messages": [f"user {step:05d} " + "u" * (MESSAGE - 11)]}
+        if step == 1:
+            payload["other"] = OTHER
+        graph.invoke(payload, config)
+    ms = (time.perf_counter() - t0) * 1000 / STEPS
+    cpu = (proc_cpu_seconds(pid) or 0.0) - cpu
+    # Less the two INFO calls of this harness.
+    commands = int(admin.info("stats")["total_commands_processed"]) - commands - 1
+    return ms, cpu * 1e6 / STEPS, commands / STEPS
+
+
+def _round_trip(fn: Callable[[], Any], n: int = 2000) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.lg_invoke_cost", description=__doc__)
+    p.add_argument("--rounds", type=int, default=30)
+    args = p.parse_args(argv)
+    server = start_embedded(prefer="redis-server")
+    try:
+        admin = redis.Redis.from_url(server.url)
+        pid = server_pid_of(admin)
+        graphs = {name: _graph(saver) for name, saver in _savers(server.url).items()}
+        for graph in graphs.values():
+            _thread(graph, admin, pid)  # warm-up: scripts loaded, connections open
+        rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in graphs}
+        rng = random.Random(7)
+        for _ in range(args.rounds):
+            order = list(graphs)
+            rng.shuffle(order)
+            for name in order:
+                rows[name].append(_thread(graphs[name], admin, pid))
+        print(f"steps 1-{STEPS}, {args.rounds} fresh threads per saver, interleaved; medians per invoke:")
+        print(f"  {'saver':24s} {'ms/invoke':>9s} {'server CPU µs':>13s} {'commands':>8s} {'the rest, ms':>12s}")
+        for name, samples in rows.items():
+            # The server's CPU clock ticks in 10 ms: its time is the mean over every round, not a median.
+            ms, calls = (statistics.median(s[i] for s in samples) for i in (0, 2))
+            us = statistics.fmean(s[1] for s in samples)
+            print(f"  {name:24s} {ms:9.2f} {us:13.0f} {calls:8.1f} {ms - us / 1000:12.2f}")
+        client = redis.Redis.from_url(server.url)
+        sha = client.script_load("return 1")
+        keys = [f"k{i}" * 12 for i in range(9)]
+        trips = {"redis-py": client}
+        try:
+            from valkey import Valkey
+
+            trips["valkey-py"] = Valkey.from_url(server.url)
+        except ImportError:
+            pass
+        print("one round trip through each client library (µs, median of 2,000; the same server):")
+        for name, c in trips.items():
+            ping = _round_trip(c.ping)
+            script = _round_trip(lambda c=c: c.evalsha(sha, 9, *keys, *["x" * 40] * 8))
+            print(f"  {name:10s} PING {ping:6.1f}   EVALSHA of 'return 1' with 9 keys and 8 args {script:6.1f}")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
