@@ -74,14 +74,23 @@ def _shot(page: Any, name: str) -> None:
 
 
 def _page(served: Served) -> Any:
+    # Chromium is looked for before Playwright starts: its sync API marks an event loop as running in
+    # this thread until stop(), so a skip (or any failure) after start() and before the test's own
+    # try/finally left it marked, and every later asyncio test of the xdist worker failed ("Cannot run
+    # the event loop while another loop is running": 2,000 errors on a machine without Chromium).
+    executable = _chromium()
     pw = playwright_api.sync_playwright().start()
-    browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
-    # The page's CSP is bypassed for the test's own probes (Playwright evaluates them as strings), which
-    # also means an inline handler slipped in through an id would run: the escaping is what is tested.
-    page = browser.new_context(bypass_csp=True).new_page()
-    dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
-    page.goto(served.url + "/")
+    try:
+        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        # The page's CSP is bypassed for the test's own probes (Playwright evaluates them as strings), which
+        # also means an inline handler slipped in through an id would run: the escaping is what is tested.
+        page = browser.new_context(bypass_csp=True).new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+        page.goto(served.url + "/")
+    except BaseException:
+        pw.stop()
+        raise
     return pw, browser, page, dialogs
 
 
