@@ -7,7 +7,8 @@ shuffled order per round. For each saver, per invoke (medians over rounds):
 - ``ms/invoke``: the wall time of ``graph.invoke``;
 - ``server µs`` and ``commands``: the CPU time the server's main thread spent (its schedstat:
   the commands, scripts with what they run, and the network reads and writes; the server runs
-  nothing else) and the commands it processed (a script's own commands included: ``AgentStateSaver`` sends 6 per invoke, one a call);
+  nothing else) and the commands it processed (a script's own commands included:
+  ``AgentStateSaver`` sends 6 per invoke, one script each);
 - ``the rest, ms``: the Python that runs the graph and the saver's client side, and the
   waits (LangGraph's own work is the same for every saver).
 
