@@ -445,18 +445,18 @@ def test_langgraph_conformance_benchmark_judges_every_saver() -> None:
     assert table.count("\n| ") == len(conf.SAVERS) + 2 and "not run" in table  # header, rule, a row each
 
 
+def _printed(module: str, *args: str) -> str:
+    """What ``python -m <module> <args>`` (a measurement that prints) printed; it must exit 0."""
+    _need_redis_server()
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
 def test_lg_layouts_runs() -> None:
     """The layout measurement fills a thread, copies it into each layout and prints their sizes."""
-    _need_redis_server()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.lg_layouts", "--steps", "12"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+->", line) for line in proc.stdout.splitlines())
+    out = _printed("benchmarks.lg_layouts", "--steps", "12")
+    rows = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+->", line) for line in out.splitlines())
     sizes = {m.group(1): int(m.group(2)) for m in rows if m}
     assert set(sizes) == {
         "records hash + index + writes hash",
@@ -471,7 +471,7 @@ def test_lg_layouts_runs() -> None:
     assert abs(sizes["as stored"] - sizes["records and writes in the index"]) <= max(2, 0.05 * sizes["as stored"])
     assert sizes["records and writes in the index"] < sizes["records hash + index + writes hash"]
     # The floor of one entry per checkpoint: below what is stored, each row above the one before.
-    floors = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+=", line) for line in proc.stdout.splitlines())
+    floors = (re.match(r"^\s+(.+?)\s{2,}(\d+)\s+=", line) for line in out.splitlines())
     floor = {m.group(1): int(m.group(2)) for m in floors if m}
     assert list(floor) == [
         "a bare entry per checkpoint",
@@ -484,19 +484,11 @@ def test_lg_layouts_runs() -> None:
 
 def test_lg_invoke_cost_runs() -> None:
     """The invoke-cost measurement times every installed saver and both client libraries' round trip."""
-    _need_redis_server()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.lg_invoke_cost", "--rounds", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = {m.group(1): m.groups()[1:] for m in re.finditer(r"^  (\S.*?)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.-]+)$",
-                                                            proc.stdout, re.M)}  # fmt: skip
-    assert "AgentStateSaver" in rows, proc.stdout
+    out = _printed("benchmarks.lg_invoke_cost", "--rounds", "1")
+    row = r"^  (\S.*?)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.-]+)$"
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(row, out, re.M)}
+    assert "AgentStateSaver" in rows, out
     ms, _cpu, commands, _rest = rows["AgentStateSaver"]
     # LangGraph's get_tuple, 3 puts and 2 put_writes, each one script (with the commands it runs).
     assert float(ms) > 0 and float(commands) >= 6
-    assert re.search(r"^  redis-py\s+PING\s+[\d.]+", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^  redis-py\s+PING\s+[\d.]+", out, re.M), out
