@@ -100,7 +100,7 @@ class SaverBase:
     #: thread id -> (``keys.version`` they were built in, its keys, their list): every operation names its
     #: thread's nine keys, and building them (CRC of the id, nine concatenations) was a tenth of a put's
     #: client time. A reshard bumps the version, so keys of an older layout are never reused.
-    _thread_keys: dict[str, tuple[int, ThreadKeys, list[str]]] = field(default_factory=dict, repr=False)
+    _thread_keys: dict[str, tuple[int, ThreadKeys, list[str]]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys.unresolved(self.namespace)
