@@ -120,6 +120,11 @@ def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
     assert again["status"] == "ok" and again["memory"][str(fig["steps"])]["own_by_key"]["values"] > split["values"]
     assert rows["langgraph-checkpoint-redis RedisSaver"]["status"].startswith("not run")
     assert all(r["status"] == "ok" or r["status"].startswith("not run") for r in rows.values())
+    # The long value's history, read back whole with LangGraph's serializer and with EncryptedSerializer
+    # (that no script copies it is test_langgraph_storage's; a time bound here would time the machine).
+    long = fig["long_value"]["contenders"]
+    for name in ("redis_agentstate AgentStateSaver", "redis_agentstate AgentStateSaver, EncryptedSerializer (AES)"):
+        assert long[name]["checkpoints"] == 3 * fig["long_value"]["invokes"], long[name]
 
 
 def test_telemetry_figure_quick_round(tmp_path: Path) -> None:

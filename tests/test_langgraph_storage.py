@@ -11,6 +11,7 @@ import asyncio
 import random
 import re
 import uuid
+from importlib import resources
 from typing import Any, TypedDict
 
 import msgpack
@@ -31,7 +32,7 @@ from test_langgraph import (
 from redis_agentstate import CorruptState
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph._base import SaverBase
-from redis_agentstate.langgraph._compact import SHARED_PREFIX, task_of_key
+from redis_agentstate.langgraph._compact import DEFER_BYTES, SHARE_BYTES_OTHER_SERDE, SHARED_PREFIX, task_of_key
 from redis_agentstate.langgraph._put import SaverWrites
 from redis_agentstate.langgraph._reads import SaverReads
 from redis_agentstate.langgraph._records import _held_writes, _reads_and_body, _unpack_writes
@@ -253,9 +254,10 @@ def test_a_thread_stored_in_the_earlier_forms_reads_back_and_goes_on(
     assert all(re.fullmatch(r"\d{12}\.[0-9a-f]{8}", v) for v in versions.values())
 
 
-def test_an_encrypted_thread_is_stored_whole_and_never_shared(
+def test_an_encrypted_thread_is_stored_whole_and_shares_no_short_value(
     backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop
 ):
+    """Its values encrypt differently each time: nothing up to DEFER_BYTES is stored apart."""
     saver = _encrypted_saver(backend, flavor, namespace, twin_loop)
     d = Driver(_rewriting_graph(saver), flavor, twin_loop)
     cfg = {"configurable": {"thread_id": "enc"}}
@@ -284,12 +286,17 @@ def _big_graph(saver: Any) -> Any:
     return b.compile(checkpointer=saver)
 
 
-def test_a_long_shared_value_never_comes_through_a_script(
+@pytest.mark.parametrize("serde", ["langgraph", "encrypted"])
+def test_a_long_value_never_comes_through_a_script(
     saver: Any, backend: Any, flavor: str, namespace: str, twin_loop: asyncio.AbstractEventLoop,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, serde: str,
 ):  # fmt: skip
     """A value longer than the scripts carry (here 300 KB, unchanged over 30 checkpoints, and a
-    pending write of another) is named in their replies and read with one HMGET."""
+    pending write of another) is named in their replies and read with one HMGET: with LangGraph's
+    serializer and with EncryptedSerializer alike (whose long values were copied through every
+    script that read them: a 4 MiB channel's history took a 42 ms script)."""
+    if serde == "encrypted":
+        saver = _encrypted_saver(backend, flavor, namespace, twin_loop)
     memory = InMemorySaver()
     d, ref = Driver(_big_graph(saver), flavor, twin_loop), Driver(_big_graph(memory), flavor, twin_loop)
     cfg = {"configurable": {"thread_id": "long"}}
@@ -351,3 +358,10 @@ def test_a_read_that_loses_a_long_value_under_it_reads_again(
     with pytest.raises(CorruptState) as err:
         _call(saver, twin_loop, "get_tuple", cfg)
     assert err.value.key == key
+
+
+def test_the_deferral_threshold_is_the_scripts_own() -> None:
+    """What the saver stores apart for another serializer is exactly what the scripts name, not copy."""
+    lua = resources.files("redis_agentstate").joinpath("lua", "_lg.lua").read_text()
+    m = re.search(r"^local DEFER_BYTES = (\d+)$", lua, re.M)
+    assert m is not None and int(m.group(1)) == DEFER_BYTES == SHARE_BYTES_OTHER_SERDE - 1

@@ -28,7 +28,7 @@ from .._validate import check_id
 from ..errors import CorruptState, InvalidArgument, LeaseLost, ThreadBusy
 from ..keys import MAX_ID_BYTES, Keys, ThreadKeys
 from ..scripts import Reply
-from ._compact import COMPACT, expand_record
+from ._compact import COMPACT, SHARE_BYTES, SHARE_BYTES_OTHER_SERDE, expand_record
 from ._records import SEP, _reads_and_body, _Remembered, _text
 
 __all__ = ["SaverBase", "thread_of"]
@@ -190,6 +190,12 @@ class SaverBase:
         """True for LangGraph's own serializer: records are then stored compact and long values shared
         (see ``_compact``); another one (``EncryptedSerializer``) must see every record whole."""
         return isinstance(self.serde, JsonPlusSerializer)
+
+    @property
+    def share_bytes(self) -> int:
+        """The stored length from which a channel value or pending write is stored apart and referenced
+        (``_compact``): every serializer's values past DEFER_BYTES, so that no script copies a long one."""
+        return SHARE_BYTES if self.plain_serde else SHARE_BYTES_OTHER_SERDE
 
     def _unpack_record(self, raw: bytes, key: str, cid: str = "") -> tuple[Any, ...]:
         """``(parent, checkpoint body or None, ck_kind, ck_data, md_kind, md_data)`` of a stored record:

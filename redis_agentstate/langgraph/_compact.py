@@ -21,7 +21,8 @@ A pending write was ``msgpack [task, idx, path, channel, kind, data]``; its task
 index are already in its entry's key (``<task>\\0<idx>``, see ``_lg.lua``), so it is
 now ``msgpack [path, channel, kind, data]``, and a task id that is a UUID is its 16 bytes in
 the key (see ``write_key``). A write or channel value whose stored
-form is at least ``SHARE_BYTES`` long is stored once per thread, under the field
+form is at least ``SHARE_BYTES`` long (with another serializer than LangGraph's own, longer than
+``DEFER_BYTES``) is stored once per thread, under the field
 ``\\0\\0`` + its 16-byte BLAKE2b digest in the thread's value hash, and referenced:
 a channel value as ``R`` + digest, a write as ``R`` + digest + ``msgpack [path, channel]``.
 The scripts resolve a reference before replying (a write as ``X<n>:`` + the n bytes of
@@ -40,7 +41,9 @@ import msgpack
 
 __all__ = [
     "COMPACT",
+    "DEFER_BYTES",
     "SHARE_BYTES",
+    "SHARE_BYTES_OTHER_SERDE",
     "compact_record",
     "expand_record",
     "pack_write",
@@ -57,6 +60,14 @@ PLAIN_METADATA = 0
 #: Values (and writes) at least this long are stored once per thread and referenced. Below it a
 #: reference and the shared entry's own overhead (about 100 bytes in Redis) cost more than a copy.
 SHARE_BYTES = 512
+#: ``_lg.lua``'s DEFER_BYTES: a shared value longer than this is named in a script's reply, never
+#: copied through it (tests/test_langgraph_storage.py checks the two agree).
+DEFER_BYTES = 65536
+#: Where a serializer other than LangGraph's own (``EncryptedSerializer``) has its values and writes
+#: stored apart and referenced: only past DEFER_BYTES, so that a long one is never copied through a
+#: script either. Its equal values encrypt differently, so nothing below that would be shared: a
+#: reference and a second entry would only cost bytes.
+SHARE_BYTES_OTHER_SERDE = DEFER_BYTES + 1
 #: The prefix of a shared value's field: no blob field starts with it (channels are never empty).
 SHARED_PREFIX = b"\0\0"
 REF = b"R"

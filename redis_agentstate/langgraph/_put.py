@@ -27,7 +27,7 @@ from .._ops import Call, Op
 from ..errors import InvalidArgument
 from ..scripts import LG_PUT, LG_PUT_WRITES, Reply
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
-from ._compact import REF, SHARE_BYTES, SHARED_PREFIX, compact_record, pack_write, share_field, write_key
+from ._compact import REF, SHARED_PREFIX, compact_record, pack_write, share_field, write_key
 from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
 
 __all__ = ["SaverWrites"]
@@ -112,7 +112,7 @@ class SaverWrites(SaverBase):
         pairs: list[Any] = []
         shared: dict[bytes, bytes] = {}
         for fld, value, _, _ in blobs:
-            if self.plain_serde and value[:1] == _FULL and len(value) >= SHARE_BYTES:
+            if value[:1] == _FULL and len(value) >= self.share_bytes:
                 f = share_field(value)
                 shared[f] = value
                 value = REF + f[len(SHARED_PREFIX) :]
@@ -213,9 +213,9 @@ class SaverWrites(SaverBase):
             i = WRITES_IDX_MAP.get(channel, idx)
             kind, data = self._typed(value, f"the write to channel {channel!r}")
             field = None
-            if self.plain_serde and len(data) + len(kind) + 8 >= SHARE_BYTES:
+            if len(data) + len(kind) + 8 >= self.share_bytes:
                 stored = _FULL + msgpack.packb([kind, data], use_bin_type=True)
-                if len(stored) >= SHARE_BYTES:
+                if len(stored) >= self.share_bytes:
                     field = share_field(stored)  # hashed once: the write names it, the script stores it
                     shared[field] = stored
             payload = pack_write(task_path, channel, kind, data, field)
