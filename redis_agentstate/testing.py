@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from ._ops import C, Call, Op, RetryPolicy, StoreShell, SyncShell, T
+from ._ops import C, Call, Command, Op, RetryPolicy, StoreShell, SyncShell, T
 
-__all__ = ["Call", "Op", "StoreInternals", "finish", "first_call", "internals"]
+__all__ = ["Call", "Command", "Op", "StoreInternals", "finish", "first_call", "internals"]
 
 
 @dataclass(frozen=True)

@@ -497,3 +497,10 @@ def test_lg_invoke_cost_runs() -> None:
     # LangGraph's get_tuple, 3 puts and 2 put_writes, each one script (with the commands it runs).
     assert float(ms) > 0 and float(commands) >= 6
     assert re.search(r"^  redis-py\s+PING\s+[\d.]+", out, re.M), out
+
+
+def test_lg_client_cpu_runs() -> None:
+    """The client-CPU measurement replays an invoke's saver calls with their recorded replies."""
+    out = _printed("benchmarks.lg_client_cpu", "--repeat", "2")
+    cpu = {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (\w+)\s+([\d.]+)$", out, re.M)}
+    assert set(cpu) == {"get_tuple", "put", "put_writes"} and all(us > 0 for us in cpu.values()), out
