@@ -201,17 +201,22 @@ def _long_value(saver: Any, client: Any, thread_id: str, mib: int, invokes: int)
     }
 
 
+def step_input(step: int) -> dict[str, Any]:
+    """The input of invoke ``step`` (from 1) of the workload: the user's message, and with the first
+    one the 1 KiB ``other``."""
+    payload: dict[str, Any] = {"messages": [f"user {step:05d} " + "u" * (MESSAGE - 11)]}
+    if step == 1:
+        payload["other"] = OTHER
+    return payload
+
+
 def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Own) -> dict[str, Any]:
     config = {"configurable": {"thread_id": thread_id}}
     times_ms: list[float] = []
     memory: dict[int, dict[str, int | None]] = {}
     before = int(client.info("memory")["used_memory"])
-    other = OTHER
     for step in range(1, steps + 1):
-        text = f"user {step:05d} " + "u" * (MESSAGE - 11)
-        payload: dict[str, Any] = {"messages": [text]}
-        if step == 1:
-            payload["other"] = other
+        payload = step_input(step)
         t0 = time.perf_counter()
         graph.invoke(payload, config)
         times_ms.append((time.perf_counter() - t0) * 1000)
@@ -223,7 +228,7 @@ def _thread(graph: Any, client: Any, thread_id: str, steps: int, own: Own) -> di
                 "own_by_key": None if mine is None else {k: v for k, v in mine.items() if k != "total"},
             }
     values = graph.get_state(config).values
-    assert len(values["messages"]) == 2 * steps and values["other"] == other
+    assert len(values["messages"]) == 2 * steps and values["other"] == OTHER
     # Reads of the whole thread: its history (every checkpoint, with its values and writes), then one
     # old checkpoint (the 30th from the start: about step 10) read again and again.
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.langgraph import AgentStateSaver
 from redis_agentstate.testing import Call, Command, Op, StoreInternals, internals
 
-from .langgraph_savers import MESSAGE, OTHER, _graph
+from .langgraph_savers import _graph, step_input
 
 STEPS = 10
 METHODS = ("get_tuple", "put", "put_writes")
@@ -46,10 +46,7 @@ def _record(url: str) -> list[tuple[str, Any, Any]]:
     graph = _graph(saver)
     config = {"configurable": {"thread_id": "t"}}
     for step in range(1, STEPS + 1):
-        payload: dict[str, Any] = {"messages": [f"user {step:05d} " + "u" * (MESSAGE - 11)]}
-        if step == 1:
-            payload["other"] = OTHER
-        graph.invoke(payload, config)
+        graph.invoke(step_input(step), config)
     return calls
 
 

@@ -33,7 +33,7 @@ import redis
 from redis_agentstate.embedded import start_embedded
 
 from ._util import proc_cpu_seconds, server_pid_of
-from .langgraph_savers import MESSAGE, OTHER, _graph
+from .langgraph_savers import _graph, step_input
 
 STEPS = 10
 
@@ -77,10 +77,7 @@ def _thread(graph: Any, admin: redis.Redis, pid: int | None) -> tuple[float, flo
     cpu = _cpu_s(pid)
     t0 = time.perf_counter()
     for step in range(1, STEPS + 1):
-        payload: dict[str, Any] = {"messages": [f"user {step:05d} " + "u" * (MESSAGE - 11)]}
-        if step == 1:
-            payload["other"] = OTHER
-        graph.invoke(payload, config)
+        graph.invoke(step_input(step), config)
     ms = (time.perf_counter() - t0) * 1000 / STEPS
     cpu = _cpu_s(pid) - cpu
     # Less the two INFO calls of this harness.

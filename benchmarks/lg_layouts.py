@@ -35,7 +35,7 @@ from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import AgentStateSaver
 from redis_agentstate.langgraph._records import _entry_member, _held_writes, _length_at
 
-from .langgraph_savers import MESSAGE, OTHER, WORKLOADS, _graph
+from .langgraph_savers import WORKLOADS, _graph, step_input
 
 
 def _fill(client: redis.Redis, steps: int, workload: str) -> tuple[AgentStateSaver, Any]:
@@ -43,10 +43,7 @@ def _fill(client: redis.Redis, steps: int, workload: str) -> tuple[AgentStateSav
     graph = _graph(saver, workload)
     config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
     for step in range(1, steps + 1):
-        payload: dict[str, Any] = {"messages": [f"user {step:05d} " + "u" * (MESSAGE - 11)]}
-        if step == 1:
-            payload["other"] = OTHER
-        graph.invoke(payload, config)
+        graph.invoke(step_input(step), config)
     return saver, Keys("layouts").thread("t")
 
 
