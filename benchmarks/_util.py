@@ -125,6 +125,18 @@ def proc_cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def main_thread_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds process ``pid``'s main thread has run, from /proc's schedstat (nanoseconds, where
+    utime and stime tick in 10 ms); ``proc_cpu_seconds`` where there is no schedstat, 0 without /proc."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return proc_cpu_seconds(pid) or 0.0
+
+
 def machine_busy_seconds() -> float | None:
     """CPU seconds all processes of the machine have spent busy (/proc/stat), None elsewhere."""
     try:

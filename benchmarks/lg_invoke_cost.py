@@ -32,66 +32,41 @@ import redis
 
 from redis_agentstate.embedded import start_embedded
 
-from ._util import proc_cpu_seconds, server_pid_of
-from .langgraph_savers import _graph, step_input
+from ._util import Settings, main_thread_cpu_seconds, server_pid_of, time_batch
+from .langgraph_savers import CONTENDERS, _graph, step_input
 
 STEPS = 10
 
 
-def _savers(url: str) -> dict[str, Any]:
-    from redis_agentstate.langgraph import AgentStateSaver
-
-    out: dict[str, Any] = {"AgentStateSaver": AgentStateSaver(redis.Redis.from_url(url), namespace="cost")}
-    try:
-        from langgraph_checkpoint_aws import ValkeySaver
-        from valkey import Valkey
-
-        out["ValkeySaver"] = ValkeySaver(Valkey.from_url(url))
-    except ImportError:
-        pass
-    try:
-        from langgraph_checkpoint_plainredis import RedisSaver
-
-        out["plainredis RedisSaver"] = RedisSaver(redis.Redis.from_url(url), prefix="cost-plain")
-    except ImportError:
-        pass
+def _savers(url: str, pid: int | None) -> dict[str, Any]:
+    """The langgraph figure's contenders that run on this server (the official saver needs modules)."""
+    settings = Settings(url=url, server_pid=pid, private=True)
+    out = {}
+    for name, factory in CONTENDERS.items():
+        try:
+            out[name] = factory(settings)[0]
+        except Exception:  # a peer not installed, or one this server cannot run
+            continue
     return out
-
-
-def _cpu_s(pid: int | None) -> float:
-    """The server's main thread's CPU seconds so far: /proc's schedstat counts nanoseconds (its utime and
-    stime tick in 10 ms, coarser than a 10-invoke thread); 0 where there is no /proc."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return proc_cpu_seconds(pid) or 0.0
 
 
 def _thread(graph: Any, admin: redis.Redis, pid: int | None) -> tuple[float, float, float]:
     """(ms, server CPU µs, commands) per invoke over one fresh thread of STEPS invokes."""
     config = {"configurable": {"thread_id": uuid.uuid4().hex}}
     commands = int(admin.info("stats")["total_commands_processed"])
-    cpu = _cpu_s(pid)
+    cpu = main_thread_cpu_seconds(pid)
     t0 = time.perf_counter()
     for step in range(1, STEPS + 1):
         graph.invoke(step_input(step), config)
     ms = (time.perf_counter() - t0) * 1000 / STEPS
-    cpu = _cpu_s(pid) - cpu
+    cpu = main_thread_cpu_seconds(pid) - cpu
     # Less the two INFO calls of this harness.
     commands = int(admin.info("stats")["total_commands_processed"]) - commands - 1
     return ms, cpu * 1e6 / STEPS, commands / STEPS
 
 
 def _round_trip(fn: Callable[[], Any], n: int = 2000) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return statistics.median(time_batch(fn, n)[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         admin = redis.Redis.from_url(server.url)
         pid = server_pid_of(admin)
-        graphs = {name: _graph(saver) for name, saver in _savers(server.url).items()}
+        graphs = {name: _graph(saver) for name, saver in _savers(server.url, pid).items()}
         for graph in graphs.values():
             _thread(graph, admin, pid)  # warm-up: scripts loaded, connections open
         rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in graphs}
@@ -113,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 rows[name].append(_thread(graphs[name], admin, pid))
         print(f"steps 1-{STEPS}, {args.rounds} fresh threads per saver, interleaved; medians per invoke:")
-        print(f"  {'saver':24s} {'ms/invoke':>9s} {'server CPU µs':>13s} {'commands':>8s} {'the rest, ms':>12s}")
+        print(f"  {'saver':44s} {'ms/invoke':>9s} {'server CPU µs':>13s} {'commands':>8s} {'the rest, ms':>12s}")
         for name, samples in rows.items():
             ms, us, calls = (statistics.median(s[i] for s in samples) for i in range(3))
-            print(f"  {name:24s} {ms:9.2f} {us:13.0f} {calls:8.1f} {ms - us / 1000:12.2f}")
+            print(f"  {name:44s} {ms:9.2f} {us:13.0f} {calls:8.1f} {ms - us / 1000:12.2f}")
         client = redis.Redis.from_url(server.url)
         sha = client.script_load("return 1")
         keys = [f"k{i}" * 12 for i in range(9)]

@@ -492,8 +492,8 @@ def test_lg_invoke_cost_runs() -> None:
     out = _printed("benchmarks.lg_invoke_cost", "--rounds", "1")
     row = r"^  (\S.*?)\s+([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.-]+)$"
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(row, out, re.M)}
-    assert "AgentStateSaver" in rows, out
-    ms, _cpu, commands, _rest = rows["AgentStateSaver"]
+    assert "redis_agentstate AgentStateSaver" in rows, out
+    ms, _cpu, commands, _rest = rows["redis_agentstate AgentStateSaver"]
     # LangGraph's get_tuple, 3 puts and 2 put_writes, each one script (with the commands it runs).
     assert float(ms) > 0 and float(commands) >= 6
     assert re.search(r"^  redis-py\s+PING\s+[\d.]+", out, re.M), out

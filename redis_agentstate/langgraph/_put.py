@@ -111,8 +111,9 @@ class SaverWrites(SaverBase):
         values (each once) the references name."""
         pairs: list[Any] = []
         shared: dict[bytes, bytes] = {}
+        share_bytes = self.share_bytes
         for fld, value, _, _ in blobs:
-            if value[:1] == _FULL and len(value) >= self.share_bytes:
+            if value[:1] == _FULL and len(value) >= share_bytes:
                 f = share_field(value)
                 shared[f] = value
                 value = REF + f[len(SHARED_PREFIX) :]
@@ -205,6 +206,7 @@ class SaverWrites(SaverBase):
             raise InvalidArgument(f"task_path must be a str, got {type(task_path).__name__}")
         args: list[Any] = []
         shared: dict[bytes, bytes] = {}
+        share_bytes = self.share_bytes
         for idx, pair in enumerate(writes):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidArgument(f"each write must be a (channel, value) pair, got {pair!r:.80}")
@@ -213,9 +215,9 @@ class SaverWrites(SaverBase):
             i = WRITES_IDX_MAP.get(channel, idx)
             kind, data = self._typed(value, f"the write to channel {channel!r}")
             field = None
-            if len(data) + len(kind) + 8 >= self.share_bytes:
+            if len(data) + len(kind) + 8 >= share_bytes:
                 stored = _FULL + msgpack.packb([kind, data], use_bin_type=True)
-                if len(stored) >= self.share_bytes:
+                if len(stored) >= share_bytes:
                     field = share_field(stored)  # hashed once: the write names it, the script stores it
                     shared[field] = stored
             payload = pack_write(task_path, channel, kind, data, field)
