@@ -28,12 +28,14 @@ class Lifecycle(Releases):
         """End the task at once, status ``cancelled`` (cancel.lua): True, or False if it was terminal already.
 
         The revision is bumped and the claim cleared, so the holder's next write is fenced out; the
-        reason (cut and escaped as a release's) is kept as ``last_failure``. Raises TaskNotFound
+        reason (cut and escaped as a release's) is kept as ``last_failure``, "cancelled (no reason
+        given)" when it is None or "" (an empty ``--reason`` is no reason). Raises TaskNotFound
         when there is no such task. A re-send after a lost reply is recognised by its nonce and
         answers True, as the first did.
         """
         tid, keys = self._task(task_id)
-        why = "cancelled (no reason given)" if reason is None else self._reason(reason)
+        # "" is no reason, as None: _reason would record it as a failure with no reason ("failed ...").
+        why = "cancelled (no reason given)" if reason is None or reason == "" else self._reason(reason)
         reply = yield Call(S.CANCEL, keys.stepped(), [new_nonce(), why, self.terminal_ttl_ms or 0])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):

@@ -136,6 +136,19 @@ class TestCancel:
             store.cancel("")
         assert hash_of(raw, namespace, "t") == before
 
+    @pytest.mark.parametrize("reason", [None, ""])
+    def test_no_reason_or_an_empty_one_records_cancelled(
+        self, make: Callable[..., Any], raw: Any, namespace: str, reason: str | None
+    ) -> None:
+        """docs/operations.md: without a reason the task's last_failure is "cancelled (no reason
+        given)"; an empty reason is none (it recorded "failed (no reason given)", a release's words)."""
+        store = make(CheckpointStore, AsyncCheckpointStore)
+        store.create(Checkpoint("t"))
+        store.claim("t", 1, token="w", lease_ms=LONG_MS)
+        assert store.cancel("t", reason=reason) is True
+        assert store.load("t").last_failure == "cancelled (no reason given)"
+        assert hash_of(raw, namespace, "t")[b"why"] == b"cancelled (no reason given)"
+
     def test_a_huge_or_unencodable_reason_is_kept_cut_and_escaped(self, make: Callable[..., Any]) -> None:
         store = make(CheckpointStore, AsyncCheckpointStore)
         store.create(Checkpoint("a"))
@@ -353,4 +366,8 @@ def test_cli_cancel(private_server: Any, capsys: Any) -> None:
     assert rows["<b>"].split()[1] == "running" and "reason" not in rows["<b>"]
     assert store.load("a").last_failure == "budget spent"
     assert store.load("<b>").status == AgentStatus.RUNNING
+    store.create(Checkpoint("c"))
+    assert cli_mod.main(["cancel", "c", "--reason", "", "--url", url, "--namespace", ns]) == 0
+    capsys.readouterr()
+    assert store.load("c").last_failure == "cancelled (no reason given)"
     store.client.close()
