@@ -129,7 +129,8 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
         if reply[0] == Reply.DONE:
             return int(reply[1]), None
         if self._permits:
-            yield from self._give_back(tid, token)  # not renewed: the lease is over, and so is its place
+            # Not renewed: the lease is over, and so is its place; unless the renewal was only stale.
+            yield from self._refused_write(tid, token, reply)
         if reply[0] == Reply.TERMINAL:
             reason = _s(reply[2])
             return None, TaskCancelled(f"task {tid!r} was cancelled: {reason}", task_id=tid, reason=reason)

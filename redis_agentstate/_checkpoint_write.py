@@ -173,7 +173,8 @@ class CheckpointWrites(ConcurrencyLimits):
         written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history,
                                                 delay_ms=delay)  # fmt: skip
         if self._permits:
-            yield from self._give_back(cp.task_id, token)  # the cycle is over (or the lease was): its place too
+            # The cycle is over (or the lease was): its place too. A stale write of a live lease keeps it.
+            yield from self._refused_write(cp.task_id, token, written.reply)
         return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
@@ -183,7 +184,8 @@ class CheckpointWrites(ConcurrencyLimits):
         expected = self._revision(expected_revision, bumped=True)
         written = yield from self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
         if self._permits and cp.claim_token is not None:
-            yield from self._give_back(cp.task_id, cp.claim_token)
+            # Applied: nobody held a claim. Refused while cp's own claim is live: its place stays.
+            yield from self._refused_write(cp.task_id, cp.claim_token, written.reply)
         return written.applied
 
     def commit_and_claim(
@@ -244,11 +246,16 @@ class CheckpointWrites(ConcurrencyLimits):
         )  # fmt: skip
         reply, code = w.reply, w.reply[0]
         if self._permits:
-            if old is not None and old != ckey:
-                yield from self._give_back(tid, token, old)  # the key changed (or went): the old place too
-            if code not in (Reply.DONE, Reply.DONE_BEFORE):
-                yield from self._give_back(tid, next_token)
-                yield from self._give_back(tid, token)
+            left = None if code in (Reply.DONE, Reply.DONE_BEFORE) else self._lease_left(reply, token)
+            if left is not None:
+                # Fenced out while token's lease goes on: it keeps (or gets back) its place.
+                yield from self._keep_place(tid, token, next_token, old, ckey, left)
+            else:
+                if old is not None and old != ckey:
+                    yield from self._give_back(tid, token, old)  # the key changed (or went): the old place too
+                if code not in (Reply.DONE, Reply.DONE_BEFORE):
+                    yield from self._give_back(tid, next_token)
+                    yield from self._give_back(tid, token)
         keys = self._task_keys(tid)
         if code == Reply.DONE and w.entry is None:
             # Full lists were appended: the claim came back whole (commit_and_claim.lua).
@@ -262,6 +269,28 @@ class CheckpointWrites(ConcurrencyLimits):
             return None
         self._claim_refused(tid, cp.cycle_index + 1, code, reply)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _keep_place(
+        self, tid: str, token: str, next_token: str, old: str | None, ckey: str | None, left: int
+    ) -> Op[None]:
+        """A commit_and_claim refused while ``token``'s lease stays live (``left`` ms more): the place taken for
+        the next claim (``next_token``'s, in ``ckey``'s limiter) goes back to that lease, or goes when the lease
+        holds its own elsewhere (``old``, another key's); the lease's place must outlast it."""
+        if ckey is None:
+            return None  # no place was taken: the lease's own (old's, if any) was not touched
+        if old == ckey or (old is None and next_token == token):
+            # The lease's place was moved to next_token (or, the same holder, its expiry to the new lease's):
+            # move it back and past the lease's end. A place of token's unknown to this core is kept alike.
+            got, _ = yield from self._take_place(
+                tid, token, ckey, left, replaces="" if next_token == token else next_token
+            )
+            if got is None and next_token != token:
+                yield from self._give_back(tid, next_token, ckey)
+            return None
+        yield from self._give_back(tid, next_token, ckey)
+        if old is not None:
+            self._permits[(tid, token)] = old  # the give back forgot token's own place when next_token == token
+        return None
 
     def _continued(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
         """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.

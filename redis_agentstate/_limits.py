@@ -13,7 +13,11 @@ cannot turn into an excess, nor into a leak longer than one lease:
    task without one (``Reply.LIMITED``) and caps the lease at the expiry minus
    ``LIMIT_SKEW_MS``, so the lease never outlives its place;
 3. give the place back after the commit, finalize or release (``limit_release.lua``), and wake
-   one task ``claim_next`` put off while the key was full (``limit_wake.lua``).
+   one task ``claim_next`` put off while the key was full (``limit_wake.lua``). Only a lease that
+   ended gives its place back: a write that applied, or one whose refusal shows the token holds
+   no live lease of the task (taken over, lapsed, the task gone or terminal). A refusal of a
+   lease that stays live (a stale revision or cycle) carries how long it still runs, and its
+   place is kept (``_refused_write``): else the key would have more live leases than its limit.
 
 A client that dies after 1 leaks the place until it expires (one lease); one that dies after
 2 holds a lease whose place lives as long. A renewal moves the place first, then the lease.
@@ -147,6 +151,37 @@ class ConcurrencyLimits(CheckpointBase):
             reply = yield Call(S.LIMIT_RELEASE, limiter, [holder, 1])
             if not (yield from self._woke_one(ckey, reply[1:])):
                 return None
+        return None
+
+    @staticmethod
+    def _lease_left(reply: Sequence[Any], token: str | None) -> int | None:
+        """How long (ms) the lease ``token`` still runs, from the reply of a write or renewal of it that
+        was refused; None when the reply shows it has no live lease of the task (or applied: its lease
+        ended). Only a lease that ended gives its place back: a stale write of a live lease must not
+        (the refusal replies in commit.lua, release.lua, ...; finalize.lua names the live holder)."""
+        code = reply[0]
+        if code == Reply.REFUSED and len(reply) > 1:
+            if len(reply) > 2 and _s(reply[2]) != token:
+                return None  # finalize.lua: a live claim is held, not by this token
+            return int(reply[1])
+        if code == Reply.LIMITED and len(reply) > 2:  # commit_and_claim.lua: the fence passed, no place came
+            return int(reply[2])
+        return None
+
+    def _refused_write(self, tid: str, token: str | None, reply: Sequence[Any]) -> Op[None]:
+        """After a fenced write or renewal sent with ``token`` that did not renew: give back its place
+        when its lease ended (applied, or the reply shows no live lease of ``token``); else the lease
+        goes on, and so does its place, which must outlast it (a renewal refused after moving it on
+        may have shortened it)."""
+        if not self._permits or token is None:
+            return None
+        left = self._lease_left(reply, token)
+        if left is None:
+            yield from self._give_back(tid, token)
+            return None
+        ckey = self._permits.get((tid, token))
+        if ckey is not None:
+            yield from self._take_place(tid, token, ckey, left)
         return None
 
     def _woke_one(self, ckey: str, waiters: Sequence[Any]) -> Op[bool]:

@@ -61,7 +61,8 @@ class Releases(ConcurrencyLimits):
         args = [token, self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
         reply = yield Call(S.RELEASE, self._wire_keys(tid)[1], [*args, self.max_attempts])
         if self._permits:
-            yield from self._give_back(tid, token)  # the claim is given up: so is its limiter place
+            # The claim is given up: so is its limiter place. A stale release of a live lease keeps it.
+            yield from self._refused_write(tid, token, reply)
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return "released"

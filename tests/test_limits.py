@@ -11,10 +11,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import redis
+from faults.replies import lose_first_reply
 from flows import ids_in_distinct_shards
 
 from redis_agentstate import (
@@ -36,6 +38,15 @@ from redis_agentstate.keys import Keys, shard_of
 
 LONG_MS = 30_000
 KEY = "tenant-a"
+
+
+def scripts_of(store: Any) -> dict[str, Any]:
+    return getattr(store, "wrapped", store)._scripts  # type: ignore[no-any-return]
+
+
+def server_ms(raw: Any) -> int:
+    sec, usec = raw.time()
+    return int(sec) * 1000 + int(usec) // 1000
 
 
 def limited(store: Any, n: int, key: str = KEY, prefix: str = "t") -> list[str]:
@@ -257,6 +268,167 @@ class TestLimits:
             store.load(a)
         with pytest.raises(CorruptState):
             store.claim(a, 1, token="A", lease_ms=LONG_MS)
+
+
+def _stale_commit(store: Any, a: str, cp: Checkpoint) -> Any:
+    return store.commit(replace(cp, cycle_index=1), token="A", expected_revision=cp.revision - 1)
+
+
+def _wrong_cycle_commit(store: Any, a: str, cp: Checkpoint) -> Any:
+    return store.commit(replace(cp, cycle_index=2), token="A", expected_revision=cp.revision)
+
+
+def _stale_renew(store: Any, a: str, cp: Checkpoint) -> Any:
+    return store.renew(a, token="A", expected_revision=cp.revision - 1, lease_ms=LONG_MS)
+
+
+def _stale_release(store: Any, a: str, cp: Checkpoint) -> Any:
+    return store.release(a, token="A", expected_revision=cp.revision - 1, after_ms=1)
+
+
+def _stale_commit_and_claim(next_token: str | None, lease_ms: int = LONG_MS) -> Callable[[Any, str, Checkpoint], Any]:
+    def write(store: Any, a: str, cp: Checkpoint) -> Any:
+        return store.commit_and_claim(replace(cp, cycle_index=1), token="A", expected_revision=cp.revision - 1,
+                                      lease_ms=lease_ms, next_token=next_token)  # fmt: skip
+
+    return write
+
+
+def _finalize_under_the_claim(store: Any, a: str, cp: Checkpoint) -> Any:
+    final = replace(cp, cycle_index=1, status=AgentStatus.COMPLETED, terminal_result={"ok": True})
+    return store.finalize(final, expected_revision=cp.revision)  # refused: a claim is held (A's)
+
+
+#: Every write a holder can make that is refused with nothing written (issue 38, item 3).
+REFUSED_WRITES: dict[str, Callable[[Any, str, Checkpoint], Any]] = {
+    "commit-stale-revision": _stale_commit,
+    "commit-wrong-cycle": _wrong_cycle_commit,
+    "renew-stale-revision": _stale_renew,
+    "release-stale-revision": _stale_release,
+    "commit_and_claim-same-token": _stale_commit_and_claim(None),
+    "commit_and_claim-next-token": _stale_commit_and_claim("A2"),
+    "commit_and_claim-shorter-lease": _stale_commit_and_claim(None, 1_000),
+    "commit_and_claim-next-token-shorter-lease": _stale_commit_and_claim("A2", 1_000),
+    "finalize-under-the-claim": _finalize_under_the_claim,
+}
+#: The script each refused write sends (its lost-reply case loses that script's reply).
+REFUSED_SCRIPT = {"commit": "commit", "renew": "renew", "release": "release",
+                  "commit_and_claim": "commit_and_claim", "finalize": "finalize"}  # fmt: skip
+
+
+def place_of(raw: Any, namespace: str, task_id: str, token: str) -> float | None:
+    """The expiry (server ms) of the limiter place lease ``token`` of ``task_id`` holds, if any."""
+    score = raw.zscore(Keys(namespace).limiter(KEY).holders, f"{task_id}\0{token}")
+    return None if score is None else float(score)
+
+
+class TestFencedOutWrites:
+    """Only a lease that ended gives its limiter place back (issue 38, item 3): a write that is refused
+    while its lease stays live (stale revision, wrong cycle, a claim held) keeps the place, so the key
+    never has more live leases than its limit; one refused because the lease is over (taken over,
+    gone, cancelled) gives it back at once."""
+
+    @pytest.mark.parametrize("write", list(REFUSED_WRITES))
+    def test_a_refused_write_of_a_live_lease_keeps_its_place(
+        self, make: Callable[..., Any], raw: Any, namespace: str, write: str
+    ) -> None:
+        store, a, b, cp = one_place_held(make)
+        before = dict(raw.hgetall(Keys(namespace).task(a).checkpoint))
+        assert not REFUSED_WRITES[write](store, a, cp)
+        assert dict(raw.hgetall(Keys(namespace).task(a).checkpoint)) == before  # nothing written
+        # A's lease is live: its place must be too, and last at least as long as the lease.
+        expiry = place_of(raw, namespace, a, "A")
+        assert expiry is not None and expiry >= cp.lease_expires_at_ms + LIMIT_SKEW_MS
+        assert live(store) == 1
+        with pytest.raises(ConcurrencyLimited):
+            store.claim(b, 1, token="B", lease_ms=LONG_MS)
+        assert commit(store, cp)  # A's own commit still frees the place
+        assert live(store) == 0 and place_of(raw, namespace, a, "A") is None
+        assert store.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
+
+    @pytest.mark.parametrize("write", list(REFUSED_WRITES))
+    def test_a_refused_write_whose_reply_was_lost_keeps_its_place(
+        self, make: Callable[..., Any], raw: Any, namespace: str, write: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store, a, b, cp = one_place_held(make)
+        calls = lose_first_reply(scripts_of(store)[REFUSED_SCRIPT[write.split("-")[0]]], monkeypatch)
+        assert not REFUSED_WRITES[write](store, a, cp)
+        assert len(calls) == 2  # the refusal was lost, the re-send refused again
+        assert live(store) == 1
+        with pytest.raises(ConcurrencyLimited):
+            store.claim(b, 1, token="B", lease_ms=LONG_MS)
+        assert commit(store, cp)
+        assert store.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
+
+    @pytest.mark.parametrize("write", ["commit", "release", "commit_and_claim"])
+    def test_an_applied_write_whose_reply_was_lost_ends_the_lease_once(
+        self, make: Callable[..., Any], raw: Any, namespace: str, write: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The re-send is answered "applied before": the lease ended, its place goes (commit_and_claim:
+        moves to the next cycle's lease, which a commit then frees)."""
+        store, a, b, cp = one_place_held(make)
+        calls = lose_first_reply(scripts_of(store)[write], monkeypatch)
+        if write == "commit":
+            assert commit(store, cp)
+        elif write == "release":
+            assert store.release(a, token="A", expected_revision=cp.revision, after_ms=LONG_MS)
+        else:
+            nxt = store.commit_and_claim(replace(cp, cycle_index=1), token="A", expected_revision=cp.revision,
+                                         lease_ms=LONG_MS, next_token="A2")  # fmt: skip
+            assert nxt is not None and nxt.claim_token == "A2"
+            assert place_of(raw, namespace, a, "A") is None and place_of(raw, namespace, a, "A2") is not None
+            with pytest.raises(ConcurrencyLimited):
+                store.claim(b, 1, token="B", lease_ms=LONG_MS)
+            assert commit(store, nxt)
+        assert len(calls) == 2
+        assert live(store) == 0
+        assert store.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
+
+    def test_a_renewal_whose_reply_was_lost_keeps_its_place(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store, a, b, cp = one_place_held(make)
+        calls = lose_first_reply(scripts_of(store)["renew"], monkeypatch)
+        assert store.renew(a, token="A", expected_revision=cp.revision, lease_ms=LONG_MS)
+        assert len(calls) == 2 and live(store) == 1
+        with pytest.raises(ConcurrencyLimited):
+            store.claim(b, 1, token="B", lease_ms=LONG_MS)
+
+    @pytest.mark.parametrize("write", list(REFUSED_WRITES))
+    def test_a_write_refused_after_a_takeover_gives_the_place_back_at_once(
+        self, make: Callable[..., Any], raw: Any, namespace: str, write: str
+    ) -> None:
+        """The positive control: A's lease lapsed and B took the task over. A's place would free itself
+        LIMIT_SKEW_MS after A's lease (the place is pushed further out here, as a place renewed just
+        before its lapse or a slow limiter clock leaves it); A's refused write shows A holds no lease of
+        the task any more, so it gives the place back at once."""
+        store = make(CheckpointStore, AsyncCheckpointStore)
+        store.set_concurrency_limit(KEY, 2)
+        a, c = limited(store, 2)
+        cp = store.claim(a, 1, token="A", lease_ms=200)
+        while server_ms(raw) <= cp.lease_expires_at_ms:
+            time.sleep(0.05)
+        took = store.claim(a, 1, token="B", lease_ms=LONG_MS)  # a takeover
+        assert took is not None and took.claim_token == "B"
+        raw.zadd(Keys(namespace).limiter(KEY).holders, {f"{a}\0A": server_ms(raw) + LONG_MS})
+        assert live(store) == 2
+        assert not REFUSED_WRITES[write](store, a, cp)
+        assert place_of(raw, namespace, a, "A") is None
+        assert live(store) == 1  # B's
+        assert store.claim(c, 1, token="C", lease_ms=LONG_MS) is not None
+
+    @pytest.mark.parametrize("end", ["deleted", "cancelled"])
+    def test_a_write_refused_for_a_task_gone_or_cancelled_gives_the_place_back(
+        self, make: Callable[..., Any], raw: Any, namespace: str, end: str
+    ) -> None:
+        store, a, b, cp = one_place_held(make)
+        if end == "deleted":
+            store.delete(a)
+        else:
+            assert store.cancel(a, reason="stop")
+        assert not commit(store, cp)
+        assert place_of(raw, namespace, a, "A") is None and live(store) == 0
+        assert store.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
 
 
 class TestLimitsThroughLeasesAndRunners:

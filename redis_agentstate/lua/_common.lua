@@ -389,6 +389,33 @@ local function write_history(keys, current_epoch, now, replace, epoch, base_m, b
   return current_epoch
 end
 
+-- ---- a refused holder and its limiter place (the limits note) ------------------
+-- A refused fenced write or renewal says whether the lease it was sent for goes on: a write that
+-- was only stale (a wrong revision or cycle, a claim still held) must not give back the limiter
+-- place of a lease that is still live, and one whose lease is over (taken over, lapsed, the task
+-- gone or terminal) gives it back at once (_limits.py). Read only on the refusal path.
+
+-- How long (ms, above 0) ``token``'s lease of the task whose hash is keys[1] still runs, or nil
+-- when ``token`` holds no live lease of it.
+local function lease_left(keys, token)
+  if not token or token == '' then return nil end
+  local h = redis.call('HMGET', keys[1], 'token', 'lease')
+  if h[1] ~= token then return nil end
+  local lease = int_in(h[2], 0, MAX_REVISION)
+  if not lease then return nil end
+  local left = lease - server_now_ms()
+  if left > 0 then return left end
+  return nil
+end
+
+-- The refusal of a write or renewal sent with ``token``: {REPLY_REFUSED, ms_left} while that
+-- lease is live (ms_left: how long it still runs), {REPLY_REFUSED} when it is not.
+local function refused_to(keys, token)
+  local left = lease_left(keys, token)
+  if left then return {REPLY_REFUSED, fmt(left)} end
+  return {REPLY_REFUSED}
+end
+
 -- ---- the fenced writes (commit, finalize) ---------------------------------
 
 -- The reply of a fenced write whose fence refused it: REPLY_DONE_BEFORE if
@@ -396,9 +423,12 @@ end
 -- claimed and wrote, or the task was acknowledged: deleted, the tombstone
 -- keeps the ring; maybe even created again), else REPLY_REFUSED.
 -- exists, applied, epoch: the hash's fields as read (exists false: no hash).
-local function refused(keys, exists, applied, epoch, id)
+-- ``token`` (commit, commit_and_claim): the write's claim token; its REPLY_REFUSED then says
+-- whether that lease is still live (refused_to below).
+local function refused(keys, exists, applied, epoch, id, token)
   if exists and ring_has(applied, id) then return {REPLY_DONE_BEFORE, epoch} end
   if ring_has(redis.call('GET', keys[7]), id) then return {REPLY_DONE_BEFORE, ''} end
+  if token then return refused_to(keys, token) end
   return {REPLY_REFUSED}
 end
 

@@ -26,15 +26,17 @@
 -- The lease need not be unexpired: if nobody claimed since, the revision is
 -- unchanged and the fence holds.
 -- Returns {REPLY_DONE, epoch} applied (revision + 1, claim cleared);
--- {REPLY_DONE_BEFORE, epoch} this write applied already; {REPLY_REFUSED}
--- fenced out; {REPLY_RESEND_HISTORY}; {REPLY_SHRINK}.
+-- {REPLY_DONE_BEFORE, epoch} this write applied already; {REPLY_REFUSED, ms_left}
+-- fenced out while token's lease is live (ms_left: how long it still runs; the limits
+-- note: it keeps its limiter place), {REPLY_REFUSED} fenced out and token holds no live
+-- lease of the task; {REPLY_RESEND_HISTORY}; {REPLY_SHRINK}.
 local id, token, expected, cycle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local status, term, body, ttl_ms, delay_ms = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'claimed', 'applied', 'epoch')
 if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
-  return refused(KEYS, h[1], h[4], h[5], id)
+  return refused(KEYS, h[1], h[4], h[5], id, token)
 end
 local out = apply_fenced(KEYS, ARGV, 12, id, expected, cycle, status, term, body, h[5], h[4], nil, ttl_ms, delay_ms,
   ARGV[10], ARGV[11])

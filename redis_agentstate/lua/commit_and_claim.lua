@@ -39,9 +39,11 @@
 --   {REPLY_DONE_BEFORE, checkpoint...}  this write applied already (a re-send
 --       after a lost reply) and next_token holds N + 1: the claim as claim.lua
 --       returns it (its lease renewed only if it had lapsed and nobody took it);
---   {REPLY_REFUSED}  fenced out, nothing written;
---   {REPLY_LIMITED, key}  the task goes on with concurrency key ``key`` and the new claim came
---       without a live place (permit_cap run out): nothing written;
+--   {REPLY_REFUSED}  fenced out, nothing written ({REPLY_REFUSED, ms_left}: token's lease is
+--       still live and runs ms_left more: it keeps its limiter place, the limits note);
+--   {REPLY_LIMITED, key, ms_left}  the task goes on with concurrency key ``key`` and the new claim
+--       came without a live place (permit_cap run out): nothing written (ms_left as above, absent
+--       when token's lease is not live; {REPLY_LIMITED, key}: a re-send, below);
 --   {REPLY_RESEND_HISTORY}; {REPLY_SHRINK} (as commit.lua);
 --   {REPLY_TERMINAL, status}, {REPLY_NOT_RUNNING, status}, {REPLY_CYCLE_CONFLICT, cycle},
 --   {REPLY_HELD, lease_expires_at_ms}, {REPLY_REVISION_EXHAUSTED, rev},
@@ -68,13 +70,17 @@ if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= token or h[3] ~= cycle then
     if out[1] == REPLY_DONE or out[1] == REPLY_TAKEN_OVER then out[1] = REPLY_DONE_BEFORE end
     return out
   end
-  local out = refused(KEYS, h[1], h[4], h[5], id)
+  local out = refused(KEYS, h[1], h[4], h[5], id, token)
   if out[1] == REPLY_DONE_BEFORE then return {REPLY_TERMINAL, 'acknowledged'} end
   return out
 end
 -- The new claim's lease, capped by its permit (checked before anything is written).
 local capped = permitted_expiry(ckey, ckey, permit_cap, server_now_ms(), lease_ms)
-if not capped then return {REPLY_LIMITED, ckey} end
+if not capped then
+  local left = lease_left(KEYS, token)
+  if left then return {REPLY_LIMITED, ckey, fmt(left)} end
+  return {REPLY_LIMITED, ckey}
+end
 local cap = nil
 if ckey ~= '' then cap = tonumber(permit_cap) - LIMIT_SKEW end
 local out = apply_fenced(KEYS, ARGV, 14, id, expected, cycle, status, term, body, h[5], h[4],

@@ -20,13 +20,18 @@
 --   ARGV[13..] - blobs: the new message blobs, then the new cycle blobs
 -- Returns {REPLY_DONE, epoch} applied (revision + 1); {REPLY_DONE_BEFORE, epoch}
 -- this write applied already; {REPLY_REFUSED} missing, wrong revision, claimed,
--- or already terminal; {REPLY_RESEND_HISTORY}; {REPLY_SHRINK}.
+-- or already terminal, and {REPLY_REFUSED, ms_left, token} when a live claim is held
+-- (its token, and how long its lease still runs: a holder that sent its own claimed
+-- checkpoint keeps its limiter place, the limits note); {REPLY_RESEND_HISTORY}; {REPLY_SHRINK}.
 local id, expected, cycle = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local status, term, body, ttl_ms = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 
 local h = redis.call('HMGET', KEYS[1], 'rev', 'token', 'term', 'applied', 'epoch')
 if h[1] and not int_in(h[1], 0, MAX_REVISION) then return corrupt(1, 'rev') end
 if not h[1] or tonumber(h[1]) ~= expected or h[2] ~= '' or h[3] == '1' then
-  return refused(KEYS, h[1], h[4], h[5], id)
+  local out = refused(KEYS, h[1], h[4], h[5], id)
+  local left = out[1] == REPLY_REFUSED and lease_left(KEYS, h[2])
+  if left then return {REPLY_REFUSED, fmt(left), h[2]} end
+  return out
 end
 return apply_fenced(KEYS, ARGV, 8, id, expected, cycle, status, term, body, h[5], h[4], nil, ttl_ms)

@@ -17,8 +17,9 @@
 -- released already (a re-send: nothing written); {REPLY_PARKED, attempts,
 -- reason, '1'} parked now; {REPLY_PARKED, attempts, reason} parked by this
 -- very release before (a re-send after a lost reply);
--- {REPLY_REFUSED} not this token's claim any more; an AGENTSTATE_CORRUPT
--- error reply for a field this library would not write.
+-- {REPLY_REFUSED} not this token's claim any more ({REPLY_REFUSED, ms_left} the token's lease
+-- is live but the revision is not its: a stale release, the lease keeps its limiter place: the
+-- limits note in _common.lua); an AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, after_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local reason, max_attempts = ARGV[4], tonumber(ARGV[5])
 
@@ -32,7 +33,7 @@ if rev ~= expected or h[4] ~= token then
   if h[11] == '1' and h[13] == fmt(expected) and rev == expected + 1 then
     return {REPLY_PARKED, h[10], h[12]}
   end
-  return {REPLY_REFUSED}
+  return refused_to(KEYS, token)
 end
 if h[13] == h[3] then return {REPLY_DONE_BEFORE, h[6]} end
 

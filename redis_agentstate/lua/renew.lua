@@ -10,8 +10,10 @@
 -- release the claim) publishes notify_due (_common.lua); Lease.release has its own script (release.lua).
 -- Returns {REPLY_DONE, lease_expires_at_ms} renewed; {REPLY_TERMINAL, 'cancelled', reason} not
 -- renewed because the task was cancelled (cancel.lua); {REPLY_LIMITED, key} not renewed: the task
--- has concurrency key ``key`` and no live place of it came; {REPLY_REFUSED} not renewed otherwise; an
--- AGENTSTATE_CORRUPT error reply for a field this library would not write.
+-- has concurrency key ``key`` and no live place of it came; {REPLY_REFUSED} not renewed otherwise
+-- ({REPLY_REFUSED, ms_left} when the token's lease is live but the revision is not its: a stale
+-- renewal, the lease runs ms_left more and keeps its limiter place: the limits note in _common.lua);
+-- an AGENTSTATE_CORRUPT error reply for a field this library would not write.
 local token, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local permit_key, permit_cap = ARGV[4], ARGV[5]
 
@@ -26,7 +28,7 @@ if tonumber(h[1]) ~= expected or h[2] ~= token or (tonumber(h[3]) or 0) <= now t
   -- its cause (read only on this path: a renewal that passes costs nothing more).
   local why = redis.call('HMGET', KEYS[1], 'status', 'why')
   if why[1] == 'cancelled' then return {REPLY_TERMINAL, 'cancelled', why[2] or ''} end
-  return {REPLY_REFUSED}
+  return refused_to(KEYS, token)
 end
 if h[5] and #h[5] > MAX_CKEY_BYTES then return corrupt(1, 'ckey') end
 local expires = permitted_expiry(h[5], permit_key, permit_cap, now, lease_ms)
