@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from .errors import InvalidArgument
 from .keys import validate_namespace
 
-__all__ = ["CliError", "Parser", "dump", "esc", "jsonable", "namespace_arg", "positive"]
+__all__ = ["CliError", "Parser", "dump", "esc", "jsonable", "namespace_arg", "positive", "whole"]
 
 
 class CliError(Exception):
@@ -74,12 +74,25 @@ def esc(value: object) -> str:
     return _UNSAFE.sub(_esc_char, str(value))
 
 
+#: A whole number on the command line: ASCII digits. int() also takes '+5', ' 5', '5_000' and other
+#: scripts' digits (Arabic-Indic ones), and raises ValueError for '²' (isdigit() but no decimal) or 5,000 digits.
+_WHOLE = re.compile(r"[0-9]+")
+#: More digits than any count or size the commands take (a limit, shards, a port, a cursor).
+_WHOLE_MAX_DIGITS = 19
+
+
+def whole(value: str) -> int:
+    """argparse type: an integer >= 0, written in ASCII digits only."""
+    if not _WHOLE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"not a whole number (ASCII digits 0-9): {value!r}")
+    if len(value) > _WHOLE_MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"too large: a number of {len(value)} digits")
+    return int(value)
+
+
 def positive(value: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    """argparse type: an integer >= 1, written in ASCII digits only."""
+    n = whole(value)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
     return n

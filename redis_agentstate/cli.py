@@ -50,6 +50,7 @@ from ._cli_common import CliError, esc, namespace_arg
 from ._cli_common import Parser as _Parser
 from ._cli_common import dump as _dump
 from ._cli_common import positive as _positive
+from ._cli_common import whole as _whole
 from .errors import AgentStateError, BackendUnavailable, InvalidArgument, TaskNotFound
 from .fleet import cli as fleet_cli
 from .keys import Keys
@@ -272,15 +273,22 @@ def _list_waiting(args: argparse.Namespace, store: Any) -> int:
     return 0
 
 
+def _json_arg(option: str, text: str) -> Any:
+    """The JSON value ``text`` an option gave: InvalidArgument for what json.loads refuses, or nests
+    deeper than it (or the store's codec) can go: RecursionError, which is no ValueError."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"{option} is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument(f"{option} is JSON nested too deeply (arrays or objects within each other)") from None
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     """``resume TASK [--message JSON]``: a task waiting for a person runs again, the message appended."""
+    # The argument is checked before Redis is reached: nothing is written for a bad one.
+    message = None if args.message is None else _json_arg("--message", args.message)
     store = _store(args)
-    message = None
-    if args.message is not None:
-        try:
-            message = json.loads(args.message)
-        except ValueError as exc:
-            raise InvalidArgument(f"--message is not JSON: {exc}") from exc
     store.resume(args.task, message=message)  # TaskNotFound / NotWaiting: exit status 1, one line
     data = {"task_id": args.task, "resumed": True}
     if args.json:
@@ -293,14 +301,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_limit(args: argparse.Namespace) -> int:
     """``limit KEY N|none``: at most N live leases of the tasks whose concurrency key is KEY."""
-    store = _store(args)
     raw = args.limit.strip().lower()
     if raw == "none":
         limit = None
-    elif raw.isdigit():
-        limit = int(raw)
+    elif _DIGITS.fullmatch(raw):
+        limit = int(raw)  # ASCII digits, few enough for int(): the store refuses it out of range
     else:
-        raise InvalidArgument(f"the limit must be a whole number of leases or 'none', got {args.limit!r}")
+        # isdigit() took '²' (int() then raised a raw ValueError) and other scripts' digits (Arabic-Indic ones).
+        raise InvalidArgument(
+            f"the limit must be a whole number of leases in ASCII digits (0-9), or 'none'; got {args.limit!r}"
+        )
+    store = _store(args)
     store.set_concurrency_limit(args.key, limit)  # InvalidArgument (0, too large, a bad key): exit status 1
     data: dict[str, Any] = {"key": args.key, "limit": limit}
     if limit is not None:
@@ -555,11 +566,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
 # ---- parser ----------------------------------------------------------------------------------------
 
 
+#: Seconds on the command line: ASCII digits with an optional fraction (float() also takes 'nan',
+#: '1_0', ' 5' and other scripts' digits).
+_SECONDS = re.compile(r"[0-9]{1,5}(\.[0-9]{0,6})?|\.[0-9]{1,6}")
+
+
 def _positive_seconds(value: str) -> float:
-    try:
-        n = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not _SECONDS.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"not a number of seconds (ASCII digits, as 0.5 or 2): {value!r}")
+    n = float(value)
     if not 0.01 <= n <= 3600:
         raise argparse.ArgumentTypeError(f"must be between 0.01 and 3600 seconds, got {value}")
     return n
@@ -623,12 +638,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", parents=[common], help="show one task's checkpoint")
     show.add_argument("task")
-    show.add_argument("--messages", type=int, default=10, help="how many of the last messages to print")
+    show.add_argument("--messages", type=_whole, default=10, help="how many of the last messages to print")
     show.set_defaults(func=cmd_show)
 
     watch = sub.add_parser("watch", parents=[common], help="print a pool's records, then follow new ones")
     watch.add_argument("pool")
-    watch.add_argument("--from", dest="from_", type=int, default=None, metavar="CURSOR",
+    watch.add_argument("--from", dest="from_", type=_whole, default=None, metavar="CURSOR",
                        help="start after this cursor sequence (default: from the oldest record kept)")  # fmt: skip
     watch.add_argument("--count", type=_positive, default=None, help=f"records per read (default {WATCH_PAGE})")
     watch.add_argument("--once", action="store_true", help="print what is there and exit (no live tail)")
@@ -673,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_positive, default=2024, help="port (default 2024)")
     serve.add_argument("--token", default=None,
                        help="writes need it (x-api-key or Authorization: Bearer); $AGENTSTATE_TOKEN")  # fmt: skip
-    serve.add_argument("--workers", type=int, default=1, metavar="N",
+    serve.add_argument("--workers", type=_whole, default=1, metavar="N",
                        help="runs each graph executes at once in this process (0: a fleet elsewhere does)")  # fmt: skip
     serve.set_defaults(func=_cmd_serve)
     return parser

@@ -42,13 +42,17 @@ def encode(value: Any, *, what: str | Callable[[], str]) -> bytes:
     except AttributeError:
         packer = _local.packer = msgpack.Packer(use_bin_type=True, datetime=False)
     try:
-        packed: bytes = packer.pack(value)  # autoreset: the packer is empty again, also after an error
-    except (TypeError, ValueError, OverflowError) as exc:
+        # Packed one level down, in a list of one: msgpack packs 1025 levels but reads back only 1024
+        # (its unpacker's stack), so a value that deep was written and then never loaded again
+        # (CorruptState). The list costs the nesting limit that level; its header (0x91) is dropped.
+        packed: bytes = packer.pack([value])  # autoreset: the packer is empty again, also after an error
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         name = what() if callable(what) else what
         raise InvalidArgument(f"{name} is not msgpack-serialisable: {exc}") from exc
     if len(packed) > _KEEP_PACKER_BYTES:
         del _local.packer
-    return _PREFIX + packed
+    # A slice copies, a memoryview costs more than a small slice: one copy of a large value either way.
+    return _PREFIX + (packed[1:] if len(packed) <= 4096 else memoryview(packed)[1:])
 
 
 def _freeze(value: Any) -> Any:

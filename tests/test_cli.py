@@ -603,3 +603,99 @@ def test_control_characters_are_escaped_in_human_output_and_exact_in_json(privat
     assert json.loads(agentstate("show", HOSTILE, "--json", *common).stdout)["messages"] == [
         {"content": "bell\x07 csi\x9b"}
     ]
+
+
+# ---- numbers and JSON from the command line (issue 38, item 9) ---------------------------------------
+
+
+def _namespace_keys(url: str, ns: str) -> dict[bytes, bytes | None]:
+    """Every key of namespace ``ns`` with its DUMP: what a refused command must leave as it was."""
+    client = redis.Redis.from_url(url)
+    try:
+        return {k: client.dump(k) for k in sorted(client.scan_iter(match=f"{ns}:*"))}
+    finally:
+        client.close()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("bad", ["²", "\u0661", "٣", "+2", "2_0", "1" * 5000, "-1", ""])
+def test_limit_takes_ascii_digits_only_and_writes_nothing_else(private_server: Any, bad: str) -> None:
+    """``agentstate limit acme ²`` printed "unexpected error: ValueError"; an Arabic-Indic one (U+0661)
+    set a limit of 1."""
+    url, ns = private_server.url, "lim"
+    before = _namespace_keys(url, ns)
+    proc = agentstate("limit", "acme", bad, "--url", url, "--namespace", ns)
+    _one_line_error(proc, "InvalidArgument: the limit must be a whole number of leases in ASCII digits (0-9)")
+    assert "unexpected error" not in proc.stderr
+    error = _json_error(agentstate("limit", "acme", bad, "--json", "--url", url, "--namespace", ns), "InvalidArgument")
+    assert "ASCII digits" in error["message"]
+    assert _namespace_keys(url, ns) == before
+    assert CheckpointStore(redis.Redis.from_url(url), namespace=ns).concurrency_limits() == []
+    ok = agentstate("limit", "acme", "2", "--json", "--url", url, "--namespace", ns)
+    assert ok.returncode == 0 and json.loads(ok.stdout) == {"key": "acme", "limit": 2, "live": 0}, ok.stderr
+
+
+def _deep_json(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    ("message", "needle"),
+    [
+        (_deep_json(30_000), "--message is JSON nested too deeply"),
+        ('{"a": [1, 2', "--message is not JSON"),
+        ("¹", "--message is not JSON"),
+    ],
+    ids=["30000-deep", "truncated", "superscript"],
+)
+def test_resume_refuses_bad_or_too_deep_json_with_nothing_written(
+    private_server: Any, message: str, needle: str
+) -> None:
+    """``agentstate resume T --message <30,000-deep JSON>`` printed "unexpected error: RecursionError"."""
+    url, ns = private_server.url, "res"
+    store = CheckpointStore(redis.Redis.from_url(url), namespace=ns)
+    store.create(Checkpoint("t", status=AgentStatus.WAIT_USER, messages=["question?"]))
+    before = _namespace_keys(url, ns)
+    proc = agentstate("resume", "t", "--message", message, "--url", url, "--namespace", ns)
+    _one_line_error(proc, f"InvalidArgument: {needle}")
+    assert "unexpected error" not in proc.stderr
+    error = _json_error(agentstate("resume", "t", "--message", message, "--json", "--url", url, "--namespace", ns),
+                        "InvalidArgument")  # fmt: skip
+    assert error["message"].startswith(needle)
+    assert _namespace_keys(url, ns) == before
+    assert store.load("t").status == AgentStatus.WAIT_USER and store.load("t").messages == ["question?"]
+    # As deep as JSON itself parses: accepted, and stored as deep.
+    ok = agentstate("resume", "t", "--message", _deep_json(500), "--url", url, "--namespace", ns)
+    assert ok.returncode == 0, ok.stderr
+    assert store.load("t").status == AgentStatus.RUNNING and len(store.load("t").messages) == 2
+    store.client.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list", "--limit", "\u0661"],
+        ["list", "--limit", "²"],
+        ["list", "--limit", "9" * 5000],
+        ["show", "t", "--messages", "\u0661"],
+        ["show", "t", "--messages", "-1"],
+        ["watch", "p", "--once", "--from", "\u0661"],
+        ["watch", "p", "--once", "--count", "+5"],
+        ["stats", "--watch", "--interval", "\u0661"],
+        ["stats", "--watch", "--interval", "nan"],
+        ["stats", "--watch", "--iterations", "1_0"],
+        ["reshard", "--shards", "٨"],
+        ["serve", "--workers", "\u0661"],
+    ],
+    ids=lambda argv: " ".join(a if len(a) < 20 else f"<{len(a)} chars>" for a in argv),
+)
+def test_numeric_options_take_ascii_digits_only(argv: list[str]) -> None:
+    """int() and float() read other scripts' digits (U+0661 is 1), '+5', '1_0' and 'nan': every number the
+    CLI takes is ASCII digits, refused with a usage error (exit 2) before any connection."""
+    from conftest import free_port
+
+    proc = agentstate(*argv, "--url", f"redis://127.0.0.1:{free_port()}/0")  # nobody listens: refused first
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert "(ASCII digits" in proc.stderr or "too large" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected error" not in proc.stderr

@@ -50,6 +50,58 @@ def ready_score(raw: Any, namespace: str, task_id: str) -> float | None:
     return None if score is None else float(score)
 
 
+def nested(depth: int) -> list[Any]:
+    """A list ``depth`` levels deep: ``[[[...]]]``."""
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def depth(value: Any) -> int:
+    """How many levels of single-item lists ``value`` is (``nested``'s inverse; no recursion: == of two
+    values this deep raises RecursionError)."""
+    n = 0
+    while isinstance(value, list):
+        n += 1
+        value = value[0] if value else None
+    return n
+
+
+class TestDeepValues:
+    """A value nested deeper than the codec reads back is InvalidArgument before anything is written, in
+    every place a store takes one (issue 38, item 9); one level less is stored and loads back."""
+
+    def test_shared_state_messages_and_results(self, make: Callable[..., Any], raw: Any, namespace: str) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore)
+        # The body packs [shared_state, ...]: 1,024 levels of state are 1,025 of body. Written on main,
+        # and every load since raised CorruptState.
+        for cp in (Checkpoint("a", shared_state={"x": nested(1023)}), Checkpoint("m", messages=[nested(1025)]),
+                   Checkpoint("r", status=AgentStatus.COMPLETED, terminal_result=nested(1024)),
+                   Checkpoint("d", shared_state={"x": nested(30_000)})):  # fmt: skip
+            with pytest.raises(InvalidArgument, match="not msgpack-serialisable"):
+                store.create(cp)
+            assert store.load(cp.task_id) is None
+        assert [k for k in raw.scan_iter(match=f"{namespace}:*") if b"#layout}" not in k] == []
+        assert store.create(Checkpoint("a", shared_state={"x": nested(1022)}, messages=[nested(1024)]))
+        loaded = store.load("a")
+        assert depth(loaded.shared_state["x"]) == 1022 and [depth(m) for m in loaded.messages] == [1024]
+        cp = store.claim("a", 1, token="w", lease_ms=LONG_MS)
+        before = dict(raw.hgetall(Keys(namespace).task("a").checkpoint))
+        cp.cycle_index = 1
+        for state, messages in (({"x": nested(1023)}, []), ({}, [nested(1025)])):
+            cp.shared_state, cp.messages = state, [*cp.messages, *messages]
+            with pytest.raises(InvalidArgument, match="not msgpack-serialisable"):
+                store.commit(cp, token="w", expected_revision=cp.revision)
+            cp.messages = cp.messages[:1]
+        assert dict(raw.hgetall(Keys(namespace).task("a").checkpoint)) == before
+        cp.shared_state = {"ok": 1}
+        assert store.commit(cp, token="w", expected_revision=cp.revision)
+        assert store.load("a").shared_state == {"ok": 1}
+
+
 def wait_until(raw: Any, at_ms: int) -> None:
     """Sleep until the server's clock has passed ``at_ms``."""
     while server_ms(raw) <= at_ms:
@@ -208,6 +260,22 @@ class TestWaitForAPerson:
         with pytest.raises(InvalidArgument):
             store.resume("t", message=object())
         assert store.load("t").revision == waiting.revision and store.load("t").status == AgentStatus.WAIT_USER
+
+    @pytest.mark.parametrize("levels", [1025, 30_000])
+    def test_a_message_nested_too_deeply_is_refused_before_anything_is_written(
+        self, make: Callable[..., Any], raw: Any, namespace: str, levels: int
+    ) -> None:
+        """InvalidArgument, never a raw RecursionError or ValueError. 1,025 levels: msgpack packed them but
+        reads back only 1,024, so the task was written and could never be loaded again (CorruptState)."""
+        store = make(CheckpointStore, AsyncCheckpointStore)
+        waiting = self._waiting(store)
+        before = dict(raw.hgetall(Keys(namespace).task("t").checkpoint))
+        with pytest.raises(InvalidArgument, match="not msgpack-serialisable"):
+            store.resume("t", message=nested(levels))
+        assert dict(raw.hgetall(Keys(namespace).task("t").checkpoint)) == before
+        assert store.load("t").messages == waiting.messages == ["question?"]
+        assert store.resume("t", message=nested(1024)) is True  # as deep as msgpack reads back
+        assert depth(store.load("t").messages[-1]) == 1024
 
     def test_a_deadline_makes_the_task_due_by_itself_as_a_timeout(self, make: Callable[..., Any], raw: Any) -> None:
         store = make(CheckpointStore, AsyncCheckpointStore)
