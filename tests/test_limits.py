@@ -394,6 +394,49 @@ class TestFencedOutWrites:
         with pytest.raises(ConcurrencyLimited):
             store.claim(b, 1, token="B", lease_ms=LONG_MS)
 
+    @pytest.mark.parametrize("next_token", [None, "A2"])
+    def test_a_commit_and_claim_whose_new_place_ran_out_keeps_the_live_leases_place(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, next_token: Any
+    ) -> None:
+        """The fence passed but the place taken for the next claim had run out when the script ran
+        (LIMITED, nothing written; a stall of a lease's length in between, made here by a permit that
+        says so): A's lease goes on, and so does its place."""
+        store, a, b, cp = one_place_held(make)
+        core = getattr(store, "wrapped", store)._core
+        take = core._take_place
+
+        def run_out(*args: Any, **kw: Any) -> Any:
+            got, full = yield from take(*args, **kw)
+            return (None if got is None else 1), full  # a permit that expired long ago
+
+        monkeypatch.setattr(core, "_take_place", run_out)
+        with pytest.raises(ConcurrencyLimited):
+            store.commit_and_claim(replace(cp, cycle_index=1), token="A", expected_revision=cp.revision,
+                                   lease_ms=1_000, next_token=next_token)  # fmt: skip
+        monkeypatch.undo()
+        expiry = place_of(raw, namespace, a, "A")
+        assert expiry is not None and expiry >= cp.lease_expires_at_ms + LIMIT_SKEW_MS
+        assert live(store) == 1 and store.load(a).revision == cp.revision
+        with pytest.raises(ConcurrencyLimited):
+            store.claim(b, 1, token="B", lease_ms=LONG_MS)
+        assert commit(store, cp)
+        assert store.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
+
+    def test_a_stale_commit_and_claim_from_another_store_keeps_the_place(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        """A store that did not take A's place (another process of the same worker) moves it with the
+        next claim's lease; refused, it puts it back past A's lease, and never gives it back."""
+        store, a, b, cp = one_place_held(make)
+        other = make(CheckpointStore, AsyncCheckpointStore)
+        assert _stale_commit_and_claim(None, 1_000)(other, a, cp) is None
+        expiry = place_of(raw, namespace, a, "A")
+        assert expiry is not None and expiry >= cp.lease_expires_at_ms + LIMIT_SKEW_MS
+        with pytest.raises(ConcurrencyLimited):
+            other.claim(b, 1, token="B", lease_ms=LONG_MS)
+        assert commit(store, cp)
+        assert other.claim(b, 1, token="B", lease_ms=LONG_MS) is not None
+
     @pytest.mark.parametrize("write", list(REFUSED_WRITES))
     def test_a_write_refused_after_a_takeover_gives_the_place_back_at_once(
         self, make: Callable[..., Any], raw: Any, namespace: str, write: str
