@@ -53,9 +53,27 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+#: Python frames ``dump`` may need beyond the caller's: a stored value nests up to 1,024 levels (the
+#: codec refuses more), and jsonable and the encoder each take one per level.
+_DUMP_FRAMES = 3 * 1024 + 100
+
+
 def dump(value: Any) -> str:
     """``value`` as one line of JSON (exact: no escaping beyond JSON's own)."""
-    return json.dumps(jsonable(value), ensure_ascii=False)
+    try:
+        return json.dumps(jsonable(value), ensure_ascii=False)
+    except RecursionError:
+        pass
+    # Nested past the default recursion limit (about 500 levels here): a value the store took and gives
+    # back, so `show` must print it, not fail with a RecursionError. Raised for this call only.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + _DUMP_FRAMES)
+    try:
+        return json.dumps(jsonable(value), ensure_ascii=False)
+    except RecursionError:
+        raise CliError("a value is nested too deeply to print as JSON", "TooDeep") from None
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 #: C0/C1 controls and DEL, line/paragraph separators, and the bidi overrides and isolates

@@ -699,3 +699,24 @@ def test_numeric_options_take_ascii_digits_only(argv: list[str]) -> None:
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
     assert "(ASCII digits" in proc.stderr or "too large" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "unexpected error" not in proc.stderr
+
+
+@pytest.mark.real
+def test_show_prints_a_value_as_deep_as_the_store_takes(private_server: Any) -> None:
+    """The store keeps values up to 1,024 levels deep; ``show`` failed past about 500 ("unexpected error:
+    RecursionError")."""
+    url, ns = private_server.url, "deep"
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(1023):
+        inner.append([])
+        inner = inner[0]
+    store = CheckpointStore(redis.Redis.from_url(url), namespace=ns)
+    store.create(Checkpoint("t", messages=[outer], shared_state={"x": outer[0][0]}))  # 1,024 and 1+1,022 levels
+    human = agentstate("show", "t", "--url", url, "--namespace", ns)
+    assert human.returncode == 0, human.stderr
+    assert "[" * 1024 + "]" * 1024 in human.stdout and '{"x": ' + "[" * 1022 + "]" * 1022 + "}" in human.stdout
+    as_json = agentstate("show", "t", "--json", "--url", url, "--namespace", ns)
+    assert as_json.returncode == 0, as_json.stderr
+    assert as_json.stdout.count("[" * 1024) == 1 and as_json.stdout.startswith('{"task_id": "t"')
+    store.client.close()
