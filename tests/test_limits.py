@@ -481,8 +481,9 @@ class TestLimitsThroughLeasesAndRunners:
         store = sync_store
         store.set_concurrency_limit(KEY, 1)
         a, b = limited(store, 2)
-        with store.lease(a, 1, lease_ms=600) as lease:
-            deadline = time.monotonic() + 1.5  # more than two leases: the place moved with each renewal
+        # A renewal may wait long on a loaded box: 1,200 ms leases give it 800 (600 ms leases lost one).
+        with store.lease(a, 1, lease_ms=1_200) as lease:
+            deadline = time.monotonic() + 2.6  # more than two leases: the place moved with each renewal
             while time.monotonic() < deadline:
                 with pytest.raises(ConcurrencyLimited):
                     store.claim(b, 1, token="B", lease_ms=LONG_MS)
