@@ -130,7 +130,7 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
             return int(reply[1]), None
         if self._permits:
             # Not renewed: the lease is over, and so is its place; unless the renewal was only stale.
-            yield from self._refused_write(tid, token, reply)
+            yield from self._refused_write(tid, token, reply, moved=ckey is not None)
         if reply[0] == Reply.TERMINAL:
             reason = _s(reply[2])
             return None, TaskCancelled(f"task {tid!r} was cancelled: {reason}", task_id=tid, reason=reason)

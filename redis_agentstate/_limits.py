@@ -168,11 +168,11 @@ class ConcurrencyLimits(CheckpointBase):
             return int(reply[2])
         return None
 
-    def _refused_write(self, tid: str, token: str | None, reply: Sequence[Any]) -> Op[None]:
+    def _refused_write(self, tid: str, token: str | None, reply: Sequence[Any], *, moved: bool = False) -> Op[None]:
         """After a fenced write or renewal sent with ``token`` that did not renew: give back its place
         when its lease ended (applied, or the reply shows no live lease of ``token``); else the lease
-        goes on, and so does its place, which must outlast it (a renewal refused after moving it on
-        may have shortened it)."""
+        goes on, and so does its place. ``moved``: the place was moved on for a renewal that was then
+        refused, maybe to a shorter lease than is left: it is moved past the lease's end again."""
         if not self._permits or token is None:
             return None
         left = self._lease_left(reply, token)
@@ -180,7 +180,7 @@ class ConcurrencyLimits(CheckpointBase):
             yield from self._give_back(tid, token)
             return None
         ckey = self._permits.get((tid, token))
-        if ckey is not None:
+        if moved and ckey is not None:
             yield from self._take_place(tid, token, ckey, left)
         return None
 

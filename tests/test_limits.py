@@ -278,8 +278,11 @@ def _wrong_cycle_commit(store: Any, a: str, cp: Checkpoint) -> Any:
     return store.commit(replace(cp, cycle_index=2), token="A", expected_revision=cp.revision)
 
 
-def _stale_renew(store: Any, a: str, cp: Checkpoint) -> Any:
-    return store.renew(a, token="A", expected_revision=cp.revision - 1, lease_ms=LONG_MS)
+def _stale_renew(lease_ms: int = LONG_MS) -> Callable[[Any, str, Checkpoint], Any]:
+    def write(store: Any, a: str, cp: Checkpoint) -> Any:
+        return store.renew(a, token="A", expected_revision=cp.revision - 1, lease_ms=lease_ms)
+
+    return write
 
 
 def _stale_release(store: Any, a: str, cp: Checkpoint) -> Any:
@@ -303,7 +306,8 @@ def _finalize_under_the_claim(store: Any, a: str, cp: Checkpoint) -> Any:
 REFUSED_WRITES: dict[str, Callable[[Any, str, Checkpoint], Any]] = {
     "commit-stale-revision": _stale_commit,
     "commit-wrong-cycle": _wrong_cycle_commit,
-    "renew-stale-revision": _stale_renew,
+    "renew-stale-revision": _stale_renew(),
+    "renew-stale-revision-shorter-lease": _stale_renew(1_000),  # the place it moved on must outlast the lease
     "release-stale-revision": _stale_release,
     "commit_and_claim-same-token": _stale_commit_and_claim(None),
     "commit_and_claim-next-token": _stale_commit_and_claim("A2"),
