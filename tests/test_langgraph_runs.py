@@ -375,10 +375,10 @@ def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, names
     from redis_agentstate.langgraph._runs_core import RunLost
 
     with pytest.raises(RunLost):
-        q._run(core.emit(stale.run, "tok-a", [("values", {"log": ["late"]})]))
+        q._run(core.emit(stale.run, "tok-a", [("values", {"log": ["late"]})], seq=1))
     with pytest.raises(RunLost):
         q._run(core.finish(stale.run, "tok-a", "success"))
-    assert q._run(core.emit(taken.run, "tok-b", [("values", {"log": ["ok"]})])) == ""
+    assert q._run(core.emit(taken.run, "tok-b", [("values", {"log": ["ok"]})], seq=1)) == ""
     assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
 
 
