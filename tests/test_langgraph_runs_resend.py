@@ -29,8 +29,8 @@ from redis_agentstate.langgraph import (
     RunNotFound,
     RunQueue,
     RunRejected,
+    _runs_core,
 )
-from redis_agentstate.langgraph import _runs_core
 
 
 @pytest.fixture

@@ -432,6 +432,9 @@ class RunCore:
             if cur.thread_id is None:
                 raise RunNotFound(cur.run_id)
         h, e = self.keys.runs(cur.thread_id).run(cur.run_id)
+        if cur.after == _MAX_ID:
+            cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
+            return []
         entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
         if not entries:
             if status is None and cur.after == "0-0":
@@ -573,11 +576,12 @@ class RunCore:
 
 
 _U64 = 2**64 - 1
+_MAX_ID = f"{_U64}-{_U64}"
 
 
 def _stream_id(s: str) -> bool:
     """``s`` is a stream id Redis takes: '<ms>-<seq>', each ASCII digits within 0..2**64-1
-    (``str.isdigit`` alone takes '²' and '١', which Redis refuses)."""
+    (``str.isdigit`` alone takes '²' and the Arabic-Indic digits, which Redis refuses)."""
     ms, sep, seq = s.partition("-")
     return bool(sep) and all(p.isascii() and p.isdigit() and int(p) <= _U64 for p in (ms, seq))
 
