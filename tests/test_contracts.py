@@ -356,7 +356,7 @@ def run_queue_contract_flow(client: Any, namespace: str) -> None:
     core = queue._core
     begun = queue._run(core.begin("rq-t", TOKEN, "w", 3))
     assert begun is not None and begun.run.run_id == run.run_id
-    assert queue._run(core.emit(begun.run, TOKEN, [("values", {"x": 2})])) == ""
+    assert queue._run(core.emit(begun.run, TOKEN, [("values", {"x": 2})], seq=1)) == ""
     assert queue._run(core.finish(begun.run, TOKEN, "success")) == 0
     assert queue.delete(run.run_id) is True
     other = queue.create("rq-t", {"x": 3})

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import math
 import os
 import signal
 import subprocess
@@ -375,10 +377,10 @@ def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, names
     from redis_agentstate.langgraph._runs_core import RunLost
 
     with pytest.raises(RunLost):
-        q._run(core.emit(stale.run, "tok-a", [("values", {"log": ["late"]})]))
+        q._run(core.emit(stale.run, "tok-a", [("values", {"log": ["late"]})], seq=1))
     with pytest.raises(RunLost):
         q._run(core.finish(stale.run, "tok-a", "success"))
-    assert q._run(core.emit(taken.run, "tok-b", [("values", {"log": ["ok"]})])) == ""
+    assert q._run(core.emit(taken.run, "tok-b", [("values", {"log": ["ok"]})], seq=1)) == ""
     assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
 
 
@@ -618,3 +620,133 @@ def test_retention_keeps_the_last_events_and_an_ended_run_expires(backend: Any, 
     assert q.list("t") == []
     with pytest.raises(RunNotFound):
         q.cancel(run.run_id)
+
+
+def _drive(queue: Any, value: Any) -> Any:
+    """``value``, awaited on the twin's loop if ``queue`` is the asyncio twin's (its ``tasks`` store is async)."""
+    if inspect.isawaitable(value):
+        return queue._loop.run_until_complete(value)
+    return value
+
+
+class TestDeaths:
+    """Issue 38, item 5: only deaths (a lease that lapsed without a hand-back) count toward max_attempts."""
+
+    def test_hand_backs_are_no_deaths_and_the_third_death_ends_the_run(self, queue: Any) -> None:
+        run = queue.create("t", {"log": []})
+        core = queue._core
+        for token in ("restart-1", "restart-2"):  # two rolling restarts: each worker hands the run back
+            begun = queue._run(core.begin("t", token, "w", 3))
+            assert begun is not None and not begun.resumed
+            assert queue._run(core.finish(begun.run, token, "pending")) == 1
+        assert queue._run(core.begin("t", "crash", "w", 3)) is not None  # then its worker dies: no hand-back
+        taken = queue._run(core.begin("t", "after-crash", "w", 3))  # the lease lapsed: taken over, death 1
+        assert taken is not None and taken.attempt == 4 and taken.resumed
+        assert queue.get(run.run_id).status == "running"
+        assert queue._run(core.begin("t", "again", "w", 3)) is not None  # death 2
+        assert queue._run(core.begin("t", "last", "w", 3)) is None  # death 3: a poison run, ended
+        got = queue.get(run.run_id)
+        assert (got.status, got.error, got.attempt) == ("error", "lost its worker 3 times", 5)
+        assert [e.event for e in events(queue, run.run_id)] == ["metadata"] * 5 + ["end"]
+
+    def test_workers_stopped_twice_and_one_crash_still_finish_the_run(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        run = queue.create("t", {"log": []})
+        for attempt in (1, 2):  # two rolling restarts, each once its attempt made progress
+            base = len(log_of(backend, namespace, "t"))
+            with run_worker(graphs.slow, max_attempts=2) as w:
+                _wait_for(lambda attempt=attempt, base=base: queue.get(run.run_id).attempt == attempt
+                          and len(log_of(backend, namespace, "t")) > base)  # fmt: skip
+                w.stop()
+            assert queue.get(run.run_id).status == "pending"
+        # A worker takes the run and dies at once (its attempt begun, the thread's task lease left to lapse).
+        assert queue._run(queue._core.begin("t", "dead-worker", "w", 2)) is not None
+        with run_worker(graphs.slow, max_attempts=2):
+            done = queue.join(run.run_id, timeout_s=30)
+        assert (done.status, done.error, done.attempt) == ("success", "", 4)
+        assert log_of(backend, namespace, "t") == list("abcde")  # no saved node ran twice
+
+
+class TestCancelledThread:
+    """Issue 38, item 6: a thread whose task was cancelled in the queue's namespace can run nothing,
+    so its new runs are refused (RunRejected) and a join of a run accepted before says so."""
+
+    def test_the_task_store_s_cancel_refuses_new_runs_and_join_reports_the_accepted_ones(
+        self, queue: Any, backend: Any
+    ) -> None:
+        first = queue.create("t", {"log": []})
+        queued = queue.create("t", {"log": []}, multitask_strategy="enqueue")
+        assert _drive(queue, queue.tasks.cancel("t", reason="operator"))
+        for strategy in ("reject", "enqueue", "interrupt", "rollback"):
+            with pytest.raises(RunRejected, match="cancelled") as info:
+                queue.create("t", {"log": []}, multitask_strategy=strategy)
+            assert info.value.thread_id == "t"
+        # Nothing accepted (runs created in the same millisecond list in id order: compare as sets).
+        assert {r.run_id for r in queue.list("t")} == {queued.run_id, first.run_id}
+        for r in (first, queued):
+            with pytest.raises(RunRejected, match="can never run"):
+                queue.join(r.run_id, timeout_s=10)
+        assert queue.create("other", {"log": []}).status == "pending"  # other threads go on
+        _drive(queue, queue.tasks.delete("t"))  # the documented way to start the thread afresh
+        again = queue.create("t", {"log": []}, multitask_strategy="enqueue")
+        assert again.status == "pending" and queue.get(again.run_id).status == "pending"
+
+    def test_a_thread_cancelled_with_the_cli_refuses_new_runs(self, real_server: Any, namespace: str) -> None:
+        url = require_real(real_server)
+        import redis
+
+        q = RunQueue(redis.Redis.from_url(url), namespace=namespace)
+        run = q.create("th", {"log": []})
+        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "cancel", "th", "--namespace",
+                              queue_namespace(namespace), "--url", url], capture_output=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr.decode()
+        with pytest.raises(RunRejected, match="cancelled"):
+            q.create("th", {"log": []}, multitask_strategy="enqueue")
+        with pytest.raises(RunRejected, match="can never run"):
+            q.join(run.run_id, timeout_s=10)
+        assert [r.run_id for r in q.list("th")] == [run.run_id]
+
+
+class TestBadArguments:
+    """Issue 38, item 9: InvalidArgument (a ValueError) for a join's timeout or an event id that
+    Redis or Python would refuse with an error of their own, before anything is sent."""
+
+    @pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, 10**400, "5", -1, True, 10**12])
+    def test_join_refuses_a_timeout_that_is_no_finite_number_of_seconds(self, queue: Any, timeout: Any) -> None:
+        run = queue.create("t", {"log": []})
+        with pytest.raises(InvalidArgument, match="timeout_s"):
+            queue.join(run.run_id, timeout_s=timeout)
+        with pytest.raises(InvalidArgument, match="timeout_s"):  # before anything: not RunNotFound
+            queue.join("no-such-run", timeout_s=timeout)
+        with pytest.raises(TimeoutError):
+            queue.join(run.run_id, timeout_s=0)
+
+    @pytest.mark.parametrize(
+        "after", ["²-0", "1-\u0661", "1" * 23 + "-0", f"0-{2**64}", "garbage", "-1-0", " 1-0", "1-"]
+    )
+    def test_stream_refuses_an_event_id_redis_would_refuse(self, queue: Any, after: str) -> None:
+        run = queue.create("t", {"log": []})
+        with pytest.raises(InvalidArgument, match="after must be an event id"):
+            events(queue, run.run_id, after=after)
+
+    def test_stream_takes_the_largest_event_ids(self, queue: Any) -> None:
+        run = queue.create("t", {"log": []})
+        queue.cancel(run.run_id)  # ended: its stream holds its end event
+        top = 2**64 - 1
+        for after in (f"{top}-0", f"{top}-{top}"):
+            assert events(queue, run.run_id, after=after, block_ms=0) == []
+        for after in ("0-0", f"0-{top}"):
+            assert [e.event for e in events(queue, run.run_id, after=after)] == ["end"]
+
+    def test_the_cli_tail_refuses_a_bad_event_id_with_a_clear_message(self, real_server: Any, namespace: str) -> None:
+        url = require_real(real_server)
+        import redis
+
+        run = RunQueue(redis.Redis.from_url(url), namespace=namespace).create("t", {"log": []})
+        for bad in ("²-0", "1-\u0661", "1" * 23 + "-0", "garbage"):  # \u0661: ARABIC-INDIC DIGIT ONE
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", "tail", run.run_id,
+                                  "--after", bad, "--url", url, "--queue-namespace", namespace],
+                                 capture_output=True, timeout=60)  # fmt: skip
+            err = out.stderr.decode()
+            assert out.returncode == 1 and "--after must be an event id" in err and "BackendError" not in err, err

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -36,7 +37,7 @@ from .._checkpoint_core import CheckpointCore
 from .._ops import Batch, Call, Command, Op, Pipe
 from .._validate import check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost, RunNotFound, RunRejected
-from ..models import Checkpoint
+from ..models import TERMINAL_STATUSES, Checkpoint
 from ..scripts import Reply
 from ._base import _ident
 
@@ -75,6 +76,7 @@ DEFAULT_MAX_ACTIVE = 100
 _EVENT_PAGE = 200
 _RUN_ID_BYTES = 200
 _KNOWN_THREADS = 10_000
+_TERMINAL = frozenset(str(getattr(s, "value", s)) for s in TERMINAL_STATUSES)
 
 
 class RunLost(LeaseLost):
@@ -336,7 +338,14 @@ class RunCore:
             if why == "full":
                 raise RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
                                   f"(max_active={self.max_active})", thread_id=tid)  # fmt: skip
+            if why == "terminal":
+                # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
+                raise RunRejected(f"thread {tid!r} can run nothing: its task in {self.keys.namespace!r} is "
+                                  f"{_text(reply[2])} (delete the task to start the thread afresh)",
+                                  thread_id=tid)  # fmt: skip
             raise AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+        # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
+        # made the driver send it again) carries the first execution's answer: the same run, once.
         created = int(reply[1])
         yield from self._forget(tid, reply[3], reply[4])
         return Run(rid, tid, "pending", strategy, modes, created, created, input=input, command=command,  # type: ignore[arg-type]
@@ -363,7 +372,7 @@ class RunCore:
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
         reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e],
-                           [action, self.run_ttl_ms, self.max_events, rid])  # fmt: skip
+                           [action, self.run_ttl_ms, self.max_events, rid, uuid.uuid4().hex])  # fmt: skip
         if reply[0] == Reply.REFUSED:
             if _text(reply[1]) == "missing":
                 raise RunNotFound(rid)
@@ -379,7 +388,7 @@ class RunCore:
             raise RunNotFound(rid)
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
-        reply = yield Call(S.LG_RUN_DELETE, [keys.history, h, e], [rid])
+        reply = yield Call(S.LG_RUN_DELETE, [keys.history, h, e], [rid, uuid.uuid4().hex])
         if reply[0] == Reply.REFUSED:
             if _text(reply[1]) == "missing":
                 raise RunNotFound(rid)
@@ -391,8 +400,8 @@ class RunCore:
 
     def cursor(self, run_id: object, after: str | None, block_ms: int | None) -> EventCursor:
         rid = self.run_id(run_id)
-        if after is not None and (not isinstance(after, str) or not _stream_id(after)):
-            raise InvalidArgument(f"after must be an event id ('<ms>-<seq>'), got {after!r}")
+        if after is not None:
+            after = check_stream_id(after)
         if block_ms is not None:
             block_ms = check_int(block_ms, "block_ms", 0, 24 * 3600 * 1000)
         return EventCursor(rid, after or "0-0", block_ms)
@@ -423,6 +432,9 @@ class RunCore:
             if cur.thread_id is None:
                 raise RunNotFound(cur.run_id)
         h, e = self.keys.runs(cur.thread_id).run(cur.run_id)
+        if cur.after == _MAX_ID:
+            cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
+            return []
         entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
         if not entries:
             if status is None and cur.after == "0-0":
@@ -469,11 +481,18 @@ class RunCore:
         # written by the same script as its final status, or after the slice) and reads the run as
         # it is then. The two keys share the thread's slot: one node in a Cluster too.
         wait = _slice(slice_ms, wait_ms)
-        _, raw = yield Pipe([("XREAD", "COUNT", 1, "BLOCK", wait, "STREAMS", keys.done(cur.run_id), "0-0"),
-                             ("HGETALL", keys.run(cur.run_id)[0])])  # fmt: skip
+        task = self.keys.task(cur.thread_id).checkpoint
+        _, raw, (status, term) = yield Pipe([
+            ("XREAD", "COUNT", 1, "BLOCK", wait, "STREAMS", keys.done(cur.run_id), "0-0"),
+            ("HGETALL", keys.run(cur.run_id)[0]), ("HMGET", task, "status", "term")])  # fmt: skip
         run = self._run(cur.run_id, cur.thread_id, raw)
         if run is None:
             raise RunNotFound(cur.run_id)  # rolled back, or expired
+        if not run.done and status is not None and (_text(term or b"") == "1" or _text(status) in _TERMINAL):
+            # The thread's task was cancelled (or ended) after this run was accepted: no worker can
+            # ever claim it, so the run would never end. Say so rather than wait for ever.
+            raise RunRejected(f"run {cur.run_id} can never run: the task of thread {cur.thread_id!r} is "
+                              f"{_text(status)}", thread_id=cur.thread_id, run_id=cur.run_id)  # fmt: skip
         return run if run.done else None
 
     # ---- the worker's side -----------------------------------------------
@@ -500,10 +519,12 @@ class RunCore:
         )  # fmt: skip
         return Begun(run, int(attempt), resumed=_text(before) == "running")
 
-    def emit(self, run: Run, token: str, events: Sequence[tuple[str, Any]]) -> Op[str]:
-        """Append ``events`` (mode, data) to the run's stream; the stop asked of it ('' for none)."""
+    def emit(self, run: Run, token: str, events: Sequence[tuple[str, Any]], *, seq: int) -> Op[str]:
+        """Append ``events`` (mode, data) to the run's stream; the stop asked of it ('' for none).
+        ``seq``: this emit's number in the attempt (1, 2, ...), so a re-sent emit is not appended twice."""
+        seq = check_int(seq, "seq", 1, 2**53)
         h, e = self.keys.runs(run.thread_id).run(run.run_id)
-        argv: list[Any] = [token, self.max_events]
+        argv: list[Any] = [token, self.max_events, seq]
         for mode, data in events:
             kind, blob = self._encode(data)
             argv += [mode, kind, blob]
@@ -554,9 +575,40 @@ class RunCore:
         return int(reply[2])
 
 
+_U64 = 2**64 - 1
+_MAX_ID = f"{_U64}-{_U64}"
+
+
 def _stream_id(s: str) -> bool:
+    """``s`` is a stream id Redis takes: '<ms>-<seq>', each ASCII digits within 0..2**64-1
+    (``str.isdigit`` alone takes '²' and the Arabic-Indic digits, which Redis refuses)."""
     ms, sep, seq = s.partition("-")
-    return bool(sep) and ms.isdigit() and seq.isdigit()
+    return bool(sep) and all(p.isascii() and p.isdigit() and int(p) <= _U64 for p in (ms, seq))
+
+
+def check_stream_id(value: object, what: str = "after") -> str:
+    """``value`` as a stream id ('<ms>-<seq>'), or ``InvalidArgument`` (the queue's ``stream`` and
+    ``agentstate langgraph tail --after`` check alike)."""
+    if not isinstance(value, str) or not _stream_id(value):
+        raise InvalidArgument(f"{what} must be an event id ('<ms>-<seq>', ASCII digits, each at most {_U64}), "
+                              f"got {value!r:.80}")  # fmt: skip
+    return value
+
+
+#: The longest a join may be asked to wait: a year (a longer wait is a mistake, not a plan).
+MAX_JOIN_S = 366 * 24 * 3600
+
+
+def check_timeout_s(value: object, what: str = "timeout_s") -> float | None:
+    """A join's timeout: None (no limit) or a finite number of seconds, 0..MAX_JOIN_S."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(f"{what} must be a number of seconds or None, got {type(value).__name__} {value!r:.80}")
+    # An int is compared as is: float(10**400) would overflow before any check.
+    if (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= MAX_JOIN_S:
+        raise InvalidArgument(f"{what} must be a finite number of seconds, 0..{MAX_JOIN_S}, got {value!r:.80}")
+    return float(value)
 
 
 def _xread_entries(reply: Any) -> list[Any]:

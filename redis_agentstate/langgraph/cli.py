@@ -97,6 +97,14 @@ def cmd_runs(args: argparse.Namespace, client: Callable[[], Any]) -> int:
 
 def cmd_tail(args: argparse.Namespace, client: Callable[[], Any]) -> int:
     """``langgraph tail RUN``: the run's events, live until it ends (one line each)."""
+    from ..errors import InvalidArgument
+    from ._runs_core import check_stream_id
+
+    if args.after is not None:
+        try:  # checked before Redis is reached: a bad id is the caller's mistake, said as one
+            check_stream_id(args.after, "--after")
+        except InvalidArgument as exc:
+            raise CliError(str(exc), "InvalidArgument") from exc
     queue = _queue(args, client())
     try:
         for event in queue.stream(args.run, after=args.after):

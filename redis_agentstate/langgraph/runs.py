@@ -35,6 +35,7 @@ from ._runs_core import (
     Run,
     RunCore,
     RunEvent,
+    check_timeout_s,
 )
 
 __all__ = ["AsyncRunQueue", "RunQueue", "queue_namespace"]
@@ -119,7 +120,10 @@ class RunQueue(_Queue, SyncShell[RunCore]):
             yield from self._run(self._core.events(cur, self._slice))
 
     def join(self, run_id: str, *, timeout_s: float | None = None) -> Run:
-        """Wait for the run's final status (``TimeoutError`` after ``timeout_s``)."""
+        """Wait for the run's final status (``TimeoutError`` after ``timeout_s``: None or a finite
+        number of seconds, else ``InvalidArgument``; ``RunRejected`` if the thread's task was
+        cancelled meanwhile, so that the run can never run)."""
+        timeout_s = check_timeout_s(timeout_s)
         cur, deadline = self._core.cursor(run_id, None, None), _deadline(timeout_s)
         while (run := self._run(self._core.join_step(cur, self._slice, _left_ms(deadline)))) is None:
             _check_deadline(deadline, run_id)
@@ -182,7 +186,10 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
                 yield event
 
     async def join(self, run_id: str, *, timeout_s: float | None = None) -> Run:
-        """Wait for the run's final status (``TimeoutError`` after ``timeout_s``)."""
+        """Wait for the run's final status (``TimeoutError`` after ``timeout_s``: None or a finite
+        number of seconds, else ``InvalidArgument``; ``RunRejected`` if the thread's task was
+        cancelled meanwhile, so that the run can never run)."""
+        timeout_s = check_timeout_s(timeout_s)
         cur, deadline = self._core.cursor(run_id, None, None), _deadline(timeout_s)
         while (run := await self._run(self._core.join_step(cur, self._slice, _left_ms(deadline)))) is None:
             _check_deadline(deadline, run_id)

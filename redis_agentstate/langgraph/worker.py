@@ -11,8 +11,10 @@ at no extra round trip.
 
 A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
 from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
-super-step kept by the saver, so a node whose writes were saved does not run again. A run taken
-over ``max_attempts`` times ends as an ``error`` (a poison run). ``stop()`` (SIGTERM in the CLI)
+super-step kept by the saver, so a node whose writes were saved does not run again. A run whose
+worker died ``max_attempts`` times ends as an ``error`` (a poison run): a death is
+a lease that lapsed without a hand-back; a hand-back (``stop()``, or a release after a Redis error)
+is none. ``stop()`` (SIGTERM in the CLI)
 ends each worker thread at its run's next boundary and hands the run back (pending, its
 progress kept) for another worker to go on with.
 
@@ -98,6 +100,13 @@ class _Attempt:
         self.timeout_s = worker.run_timeout_s
         self.lease_args = {"lease_ms": worker.lease_ms, "wait_ms": worker.lease_ms + 2_000}
         self.status, self.error, self.stop = "success", "", ""
+        #: Emits sent in this attempt: each carries its number, so a re-sent one is recognised.
+        self.emitted = 0
+
+    def seq(self) -> int:
+        """The number of the attempt's next emit (lg_run_emit.lua appends an emit's events once)."""
+        self.emitted += 1
+        return self.emitted
 
     @property
     def needs_last(self) -> bool:
@@ -176,7 +185,8 @@ class GraphWorker:
     ``await arun()``, one task per ``concurrency``). ``lease_ms``: the thread's lease (renewed by
     its keeper; a dead worker's runs are taken over after about this long). ``run_timeout_s``: a
     run still going after this long ends as ``timeout`` at its next boundary. ``max_attempts``: a
-    run taken over this many times ends as ``error``. ``graph_id``: the name of ``graph``; a run
+    run whose worker died this many times (its lease lapsed without a hand-back) ends as ``error``;
+    hand-backs (``stop()``, a release after a Redis error) do not count. ``graph_id``: the name of ``graph``; a run
     whose ``metadata["graph_id"]`` names another graph ends as ``error`` without running.
     """
 
@@ -340,19 +350,19 @@ class GraphWorker:
         try:
             with self.saver.lease(run.thread_id, **a.lease_args):
                 # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
-                stop = self.queue._run(core.emit(run, a.token, []))
+                stop = self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
                     chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
                     try:
                         for mode, data in chunks:
-                            stop = self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                            stop = self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
                             if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
                         raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
                     except Exception as exc:
-                        self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                        self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
                         chunks.close()
                 if a.stop == "rollback":
@@ -443,19 +453,19 @@ class GraphWorker:
         core, run = self.queue._core, a.run
         try:
             async with self.saver.lease(run.thread_id, **a.lease_args):
-                stop = await self.queue._run(core.emit(run, a.token, []))
+                stop = await self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
                     chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
                     try:
                         async for mode, data in chunks:
-                            stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data)))
+                            stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
                             if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
                         raise
                     except Exception as exc:
-                        await self.queue._run(core.emit(run, a.token, a.failed(exc)))
+                        await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
                         await chunks.aclose()
                 if a.stop == "rollback":

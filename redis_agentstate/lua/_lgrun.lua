@@ -12,8 +12,23 @@
 --   ns:{ns#SS}:lgrh:<tid>               zset   every kept run of the thread -> created (server ms)
 --   ns:{ns#SS}:lgr:<tid>\0<run_id>      hash   the run (RUN_FIELDS below)
 --   ns:{ns#SS}:lgre:<tid>\0<run_id>     stream its events: fields 'event', 'type', 'data'
---   ns:{ns#SS}:lgrd:<tid>\0<run_id>     stream one entry ('status') once the run ended: what a
---                                       join blocks on (XREAD), woken once, not at every event
+--   ns:{ns#SS}:lgrd:<tid>\0<run_id>     stream one entry once the run ended: what a join blocks on
+--                                       (XREAD), woken once, not at every event. Fields: 'status'
+--                                       (its final status, 'gone' for a rolled-back run, 'deleted'
+--                                       for one lg_run_delete.lua deleted), 'by' (who ended it: the
+--                                       attempt's token, 'handed' for a rollback lg_run_begin handed
+--                                       out, a cancel's or a delete's nonce, '' otherwise) and
+--                                       'asked' (the nonce ring of the cancels that asked it to stop):
+--                                       a re-sent end, cancel or delete reads it to know it applied
+-- Run hash fields beside RUN_FIELDS, for re-sends (a reply lost, the same call sent again):
+--   'deaths'   attempts that ended with the worker's lease lapsing (no hand-back): max attempts counts these
+--   'before'   the status the run had when its current attempt began ('pending' or 'running')
+--   'swept'    the ids (NUL-joined) of the runs the call that created the run, or began its current
+--              attempt, ended on its way ('sweptdel': deleted), so that a re-send answers them too
+--   'ahead'    active runs ahead of it when it was created
+--   'eseq'     the sequence number of the current attempt's last emit (lg_run_emit.lua)
+--   'handed'   the token of the attempt that handed the run back (lg_run_finish.lua, status pending)
+--   'cancelby' the nonce ring of the cancels that asked the running run to stop (lg_run_cancel.lua)
 -- A run's own keys are built here from the prefix KEYS give ('...lgr:<tid>\0', '...lgre:<tid>\0'):
 -- the same slot by construction, and a relocated call (_ops/relocation.py) rewrites the prefix
 -- with the rest of its KEYS.
@@ -52,12 +67,14 @@ local GONE_MARK_MS = 60000
 -- End run ``id`` (hash ``key``, events ``ev``) as ``status`` now: its final event, its end
 -- marker, its retention, out of the thread's active list ``queue``. ``gone``: a rollback, the run
 -- and its events deleted (the thread's history ``hist`` forgets it) instead of kept ``ttl`` ms.
-local function end_run(queue, hist, key, ev, id, status, why, now, ttl, cap, gone)
+-- ``by``: who ends it (the end marker's 'by', see above).
+local function end_run(queue, hist, key, ev, id, status, why, now, ttl, cap, gone, by)
   redis.call('LREM', queue, 0, id)
   local done = done_key(key)
+  local asked = redis.call('HGET', key, 'cancelby') or ''
   -- pcall: a marker of another type (data we did not write) must not fail the end half-written;
   -- its joiners then wait out their timeouts, re-reading the run each slice.
-  redis.pcall('XADD', done, 'MAXLEN', 1, '*', 'status', gone and 'gone' or status)
+  redis.pcall('XADD', done, 'MAXLEN', 1, '*', 'status', gone and 'gone' or status, 'by', by, 'asked', asked)
   if gone then
     redis.call('DEL', key, ev)
     redis.call('ZREM', hist, id)
@@ -70,6 +87,32 @@ local function end_run(queue, hist, key, ev, id, status, why, now, ttl, cap, gon
   if ttl > 0 then
     redis.call('PEXPIRE', key, ttl)
     redis.call('PEXPIRE', ev, ttl)
+  end
+end
+
+-- The end marker of the run whose hash is ``key``, as a table of its fields, or nil (none, or
+-- not a stream: data we did not write answers as no marker).
+local function end_mark(key)
+  local ok, entries = pcall(redis.call, 'XREVRANGE', done_key(key), '+', '-', 'COUNT', 1)
+  if not ok or not entries or not entries[1] then return nil end
+  local m, f = {}, entries[1][2]
+  for i = 1, #f - 1, 2 do m[f[i]] = f[i + 1] end
+  return m
+end
+
+-- Run ids joined for a hash field (run ids hold no NUL), and back.
+local function join_ids(ids)
+  return table.concat(ids, '\0')
+end
+
+local function split_ids(s)
+  local out, at = {}, 1
+  if not s or s == '' then return out end
+  while true do
+    local cut = string.find(s, '\0', at, true)
+    out[#out + 1] = string.sub(s, at, (cut or 0) - 1)
+    if not cut then return out end
+    at = cut + 1
   end
 end
 

@@ -5,15 +5,20 @@
 --   KEYS[4] - lgre:<tid>\0    the prefix of their event streams (not itself a key)
 --   ARGV[1] - token: this attempt's (every event and the end of the run are fenced by it)
 --   ARGV[2] - worker: a name for people (agentstate langgraph runs)
---   ARGV[3] - max attempts: a run taken over this many times ends as an error (a poison run)
+--   ARGV[3] - max attempts: a run whose worker died this many times ends as an error (a poison run)
 --   ARGV[4] - ttl: ms a run ended here is kept
 --   ARGV[5] - cap: events kept per run
 -- The head of the active list is the thread's next run (runs of a thread execute in creation
--- order). A head that was running is an attempt whose worker died or stalled (its task lease
--- lapsed): it is taken over, its attempt counted, and it resumes from the thread's last
--- checkpoint. A head asked to stop (cancel set) whose worker is gone ends here (interrupt), or
--- is handed to the caller to delete its checkpoints (rollback). Each attempt starts with a
--- 'metadata' event {"run_id", "attempt"}.
+-- order). A head that was running under another token is an attempt whose worker died or
+-- stalled (its task lease lapsed, no hand-back): it is taken over, the death counted ('deaths'),
+-- and it resumes from the thread's last checkpoint; a run handed back (pending again, lg_run_finish
+-- with status pending: a graceful stop, or a release after a Redis error) is no death. Only deaths
+-- count toward max attempts: the begin after the max_att-th death ends the run as an error.
+-- 'attempt' counts every attempt (a person's view of it). A head asked to stop (cancel set) whose
+-- worker is gone ends here (interrupt), or is handed to the caller to delete its checkpoints
+-- (rollback). Each attempt starts with a 'metadata' event {"run_id", "attempt"}.
+-- A re-send (the head runs under this very token already: the reply was lost) writes nothing and
+-- answers as the first execution did (attempt, status before, the runs it ended, from the hash).
 -- Returns {REPLY_DONE, 'run', run id, attempt, body, modes, strategy, created, status before,
 -- ended}: execute it; {REPLY_DONE, 'rollback', run id, ended}: delete its checkpoints, then
 -- lg_run_finish with gone; {REPLY_REFUSED, 'idle', ended}: no active run. ``ended``: the ids of
@@ -35,18 +40,25 @@ for _ = 1, 1000 do
     local bad = bad_run(r)
     if bad then return corrupt(3, 'run ' .. head .. ' ' .. bad) end
     local attempt = tonumber(r.attempt ~= '' and r.attempt or '0') + 1
+    local deaths = tonumber(redis.call('HGET', key, 'deaths') or '0') or 0
+    if r.status == 'running' and r.token == token then
+      local again = redis.call('HMGET', key, 'before', 'swept')
+      return {REPLY_DONE, 'run', head, r.attempt, r.body, r.modes, r.strategy, r.created, again[1] or 'pending',
+        split_ids(again[2])}
+    end
+    if r.status == 'running' then deaths = deaths + 1 end
     if r.cancel == 'rollback' then
       return {REPLY_DONE, 'rollback', head, ended}
     elseif r.cancel ~= '' then
-      end_run(KEYS[1], KEYS[2], key, ev, head, 'interrupted', r.cancel, now, ttl, cap, false)
+      end_run(KEYS[1], KEYS[2], key, ev, head, 'interrupted', r.cancel, now, ttl, cap, false, '')
       ended[#ended + 1] = head
-    elseif r.status == 'running' and attempt > max_att then
-      end_run(KEYS[1], KEYS[2], key, ev, head, 'error', 'lost its worker ' .. fmt(attempt - 1) .. ' times',
-        now, ttl, cap, false)
+    elseif r.status == 'running' and deaths >= max_att then
+      end_run(KEYS[1], KEYS[2], key, ev, head, 'error', 'lost its worker ' .. fmt(deaths) .. ' times',
+        now, ttl, cap, false, '')
       ended[#ended + 1] = head
     else
       redis.call('HSET', key, 'status', 'running', 'token', token, 'attempt', fmt(attempt), 'worker', worker,
-        'updated', fmt(now))
+        'updated', fmt(now), 'deaths', fmt(deaths), 'before', r.status, 'swept', join_ids(ended), 'eseq', '0')
       if r.started == '' then redis.call('HSET', key, 'started', fmt(now)) end
       redis.call('XADD', ev, 'MAXLEN', cap, '*', 'event', 'metadata', 'type', 'json',
         'data', '{"run_id": "' .. head .. '", "attempt": ' .. fmt(attempt) .. '}')

@@ -8,23 +8,37 @@
 --   ARGV[2] - ttl: ms an ended run is kept
 --   ARGV[3] - cap: events kept per run
 --   ARGV[4] - run id
--- A pending run ends here (it wrote nothing). A running one is asked to stop: 'cancel' is set and
--- its worker ends it at its next event or super-step boundary (lg_run_emit.lua answers it); if
--- that worker is gone, the next worker of the thread ends it (lg_run_begin.lua).
+--   ARGV[5] - nonce of this cancel (a re-send is recognised by it)
+-- A pending run ends here (it wrote nothing; the end marker's 'by' is the nonce). A running one is
+-- asked to stop: 'cancel' is set (and the nonce pushed on its 'cancelby' ring) and its worker ends
+-- it at its next event or super-step boundary (lg_run_emit.lua answers it); if that worker is
+-- gone, the next worker of the thread ends it (lg_run_begin.lua).
+-- A re-send answers what the first execution did, nothing written: 'ended' if the end marker says
+-- this nonce ended it, 'asked' if the run (or its end marker, once it ended) has the nonce in its
+-- 'cancelby' ring, even after its worker ended or rolled it back since.
 -- Returns {REPLY_DONE, 'ended'} or {REPLY_DONE, 'asked'}; {REPLY_REFUSED, 'missing'} no such run;
 -- {REPLY_REFUSED, 'final', status} it ended already. Nothing is written when refused.
-local action, ttl, cap, run_id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local action, ttl, cap, run_id, nonce = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
 local r = run_of(KEYS[3])
+local asked = r and redis.call('HGET', KEYS[3], 'cancelby')
+if not r or not ACTIVE[r.status] then
+  local mark = end_mark(KEYS[3])
+  if mark and mark.by == nonce then return {REPLY_DONE, 'ended'} end
+  if ring_has(asked, nonce) or (mark and ring_has(mark.asked, nonce)) then return {REPLY_DONE, 'asked'} end
+end
 if not r then return {REPLY_REFUSED, 'missing'} end
 local bad = bad_run(r)
 if bad then return corrupt(3, bad) end
 if not ACTIVE[r.status] then return {REPLY_REFUSED, 'final', r.status} end
+if ring_has(asked, nonce) then return {REPLY_DONE, 'asked'} end
 local now = server_now_ms()
 if r.status == 'pending' then
-  end_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], run_id, 'interrupted', 'cancelled', now, ttl, cap, action == 'rollback')
+  end_run(KEYS[1], KEYS[2], KEYS[3], KEYS[4], run_id, 'interrupted', 'cancelled', now, ttl, cap, action == 'rollback',
+    nonce)
   return {REPLY_DONE, 'ended'}
 end
 -- A rollback asked after an interrupt wins: it does more (an interrupt after a rollback stays one).
-if r.cancel ~= 'rollback' then redis.call('HSET', KEYS[3], 'cancel', action, 'updated', fmt(now)) end
+if r.cancel ~= 'rollback' then redis.call('HSET', KEYS[3], 'cancel', action) end
+redis.call('HSET', KEYS[3], 'cancelby', ring_push(asked, nonce), 'updated', fmt(now))
 return {REPLY_DONE, 'asked'}

@@ -16,19 +16,28 @@
 -- for rollback) and ask the running one to stop at its next super-step boundary ('cancel' set:
 -- its worker ends it, and for rollback deletes it and the checkpoints it wrote), then queue.
 -- The task is woken when it waits for work (see _lgrun.lua).
+-- A thread whose task is terminal (cancelled by `agentstate cancel` or the task store's cancel,
+-- or ended otherwise) can never run again: its runs are refused, never accepted to wait for ever.
 -- Returns {REPLY_DONE, created ms, active runs ahead, {ids of the runs this call ended},
 -- {ids of those it deleted}} (their id entries, lg_run_index.lua, are the client's to expire or
--- delete: another slot); {REPLY_DONE_BEFORE, created ms} this run
--- exists already (a re-send); {REPLY_REFUSED, 'no-task'} the thread has no task yet (the client
+-- delete: another slot); {REPLY_DONE_BEFORE, created ms, ahead, ended, deleted}: this run exists
+-- already (a re-send after a lost reply, or a create sent again after a reshard's seal): the
+-- first execution's answer, read back from the run's hash, nothing written;
+-- {REPLY_REFUSED, 'no-task'} the thread has no task yet (the client
 -- creates it and sends this again), {REPLY_REFUSED, 'reject', run id} refused by reject (the
--- active run's id), {REPLY_REFUSED, 'full', n} the thread has max active runs; nothing written
+-- active run's id), {REPLY_REFUSED, 'full', n} the thread has max active runs,
+-- {REPLY_REFUSED, 'terminal', status} the thread's task is terminal (cancelled); nothing written
 -- when refused. A corrupt run hash: an AGENTSTATE_CORRUPT error reply, nothing written.
 local run_id, strategy, modes, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, cap, max_active = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 
-local existing = redis.call('HGET', KEYS[12], 'created')
-if existing then return {REPLY_DONE_BEFORE, existing} end
-if not redis.call('HGET', KEYS[1], 'status') then return {REPLY_REFUSED, 'no-task'} end
+local existing = redis.call('HMGET', KEYS[12], 'created', 'ahead', 'swept', 'sweptdel')
+if existing[1] then
+  return {REPLY_DONE_BEFORE, existing[1], existing[2] or '0', split_ids(existing[3]), split_ids(existing[4])}
+end
+local task = redis.call('HMGET', KEYS[1], 'status', 'term')
+if not task[1] then return {REPLY_REFUSED, 'no-task'} end
+if is_terminal(task[1], task[2]) then return {REPLY_REFUSED, 'terminal', task[1]} end
 
 local hash_prefix = string.sub(KEYS[12], 1, #KEYS[12] - #run_id)
 local event_prefix = string.sub(KEYS[13], 1, #KEYS[13] - #run_id)
@@ -57,7 +66,7 @@ if strategy == 'interrupt' or strategy == 'rollback' then
   for _, e in ipairs(runs) do
     local key, ev = hash_prefix .. e.id, event_prefix .. e.id
     if e.run.status == 'pending' then
-      end_run(KEYS[10], KEYS[11], key, ev, e.id, 'interrupted', strategy, now, ttl, cap, strategy == 'rollback')
+      end_run(KEYS[10], KEYS[11], key, ev, e.id, 'interrupted', strategy, now, ttl, cap, strategy == 'rollback', '')
       if strategy == 'rollback' then deleted[#deleted + 1] = e.id else ended[#ended + 1] = e.id end
     else
       -- A rollback asked already stays one (it does more than an interrupt).
@@ -71,7 +80,8 @@ end
 
 redis.call('HSET', KEYS[12], 'status', 'pending', 'strategy', strategy, 'modes', modes, 'created', fmt(now),
   'updated', fmt(now), 'cancel', '', 'token', '', 'attempt', '0', 'worker', '', 'error', '', 'body', body,
-  'started', '', 'ended', '')
+  'started', '', 'ended', '', 'deaths', '0', 'ahead', fmt(ahead), 'swept', join_ids(ended),
+  'sweptdel', join_ids(deleted))
 redis.call('RPUSH', KEYS[10], run_id)
 redis.call('ZADD', KEYS[11], now, run_id)
 -- A bounded sweep of the history's oldest entries whose run expired (kept runs end with a TTL).

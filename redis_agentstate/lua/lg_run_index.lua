@@ -4,7 +4,7 @@
 --   ARGV[2] - ttl: ms the entry is kept (a run's retention once it ended), '' for no expiry
 -- Written before the run (so a run is found as soon as it exists); an entry whose run is gone
 -- (rejected, expired, rolled back) answers "no such run" to its reader, which is what it is.
--- Returns {REPLY_DONE}.
+-- Returns {REPLY_DONE}. Setting or deleting the entry again leaves it as it was: a re-send is safe.
 local tid, ttl = ARGV[1], ARGV[2]
 
 if tid == '' then

@@ -3,7 +3,8 @@
 --   KEYS[1..9] - the thread's task (keys.TaskKeys.counted(), the _common.lua layout)
 --   KEYS[10]   - lgrq:<tid>  the thread's active runs (see _lgrun.lua)
 --   ARGV[1]    - nonce of this wake
--- Returns {REPLY_DONE, 1 if woken now else 0, active runs}.
+-- Returns {REPLY_DONE, 1 if woken now else 0, active runs}. A re-send (its nonce is in the task's
+-- write ring, _common.lua) wakes nothing again: {REPLY_DONE, 0, active runs}.
 local nonce = ARGV[1]
 
 local n = redis.call('LLEN', KEYS[10])
