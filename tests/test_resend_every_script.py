@@ -68,6 +68,10 @@ _HEX = re.compile(rb"(?<![0-9a-zA-Z])[0-9a-f]{16,}(?![0-9a-zA-Z])")
 _MS = re.compile(rb"(?<![0-9])1[0-9]{12}(?![0-9])")
 _ISO = re.compile(rb"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]+(?:\+00:00|Z)?")
 _TAG = re.compile(rb"\{NS(\.runs)?#([0-9]+)(?:/[0-9]+)?[^}]*\}")
+# A lease token as the library draws one (_lease_core.new_token: pid, random hex).
+_TOKEN = re.compile(rb"(?<![0-9A-Za-z])[0-9]+-[0-9a-f]{12}(?![0-9A-Za-z])")
+# A stream entry's sequence within its millisecond depends on timing.
+_STREAM_SEQ = re.compile(rb"<ms>-[0-9]+")
 # A run id's entry is in the shard of the (random) run id.
 _BY_RUN_ID = re.compile(rb"\{NS\.runs#[0-9]+\}:lgrid:")
 
@@ -83,9 +87,10 @@ class Masks:
         b = _TAG.sub(rb"{NS\1#\2}", b)
         b = _BY_RUN_ID.sub(b"{NS.runs#?}:lgrid:", b)
         b = _UUID.sub(b"<uuid>", b)
+        b = _TOKEN.sub(b"<token>", b)
         b = _ISO.sub(b"<iso>", b)
         b = _HEX.sub(b"<hex>", b)
-        return _MS.sub(b"<ms>", b)
+        return _STREAM_SEQ.sub(b"<ms>-<seq>", _MS.sub(b"<ms>", b))
 
     def __call__(self, v: Any) -> Any:
         if isinstance(v, bytes):
@@ -213,6 +218,9 @@ class Case:
     observe: Callable[[Env], Any] | None = None
     nth: int = 1
     renews: bool = False
+    #: Keys (a regex on the masked name) left out of the twin comparison: data a graph wrote,
+    #: packed with ids and clocks that no mask reaches (what it means is compared by ``observe``).
+    opaque: bytes | None = None
 
 
 CASES: dict[str, Case] = {}
@@ -293,7 +301,13 @@ def _claim(env: Env) -> Any:
     return env.state["store"].claim("t1", 1, token="w", lease_ms=LEASE)
 
 
-@case("claim_next", setup=created("t1", "t2"), **T)
+def _one_due(env: Env) -> None:
+    created("t1")(env)
+    # Another task, not due yet: which task is claimed must not depend on the milliseconds between creates.
+    assert env.state["store"].create(Checkpoint("t2"), delay_ms=3_600_000)
+
+
+@case("claim_next", setup=_one_due, **T)
 def _claim_next(env: Env) -> Any:
     return env.state["store"].claim_next(token="w", lease_ms=LEASE)
 
@@ -791,13 +805,17 @@ def _runs(pending: int = 1, ended: bool = False) -> Callable[[Env], Any]:
 
 
 def observe_runs(env: Env) -> Any:
-    from redis_agentstate.langgraph import RunQueue
+    from redis_agentstate.langgraph import AgentStateSaver, RunQueue
 
     queue = RunQueue(env.raw, namespace=env.namespace)
     runs = queue.list("th")
     events = {r.run_id: [(e.event, e.data) for e in queue.stream(r.run_id, block_ms=1)] for r in runs}
     tasks = CheckpointStore(env.raw, namespace=queue.queue_namespace)
-    return {"runs": runs, "events": events, "threads": [tasks.load(t) for t in tasks.list()]}
+    saver = AgentStateSaver(env.raw, namespace=env.namespace)
+    checkpoints = [(t.checkpoint["channel_values"], t.metadata.get("step"), t.metadata.get("source"))
+                   for t in saver.list(lg_config("th"))]  # fmt: skip
+    return {"runs": runs, "events": events, "threads": [tasks.load(t) for t in tasks.list()],
+            "checkpoints": checkpoints}  # fmt: skip
 
 
 R = dict(observe=observe_runs)
@@ -825,7 +843,7 @@ def _worker_turn(env: Env) -> Any:
 
 
 for _name in (scripts.LG_RUN_BEGIN, scripts.LG_RUN_EMIT, scripts.LG_RUN_FINISH, scripts.LG_RUN_WAKE):
-    case(_name, setup=_runs(1), **R)(_worker_turn)
+    case(_name, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(_worker_turn)
 
 
 @case("lg_run_cancel", setup=_runs(2), **R)
@@ -910,4 +928,7 @@ def test_a_resent_script_acts_once(
     twin_masks, masks = Masks(twin_ns), Masks(faulted_ns)
     assert masks(got[0]) == twin_masks(twin[0]), "the public call returned another value"
     assert masks(got[1]) == twin_masks(twin[1]), "the readers answer otherwise"
-    assert sorted(map(repr, masks(got[2]))) == sorted(map(repr, twin_masks(twin[2]))), "the stored keys differ"
+    def compared(dump: Any, masks: Masks) -> list[str]:
+        return sorted(repr(e) for e in masks(dump) if not (c.opaque and re.search(c.opaque, e[0])))
+
+    assert compared(got[2], masks) == compared(twin[2], twin_masks), "the stored keys differ"
