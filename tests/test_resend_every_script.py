@@ -65,7 +65,8 @@ def shipped_scripts() -> list[str]:
 
 _UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _HEX = re.compile(rb"(?<![0-9a-zA-Z])[0-9a-f]{16,}(?![0-9a-zA-Z])")
-_MS = re.compile(rb"(?<![0-9])1[0-9]{12}(?![0-9])")
+# Server-clock ms, and a ready score (ms less a priority band, see _common.lua): 13 to 15 digits.
+_MS = re.compile(rb"(?<![0-9])-?[0-9]{13,15}(?![0-9])")
 _ISO = re.compile(rb"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]+(?:\+00:00|Z)?")
 _TAG = re.compile(rb"\{NS(\.runs)?#([0-9]+)(?:/[0-9]+)?[^}]*\}")
 # A lease token as the library draws one (_lease_core.new_token: pid, random hex).
@@ -102,7 +103,7 @@ class Masks:
         if isinstance(v, enum.Enum):
             return self(v.value)
         if isinstance(v, (int, float)):
-            return "<ms>" if 10**12 <= abs(v) < 10**13 else v
+            return "<ms>" if 10**12 <= abs(v) < 10**15 else v
         if isinstance(v, dict):
             return sorted(((repr(self(k)), self(x)) for k, x in v.items()), key=lambda kv: kv[0])
         if isinstance(v, (list, tuple)):
@@ -218,6 +219,8 @@ class Case:
     observe: Callable[[Env], Any] | None = None
     nth: int = 1
     renews: bool = False
+    #: False: the call changes nothing (a refusal, or the same state again), its re-send neither.
+    changes: bool = True
     #: Keys (a regex on the masked name) left out of the twin comparison: data a graph wrote,
     #: packed with ids and clocks that no mask reaches (what it means is compared by ``observe``).
     opaque: bytes | None = None
@@ -431,6 +434,116 @@ def _step_record(env: Env) -> Any:
     return env.wait(env.state["lease"].step("fetch", _step_fn(env), 7))
 
 
+# Variants: other paths through the same scripts.
+
+
+@case("commit", id="commit-terminal", setup=claimed("t1"), **T)
+def _commit_terminal(env: Env) -> Any:
+    cp = next_cycle(env, status=AgentStatus.COMPLETED, terminal_result={"answer": 42})
+    return env.state["store"].commit(cp, token="w", expected_revision=env.state["cp"].revision)
+
+
+@case("commit", id="commit-delayed-history-replaced", setup=claimed("t1"), **T)
+def _commit_delayed(env: Env) -> Any:
+    cp = dataclasses.replace(env.state["cp"], cycle_index=1, messages=["summary"], priority=5)
+    return env.state["store"].commit(cp, token="w", expected_revision=env.state["cp"].revision,
+                                     replace_history=True, delay_ms=60_000)  # fmt: skip
+
+
+@case("release", id="release-give-back", setup=claimed("t1", max_attempts=3), **T)
+def _release_give_back(env: Env) -> Any:
+    return env.state["store"].release("t1", token="w", expected_revision=env.state["cp"].revision, after_ms=5_000)
+
+
+@case("release", id="release-parks", setup=claimed("t1", max_attempts=1), **T)
+def _release_parks(env: Env) -> Any:
+    return env.state["store"].release("t1", token="w", expected_revision=env.state["cp"].revision, reason="boom")
+
+
+def _lapsed(env: Env) -> None:
+    created("t1")(env)
+    env.state["store"].claim("t1", 1, token="dead", lease_ms=50)
+    time.sleep(0.15)
+
+
+@case("claim", id="claim-takeover", setup=_lapsed, **T)
+def _claim_takeover(env: Env) -> Any:
+    return env.state["store"].claim("t1", 1, token="w", lease_ms=LEASE)
+
+
+@case("claim_next", id="claim_next-takeover", setup=_lapsed, **T)
+def _claim_next_takeover(env: Env) -> Any:
+    return env.state["store"].claim_next(token="w", lease_ms=LEASE)
+
+
+@case("cancel", id="cancel-waiting", setup=_waiting, **T)
+def _cancel_waiting(env: Env) -> Any:
+    return env.state["store"].cancel("t1")
+
+
+@case("cancel", id="cancel-parked", setup=_parked, **T)
+def _cancel_parked(env: Env) -> Any:
+    return env.state["store"].cancel("t1", reason="poison")
+
+
+@case("create", id="create-limited-priority", **T)
+def _create_limited(env: Env) -> Any:
+    env.state["store"] = store = env.tasks()
+    store.set_concurrency_limit("k", 1)
+    return store.create(Checkpoint("t1", priority=7, concurrency_key="k", messages=[{"m": b"\x00"}]))
+
+
+@case("save", id="save-over-a-terminal", setup=_terminal, **T)
+def _save_terminal(env: Env) -> Any:
+    return env.state["store"].save(Checkpoint("t1", messages=["again"]))
+
+
+@case("finalize", id="finalize-replace-history", setup=claimed("t1"), **T)
+def _finalize_replace(env: Env) -> Any:
+    store, cp = env.state["store"], env.state["cp"]
+    assert store.release("t1", token="w", expected_revision=cp.revision)
+    done = Checkpoint("t1", messages=["only"], status=AgentStatus.FAILED, terminal_result="x")
+    return store.finalize(done, expected_revision=store.load("t1").revision, replace_history=True)
+
+
+@case("acknowledge_terminal", id="acknowledge_terminal-cancelled", setup=claimed("t1"), **T)
+def _acknowledge_cancelled(env: Env) -> Any:
+    store = env.state["store"]
+    assert store.cancel("t1")
+    return store.acknowledge_terminal("t1", expected_revision=store.load("t1").revision)
+
+
+@case("delete", id="delete-with-steps", setup=_leased(recorded=True), observe=observe_steps)
+def _delete_with_steps(env: Env) -> Any:
+    return env.state["store"].delete("t1")
+
+
+def _many(env: Env) -> None:
+    created(*(f"t{i}" for i in range(12)))(env)
+    for i in range(0, 12, 2):  # what expiry leaves, on several shards: a batch of prune calls
+        env.raw.delete(env.state["store"]._core.keys.task(f"t{i}").checkpoint)
+
+
+@case("prune", id="prune-2nd-of-a-batch", nth=2, setup=_many, **T)
+def _prune_batch(env: Env) -> Any:
+    return env.state["store"].list()
+
+
+@case("summary", id="summary-2nd-of-a-batch", nth=2, setup=created(*(f"t{i}" for i in range(12))), **T)
+def _summary_batch(env: Env) -> Any:
+    store = env.state["store"]
+    store.SUMMARY_CHUNK = 2  # several calls per shard, in one batch
+    now, rows = store._summaries([f"t{i}" for i in range(12)])
+    return now, [{k: v for k, v in row.items() if k not in ("lease_remaining_ms", "due_in_ms")} for row in rows]
+
+
+@case("step_record", id="step_record-2nd-step", nth=1, setup=_leased(recorded=True), observe=observe_steps)
+def _step_record_second(env: Env) -> Any:
+    lease = env.state["lease"]
+    first = env.wait(lease.step("fetch", _step_fn(env), 9))
+    return first, env.wait(lease.step("other", _step_fn(env), 10))
+
+
 # ---- concurrency limits -------------------------------------------------------------------------
 
 
@@ -464,6 +577,54 @@ case("limit_wake", setup=_limited(put_off=True), **T)(_limited_commit)
 @case("limit_acquire", setup=_limited(put_off=False), renews=True, **T)
 def _limit_acquire(env: Env) -> Any:
     return env.state["store"].claim("a", 1, token="w", lease_ms=LEASE)
+
+
+@case("limit_acquire", id="limit_acquire-claim_next", setup=_limited(put_off=False), renews=True, **T)
+def _limit_acquire_next(env: Env) -> Any:
+    return env.state["store"].claim_next(token="w", lease_ms=LEASE)
+
+
+def _limited_claimed(env: Env) -> None:
+    _limited(put_off=False)(env)
+    env.state["cp"] = env.state["store"].claim("a", 1, token="w", lease_ms=LEASE)
+
+
+@case("limit_acquire", id="limit_acquire-renew", setup=_limited_claimed, renews=True, **T)
+def _limit_acquire_renew(env: Env) -> Any:
+    return env.state["store"].renew("a", token="w", expected_revision=env.state["cp"].revision, lease_ms=LEASE)
+
+
+@case("limit_acquire", id="limit_acquire-refused", setup=_limited(put_off=True), changes=False, **T)
+def _limit_acquire_refused(env: Env) -> Any:
+    # The key is full: the claim raises ConcurrencyLimited (compared with the twin's), b is put off.
+    return env.state["store"].claim("b", 1, token="w2", lease_ms=LEASE)
+
+
+@case("claim_next", id="claim_next-puts-off", setup=_limited(put_off=False), **T)
+def _claim_next_puts_off(env: Env) -> Any:
+    store = env.state["store"]
+    assert store.claim("a", 1, token="w", lease_ms=LEASE)
+    return store.claim_next(token="w2", lease_ms=LEASE)
+
+
+@case("limit_release", id="limit_release-release", setup=_limited(put_off=True), **T)
+def _limit_release_release(env: Env) -> Any:
+    cp = env.state["cp"]
+    return env.state["store"].release(cp.task_id, token="w", expected_revision=cp.revision)
+
+
+@case("limit_release", id="limit_release-commit_and_claim", setup=_limited(put_off=True), **T)
+def _limit_release_continue(env: Env) -> Any:
+    cp: Checkpoint = env.state["cp"]
+    nxt = dataclasses.replace(cp, cycle_index=1, messages=[*cp.messages, "done"], concurrency_key=None)
+    return env.state["store"].commit_and_claim(nxt, token="w", expected_revision=cp.revision, lease_ms=LEASE)
+
+
+@case("limit_set", id="limit_set-removed", setup=_limited(put_off=True), **T)
+def _limit_removed(env: Env) -> Any:
+    store = env.state["store"]
+    store.set_concurrency_limit("k", None)
+    return store.concurrency_limits()
 
 
 def _limit_set(env: Env) -> Any:
@@ -543,6 +704,16 @@ def _kv_keys(env: Env) -> Any:
 @case("kv_count", setup=_kv, observe=observe_kv)
 def _kv_count(env: Env) -> Any:
     return env.state["kv"].count()
+
+
+@case("kv_set", id="kv_set-2nd-shard-ttl", nth=2, setup=_kv, renews=True, observe=observe_kv)
+def _kv_set_batch(env: Env) -> Any:
+    return env.state["kv"].set_many({f"k{i}": bytes([i]) for i in range(10)}, ttl_ms=3_600_000)
+
+
+@case("kv_delete", id="kv_delete-missing", setup=_kv, changes=False, observe=observe_kv)
+def _kv_delete_missing(env: Env) -> Any:
+    return env.state["kv"].delete("never")
 
 
 # ---- agent pools --------------------------------------------------------------------------------
@@ -625,6 +796,40 @@ def _pool_watch(env: Env) -> Any:
 @case("pool_get", setup=_pool(message=True), **P)
 def _pool_get(env: Env) -> Any:
     return env.state["pools"].message_receipt("p", "idem-1")
+
+
+def _pool_small(env: Env) -> None:
+    env.state["pools"] = pools = env.make(PoolStore, AsyncPoolStore, page_size=2, max_messages=3, max_records=50)
+    pools.open("p", POOL)
+    for i in range(5):
+        pools.join("p", PoolMember(f"r{i}", ["work"]))
+    for i in range(1, 5):
+        pools.record_message("p", *_message(i))
+
+
+@case("pool_snapshot", id="pool_snapshot-2nd-page", nth=2, setup=_pool_small, **P)
+def _pool_snapshot_paged(env: Env) -> Any:
+    return env.state["pools"].snapshot("p")
+
+
+@case("pool_watch", id="pool_watch-2nd-page", nth=2, setup=_pool_small, **P)
+def _pool_watch_paged(env: Env) -> Any:
+    return env.state["pools"].watch("p")
+
+
+@case("pool_record_message", id="pool_record_message-trims", setup=_pool_small, **P)
+def _pool_record_message_trims(env: Env) -> Any:
+    return env.state["pools"].record_message("p", *_message(9))
+
+
+@case("pool_join", id="pool_join-replaces", setup=_pool(), **P)
+def _pool_rejoin(env: Env) -> Any:
+    return env.state["pools"].join("p", PoolMember("r1", ["other"], {"role": "c"}))
+
+
+@case("pool_open", id="pool_open-again", setup=_pool(), changes=False, **P)
+def _pool_open_again(env: Env) -> Any:
+    return env.state["pools"].open("p", POOL)
 
 
 # ---- the LangGraph saver ------------------------------------------------------------------------
@@ -781,6 +986,36 @@ def _lg_renew(env: Env) -> Any:
     return {"lost": lost}
 
 
+def _lg_leased(env: Env) -> None:
+    _threads(2)(env)
+    env.state["lease"] = env.enter(env.state["saver"].lease("th", lease_ms=LEASE))
+
+
+@case("lg_put", id="lg_put-leased", setup=_lg_leased, observe=observe_lease)
+def _lg_put_leased(env: Env) -> Any:
+    return lg_put(env, env.state["saver"], "th", 2)
+
+
+@case("lg_put_writes", id="lg_put_writes-leased", setup=_lg_leased, observe=observe_lease)
+def _lg_put_writes_leased(env: Env) -> Any:
+    return lg(env, env.state["saver"], "put_writes", lg_config("th", 1), [("log", "w2")], "task-3")
+
+
+@case("lg_delete_thread", id="lg_delete_thread-leased", setup=_lg_leased, observe=observe_lease)
+def _lg_delete_leased(env: Env) -> Any:
+    return lg(env, env.state["saver"], "delete_thread", "th")
+
+
+@case("lg_prune", id="lg_prune-delete", setup=_threads(), **L)
+def _lg_prune_delete(env: Env) -> Any:
+    return lg(env, env.state["saver"], "prune", ["th"], strategy="delete")
+
+
+@case("lg_list", id="lg_list-every-thread", setup=_threads(), **L)
+def _lg_list_all(env: Env) -> Any:
+    return lg(env, env.state["saver"], "list", None)
+
+
 # ---- the LangGraph run queue --------------------------------------------------------------------
 
 
@@ -844,6 +1079,11 @@ def _worker_turn(env: Env) -> Any:
 
 for _name in (scripts.LG_RUN_BEGIN, scripts.LG_RUN_EMIT, scripts.LG_RUN_FINISH, scripts.LG_RUN_WAKE):
     case(_name, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(_worker_turn)
+# A node's events, not the run's first (its metadata, sent by begin's worker before the graph runs).
+for _n in (2, 3):
+    case(scripts.LG_RUN_EMIT, id=f"lg_run_emit-{_n}", nth=_n, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(
+        _worker_turn
+    )
 
 
 @case("lg_run_cancel", setup=_runs(2), **R)
@@ -869,7 +1109,10 @@ def test_every_shipped_script_has_a_case() -> None:
     assert not scripts.READS & scripts.WRITES
 
 
-def run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> tuple[Any, Any, Any, ReplyLoss | None]:
+Outcome = tuple[Any, Any, Any, ReplyLoss | None, Any]
+
+
+def run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> Outcome:
     """Setup, then act (with ``c.script``'s reply lost when ``monkeypatch`` is given), then observe."""
     loss = None
     # LangGraph channel versions end with a random suffix: drawn alike in both runs.
@@ -880,13 +1123,17 @@ def run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> t
         return _run_scenario(c, env, monkeypatch)
 
 
-def _run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> tuple[Any, Any, Any, ReplyLoss | None]:
+def _run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> Outcome:
     loss = None
     try:
         c.setup(env)
         if monkeypatch is None:
-            result: Any = c.act(env)
+            try:
+                result: Any = c.act(env)
+            except Exception as exc:  # an error the call raises must be the faulted run's, too
+                result = exc
         else:
+            env.state["before"] = key_dump(env.raw, env.namespace)
             with monkeypatch.context() as m:
                 loss = lose_reply(m, c.script, nth=c.nth, snapshot=lambda: key_dump(env.raw, env.namespace))
                 env.state["loss"] = loss
@@ -897,7 +1144,7 @@ def _run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> 
         observed = c.observe(env) if c.observe else None
     finally:
         env.close()
-    return result, observed, key_dump(env.raw, env.namespace), loss
+    return result, observed, key_dump(env.raw, env.namespace), loss, env.state.get("before")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -918,6 +1165,16 @@ def test_a_resent_script_acts_once(
     assert loss is not None
     assert loss.lost is not None, f"{c.script} was not called {c.nth} time(s) by the case: {loss.calls}"
     assert loss.resent is not None, f"the library did not re-send {c.script} after its reply was lost: {loss.calls}"
+    # The case sends the script as it means to: a read finds the state as it was and writes
+    # nothing, and a re-sent read answers the same; a write changes the state (it applied).
+    before, masks = got[4], Masks(faulted_ns)
+    if c.script in scripts.READS:
+        assert loss.after_lost == before, "a read changed the state"
+        # (the server clock a reply carries, as summary's, masked)
+        assert masks(loss.resent_reply) == masks(loss.lost_reply), "a re-sent read answered otherwise"
+    else:
+        assert c.script in scripts.WRITES
+        assert (loss.after_lost != before) == c.changes, f"the case's {c.script} wrote nothing: it does not show a re-send"
     # The re-send wrote nothing (a renewal only moved server-clock expiries).
     if c.renews:
         masks = Masks(faulted_ns)
