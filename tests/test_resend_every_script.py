@@ -1189,3 +1189,72 @@ def test_a_resent_script_acts_once(
         return sorted(repr(e) for e in masks(dump) if not (c.opaque and re.search(c.opaque, e[0])))
 
     assert compared(got[2], masks) == compared(twin[2], twin_masks), "the stored keys differ"
+
+
+# ---- what the re-send test found (issue 38's closing note): each fix's focused regression test -----
+
+
+@pytest.fixture
+def env(backend: Any, flavor: str, namespace: str, raw: Any, twin_loop: asyncio.AbstractEventLoop) -> Any:
+    e = Env(backend, flavor, twin_loop, namespace, raw)
+    yield e
+    e.close()
+
+
+def test_a_thread_lease_release_resent_after_a_lost_reply_answers_true(env: Env, monkeypatch: pytest.MonkeyPatch):
+    """lg_release: the re-send found the lease gone and answered REFUSED, so ``release()`` said
+    False ("not ours any more") for a release that had applied."""
+    from redis_agentstate.langgraph import AgentStateSaver
+
+    saver = _saver(env)
+    lease = saver.lease("th", lease_ms=LEASE)
+    env.wait(lease.__aenter__() if env.flavor == "async" else lease.__enter__())
+    loss = lose_reply(monkeypatch, "lg_release")
+    assert env.wait(lease.release()) is True
+    assert loss.resent is not None
+    monkeypatch.undo()
+    # The thread is free: another writer leases it at once, and its own release is its own.
+    other = AgentStateSaver(env.raw, namespace=env.namespace)
+    with other.lease("th", lease_ms=LEASE, wait_ms=0) as taken:
+        cp = lg_checkpoint(0)
+        other.put(lg_config("th"), cp, {"step": 0}, dict(cp["channel_versions"]))
+        assert env.wait(lease.release()) is False  # the first holder's release, again: not its lease now
+    assert taken.release() is False  # released on exit already
+
+
+def test_copy_thread_resent_after_a_lost_reply_copies_once(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lg_import: the re-send met the copy it had made and refused it as 'exists' (InvalidArgument)."""
+    from redis_agentstate import InvalidArgument
+
+    _threads()(env)
+    saver = env.state["saver"]
+    loss = lose_reply(monkeypatch, "lg_import")
+    assert lg(env, saver, "copy_thread", "th", "copy") is None
+    assert loss.resent is not None and loss.after_resent == loss.after_lost
+    monkeypatch.undo()
+
+    def ids(tid: str) -> list[Any]:
+        return [(t.checkpoint["id"], t.pending_writes) for t in lg(env, saver, "list", lg_config(tid))]
+
+    assert ids("copy") == ids("th") and len(ids("copy")) == 3
+    # A target with a history of its own is still refused, nothing written.
+    lg_put(env, saver, "own", 0)
+    with pytest.raises(InvalidArgument, match="already has checkpoints"):
+        lg(env, saver, "copy_thread", "th", "own")
+    assert len(ids("own")) == 1
+
+
+def test_next_event_sequence_resent_after_a_lost_reply_gets_its_number_again(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pool_next_event_sequence: the re-send incremented the counter again (1 was never given, 2 was)."""
+    pools = env.make(PoolStore, AsyncPoolStore)
+    pools.open("p", POOL)
+    loss = lose_reply(monkeypatch, "pool_next_event_sequence")
+    assert pools.next_event_sequence("p") == 1
+    assert loss.resent is not None
+    monkeypatch.undo()
+    assert [pools.next_event_sequence("p") for _ in range(20)] == list(range(2, 22))
+    # The numbers given are remembered for the latest 16 calls only.
+    kept = env.raw.hget(getattr(pools, "wrapped", pools)._core.keys.pool("p").state, "evtids")
+    assert kept.count(b";") == 16
