@@ -49,7 +49,14 @@ from redis_agentstate import (
     scripts,
 )
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
-from redis_agentstate.pool_models import MessageReceipt, PoolConfig, PoolMember, RunMessage, WakeCondition, WakeRegistration
+from redis_agentstate.pool_models import (
+    MessageReceipt,
+    PoolConfig,
+    PoolMember,
+    RunMessage,
+    WakeCondition,
+    WakeRegistration,
+)
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
 
 LEASE = 30_000
@@ -58,7 +65,9 @@ LEASE = 30_000
 def shipped_scripts() -> list[str]:
     """Every script the package ships: each non-underscore file of its ``lua`` directory."""
     lua = resources.files("redis_agentstate").joinpath("lua")
-    return sorted(p.name[: -len(".lua")] for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_"))
+    return sorted(
+        p.name[: -len(".lua")] for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_")
+    )
 
 
 # ---- what is compared ---------------------------------------------------------------------------
@@ -802,7 +811,8 @@ def _pool_small(env: Env) -> None:
     env.state["pools"] = pools = env.make(PoolStore, AsyncPoolStore, page_size=2, max_messages=3, max_records=50)
     pools.open("p", POOL)
     for i in range(5):
-        pools.join("p", PoolMember(f"r{i}", ["work"]))
+        # A value over 64 bytes: a hashtable, not a listpack, whose HSCAN returns it all at once.
+        pools.join("p", PoolMember(f"r{i}", ["work"], {"pad": "x" * 100}))
     for i in range(1, 5):
         pools.record_message("p", *_message(i))
 
@@ -1114,7 +1124,6 @@ Outcome = tuple[Any, Any, Any, ReplyLoss | None, Any]
 
 def run_scenario(c: Case, env: Env, monkeypatch: pytest.MonkeyPatch | None) -> Outcome:
     """Setup, then act (with ``c.script``'s reply lost when ``monkeypatch`` is given), then observe."""
-    loss = None
     # LangGraph channel versions end with a random suffix: drawn alike in both runs.
     import redis_agentstate.langgraph._put as put
 
@@ -1174,7 +1183,9 @@ def test_a_resent_script_acts_once(
         assert masks(loss.resent_reply) == masks(loss.lost_reply), "a re-sent read answered otherwise"
     else:
         assert c.script in scripts.WRITES
-        assert (loss.after_lost != before) == c.changes, f"the case's {c.script} wrote nothing: it does not show a re-send"
+        assert (loss.after_lost != before) == c.changes, (
+            f"the case's {c.script} wrote nothing: it does not show a re-send"
+        )
     # The re-send wrote nothing (a renewal only moved server-clock expiries).
     if c.renews:
         masks = Masks(faulted_ns)
@@ -1185,6 +1196,7 @@ def test_a_resent_script_acts_once(
     twin_masks, masks = Masks(twin_ns), Masks(faulted_ns)
     assert masks(got[0]) == twin_masks(twin[0]), "the public call returned another value"
     assert masks(got[1]) == twin_masks(twin[1]), "the readers answer otherwise"
+
     def compared(dump: Any, masks: Masks) -> list[str]:
         return sorted(repr(e) for e in masks(dump) if not (c.opaque and re.search(c.opaque, e[0])))
 
