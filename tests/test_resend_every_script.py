@@ -546,6 +546,11 @@ def _summary_batch(env: Env) -> Any:
     return now, [{k: v for k, v in row.items() if k not in ("lease_remaining_ms", "due_in_ms")} for row in rows]
 
 
+@case("step_load", id="step_load-miss", setup=_leased(recorded=False), observe=observe_steps)
+def _step_load_miss(env: Env) -> Any:
+    return env.wait(env.state["lease"].step("fetch", _step_fn(env), 5))
+
+
 @case("step_record", id="step_record-2nd-step", nth=1, setup=_leased(recorded=True), observe=observe_steps)
 def _step_record_second(env: Env) -> Any:
     lease = env.state["lease"]
@@ -636,6 +641,25 @@ def _limit_removed(env: Env) -> Any:
     return store.concurrency_limits()
 
 
+def _kept_lease(env: Env) -> Any:
+    """A lease on the limited task a, kept by its keeper: wait for its first renewal (in the faulted
+    run, until the lost one was re-sent: a place moved, then the lease), then release it."""
+    lease = env.enter(env.state["store"].lease("a", 1, token="w", lease_ms=1_500, renew_interval_ms=300))
+    loss: ReplyLoss | None = env.state.get("loss")
+    deadline = time.monotonic() + (10.0 if loss else 0.6)
+    while time.monotonic() < deadline and not (loss and loss.resent):
+        env.wait(asyncio.sleep(0.05))
+    lost = lease.lost_event.is_set() if hasattr(lease, "lost_event") else lease.lost
+    env.close()  # released: the place is given back
+    return {"lost": lost}
+
+
+case("renew", id="renew-lease-keeper", setup=_limited(put_off=False), renews=True, **T)(_kept_lease)
+case("limit_acquire", id="limit_acquire-lease-keeper", setup=_limited(put_off=False), renews=True, nth=2, **T)(
+    _kept_lease
+)
+
+
 def _limit_set(env: Env) -> Any:
     store = env.state["store"]
     store.set_concurrency_limit("k", 2)
@@ -679,6 +703,9 @@ def _reshard(env: Env) -> Any:
 
 for _name in scripts.RESHARD_SCRIPTS:
     case(_name, setup=_before_reshard, observe=observe_reshard)(_reshard)
+# The second old shard's (its copy, restore and drop come after the first one's were done).
+for _name in (scripts.RESHARD_SEAL, scripts.RESHARD_RESTORE, scripts.RESHARD_DROP):
+    case(_name, id=f"{_name}-2nd", nth=2, setup=_before_reshard, observe=observe_reshard)(_reshard)
 
 
 # ---- key/value ----------------------------------------------------------------------------------
