@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._ops import Call, Op, list_indexes, restart
+from ._ops import Call, Op, list_indexes, new_nonce, restart
 from ._pool_log import MAX_WATCH_COUNT, PoolLog
 from ._pool_records import (
     _canonical,
@@ -367,7 +367,8 @@ class PoolCore(PoolLog):
 
     def next_event_sequence(self, pool_id: str) -> Op[int]:
         pid, keys = self._pool(pool_id)
-        reply = yield Call(POOL_NEXT_EVENT_SEQUENCE, keys.as_list(), [])
+        # The nonce makes a re-send after a lost reply get the same number (the script remembers it).
+        reply = yield Call(POOL_NEXT_EVENT_SEQUENCE, keys.as_list(), [new_nonce()])
         return self._cursor(reply, pid).sequence
 
     def list(self) -> Op[list[str]]:

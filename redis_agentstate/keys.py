@@ -17,7 +17,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
 
 Agent pools (``SS`` is the shard of the pool id)::
 
-    ns:{ns#SS}:pool:<pool_id>                 hash   cfg created created_seq seq evt
+    ns:{ns#SS}:pool:<pool_id>                 hash   cfg created created_seq seq evt evtids
     ns:{ns#SS}:pool-members:<pool_id>         hash   run_id -> member blob
     ns:{ns#SS}:pool-msgs:<pool_id>            hash   message_id -> stored message blob
     ns:{ns#SS}:pool-msg-dedupe:<pool_id>      hash   idempotency key -> "<seq>:<receipt blob>"
@@ -46,7 +46,8 @@ Key/value seam (``SS`` is the shard of the key)::
 LangGraph threads (``redis_agentstate.langgraph``; ``SS`` is the shard of the thread id;
 ``<ns>`` is the checkpoint namespace, ``<cid>`` the checkpoint id, fields joined by NUL)::
 
-    ns:{ns#SS}:lgmeta:<thread_id>   hash   holder, exp: the thread's lease (absent when free)
+    ns:{ns#SS}:lgmeta:<thread_id>   hash   holder, exp: the thread's lease (no holder when free);
+                                           released: the last release's token (lg_release.lua)
     ns:{ns#SS}:lgcp:<thread_id>     hash   <ns>\0<cid> -> the blob fields it reads + checkpoint record
     ns:{ns#SS}:lgidx:<thread_id>    zset   <ns>\0<cid>, score 0 (lex order = newest last)
     ns:{ns#SS}:lgblob:<thread_id>   hash   <ns>\0<channel>\0<version> -> channel value

@@ -2,7 +2,8 @@
 --
 -- Every script takes the keys of one thread, in this order (keys.ThreadKeys; all
 -- in the slot of the thread's shard, so a script runs unchanged on Redis Cluster):
---   KEYS[1]  lgmeta:<tid>   hash  holder, exp: the thread's lease (absent when free)
+--   KEYS[1]  lgmeta:<tid>   hash  holder, exp: the thread's lease (no holder when free); released: the
+--                                   token of the last release (a minute, see lg_release.lua)
 --   KEYS[2]  lgcp:<tid>     hash  <ns>\0<cid> -> a stored checkpoint (below), as earlier versions
 --                                   stored them; this one stores them in KEYS[3]
 --   KEYS[3]  lgidx:<tid>    zset  <ns>\0<cid>\0<stored checkpoint> (or <ns>\0<cid> alone, its record

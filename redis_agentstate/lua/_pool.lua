@@ -2,7 +2,7 @@
 --
 -- Pool key layout (keys.py builds these; every pool script takes all ten,
 -- in this order, and they share one hash slot through the shard tag):
---   KEYS[1]  - ns:{ns#SS}:pool:<pool>              hash   cfg created created_seq seq evt
+--   KEYS[1]  - ns:{ns#SS}:pool:<pool>              hash   cfg created created_seq seq evt evtids
 --   KEYS[2]  - ns:{ns#SS}:pool-members:<pool>      hash   run_id -> member blob
 --   KEYS[3]  - ns:{ns#SS}:pool-msgs:<pool>         hash   message_id -> stored message blob
 --   KEYS[4]  - ns:{ns#SS}:pool-msg-dedupe:<pool>   hash   idempotency key -> '<seq>:<receipt blob>'
@@ -19,7 +19,8 @@
 -- numbered 1, 2, 3, ... from this counter inside the same script that changes
 -- the state, so the log has no gap and no repeat however many processes
 -- write, and no state change exists without its record (or the reverse).
--- 'evt' is the counter behind next_event_sequence; 'created' is '0' or '1'
+-- 'evt' is the counter behind next_event_sequence ('evtids' the numbers it gave last, see
+-- pool_next_event_sequence.lua); 'created' is '0' or '1'
 -- and 'created_seq' the sequence of the pool_created record; 'cfg' is the
 -- config blob as first opened. Blobs are versioned msgpack, opaque here:
 -- every value a script compares is passed in its own ARGV.

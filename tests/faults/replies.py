@@ -53,3 +53,163 @@ def lose_first_reply(
 
     monkeypatch.setattr(type(script), "__call__", apply_then_drop)
     return sent
+
+
+# ---- by script name: a single call or a pipelined batch, any store, the Nth call -------------------
+
+
+def _script_names() -> dict[str, str]:
+    """SHA -> script name, for every script the package ships (the SHA redis-py computes)."""
+    import hashlib
+    from importlib import resources
+
+    from redis_agentstate import scripts
+
+    names = [
+        p.name[: -len(".lua")]
+        for p in resources.files("redis_agentstate").joinpath("lua").iterdir()
+        if p.name.endswith(".lua") and not p.name.startswith("_")
+    ]
+    return {hashlib.sha1(scripts.script_text(n).encode()).hexdigest(): n for n in names}
+
+
+class ReplyLoss:
+    """What ``lose_reply`` saw: the call whose reply it lost, and the library's re-send of it.
+
+    ``calls``: the (keys, args) of every call of the script while armed, in order;
+    ``lost``/``resent``: the (keys, args) of the lost call and of its re-send (the first later
+    call with the same keys and args); ``lost_reply``/``resent_reply``: the server's replies to
+    them; ``after_lost``/``after_resent``: ``snapshot()`` taken right after the server ran each
+    (for a batch, after the whole pipeline ran).
+    """
+
+    def __init__(self, name: str, nth: int, snapshot: Callable[[], Any] | None) -> None:
+        self.name, self.nth, self.snapshot = name, nth, snapshot
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+        self.lost: tuple[list[Any], list[Any]] | None = None
+        self.resent: tuple[list[Any], list[Any]] | None = None
+        self.lost_reply: Any = None
+        self.resent_reply: Any = None
+        self.after_lost: Any = None
+        self.after_resent: Any = None
+        self.by_sha = _script_names()
+
+    def _seen(self, keys: Any, args: Any) -> str:
+        """Count one call of the script: 'lose' (the nth), 'resent' (its re-send) or ''."""
+        call = ([_b(k) for k in keys or []], [_b(a) for a in args or []])
+        self.calls.append(call)
+        if self.lost is None and len(self.calls) == self.nth:
+            self.lost = call
+            return "lose"
+        if self.lost is not None and self.resent is None and call == self.lost and len(self.calls) > self.nth:
+            self.resent = call
+            return "resent"
+        return ""
+
+    def _after(self, what: str, reply: Any) -> None:
+        shot = self.snapshot() if self.snapshot else None
+        if what == "lose":
+            self.lost_reply, self.after_lost = reply, shot
+        else:
+            self.resent_reply, self.after_resent = reply, shot
+
+    def _batch(self, entries: Any) -> list[tuple[int, str]]:
+        """Count the calls of the script in a pipeline: (entry index, what) for each."""
+        marks = []
+        for i, (cmd, _options) in enumerate(entries):
+            if cmd and cmd[0] == "EVALSHA" and self.by_sha.get(cmd[1]) == self.name:
+                nkeys = int(cmd[2])
+                marks.append((i, self._seen(cmd[3 : 3 + nkeys], cmd[3 + nkeys :])))
+        return marks
+
+    def _unsee(self, marks: list[tuple[int, str]]) -> None:
+        """Forget the last ``len(marks)`` calls counted (a pipeline's calls that met NOSCRIPT)."""
+        for _i, what in reversed(marks):
+            self.calls.pop()
+            if what == "lose":
+                self.lost = None
+            elif what == "resent":
+                self.resent = None
+
+
+def _b(v: Any) -> Any:
+    """A key or argument as the wire sends it (str and bytes alike), so a re-send compares equal."""
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(v).encode()
+    return v
+
+
+def lose_reply(
+    monkeypatch: pytest.MonkeyPatch, name: str, *, nth: int = 1, snapshot: Callable[[], Any] | None = None
+) -> ReplyLoss:
+    """Lose the reply of the ``nth`` call of script ``name`` (from now on, by any store, sync or async,
+    alone or in a pipelined batch) after the server ran it: the caller sees a ``ConnectionError``,
+    as on a connection that dropped before the reply came. A batch's whole reply is lost (the
+    pipeline ran, every call of it). ``snapshot`` is called right after the server ran the lost
+    call and right after it ran its re-send (``ReplyLoss``)."""
+    from redis.commands.core import AsyncScript, Script
+
+    from redis_agentstate._ops import pipelines
+
+    loss = ReplyLoss(name, nth, snapshot)
+    if name not in loss.by_sha.values():
+        raise ValueError(f"no script {name!r} in the package")
+
+    def patch_script(cls: Any) -> None:
+        original = cls.__call__
+
+        def call(self_: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+            result = original(self_, keys=keys, args=args, client=client)
+            what = loss._seen(keys, args) if loss.by_sha.get(self_.sha) == name else ""
+            if not what:
+                return result
+            if hasattr(result, "__await__"):
+
+                async def later() -> Any:
+                    reply = await result
+                    loss._after(what, reply)
+                    if what == "lose":
+                        raise rex.ConnectionError("reply lost (injected)")
+                    return reply
+
+                return later()
+            loss._after(what, result)
+            if what == "lose":
+                raise rex.ConnectionError("reply lost (injected)")
+            return result
+
+        monkeypatch.setattr(cls, "__call__", call)
+
+    patch_script(Script)
+    patch_script(AsyncScript)
+    sync_pipeline, async_pipeline = pipelines._pipeline_sync, pipelines._pipeline_async
+
+    def batch_sync(client: Any, entries: Any) -> list[Any]:
+        marks = loss._batch(entries)
+        replies = sync_pipeline(client, entries)
+        return _batch_done(loss, marks, replies)
+
+    async def batch_async(client: Any, entries: Any) -> list[Any]:
+        marks = loss._batch(entries)
+        replies = await async_pipeline(client, entries)
+        return _batch_done(loss, marks, replies)
+
+    monkeypatch.setattr(pipelines, "_pipeline_sync", batch_sync)
+    monkeypatch.setattr(pipelines, "_pipeline_async", batch_async)
+    return loss
+
+
+def _batch_done(loss: ReplyLoss, marks: list[tuple[int, str]], replies: list[Any]) -> list[Any]:
+    if any(isinstance(replies[i], rex.NoScriptError) for i, _ in marks):
+        # Calls that met NOSCRIPT did not run: the batch sends them again once their script is
+        # loaded, and those are the calls counted (a batch holds one script's calls all loaded or none).
+        loss._unsee(marks)
+        return replies
+    for i, what in marks:
+        if what:
+            loss._after(what, replies[i])
+    if any(what == "lose" for _, what in marks):
+        raise rex.ConnectionError("reply lost (injected)")
+    return replies
