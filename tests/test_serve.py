@@ -332,6 +332,29 @@ class TestSdkClient:
         assert c.runs.get(tid, run["run_id"])["status"] == "interrupted"
         assert len(_values(c, tid)["log"]) < 5  # stopped at a boundary, its progress kept
 
+    def test_a_run_of_a_thread_whose_task_was_cancelled_is_refused_with_409(
+        self, served: Served, backend: Any, namespace: str
+    ) -> None:
+        # Issue 38 item 6 through the server: join of a run accepted before the thread's task was
+        # cancelled answers 409 (it can never run), as does a new run; never a hang or a 500.
+        from redis_agentstate import CheckpointStore
+        from redis_agentstate.langgraph.runs import queue_namespace
+
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        tasks = CheckpointStore(backend.sync_client(), namespace=queue_namespace(f"{namespace}.slow"))
+        c.runs.wait(tid, "slow", input={"log": ["a"]})
+        going = c.runs.create(tid, "slow", input={"log": ["b"]})
+        queued = c.runs.create(tid, "slow", input={"log": ["c"]}, multitask_strategy="enqueue")
+        assert tasks.cancel(tid, reason="operator")
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.runs.join(tid, queued["run_id"])
+        assert err.value.response.status_code == 409 and "can never run" in err.value.response.text
+        assert going["run_id"] != queued["run_id"]
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            c.runs.wait(tid, "slow", input={"log": ["b"]}, multitask_strategy="enqueue")
+        assert err.value.response.status_code == 409 and "cancelled" in err.value.response.text
+
     def test_state_update_and_history(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]

@@ -419,7 +419,10 @@ class _App:
     async def _join(self, g: ServedGraph, run_id: str) -> Run:
         while True:
             with contextlib.suppress(TimeoutError):
-                return await g.queue.join(run_id, timeout_s=30)
+                try:
+                    return await g.queue.join(run_id, timeout_s=30)
+                except RunRejected as exc:  # its thread's task was cancelled: the run can never run
+                    raise HTTPException(409, str(exc)) from exc
 
     async def runs_wait(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
