@@ -108,10 +108,10 @@ class TestReshard:
         new = Keys(namespace, 16)
         assert all(raw.exists(new.task(t).checkpoint) for t in tids)
         assert 599_000 - 5_000 < raw.pttl(new.kv("short-lived")) <= ttl_before
-        # Nothing is left under the old tags but their seals.
+        # Nothing is left under the old tags but their seals and fences (a stalled mover stays out).
         old = {p for p in Keys(namespace, 4)._shard_prefixes}
         left = [k for k in _ns_keys(raw, namespace) if any(k.decode().startswith(p) for p in old)]
-        assert sorted(left) == sorted(p.encode() + b"moved" for p in old)
+        assert sorted(left) == sorted(p.encode() + end for p in old for end in (b"fence", b"moved"))
         moved = store.load(held.task_id)
         assert moved is not None and (moved.claim_token, moved.lease_expires_at_ms) == ("w1", held.lease_expires_at_ms)
 
