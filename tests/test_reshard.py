@@ -385,6 +385,178 @@ class TestCli:
         assert "has 8 shards already" in capsys.readouterr().out
         assert cli_mod.main(["reshard", *target, "--namespace", namespace, "--shards", "12"]) == 1
         assert "multiple of 8" in capsys.readouterr().err
+        # A typo'd namespace: refused, exit 1, and no key of it is created.
+        typo = namespace + "-typo"
+        assert cli_mod.main(["reshard", *target, "--namespace", typo, "--shards", "128"]) == 1
+        assert "does not exist" in capsys.readouterr().err
+        assert _ns_keys(backend.sync_client(), typo) == []
         assert sorted(CheckpointStore(backend.sync_client(), namespace=namespace).list()) == sorted(
             f"c{i}" for i in range(30)
         )
+
+
+# ---- the fenced mover (issue 38: items 1, 2, 7, 8) ------------------------------------------
+
+
+def _watched(
+    op: Any, before: Callable[[Any], None] | None = None, after: Callable[[Any, Any], None] | None = None
+) -> Any:
+    """``op`` with ``before(request)`` run before each request is sent and ``after(request, reply)``
+    once its reply came: a deterministic place between two of the reshard's sans-I/O steps."""
+    try:
+        req = next(op)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        if before is not None:
+            before(req)
+        try:
+            reply = yield req
+        except BaseException as exc:  # the driver's error, thrown into the op as the driver would
+            try:
+                req = op.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        if after is not None:
+            after(req, reply)
+        try:
+            req = op.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _hooked_reshard(store: Any, target: int, **hooks: Any) -> Any:
+    from redis_agentstate._reshard import reshard
+
+    return store._reshard(lambda keys, cluster: _watched(reshard(keys, target, cluster=cluster), **hooks))
+
+
+def _script(req: Any) -> str | None:
+    return getattr(req, "script", None)
+
+
+def _is_probe(req: Any) -> bool:
+    return any(b"reshard-probe" in (k if isinstance(k, bytes) else str(k).encode()) for k in req.keys)
+
+
+def _lease_key(namespace: str) -> str:
+    return f"{namespace}:{{{namespace}#layout}}:reshard"
+
+
+def _snapshot(raw: Any, namespace: str) -> dict[bytes, Any]:
+    return {k: raw.dump(k) for k in _ns_keys(raw, namespace)}
+
+
+def _old_leftovers(raw: Any, namespace: str, shards: int) -> list[bytes]:
+    """Keys under an old layout's tags other than their seals and fences."""
+    old = [p.encode() for p in Keys(namespace, shards)._shard_prefixes]
+    return [
+        k
+        for k in _ns_keys(raw, namespace)
+        if any(k.startswith(p) for p in old) and not k.endswith((b"}:moved", b"}:fence"))
+    ]
+
+
+@pytest.mark.usefixtures("backend")
+class TestFencedMover:
+    """A second reshard, or one stalled and woken after another finished, never writes (item 1); a
+    rerun finishes a begun drop (item 7); bad arguments and unknown namespaces write nothing (item 8)."""
+
+    def _tasks(self, make: Callable[..., Any], shards: int = 4) -> tuple[Any, list[str]]:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=shards)
+        tids = ids_on_every_shard(Keys("x", 16), per_shard=2, prefix="task")
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        return store, tids
+
+    def test_a_stalled_mover_woken_after_another_finished_writes_nothing(
+        self, make: Callable[..., Any], raw: Any, namespace: str, backend: Any
+    ) -> None:
+        store, tids = self._tasks(make)
+        victim = next(t for t in tids if Keys(namespace, 4).shard_of(t) == 0)
+        seen: dict[str, Any] = {}
+
+        def stall(req: Any) -> None:
+            # B sealed and read (DUMP) old shard 0 and is about to write its copy: it stalls here.
+            if _script(req) == "reshard_restore" and not _is_probe(req) and "committed" not in seen:
+                raw.hset(_lease_key(namespace), "expires", 0)  # its lease lapses while it is stalled
+                # (the other actors are sync stores: the hook runs inside an async store's loop)
+                assert CheckpointStore(backend.sync_client(), namespace=namespace).reshard(16).to_shards == 16
+                worker = CheckpointStore(backend.sync_client(), namespace=namespace)
+                cp = worker.claim(victim, 1, token="w", lease_ms=60_000)
+                assert cp is not None
+                msg = {"role": "assistant", "content": "after the move"}
+                done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                assert worker.commit(done, token="w", expected_revision=cp.revision) is True
+                seen["committed"] = worker.load(victim)
+                seen["snapshot"] = _snapshot(raw, namespace)
+
+        with pytest.raises(ConfigConflict):
+            _hooked_reshard(store, 16, before=stall)
+        after = make(CheckpointStore, AsyncCheckpointStore).load(victim)
+        assert after == seen["committed"] and after is not None and after.cycle_index == 1, after
+        assert _snapshot(raw, namespace) == seen["snapshot"]  # the stalled mover wrote nothing at all
+        assert _record(raw, namespace) == b"slots 16" and not _old_leftovers(raw, namespace, 4)
+
+    def test_a_second_reshard_while_the_first_holds_its_lease_copies_nothing(
+        self, make: Callable[..., Any], raw: Any, namespace: str, backend: Any
+    ) -> None:
+        store, tids = self._tasks(make)
+        refused: list[str] = []
+
+        def second(req: Any) -> None:
+            if _script(req) == "reshard_seal" and not refused:
+                before = _snapshot(raw, namespace)
+                with pytest.raises(ConfigConflict, match=r"being resharded by .* lease runs [0-9.]+ s more") as info:
+                    CheckpointStore(backend.sync_client(), namespace=namespace).reshard(16)
+                refused.append(str(info.value))
+                assert _snapshot(raw, namespace) == before
+
+        report = _hooked_reshard(store, 16, before=second)
+        assert refused and report.moved == 4 and _record(raw, namespace) == b"slots 16"
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert sorted(fresh.list()) == sorted(tids) and all(fresh.load(t) is not None for t in tids)
+        # Its lease was given back when it finished: the next reshard need not wait for it.
+        assert fresh.reshard(32).moved == 16
+
+    def test_a_rerun_finishes_a_drop_that_was_begun(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import _reshard
+
+        monkeypatch.setattr(_reshard, "_BATCH_KEYS", 4)
+        store, tids = self._tasks(make)
+        old_keys = len(_old_leftovers(raw, namespace, 4))
+
+        def killed(req: Any, reply: Any) -> None:
+            if _script(req) == "reshard_drop":
+                raise KeyboardInterrupt  # killed right after its first delete batch
+
+        with pytest.raises(KeyboardInterrupt):
+            _hooked_reshard(store, 16, after=killed)
+        left = len(_old_leftovers(raw, namespace, 4))
+        assert 0 < left < old_keys
+        raw.hset(_lease_key(namespace), "expires", 0)  # the killed mover's lease lapsed
+        report = make(CheckpointStore, AsyncCheckpointStore).reshard(16)
+        assert report.moved == 4 and report.keys == old_keys - 4, report  # shard 0's leftovers: deleted, counted
+        assert not _old_leftovers(raw, namespace, 4)
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert sorted(fresh.list()) == sorted(tids) and all(fresh.load(t) is not None for t in tids)
+
+    def test_bad_arguments_are_refused_before_the_first_seal(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        store, _ = self._tasks(make, shards=2)
+        before = _snapshot(raw, namespace)
+        for bad in ({"progress": 1}, {"progress": "print"}, {"progress": object()}):
+            with pytest.raises(InvalidArgument, match="progress"):
+                store.reshard(4, **bad)
+        assert _snapshot(raw, namespace) == before and _record(raw, namespace) == b"slots 2"
+
+    def test_a_namespace_that_never_existed_is_refused_and_gets_no_keys(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        with pytest.raises(InvalidArgument, match="does not exist"):
+            make(CheckpointStore, AsyncCheckpointStore).reshard(128)
+        assert _ns_keys(raw, namespace) == []
