@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from flows import ids_on_every_shard
+from redis.exceptions import ConnectionError as ConnectionError_
 
 from redis_agentstate import (
     AsyncCheckpointStore,
@@ -34,8 +35,8 @@ from redis_agentstate import (
     PoolStore,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate._ops import relocation
-from redis_agentstate.keys import Keys
+from redis_agentstate._ops import Command, relocation
+from redis_agentstate.keys import Keys, key_slot
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
 
 
@@ -560,3 +561,176 @@ class TestFencedMover:
         with pytest.raises(InvalidArgument, match="does not exist"):
             make(CheckpointStore, AsyncCheckpointStore).reshard(128)
         assert _ns_keys(raw, namespace) == []
+
+    def test_a_seal_that_outlives_the_wait_says_who_holds_it_and_until_when(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        assert store.create(Checkpoint("t"))
+        keys = Keys(namespace, 4)
+        seal = keys.moved_marker(keys.shard_of("t"))
+        monkeypatch.setattr(relocation, "SEALED_WAIT_S", 0.2)
+        raw.set(seal, "sealed")
+        far = int(raw.time()[0]) * 1000 + 600_000
+        raw.hset(_lease_key(namespace), mapping={"holder": "ops-host pid 7", "expires": far, "gen": 3})
+        with pytest.raises(BackendUnavailable, match=r"ops-host pid 7 \(generation 3\) holds the namespace, its lease"):
+            store.claim("t", 1, token="w", lease_ms=60_000)
+        raw.hset(_lease_key(namespace), "expires", 1)
+        with pytest.raises(BackendUnavailable, match=r"sealed it and stopped, its lease ran out .* takes it over"):
+            store.claim("t", 1, token="w", lease_ms=60_000)
+        raw.delete(seal)
+        assert store.claim("t", 1, token="w", lease_ms=60_000) is not None
+
+
+def _lose_reply_of(name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first call of script ``name`` (any client, sync or async) applies, then its reply is lost:
+    the library's retry sends it again. Returns one entry per call of it."""
+    from redis.commands.core import AsyncScript, Script
+
+    from redis_agentstate import scripts
+
+    text = scripts.script_text(name)
+    calls: list[int] = []
+    for cls in (Script, AsyncScript):
+        original = cls.__call__
+
+        def apply_then_drop(
+            self_: Any, keys: Any = None, args: Any = None, client: Any = None, _o: Any = original
+        ) -> Any:
+            result = _o(self_, keys=keys, args=args, client=client)
+            if self_.script != text:
+                return result
+            calls.append(1)
+            if len(calls) > 1:
+                return result
+            if hasattr(result, "__await__"):
+
+                async def drop() -> Any:
+                    await result
+                    raise ConnectionError_("reply lost (injected)")
+
+                return drop()
+            raise ConnectionError_("reply lost (injected)")
+
+        monkeypatch.setattr(cls, "__call__", apply_then_drop)
+    return calls
+
+
+@pytest.mark.usefixtures("backend")
+class TestReshardResend:
+    """Every reshard script re-sent after its reply was lost: the result is one execution's."""
+
+    @pytest.mark.parametrize(
+        "script",
+        ["reshard_lease", "reshard_fence", "reshard_seal", "reshard_restore", "reshard_drop", "reshard_record"],
+    )
+    def test_a_lost_reply_is_sent_again_to_the_same_end(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, script: str
+    ) -> None:
+        from redis_agentstate import scripts
+
+        assert set(scripts.RESHARD_SCRIPTS) == {
+            "reshard_lease", "reshard_fence", "reshard_seal", "reshard_restore", "reshard_drop", "reshard_record"
+        }  # fmt: skip
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        tids = ids_on_every_shard(Keys("x", 16), per_shard=2, prefix="task")
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        held = store.claim_next(token="w", lease_ms=600_000)
+        assert held is not None
+        before = {t: store.load(t) for t in tids}
+        old_keys = len(_old_leftovers(raw, namespace, 4))
+        calls = _lose_reply_of(script, monkeypatch)
+        report = make(CheckpointStore, AsyncCheckpointStore).reshard(16)
+        assert len(calls) >= 2  # lost once, sent again
+        assert (report.moved, report.keys, report.unknown) == (4, old_keys, 0)
+        assert _record(raw, namespace) == b"slots 16" and not _old_leftovers(raw, namespace, 4)
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert {t: fresh.load(t) for t in tids} == before and sorted(fresh.list()) == sorted(tids)
+        lease = raw.hgetall(_lease_key(namespace))
+        assert (lease[b"gen"], lease[b"expires"]) == (b"1", b"0")  # one generation, given back
+        # The fence moved with the task: its holder commits once, a re-send is recognised.
+        done = dataclasses.replace(held, cycle_index=held.claimed_cycle)
+        assert fresh.commit(done, token="w", expected_revision=held.revision) is True
+        assert fresh.commit(done, token="w", expected_revision=held.revision) is True
+        again = fresh.load(held.task_id)
+        assert again is not None and again.revision == held.revision + 1
+
+
+@pytest.mark.cluster
+class TestClusterListing:
+    """On a Cluster an old shard's slot is shared (a live new shard's, other namespaces'): keys written
+    into it while the mover lists it never hide an old key from the move (item 2)."""
+
+    def test_every_key_moves_while_the_slot_fills_with_others(self, redis_cluster: Any, namespace: str) -> None:
+        from cluster_support import cluster_backend
+
+        b = cluster_backend(redis_cluster)
+        try:
+            raw = b.sync_client()
+            store = CheckpointStore(b.sync_client(), namespace=namespace, shards=4)
+            tids = [f"agent-{i}" for i in range(160)]
+            for tid in tids:
+                assert store.create(Checkpoint(tid))
+            worker = CheckpointStore(b.sync_client(), namespace=namespace)
+            acked: dict[str, int] = dict.fromkeys(tids, 0)
+            for _ in range(40):  # messages and cycles keys too, not only checkpoints
+                cp = worker.claim_next(token="w", lease_ms=60_000)
+                assert cp is not None
+                msg = {"role": "assistant", "content": cp.task_id}
+                done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                assert worker.commit(done, token="w", expected_revision=cp.revision)
+                acked[cp.task_id] += 1
+            old_keys = len(_old_leftovers(raw, namespace, 4))
+            tags = {
+                key_slot(p[p.index("{") + 1 : p.index("}")].encode()): p[p.index("{") + 1 : p.index("}")]
+                for p in Keys(namespace, 4)._shard_prefixes
+            }
+            stop = threading.Event()
+            errors: list[BaseException] = []
+
+            def live_writer() -> None:
+                # Commits into the new shards as they go live (one of them shares each old shard's slot).
+                w = CheckpointStore(b.sync_client(), namespace=namespace)
+                try:
+                    while not stop.is_set():
+                        cp = w.claim_next(token="live", lease_ms=60_000)
+                        if cp is None:
+                            continue
+                        msg = {"role": "assistant", "content": cp.task_id}
+                        done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                        if w.commit(done, token="live", expected_revision=cp.revision):
+                            acked[cp.task_id] += 1
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+
+            flooded = [0]
+
+            def flood(req: Any) -> None:
+                # Between the mover's count and its listing, another namespace writes into the slot.
+                if isinstance(req, Command) and str(req.args[0]).upper() == "CLUSTER GETKEYSINSLOT":
+                    tag = tags.get(int(req.args[1]))
+                    if tag is not None:
+                        pipe = raw.pipeline(transaction=False)
+                        for _ in range(300):
+                            flooded[0] += 1
+                            pipe.set(f"other-{namespace}:{{{tag}}}:junk-{flooded[0]}", b"x")
+                        pipe.execute()
+
+            writer = threading.Thread(target=live_writer, daemon=True)
+            writer.start()
+            report = _hooked_reshard(store, 16, before=flood)
+            stop.set()
+            writer.join(60)
+            assert not errors, errors
+            # (the live writer may add keys to a shard before it is sealed: at least those there before)
+            assert flooded[0] >= 1200 and report.keys >= old_keys, (flooded, report, old_keys)
+            assert not _old_leftovers(raw, namespace, 4)
+            fresh = CheckpointStore(b.sync_client(), namespace=namespace)
+            assert sorted(fresh.list()) == sorted(tids)
+            for tid in tids:
+                cp = fresh.load(tid)
+                assert cp is not None and len(cp.messages) == acked[tid] == cp.cycle_index, (tid, cp, acked[tid])
+        finally:
+            for client in b._sync:
+                client.close()
