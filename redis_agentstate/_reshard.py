@@ -3,8 +3,13 @@
 A namespace of ``n`` shards grows to ``target`` (a multiple of ``n``, up to ``MAX_SHARDS``), one
 old shard at a time, while its workers keep claiming and committing::
 
-    record 'slots n'  ->  'slots n target 0'              (reshard_record.lua: compare-and-set)
+    check the arguments, read the record (a namespace without one and without data: refused)
+    take the lease                                        (reshard_lease.lua: a new generation g)
+    read the record again; claim every slot left to write  (reshard_fence.lua: '<prefix>fence' = g)
+        each old shard o not moved yet, and each of its new shards
+    record 'slots n'  ->  'slots n target 0'              (reshard_record.lua: fenced compare-and-set)
     for each old shard o (in order, from the record's count of moved shards):
+        renew the lease
         seal o                                            (reshard_seal.lua: '<prefix o>moved' = sealed)
         copy every key of o to its new shard              (DUMP, then reshard_restore.lua: RESTORE)
             an owner's keys (a task's, a pool's, ...) go whole to the owner's new shard
@@ -13,7 +18,28 @@ old shard at a time, while its workers keep claiming and committing::
             goes to each new shard, its counters to new shard o
         mark o moved, delete its keys                     (reshard_drop.lua)
         record 'slots n target o+1'                       (clients now route o's owners anew)
-    record 'slots target'
+    record 'slots target', give the lease back
+
+The fenced mover. A reshard is a job like any other this library fences: its lease (in the
+record's slot: token, holder, expiry on the server's clock, generation) is taken before anything
+is written and renewed as it goes (``LEASE_MS``). A second reshard while the lease is live is
+refused (``ConfigConflict`` naming the holder and when its lease ends) and copies nothing. Once
+the lease lapsed (the holder was killed, or is frozen), a new reshard takes it: a new generation,
+written into the fence of every slot it will write (the record's, and each old and new shard's
+not counted moved yet) before it writes anything else. Every reshard script refuses, writing
+nothing, when its slot's fence holds another generation, and a fence never goes back: a mover
+that was stalled (after its DUMP, say) and wakes after a newer one moved the shard, and workers
+committed into the new shard, cannot write its stale copy there, nor seal, drop or record; it
+stops with ``ConfigConflict`` ("fenced out"). The old shard is sealed from its seal to its drop,
+so whichever mover copies it copies the same data, and its new shards are written by the mover
+alone until the record counts it: a mover that takes over copies the whole old shard again. The
+fences stay (one small key per shard's slot), so a mover woken any time later stays out.
+
+Every key of the old shard moves, whatever else writes to its slot: on a Cluster the shard's slot
+is also a live new shard's (and other namespaces'), so the slot is listed until a listing returns
+fewer keys than it asked for (complete), and listed again after the drop until nothing of the
+old shard is left. A shard found ``moved`` (a reshard stopped after its first delete batch: every
+copy was made before it) has what is left of it deleted, and counted in the report.
 
 What a worker sees while its task moves: every script of a sealed shard refuses
 (``_moved.lua``) and every plain read of it finds the seal (``_ops/relocation.py``); the driver
@@ -24,11 +50,16 @@ and the task's write ring (``applied``) moved with it, so a write whose reply wa
 seal is recognised at the new place, and nothing is applied twice. The task's fence (revision,
 token, lease expiry in server ms) moves inside its checkpoint hash, unchanged. A worker's call
 is paused for about as long as its old shard takes to copy (``ReshardReport.worst_pause_ms``);
-no call fails because of it unless a seal outlives ``SEALED_WAIT_S`` (a reshard that stopped
-half-way: running it again with the same count finishes it, from the shard it stopped at).
+no call fails because of it unless a seal outlives ``SEALED_WAIT_S``: the error then says whether
+a live reshard holds the namespace and when its lease ends, or that the one that sealed it
+stopped (running the reshard again with the same count takes it over and finishes it, from the
+shard it stopped at).
 
 Nothing here does I/O; ``reshard`` is an op like any other, driven without relocation (it reads
-sealed shards on purpose).
+sealed shards on purpose). Every reshard script is safe to re-send (a lost reply): a re-sent take
+or renew of the lease is this token's, a claim of a fence this generation's, a seal answers
+'sealed', a copy writes the same values, a drop deletes nothing more, and a record that already
+says what the step writes was written by this mover (only it writes while the fence is its).
 """
 
 from __future__ import annotations
