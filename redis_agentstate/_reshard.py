@@ -340,7 +340,7 @@ def _probe(keys: Keys, hold: _Holder, cluster: bool) -> Op[None]:
     expires = int(now[0]) * 1000 + int(now[1]) // 1000 + 1000
     probe = record.removesuffix("layout") + "reshard-probe"
     written = yield Call(S.RESHARD_RESTORE, [hold.fence, probe], [hold.gen, "r", 2, expires, payload])
-    if int(written) < 0:
+    if _text(written) == "fenced":
         raise hold.fenced_out("another generation holds the layout record")
 
 
@@ -415,7 +415,7 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder
         for i in range(0, len(dropped), _BATCH_KEYS):
             yield from hold.renew(every=LEASE_MS / 3000)
             gone = yield Call(S.RESHARD_DROP, [fence, seal, *dropped[i : i + _BATCH_KEYS]], [hold.gen, due])
-            if int(gone) < 0:
+            if _text(gone) == "fenced":
                 raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
         done += len(dropped)
         if not cluster:
@@ -492,5 +492,5 @@ def _copy(mover: _Mover, plan: list[Any], dropped: list[bytes], hold: _Holder) -
 def _restore(child: bytes, call_keys: list[bytes], args: list[Any], hold: _Holder) -> Op[None]:
     yield from hold.renew(every=LEASE_MS / 3000)
     written = yield Call(S.RESHARD_RESTORE, [child + b"fence", *call_keys], [hold.gen, *args])
-    if int(written) < 0:
+    if _text(written) == "fenced":
         raise hold.fenced_out(f"another generation holds {child.decode()!r}")

@@ -7,10 +7,10 @@
 --   ARGV[2]    - the old shard's due channel (<old shard prefix>due): a message on it wakes the
 --                blocked claim_next callers subscribed to it, which then find the seal and
 --                follow the layout to the new shards' channels
--- Returns the number of keys deleted (a re-sent batch deletes nothing more), or -1 (nothing
+-- Returns the number of keys deleted (a re-sent batch deletes nothing more), or 'fenced' (nothing
 -- written) when the fence holds another mover's generation.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
+  return 'fenced'
 end
 redis.call('SET', KEYS[2], 'moved')
 local dropped = 0

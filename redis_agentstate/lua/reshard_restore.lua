@@ -10,13 +10,13 @@
 --                how 'r': RESTORE; values: <absolute expiry ms, 0 for none> <DUMP payload>
 --                how 'z': a split index; values: <score> <member> ... (ZADD, the members of
 --                         this new shard)
--- Returns the number of keys written (a key whose expiry passed meanwhile is not), or -1 (nothing
+-- Returns the number of keys written (a key whose expiry passed meanwhile is not), or 'fenced' (nothing
 -- written) when the fence holds another mover's generation: a mover stalled with a stale copy,
 -- and woken after a newer one moved the shard and workers wrote to it, never writes it back.
 -- The expiry is absolute and turned into a TTL here, on the server's clock (RESTORE's ABSTTL
 -- is not on every server this library runs against).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
+  return 'fenced'
 end
 local now = server_now_ms()
 local written = 0
