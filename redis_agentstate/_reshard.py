@@ -3,8 +3,13 @@
 A namespace of ``n`` shards grows to ``target`` (a multiple of ``n``, up to ``MAX_SHARDS``), one
 old shard at a time, while its workers keep claiming and committing::
 
-    record 'slots n'  ->  'slots n target 0'              (reshard_record.lua: compare-and-set)
+    check the arguments, read the record (a namespace without one and without data: refused)
+    take the lease                                        (reshard_lease.lua: a new generation g)
+    read the record again; claim every slot left to write  (reshard_fence.lua: '<prefix>fence' = g)
+        each old shard o not moved yet, and each of its new shards
+    record 'slots n'  ->  'slots n target 0'              (reshard_record.lua: fenced compare-and-set)
     for each old shard o (in order, from the record's count of moved shards):
+        renew the lease
         seal o                                            (reshard_seal.lua: '<prefix o>moved' = sealed)
         copy every key of o to its new shard              (DUMP, then reshard_restore.lua: RESTORE)
             an owner's keys (a task's, a pool's, ...) go whole to the owner's new shard
@@ -13,7 +18,28 @@ old shard at a time, while its workers keep claiming and committing::
             goes to each new shard, its counters to new shard o
         mark o moved, delete its keys                     (reshard_drop.lua)
         record 'slots n target o+1'                       (clients now route o's owners anew)
-    record 'slots target'
+    record 'slots target', give the lease back
+
+The fenced mover. A reshard is a job like any other this library fences: its lease (in the
+record's slot: token, holder, expiry on the server's clock, generation) is taken before anything
+is written and renewed as it goes (``LEASE_MS``). A second reshard while the lease is live is
+refused (``ConfigConflict`` naming the holder and when its lease ends) and copies nothing. Once
+the lease lapsed (the holder was killed, or is frozen), a new reshard takes it: a new generation,
+written into the fence of every slot it will write (the record's, and each old and new shard's
+not counted moved yet) before it writes anything else. Every reshard script refuses, writing
+nothing, when its slot's fence holds another generation, and a fence never goes back: a mover
+that was stalled (after its DUMP, say) and wakes after a newer one moved the shard, and workers
+committed into the new shard, cannot write its stale copy there, nor seal, drop or record; it
+stops with ``ConfigConflict`` ("fenced out"). The old shard is sealed from its seal to its drop,
+so whichever mover copies it copies the same data, and its new shards are written by the mover
+alone until the record counts it: a mover that takes over copies the whole old shard again. The
+fences stay (one small key per shard's slot), so a mover woken any time later stays out.
+
+Every key of the old shard moves, whatever else writes to its slot: on a Cluster the shard's slot
+is also a live new shard's (and other namespaces'), so the slot is listed until a listing returns
+fewer keys than it asked for (complete), and listed again after the drop until nothing of the
+old shard is left. A shard found ``moved`` (a reshard stopped after its first delete batch: every
+copy was made before it) has what is left of it deleted, and counted in the report.
 
 What a worker sees while its task moves: every script of a sealed shard refuses
 (``_moved.lua``) and every plain read of it finds the seal (``_ops/relocation.py``); the driver
@@ -24,16 +50,25 @@ and the task's write ring (``applied``) moved with it, so a write whose reply wa
 seal is recognised at the new place, and nothing is applied twice. The task's fence (revision,
 token, lease expiry in server ms) moves inside its checkpoint hash, unchanged. A worker's call
 is paused for about as long as its old shard takes to copy (``ReshardReport.worst_pause_ms``);
-no call fails because of it unless a seal outlives ``SEALED_WAIT_S`` (a reshard that stopped
-half-way: running it again with the same count finishes it, from the shard it stopped at).
+no call fails because of it unless a seal outlives ``SEALED_WAIT_S``: the error then says whether
+a live reshard holds the namespace and when its lease ends, or that the one that sealed it
+stopped (running the reshard again with the same count takes it over and finishes it, from the
+shard it stopped at).
 
 Nothing here does I/O; ``reshard`` is an op like any other, driven without relocation (it reads
-sealed shards on purpose).
+sealed shards on purpose). Every reshard script is safe to re-send (a lost reply): a re-sent take
+or renew of the lease is this token's, a claim of a fence this generation's, a seal answers
+'sealed', a copy writes the same values, a drop deletes nothing more, and a record that already
+says what the step writes was written by this mover (only it writes while the fence is its).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +78,18 @@ from . import scripts as S
 from ._ops import Call, Command, Op, Pipe
 from ._ops.layout import parse_layout
 from .errors import ConfigConflict, InvalidArgument
-from .keys import KEY_TYPES, LAYOUT_SLOTS, MAX_SHARDS, RUN_KINDS, Keys, check_shards, key_slot, live_prefixes
+from .keys import (
+    DEFAULT_SHARDS,
+    KEY_TYPES,
+    LAYOUT_LEGACY,
+    LAYOUT_SLOTS,
+    MAX_SHARDS,
+    RUN_KINDS,
+    Keys,
+    check_shards,
+    key_slot,
+    live_prefixes,
+)
 
 __all__ = ["ReshardReport", "reshard"]
 
@@ -54,6 +100,10 @@ _BATCH_KEYS = 256
 _BATCH_BYTES = 4 << 20
 #: Keys a SCAN call walks (a single server; a Cluster lists the shard's slot instead).
 _SCAN_COUNT = 1_000
+#: How long a reshard's lease lasts unless renewed (server ms); it is renewed before each old shard
+#: and every third of this while one is copied. Shorter than ``SEALED_WAIT_S``: a reshard that died
+#: can be taken over before the workers waiting on its seal give up.
+LEASE_MS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,54 +162,169 @@ class _Mover:
         return self.new[self.o]
 
 
+class _Holder:
+    """This reshard's hold on the namespace: its lease (token, holder, generation) and when it was last
+    renewed; every write it makes carries its generation, which the slot's fence must hold."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.namespace = keys.namespace
+        record = keys.layout_key()
+        self.record = record
+        self.lease = record.removesuffix("layout") + "reshard"
+        self.fence = record.removesuffix("layout") + "fence"
+        self.token = uuid.uuid4().hex
+        self.holder = f"{socket.gethostname()} pid {os.getpid()}"
+        self.gen = 0
+        self.renewed = 0.0
+
+    def take(self) -> Op[None]:
+        """The lease, or ``ConfigConflict`` naming the live holder and when its lease ends."""
+        granted, gen, holder, expires, now = yield Call(
+            S.RESHARD_LEASE, [self.lease, self.fence], ["take", self.token, self.holder, LEASE_MS]
+        )
+        if not int(granted):
+            raise ConfigConflict(
+                f"namespace {self.namespace!r} is being resharded by {_text(holder)} (generation {int(gen)}), "
+                f"whose lease runs {(int(expires) - int(now)) / 1000:.1f} s more (to server time {int(expires)} ms): "
+                "nothing was written; wait for it to finish, or, should it have stopped, run this again once "
+                "its lease lapsed: that reshard takes it over and finishes it",
+                key=self.lease,
+            )
+        self.gen = int(gen)
+        self.renewed = time.monotonic()
+
+    def renew(self, *, every: float | None = None) -> Op[None]:
+        """Extend the lease (when ``every`` seconds passed since the last renewal, if given)."""
+        if every is not None and time.monotonic() - self.renewed < every:
+            return
+        granted, gen, holder, _, _ = yield Call(
+            S.RESHARD_LEASE, [self.lease, self.fence], ["renew", self.token, self.holder, LEASE_MS]
+        )
+        if not int(granted):
+            raise self.fenced_out(f"its lease was taken over by {_text(holder)} (generation {int(gen)})")
+        self.renewed = time.monotonic()
+
+    def release(self) -> Op[None]:
+        yield Call(S.RESHARD_LEASE, [self.lease, self.fence], ["release", self.token, self.holder, LEASE_MS])
+
+    def claim(self, prefix: bytes) -> Op[None]:
+        """Write this generation into the fence of ``prefix``'s slot (refused when a newer one is there)."""
+        stored = yield Call(S.RESHARD_FENCE, [prefix + b"fence"], [self.gen])
+        if int(stored) != self.gen:
+            raise self.fenced_out(f"generation {int(stored)} claimed {prefix.decode()!r}")
+
+    def fenced_out(self, why: str) -> ConfigConflict:
+        return ConfigConflict(
+            f"this reshard of namespace {self.namespace!r} (generation {self.gen}) was fenced out: {why}; "
+            "it wrote nothing after that, and the newer reshard finishes the move",
+            key=self.lease,
+        )
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
 def reshard(
     keys: Keys, target: int, *, cluster: bool, progress: Callable[[int, int], None] | None = None
 ) -> Op[ReshardReport]:
     """Grow ``keys.namespace`` to ``target`` shards (see the module docstring). ``keys`` is the
-    caller's, configured by the record as it stands (it is reconfigured as shards move);
+    caller's, unresolved (configured here by the record as it stands, and as shards move);
     ``cluster``: list a shard's keys by slot (``CLUSTER GETKEYSINSLOT``) rather than ``SCAN``;
-    ``progress(moved, of)`` after each old shard."""
+    ``progress(moved, of)`` after each old shard. Every argument is checked, and the namespace is
+    found, before anything is written."""
     started = time.monotonic()
+    check_shards(target)
+    if progress is not None and not callable(progress):
+        raise InvalidArgument(f"progress must be a callable (moved, of) or None, got {progress!r}")
     record_key = keys.layout_key()
     (raw,) = yield Pipe([("GET", record_key)])
     if raw is None:
-        raise InvalidArgument(f"namespace {keys.namespace!r} has no layout record: nothing to reshard")
+        found = yield Pipe([("EXISTS", *indexes) for indexes in keys.legacy_indexes()])
+        if not any(int(n) for n in found):
+            raise InvalidArgument(
+                f"namespace {keys.namespace!r} does not exist (no layout record {record_key!r}, no data): "
+                "nothing to reshard, nothing was written; is the name right?"
+            )
+        raw = yield Call(S.LAYOUT_INIT, [record_key], [f"{LAYOUT_LEGACY} {DEFAULT_SHARDS}"])
     layout, n, to, moved = parse_layout(raw, record_key)
+    keys.configure(n, layout, to, moved)
     if not to:
         target = check_target(n, target)
         if target == n:
-            keys.configure(n, layout)
             return ReshardReport(keys.namespace, n, n, 0, 0, time.monotonic() - started, 0.0)
-        yield from _probe(keys, cluster)
-        yield from _record(record_key, f"{layout} {n}", f"{layout} {n} {target} 0")
-        to, moved = target, 0
-    elif to != check_shards(target):
+    elif to != target:
         raise ConfigConflict(
             f"namespace {keys.namespace!r} is being resharded from {n} to {to} shards ({moved} of {n} moved): "
             f"finish that (reshard to {to}) before another",
             key=record_key,
         )
+    hold = _Holder(keys)
+    yield from hold.take()
+    try:
+        return (yield from _fenced(keys, hold, target, cluster, progress, started))
+    except GeneratorExit:
+        raise
+    except BaseException:
+        # This mover writes nothing more: the next reshard need not wait for its lease to lapse.
+        with contextlib.suppress(Exception):  # the error that stopped it is the one to report
+            yield from hold.release()
+        raise
+
+
+def _fenced(
+    keys: Keys, hold: _Holder, target: int, cluster: bool, progress: Callable[[int, int], None] | None, started: float
+) -> Op[ReshardReport]:
+    """The reshard once ``hold`` has the lease: the record read again (it may have moved on while
+    the lease was taken), every slot left to write claimed, then the shards moved."""
+    record_key = hold.record
+    (raw,) = yield Pipe([("GET", record_key)])
+    layout, n, to, moved = parse_layout(raw, record_key)
+    keys.configure(n, layout, to, moved)
+    if not to:
+        target = check_target(n, target)
+        if target == n:  # another reshard finished it meanwhile
+            yield from hold.release()
+            return ReshardReport(keys.namespace, n, n, 0, 0, time.monotonic() - started, 0.0)
+    elif to != target:
+        raise ConfigConflict(
+            f"namespace {keys.namespace!r} is being resharded to {to} shards, not {target}", key=record_key
+        )
+    else:
+        target = to
     old_prefixes = live_prefixes(keys.namespace, n, layout)
-    new_all = live_prefixes(keys.namespace, to, LAYOUT_SLOTS)
+    new_all = live_prefixes(keys.namespace, target, LAYOUT_SLOTS)
+    # Before anything moves, this generation takes every slot it may write: a mover it took over
+    # from (stalled, not dead) is refused from here on, wherever it was.
+    for o in range(moved, n):
+        yield from hold.claim(old_prefixes[o].encode())
+        for j in range(target // n):
+            yield from hold.claim(new_all[o + j * n].encode())
+    yield from _probe(keys, hold, cluster)
+    if not to:
+        yield from _record(hold, f"{layout} {n}", f"{layout} {n} {target} 0")
+        to = target
     copied, pauses, unknown, first = 0, [0.0], 0, moved
     for o in range(moved, n):
+        yield from hold.renew()
         keys.configure(n, layout, to, o)
         children = [new_all[o + j * n] for j in range(to // n)]
         sealed_at = time.monotonic()
         mover = _Mover(old_prefixes[o], new_all, o)
-        got, strange = yield from _move_shard(mover, children, cluster)
+        got, strange = yield from _move_shard(mover, children, cluster, hold)
         copied += got
         unknown += strange
-        yield from _record(record_key, f"{layout} {n} {to} {o}", f"{layout} {n} {to} {o + 1}")
+        yield from _record(hold, f"{layout} {n} {to} {o}", f"{layout} {n} {to} {o + 1}")
         pauses.append((time.monotonic() - sealed_at) * 1000)
         if progress is not None:
             progress(o + 1, n)
-    yield from _record(record_key, f"{layout} {n} {to} {n}", f"{LAYOUT_SLOTS} {to}")
+    yield from _record(hold, f"{layout} {n} {to} {n}", f"{LAYOUT_SLOTS} {to}")
+    yield from hold.release()
     keys.configure(to, LAYOUT_SLOTS)
     return ReshardReport(keys.namespace, n, to, n - first, copied, time.monotonic() - started, max(pauses), unknown)
 
 
-def _probe(keys: Keys, cluster: bool) -> Op[None]:
+def _probe(keys: Keys, hold: _Holder, cluster: bool) -> Op[None]:
     """Every command a reshard sends, tried before the first seal, so that a client not allowed them
     (an ACL without ``RESHARD_COMMANDS``, see docs/operations.md) fails with nothing sealed: a read of
     the keyspace, a DUMP and PTTL of the record, and a RESTORE of it to a probe key beside it that
@@ -173,31 +338,41 @@ def _probe(keys: Keys, cluster: bool) -> Op[None]:
     payload, _ = yield Pipe([("DUMP", record), ("PTTL", record)])
     (now,) = yield Pipe([("TIME",)])
     expires = int(now[0]) * 1000 + int(now[1]) // 1000 + 1000
-    yield Call(S.RESHARD_RESTORE, [record.removesuffix("layout") + "reshard-probe"], ["r", 2, expires, payload])
+    probe = record.removesuffix("layout") + "reshard-probe"
+    written = yield Call(S.RESHARD_RESTORE, [hold.fence, probe], [hold.gen, "r", 2, expires, payload])
+    if _text(written) == "fenced":
+        raise hold.fenced_out("another generation holds the layout record")
 
 
-def _record(key: str, expect: str, write: str) -> Op[None]:
-    stored = yield Call(S.RESHARD_RECORD, [key], [expect, write])
-    text = stored.decode() if isinstance(stored, bytes) else str(stored)
-    if text != write:
+def _record(hold: _Holder, expect: str, write: str) -> Op[None]:
+    status, stored = yield Call(S.RESHARD_RECORD, [hold.record, hold.fence], [hold.gen, expect, write])
+    if _text(status) == "fenced":
+        raise hold.fenced_out(f"another generation holds the layout record, which says {_text(stored)!r}")
+    if _text(status) != "ok":
         raise ConfigConflict(
-            f"layout record {key!r} holds {text!r}, not {expect!r}: another reshard of the namespace is running",
-            key=key,
+            f"layout record {hold.record!r} holds {_text(stored)!r}, not {expect!r}: nothing was written",
+            key=hold.record,
         )
 
 
 def _shard_keys(mover: _Mover, cluster: bool) -> Op[list[bytes]]:
-    """Every key of the old shard (it is sealed: no key appears in it any more)."""
+    """Every key of the old shard (it is sealed: no key appears in it any more). On a Cluster the
+    slot is listed whole: other keys of the slot (a live new shard's, other namespaces') come and
+    go meanwhile, so a listing counts only when it returned fewer keys than it asked for."""
     prefix = mover.old
     found: list[bytes] = []
     if cluster:
         tag = prefix[prefix.index(b"{") + 1 : prefix.index(b"}")]
         slot = key_slot(tag)
-        count = yield Command(["CLUSTER COUNTKEYSINSLOT", slot])
-        if int(count):
-            got = yield Command(["CLUSTER GETKEYSINSLOT", slot, int(count)])
-            # redis-py's cluster client decodes this reply (keys are UTF-8: the ids are)
-            found = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in got]
+        count = int((yield Command(["CLUSTER COUNTKEYSINSLOT", slot])))
+        ask = 2 * count + 128
+        while True:
+            got = yield Command(["CLUSTER GETKEYSINSLOT", slot, ask])
+            if len(got) < ask:
+                break
+            ask *= 2  # the slot grew past the window: list again, wider
+        # redis-py's cluster client decodes this reply (keys are UTF-8: the ids are)
+        found = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in got]
     else:
         cursor: Any = 0
         pattern = prefix + b"*"  # the namespace and the tag hold no glob characters
@@ -216,13 +391,40 @@ def _pairs(reply: Any) -> list[tuple[bytes, Any]]:
     return [(bytes(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)]
 
 
-def _move_shard(mover: _Mover, children: list[str], cluster: bool) -> Op[tuple[int, int]]:
-    """Seal, copy and drop one old shard; ``(keys copied, unknown keys left)``."""
+def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder) -> Op[tuple[int, int]]:
+    """Seal, copy and drop one old shard; ``(keys copied or deleted, unknown keys left)``.
+
+    Listed again after each drop until a listing finds nothing of the shard to move: on a Cluster
+    that is the check that no key was missed. A shard found 'moved' (a reshard stopped after it
+    began the drop, so every copy was made) has what is left of it deleted."""
     seal = mover.old + b"moved"
-    state = yield Call(S.RESHARD_SEAL, [seal], [])
-    if state in (b"moved", "moved"):
-        return 0, 0  # copied and dropped by a reshard that stopped before counting it
-    every = yield from _shard_keys(mover, cluster)
+    fence = mover.old + b"fence"
+    state = _text((yield Call(S.RESHARD_SEAL, [fence, seal], [hold.gen])))
+    if state == "fenced":
+        raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
+    copy = state != "moved"
+    done, unknown = 0, 0
+    while True:
+        every = yield from _shard_keys(mover, cluster)
+        dropped, unknown, writes = _plan(mover, children, every)
+        if not dropped:
+            return done, unknown
+        if copy:
+            yield from _copy(mover, writes, dropped, hold)
+        due = mover.old + b"due"
+        for i in range(0, len(dropped), _BATCH_KEYS):
+            yield from hold.renew(every=LEASE_MS / 3000)
+            gone = yield Call(S.RESHARD_DROP, [fence, seal, *dropped[i : i + _BATCH_KEYS]], [hold.gen, due])
+            if _text(gone) == "fenced":
+                raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
+        done += len(dropped)
+        if not cluster:
+            return done, unknown  # SCAN lists every key present throughout, and the shard is sealed
+
+
+def _plan(mover: _Mover, children: list[str], every: list[bytes]) -> tuple[list[bytes], int, list[Any]]:
+    """What to do with the old shard's keys ``every``: the keys to drop once copied, how many are not
+    ours, and the copies (``(old, new)`` whole, ``(old index, kind)`` split, epoch counters)."""
     whole: list[tuple[bytes, bytes]] = []  # (old key, new key) copied with DUMP/RESTORE
     split: list[tuple[bytes, bytes]] = []  # (old index, its kind) split by member
     gens: list[bytes] = []  # the epoch counter: one copy per new shard (epochs never repeat)
@@ -231,8 +433,8 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool) -> Op[tuple[i
         rest = key[len(mover.old) :]
         kind = rest.partition(b":")[0].decode("utf-8", "replace")
         owner = _owner(rest)
-        if rest == b"moved":
-            continue
+        if rest in (b"moved", b"fence"):
+            continue  # the shard's own bookkeeping: kept
         if kind not in KEY_TYPES or (owner is None and kind not in _INDEXES | {"gen", "counters", "limits"}):
             unknown += 1  # not ours to move (nor to delete)
         elif owner is None and kind in _INDEXES:
@@ -245,6 +447,12 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool) -> Op[tuple[i
             whole.append((key, mover.child(owner) + rest))
     dropped = [old for old, _ in whole] + [old for old, _ in split] + gens
     whole += [(key, child.encode() + b"gen") for key in gens for child in children]
+    return dropped, unknown, [whole, split]
+
+
+def _copy(mover: _Mover, plan: list[Any], dropped: list[bytes], hold: _Holder) -> Op[None]:
+    """Write the copies ``plan`` (``_plan``) to the new shards, each call fenced by its slot."""
+    whole, split = plan
     writes: dict[bytes, list[tuple[bytes, list[Any]]]] = {}  # new shard prefix -> (new key, its ARGV)
     for i in range(0, len(whole), _BATCH_KEYS):
         batch = whole[i : i + _BATCH_KEYS]
@@ -267,19 +475,22 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool) -> Op[tuple[i
             by_child.setdefault(mover.child(owner), []).extend((repr(float(score)), member))
         for child, pairs in by_child.items():
             writes.setdefault(child, []).append((child + rest, ["z", len(pairs), *pairs]))
-    for _child, entries in sorted(writes.items()):
+    for child, entries in sorted(writes.items()):
         call_keys: list[bytes] = []
         args: list[Any] = []
         size = 0
         for new, part in entries:
             if call_keys and (len(call_keys) >= _BATCH_KEYS or size > _BATCH_BYTES):
-                yield Call(S.RESHARD_RESTORE, call_keys, args)
+                yield from _restore(child, call_keys, args, hold)
                 call_keys, args, size = [], [], 0
             call_keys.append(new)
             args += part
             size += sum(len(a) for a in part if isinstance(a, bytes))
-        yield Call(S.RESHARD_RESTORE, call_keys, args)
-    due = mover.old + b"due"
-    for i in range(0, max(1, len(dropped)), _BATCH_KEYS):
-        yield Call(S.RESHARD_DROP, [seal, *dropped[i : i + _BATCH_KEYS]], [due])
-    return len(dropped), unknown
+        yield from _restore(child, call_keys, args, hold)
+
+
+def _restore(child: bytes, call_keys: list[bytes], args: list[Any], hold: _Holder) -> Op[None]:
+    yield from hold.renew(every=LEASE_MS / 3000)
+    written = yield Call(S.RESHARD_RESTORE, [child + b"fence", *call_keys], [hold.gen, *args])
+    if _text(written) == "fenced":
+        raise hold.fenced_out(f"another generation holds {child.decode()!r}")

@@ -99,6 +99,10 @@ Resharding. A live namespace grows from ``n`` shards to a multiple ``target`` of
     ns:{ns#layout}:layout         string "<layout> <n> <target> <k>": the first k old shards moved
     ns:{ns#SS}:moved              string the seal of an old shard: "sealed" while it is copied,
                                   "moved" after (kept: a client of the old layout learns from it)
+    ns:{ns#SS}:fence              string the generation of the reshard that may write the shard's
+                                  slot (old and new shards; kept: a stalled mover stays fenced out)
+    ns:{ns#layout}:reshard        hash   the reshard's lease: token, holder, expires, gen
+    ns:{ns#layout}:fence          string the generation that may write the layout record
 
 An owner (a task, pool, KV key, thread, concurrency key) whose old shard ``crc32 % n`` is below
 ``k`` lives in new shard ``crc32 % target``, the others where they were: ``Keys.configure`` with
@@ -174,7 +178,7 @@ KEY_TYPES = {
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
     "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
-    "moved": "string",
+    "moved": "string", "fence": "string", "reshard": "hash",
 }  # fmt: skip
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel", "lgrq", "lgrh"}
 #: Kinds whose id is ``<thread_id>\0<run_id>``: owned by the thread (they move with it in a reshard).

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from flows import ids_on_every_shard
+from redis.exceptions import ConnectionError as ConnectionError_
 
 from redis_agentstate import (
     AsyncCheckpointStore,
@@ -34,8 +35,8 @@ from redis_agentstate import (
     PoolStore,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate._ops import relocation
-from redis_agentstate.keys import Keys
+from redis_agentstate._ops import Command, relocation
+from redis_agentstate.keys import Keys, key_slot
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
 
 
@@ -108,10 +109,10 @@ class TestReshard:
         new = Keys(namespace, 16)
         assert all(raw.exists(new.task(t).checkpoint) for t in tids)
         assert 599_000 - 5_000 < raw.pttl(new.kv("short-lived")) <= ttl_before
-        # Nothing is left under the old tags but their seals.
+        # Nothing is left under the old tags but their seals and fences (a stalled mover stays out).
         old = {p for p in Keys(namespace, 4)._shard_prefixes}
         left = [k for k in _ns_keys(raw, namespace) if any(k.decode().startswith(p) for p in old)]
-        assert sorted(left) == sorted(p.encode() + b"moved" for p in old)
+        assert sorted(left) == sorted(p.encode() + end for p in old for end in (b"fence", b"moved"))
         moved = store.load(held.task_id)
         assert moved is not None and (moved.claim_token, moved.lease_expires_at_ms) == ("w1", held.lease_expires_at_ms)
 
@@ -385,6 +386,351 @@ class TestCli:
         assert "has 8 shards already" in capsys.readouterr().out
         assert cli_mod.main(["reshard", *target, "--namespace", namespace, "--shards", "12"]) == 1
         assert "multiple of 8" in capsys.readouterr().err
+        # A typo'd namespace: refused, exit 1, and no key of it is created.
+        typo = namespace + "-typo"
+        assert cli_mod.main(["reshard", *target, "--namespace", typo, "--shards", "128"]) == 1
+        assert "does not exist" in capsys.readouterr().err
+        assert _ns_keys(backend.sync_client(), typo) == []
         assert sorted(CheckpointStore(backend.sync_client(), namespace=namespace).list()) == sorted(
             f"c{i}" for i in range(30)
         )
+
+
+# ---- the fenced mover (issue 38: items 1, 2, 7, 8) ------------------------------------------
+
+
+def _watched(
+    op: Any, before: Callable[[Any], None] | None = None, after: Callable[[Any, Any], None] | None = None
+) -> Any:
+    """``op`` with ``before(request)`` run before each request is sent and ``after(request, reply)``
+    once its reply came: a deterministic place between two of the reshard's sans-I/O steps."""
+    try:
+        req = next(op)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        if before is not None:
+            before(req)
+        try:
+            reply = yield req
+        except BaseException as exc:  # the driver's error, thrown into the op as the driver would
+            try:
+                req = op.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        if after is not None:
+            after(req, reply)
+        try:
+            req = op.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _hooked_reshard(store: Any, target: int, **hooks: Any) -> Any:
+    from redis_agentstate._reshard import reshard
+
+    return store._reshard(lambda keys, cluster: _watched(reshard(keys, target, cluster=cluster), **hooks))
+
+
+def _script(req: Any) -> str | None:
+    return getattr(req, "script", None)
+
+
+def _is_probe(req: Any) -> bool:
+    return any(b"reshard-probe" in (k if isinstance(k, bytes) else str(k).encode()) for k in req.keys)
+
+
+def _lease_key(namespace: str) -> str:
+    return f"{namespace}:{{{namespace}#layout}}:reshard"
+
+
+def _snapshot(raw: Any, namespace: str) -> dict[bytes, Any]:
+    return {k: raw.dump(k) for k in _ns_keys(raw, namespace)}
+
+
+def _old_leftovers(raw: Any, namespace: str, shards: int) -> list[bytes]:
+    """Keys under an old layout's tags other than their seals and fences."""
+    old = [p.encode() for p in Keys(namespace, shards)._shard_prefixes]
+    return [
+        k
+        for k in _ns_keys(raw, namespace)
+        if any(k.startswith(p) for p in old) and not k.endswith((b"}:moved", b"}:fence"))
+    ]
+
+
+@pytest.mark.usefixtures("backend")
+class TestFencedMover:
+    """A second reshard, or one stalled and woken after another finished, never writes (item 1); a
+    rerun finishes a begun drop (item 7); bad arguments and unknown namespaces write nothing (item 8)."""
+
+    def _tasks(self, make: Callable[..., Any], shards: int = 4) -> tuple[Any, list[str]]:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=shards)
+        tids = ids_on_every_shard(Keys("x", 16), per_shard=2, prefix="task")
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        return store, tids
+
+    def test_a_stalled_mover_woken_after_another_finished_writes_nothing(
+        self, make: Callable[..., Any], raw: Any, namespace: str, backend: Any
+    ) -> None:
+        store, tids = self._tasks(make)
+        victim = next(t for t in tids if Keys(namespace, 4).shard_of(t) == 0)
+        seen: dict[str, Any] = {}
+
+        def stall(req: Any) -> None:
+            # B sealed and read (DUMP) old shard 0 and is about to write its copy: it stalls here.
+            if _script(req) == "reshard_restore" and not _is_probe(req) and "committed" not in seen:
+                raw.hset(_lease_key(namespace), "expires", 0)  # its lease lapses while it is stalled
+                # (the other actors are sync stores: the hook runs inside an async store's loop)
+                assert CheckpointStore(backend.sync_client(), namespace=namespace).reshard(16).to_shards == 16
+                worker = CheckpointStore(backend.sync_client(), namespace=namespace)
+                cp = worker.claim(victim, 1, token="w", lease_ms=60_000)
+                assert cp is not None
+                msg = {"role": "assistant", "content": "after the move"}
+                done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                assert worker.commit(done, token="w", expected_revision=cp.revision) is True
+                seen["committed"] = worker.load(victim)
+                seen["snapshot"] = _snapshot(raw, namespace)
+
+        with pytest.raises(ConfigConflict):
+            _hooked_reshard(store, 16, before=stall)
+        after = make(CheckpointStore, AsyncCheckpointStore).load(victim)
+        assert after == seen["committed"] and after is not None and after.cycle_index == 1, after
+        assert _snapshot(raw, namespace) == seen["snapshot"]  # the stalled mover wrote nothing at all
+        assert _record(raw, namespace) == b"slots 16" and not _old_leftovers(raw, namespace, 4)
+
+    def test_a_second_reshard_while_the_first_holds_its_lease_copies_nothing(
+        self, make: Callable[..., Any], raw: Any, namespace: str, backend: Any
+    ) -> None:
+        store, tids = self._tasks(make)
+        refused: list[str] = []
+
+        def second(req: Any) -> None:
+            if _script(req) == "reshard_seal" and not refused:
+                before = _snapshot(raw, namespace)
+                with pytest.raises(ConfigConflict, match=r"being resharded by .* lease runs [0-9.]+ s more") as info:
+                    CheckpointStore(backend.sync_client(), namespace=namespace).reshard(16)
+                refused.append(str(info.value))
+                assert _snapshot(raw, namespace) == before
+
+        report = _hooked_reshard(store, 16, before=second)
+        assert refused and report.moved == 4 and _record(raw, namespace) == b"slots 16"
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert sorted(fresh.list()) == sorted(tids) and all(fresh.load(t) is not None for t in tids)
+        # Its lease was given back when it finished: the next reshard need not wait for it.
+        assert fresh.reshard(32).moved == 16
+
+    def test_a_rerun_finishes_a_drop_that_was_begun(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from redis_agentstate import _reshard
+
+        monkeypatch.setattr(_reshard, "_BATCH_KEYS", 4)
+        store, tids = self._tasks(make)
+        old_keys = len(_old_leftovers(raw, namespace, 4))
+
+        def killed(req: Any, reply: Any) -> None:
+            if _script(req) == "reshard_drop":
+                raise KeyboardInterrupt  # killed right after its first delete batch
+
+        with pytest.raises(KeyboardInterrupt):
+            _hooked_reshard(store, 16, after=killed)
+        left = len(_old_leftovers(raw, namespace, 4))
+        assert 0 < left < old_keys
+        raw.hset(_lease_key(namespace), "expires", 0)  # the killed mover's lease lapsed
+        report = make(CheckpointStore, AsyncCheckpointStore).reshard(16)
+        assert report.moved == 4 and report.keys == old_keys - 4, report  # shard 0's leftovers: deleted, counted
+        assert not _old_leftovers(raw, namespace, 4)
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert sorted(fresh.list()) == sorted(tids) and all(fresh.load(t) is not None for t in tids)
+
+    def test_bad_arguments_are_refused_before_the_first_seal(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        store, _ = self._tasks(make, shards=2)
+        before = _snapshot(raw, namespace)
+        for bad in ({"progress": 1}, {"progress": "print"}, {"progress": object()}):
+            with pytest.raises(InvalidArgument, match="progress"):
+                store.reshard(4, **bad)
+        assert _snapshot(raw, namespace) == before and _record(raw, namespace) == b"slots 2"
+
+    def test_a_namespace_that_never_existed_is_refused_and_gets_no_keys(
+        self, make: Callable[..., Any], raw: Any, namespace: str
+    ) -> None:
+        with pytest.raises(InvalidArgument, match="does not exist"):
+            make(CheckpointStore, AsyncCheckpointStore).reshard(128)
+        assert _ns_keys(raw, namespace) == []
+
+    def test_a_seal_that_outlives_the_wait_says_who_holds_it_and_until_when(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        assert store.create(Checkpoint("t"))
+        keys = Keys(namespace, 4)
+        seal = keys.moved_marker(keys.shard_of("t"))
+        monkeypatch.setattr(relocation, "SEALED_WAIT_S", 0.2)
+        raw.set(seal, "sealed")
+        far = int(raw.time()[0]) * 1000 + 600_000
+        raw.hset(_lease_key(namespace), mapping={"holder": "ops-host pid 7", "expires": far, "gen": 3})
+        with pytest.raises(BackendUnavailable, match=r"ops-host pid 7 \(generation 3\) holds the namespace, its lease"):
+            store.claim("t", 1, token="w", lease_ms=60_000)
+        raw.hset(_lease_key(namespace), "expires", 1)
+        with pytest.raises(BackendUnavailable, match=r"sealed it and stopped, its lease ran out .* takes it over"):
+            store.claim("t", 1, token="w", lease_ms=60_000)
+        raw.delete(seal)
+        assert store.claim("t", 1, token="w", lease_ms=60_000) is not None
+
+
+def _lose_reply_of(name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first call of script ``name`` (any client, sync or async) applies, then its reply is lost:
+    the library's retry sends it again. Returns one entry per call of it."""
+    from redis.commands.core import AsyncScript, Script
+
+    from redis_agentstate import scripts
+
+    text = scripts.script_text(name)
+    calls: list[int] = []
+    for cls in (Script, AsyncScript):
+        original = cls.__call__
+
+        def apply_then_drop(
+            self_: Any, keys: Any = None, args: Any = None, client: Any = None, _o: Any = original
+        ) -> Any:
+            result = _o(self_, keys=keys, args=args, client=client)
+            if self_.script != text:
+                return result
+            calls.append(1)
+            if len(calls) > 1:
+                return result
+            if hasattr(result, "__await__"):
+
+                async def drop() -> Any:
+                    await result
+                    raise ConnectionError_("reply lost (injected)")
+
+                return drop()
+            raise ConnectionError_("reply lost (injected)")
+
+        monkeypatch.setattr(cls, "__call__", apply_then_drop)
+    return calls
+
+
+@pytest.mark.usefixtures("backend")
+class TestReshardResend:
+    """Every reshard script re-sent after its reply was lost: the result is one execution's."""
+
+    @pytest.mark.parametrize(
+        "script",
+        ["reshard_lease", "reshard_fence", "reshard_seal", "reshard_restore", "reshard_drop", "reshard_record"],
+    )
+    def test_a_lost_reply_is_sent_again_to_the_same_end(
+        self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, script: str
+    ) -> None:
+        from redis_agentstate import scripts
+
+        assert set(scripts.RESHARD_SCRIPTS) == {
+            "reshard_lease", "reshard_fence", "reshard_seal", "reshard_restore", "reshard_drop", "reshard_record"
+        }  # fmt: skip
+        store = make(CheckpointStore, AsyncCheckpointStore, shards=4)
+        tids = ids_on_every_shard(Keys("x", 16), per_shard=2, prefix="task")
+        for tid in tids:
+            assert store.create(Checkpoint(tid))
+        held = store.claim_next(token="w", lease_ms=600_000)
+        assert held is not None
+        before = {t: store.load(t) for t in tids}
+        old_keys = len(_old_leftovers(raw, namespace, 4))
+        calls = _lose_reply_of(script, monkeypatch)
+        report = make(CheckpointStore, AsyncCheckpointStore).reshard(16)
+        assert len(calls) >= 2  # lost once, sent again
+        assert (report.moved, report.keys, report.unknown) == (4, old_keys, 0)
+        assert _record(raw, namespace) == b"slots 16" and not _old_leftovers(raw, namespace, 4)
+        fresh = make(CheckpointStore, AsyncCheckpointStore)
+        assert {t: fresh.load(t) for t in tids} == before and sorted(fresh.list()) == sorted(tids)
+        lease = raw.hgetall(_lease_key(namespace))
+        assert (lease[b"gen"], lease[b"expires"]) == (b"1", b"0")  # one generation, given back
+        # The fence moved with the task: its holder commits once, a re-send is recognised.
+        done = dataclasses.replace(held, cycle_index=held.claimed_cycle)
+        assert fresh.commit(done, token="w", expected_revision=held.revision) is True
+        assert fresh.commit(done, token="w", expected_revision=held.revision) is True
+        again = fresh.load(held.task_id)
+        assert again is not None and again.revision == held.revision + 1
+
+
+@pytest.mark.cluster
+class TestClusterListing:
+    """On a Cluster an old shard's slot is shared (a live new shard's, other namespaces'): keys written
+    into it while the mover lists it never hide an old key from the move (item 2)."""
+
+    def test_every_key_moves_while_the_slot_fills_with_others(self, redis_cluster: Any, namespace: str) -> None:
+        from cluster_support import cluster_backend
+
+        b = cluster_backend(redis_cluster)
+        try:
+            raw = b.sync_client()
+            store = CheckpointStore(b.sync_client(), namespace=namespace, shards=4)
+            tids = [f"agent-{i}" for i in range(160)]
+            for tid in tids:
+                assert store.create(Checkpoint(tid))
+            worker = CheckpointStore(b.sync_client(), namespace=namespace)
+            acked: dict[str, int] = dict.fromkeys(tids, 0)
+            for _ in range(40):  # messages and cycles keys too, not only checkpoints
+                cp = worker.claim_next(token="w", lease_ms=60_000)
+                assert cp is not None
+                msg = {"role": "assistant", "content": cp.task_id}
+                done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                assert worker.commit(done, token="w", expected_revision=cp.revision)
+                acked[cp.task_id] += 1
+            old_keys = len(_old_leftovers(raw, namespace, 4))
+            tags = {
+                key_slot(p[p.index("{") + 1 : p.index("}")].encode()): p[p.index("{") + 1 : p.index("}")]
+                for p in Keys(namespace, 4)._shard_prefixes
+            }
+            stop = threading.Event()
+            errors: list[BaseException] = []
+
+            def live_writer() -> None:
+                # Commits into the new shards as they go live (one of them shares each old shard's slot).
+                w = CheckpointStore(b.sync_client(), namespace=namespace)
+                try:
+                    while not stop.is_set():
+                        cp = w.claim_next(token="live", lease_ms=60_000)
+                        if cp is None:
+                            continue
+                        msg = {"role": "assistant", "content": cp.task_id}
+                        done = dataclasses.replace(cp, cycle_index=cp.claimed_cycle, messages=[*cp.messages, msg])
+                        if w.commit(done, token="live", expected_revision=cp.revision):
+                            acked[cp.task_id] += 1
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+
+            flooded = [0]
+
+            def flood(req: Any) -> None:
+                # Between the mover's count and its listing, another namespace writes into the slot.
+                if isinstance(req, Command) and str(req.args[0]).upper() == "CLUSTER GETKEYSINSLOT":
+                    tag = tags.get(int(req.args[1]))
+                    if tag is not None:
+                        pipe = raw.pipeline(transaction=False)
+                        for _ in range(300):
+                            flooded[0] += 1
+                            pipe.set(f"other-{namespace}:{{{tag}}}:junk-{flooded[0]}", b"x")
+                        pipe.execute()
+
+            writer = threading.Thread(target=live_writer, daemon=True)
+            writer.start()
+            report = _hooked_reshard(store, 16, before=flood)
+            stop.set()
+            writer.join(60)
+            assert not errors, errors
+            # (the live writer may add keys to a shard before it is sealed: at least those there before)
+            assert flooded[0] >= 1200 and report.keys >= old_keys, (flooded, report, old_keys)
+            assert not _old_leftovers(raw, namespace, 4)
+            fresh = CheckpointStore(b.sync_client(), namespace=namespace)
+            assert sorted(fresh.list()) == sorted(tids)
+            for tid in tids:
+                cp = fresh.load(tid)
+                assert cp is not None and len(cp.messages) == acked[tid] == cp.cycle_index, (tid, cp, acked[tid])
+        finally:
+            for client in b._sync:
+                client.close()

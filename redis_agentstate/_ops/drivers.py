@@ -18,7 +18,7 @@ from ..errors import AgentStateError
 from .failures import _explain, _translate
 from .layout import refresh_layout
 from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
-from .relocation import Backoff, Relocation, ShardMoved, is_moved
+from .relocation import Backoff, Relocation, ShardMoved, is_moved, sealed_too_long
 from .replicas import ReplicaAck, _learn_async, _learn_sync, _write_calls
 from .requests import Batch, Call, Command, Op, Request, T
 from .retry import NO_RETRY, RetryPolicy
@@ -157,6 +157,8 @@ def _relocate_sync(
     still being copied, the same request after a short wait (``relocation.py``)."""
     run_sync(client, scripts, retry, refresh_layout(moves.keys))
     new = moves.next_request(req)
+    if new is req and backoff.expired():
+        raise run_sync(client, scripts, retry, sealed_too_long(moves.keys, moves.describe(req)))
     if new is req:
         time.sleep(backoff.next(moves.describe(req)))
     return new
@@ -168,6 +170,8 @@ async def _relocate_async(
     """The asyncio twin of :func:`_relocate_sync`."""
     await run_async(client, scripts, retry, refresh_layout(moves.keys))
     new = moves.next_request(req)
+    if new is req and backoff.expired():
+        raise await run_async(client, scripts, retry, sealed_too_long(moves.keys, moves.describe(req)))
     if new is req:
         await asyncio.sleep(backoff.next(moves.describe(req)))
     return new

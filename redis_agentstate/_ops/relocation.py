@@ -33,7 +33,16 @@ from ..keys import Keys
 from .failures import _command_keys, _PipeCommandError, _text, request_keys
 from .requests import Batch, Call, Command, Op, Pipe, Request, T
 
-__all__ = ["MOVED_REPLY", "SEALED_WAIT_S", "Backoff", "Relocation", "ShardMoved", "restart", "restartable"]
+__all__ = [
+    "MOVED_REPLY",
+    "SEALED_WAIT_S",
+    "Backoff",
+    "Relocation",
+    "ShardMoved",
+    "restart",
+    "restartable",
+    "sealed_too_long",
+]
 
 P = ParamSpec("P")
 
@@ -76,14 +85,42 @@ class Backoff:
         self.delay = 0.002
         self.deadline = time.monotonic() + SEALED_WAIT_S
 
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
     def next(self, what: str) -> float:
-        if time.monotonic() > self.deadline:
+        if self.expired():
             raise BackendUnavailable(
                 f"{what} stayed sealed for {SEALED_WAIT_S:.0f} s: a reshard stopped half-way? "
                 "`agentstate reshard --shards N` with the same N finishes it"
             )
         delay, self.delay = self.delay, min(0.05, self.delay * 2)
         return delay
+
+
+def sealed_too_long(keys: Keys, what: str) -> Op[BackendUnavailable]:
+    """The error for a request whose shard stayed sealed past ``SEALED_WAIT_S``: whether a live
+    reshard holds the namespace (its lease, ``_reshard.py``) and when its lease ends, or that the
+    one that sealed it stopped and a rerun takes it over. One round trip."""
+    lease = keys.layout_key().removesuffix("layout") + "reshard"
+    (holder, expires, gen), now = yield Pipe([("HMGET", lease, "holder", "expires", "gen"), ("TIME",)])
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    head = f"{what} stayed sealed for {SEALED_WAIT_S:.0f} s"
+    if holder is None or expires is None:
+        return BackendUnavailable(
+            f"{head}: a reshard stopped half-way? `agentstate reshard --shards N` with the same N finishes it"
+        )
+    who = f"a reshard by {_text(holder)} (generation {_text(gen)})"
+    left = (int(expires) - now_ms) / 1000
+    if left > 0:
+        return BackendUnavailable(
+            f"{head}: {who} holds the namespace, its lease live for {left:.1f} s more: it is still moving "
+            "it (a large shard, or a slow link); send the call again later, and do not start another reshard"
+        )
+    return BackendUnavailable(
+        f"{head}: {who} sealed it and stopped, its lease ran out {-left:.1f} s ago: "
+        "`agentstate reshard --shards N` with the same N takes it over and finishes it"
+    )
 
 
 class Relocation:

@@ -91,7 +91,8 @@ class StoreShell(Generic[C]):
         """The op ``mover`` builds (a reshard, ``_reshard.py``) and the scripts it runs: on keys of its
         own, so this store's keys follow the shards the way every other client's do."""
         keys = Keys.unresolved(self._core.keys.namespace)
-        op = _after_layout(keys, mover(keys, is_cluster_client(self._client)))
+        # Not resolve_layout: it would give a namespace that never existed a record (a typo'd name).
+        op = mover(keys, is_cluster_client(self._client))
         return op, {**self._scripts, **scripts.register(self._client, scripts.RESHARD_SCRIPTS)}
 
     def _resharded(self, report: Any) -> Any:
@@ -201,12 +202,6 @@ class AsyncShell(StoreShell[C]):
             return
         with observer.operation(self, name) as watch:
             yield lambda op: self._drive(watch(op))
-
-
-def _after_layout(keys: Keys, op: Op[T]) -> Op[T]:
-    """``op`` once ``keys`` were configured by the namespace's layout record (written when absent)."""
-    yield from resolve_layout(keys, None)
-    return (yield from op)
 
 
 def cancels() -> int:
