@@ -183,42 +183,6 @@ class RunCore:
         if len(self._known) > _KNOWN_THREADS:
             self._known.popitem(last=False)
 
-    # ---- checks ---------------------------------------------------------
-
-    @staticmethod
-    def run_id(value: object) -> str:
-        text = _ident(value, "run_id")
-        if len(text.encode()) > _RUN_ID_BYTES:
-            raise InvalidArgument(f"run_id is over {_RUN_ID_BYTES} bytes: {text!r:.80}")
-        return text
-
-    @staticmethod
-    def strategy(value: object) -> str:
-        if value not in MULTITASK_STRATEGIES:
-            raise InvalidArgument(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}, got {value!r}")
-        return str(value)
-
-    @staticmethod
-    def modes(value: object) -> list[str]:
-        modes = [value] if isinstance(value, str) else value
-        if not isinstance(modes, (list, tuple)) or not modes:
-            raise InvalidArgument(f"stream_mode must be a stream mode or a non-empty list of them, got {value!r}")
-        out: list[str] = []
-        for m in modes:
-            if m not in STREAM_MODES:
-                raise InvalidArgument(f"stream_mode {m!r} is not one of {', '.join(STREAM_MODES)}")
-            if m not in out:
-                out.append(str(m))
-        return out
-
-    @staticmethod
-    def _mapping(value: object, what: str) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise InvalidArgument(f"{what} must be a dict or None, got {type(value).__name__}")
-        return dict(value)
-
     def _dumps(self, value: Any, what: str) -> bytes:
         try:
             kind, data = self.serde.dumps_typed(value)
@@ -255,7 +219,7 @@ class RunCore:
         return None if reply is None else _text(reply)
 
     def get(self, run_id: object) -> Op[Run | None]:
-        rid = self.run_id(run_id)
+        rid = check_run_id(run_id)
         tid = yield from self.thread_of(rid)
         if tid is None:
             return None
@@ -287,10 +251,10 @@ class RunCore:
         metadata: Mapping[str, Any] | None = None,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
-        strategy = self.strategy(multitask_strategy)
-        modes = self.modes(stream_mode)
-        conf = self._mapping(config, "config")
-        md = self._mapping(metadata, "metadata")
+        strategy = check_strategy(multitask_strategy)
+        modes = check_modes(stream_mode)
+        conf = _mapping(config, "config")
+        md = _mapping(metadata, "metadata")
         if input is not None and command is not None:
             raise InvalidArgument("a run takes an input or a command (Command(resume=...)), not both")
         payload = {"input": input, "command": command, "config": conf, "metadata": md}
@@ -363,7 +327,7 @@ class RunCore:
         return None
 
     def cancel(self, run_id: object, action: str = "interrupt") -> Op[bool]:
-        rid = self.run_id(run_id)
+        rid = check_run_id(run_id)
         if action not in ("interrupt", "rollback"):
             raise InvalidArgument(f"action must be 'interrupt' or 'rollback', got {action!r}")
         tid = yield from self.thread_of(rid)
@@ -382,7 +346,7 @@ class RunCore:
         return True
 
     def delete(self, run_id: object) -> Op[bool]:
-        rid = self.run_id(run_id)
+        rid = check_run_id(run_id)
         tid = yield from self.thread_of(rid)
         if tid is None:
             raise RunNotFound(rid)
@@ -399,7 +363,7 @@ class RunCore:
     # ---- events -----------------------------------------------------------
 
     def cursor(self, run_id: object, after: str | None, block_ms: int | None) -> EventCursor:
-        rid = self.run_id(run_id)
+        rid = check_run_id(run_id)
         if after is not None:
             after = check_stream_id(after)
         if block_ms is not None:
@@ -577,6 +541,47 @@ class RunCore:
 
 _U64 = 2**64 - 1
 _MAX_ID = f"{_U64}-{_U64}"
+
+
+# ---- checks (no state: the run queue's arguments) -----------------------
+
+
+def check_run_id(value: object) -> str:
+    """A run id: a non-empty id of at most ``_RUN_ID_BYTES`` bytes of UTF-8."""
+    text = _ident(value, "run_id")
+    if len(text.encode()) > _RUN_ID_BYTES:
+        raise InvalidArgument(f"run_id is over {_RUN_ID_BYTES} bytes: {text!r:.80}")
+    return text
+
+
+def check_strategy(value: object) -> str:
+    """A multitask strategy: one of LangGraph's double-texting ones."""
+    if value not in MULTITASK_STRATEGIES:
+        raise InvalidArgument(f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}, got {value!r}")
+    return str(value)
+
+
+def check_modes(value: object) -> list[str]:
+    """A stream mode or a non-empty list of them, as a list without repeats, in order."""
+    modes = [value] if isinstance(value, str) else value
+    if not isinstance(modes, (list, tuple)) or not modes:
+        raise InvalidArgument(f"stream_mode must be a stream mode or a non-empty list of them, got {value!r}")
+    out: list[str] = []
+    for m in modes:
+        if m not in STREAM_MODES:
+            raise InvalidArgument(f"stream_mode {m!r} is not one of {', '.join(STREAM_MODES)}")
+        if m not in out:
+            out.append(str(m))
+    return out
+
+
+def _mapping(value: object, what: str) -> dict[str, Any]:
+    """A dict copy of ``value`` (None: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{what} must be a dict or None, got {type(value).__name__}")
+    return dict(value)
 
 
 def _stream_id(s: str) -> bool:
