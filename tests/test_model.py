@@ -34,6 +34,7 @@ long version.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib
 import itertools
@@ -48,7 +49,8 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from conftest import RedisServerProcess, full_suite
+import redis.asyncio as aioredis
+from conftest import RedisServerProcess, Twin, full_suite
 from faults.replies import lose_first_reply
 from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
@@ -64,6 +66,7 @@ from model_support import FAKEREDIS_CLOCK_MODULES, LONG_MS, FakeClock, Held, Mod
 
 from redis_agentstate import (
     AgentStatus,
+    AsyncCheckpointStore,
     Checkpoint,
     CheckpointStore,
     ClaimRejected,
@@ -73,7 +76,7 @@ from redis_agentstate import (
     NotWaiting,
     TaskNotFound,
 )
-from redis_agentstate.lease import Lease
+from redis_agentstate.lease import AsyncLease, Lease
 
 MODEL_SEED = 38
 TIDS = ["a", "b", "c", "d"]
@@ -87,6 +90,7 @@ REAL_LAPSE_S = 0.3  # a lease renewed to 1 ms, and its place (250 ms more), are 
 
 class ModelMachine(RuleBasedStateMachine):
     make_client: Callable[[], Any] = staticmethod(lambda: None)
+    make_async_client: Callable[[], Any] = staticmethod(lambda: None)
     clock: FakeClock | None = None  # fakeredis: the frozen server clock; None: a real server
     #: What the rules did, summed over a run's examples (printed: how much each was exercised).
     stats: Counter[str] = Counter()
@@ -95,14 +99,20 @@ class ModelMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ns = f"md-{uuid.uuid4().hex[:10]}"
-        self.clients = [type(self).make_client() for _ in range(3)]
+        self.clients = [type(self).make_client() for _ in range(2)]
+        # Operator A is sync, operator B async (its coroutines run to completion on a loop of its
+        # own, conftest's Twin): the two shells over one sans-I/O core, interleaved.
+        self.loop = asyncio.new_event_loop()
+        self.async_client = type(self).make_async_client()
         # A sets the namespace's count (its first call, ``start``); B and the reader take the stored
         # one: a store that asks for a count must meet it (ConfigConflict after a reshard otherwise).
-        self.stores = {w: CheckpointStore(c, namespace=self.ns) for w, c in zip(WORKERS, self.clients)}
-        self.stores["A"] = CheckpointStore(self.clients[0], namespace=self.ns, shards=START_SHARDS)
+        self.stores: dict[str, Any] = {
+            "A": CheckpointStore(self.clients[0], namespace=self.ns, shards=START_SHARDS),
+            "B": Twin(AsyncCheckpointStore(self.async_client, namespace=self.ns), self.loop),
+        }
         for s in self.stores.values():
             s._core.claim_next_candidate_age_s = 0  # every claim_next peeks: its order is exact
-        self.reader = CheckpointStore(self.clients[2], namespace=self.ns, history_cache=0)
+        self.reader = CheckpointStore(self.clients[1], namespace=self.ns, history_cache=0)
         self.model = Model(now=self._server_ms())
         self.held: list[Held] = []
         self.shards = START_SHARDS
@@ -115,6 +125,16 @@ class ModelMachine(RuleBasedStateMachine):
         self.mp.undo()
         for c in self.clients:
             c.close()
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+
+        async def drain() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        self.loop.run_until_complete(drain())
+        self.loop.run_until_complete(self.async_client.aclose())
+        self.loop.close()
 
     # ---- time ------------------------------------------------------------------------
 
@@ -123,7 +143,7 @@ class ModelMachine(RuleBasedStateMachine):
         return type(self).clock is not None
 
     def _server_ms(self) -> int:
-        sec, usec = self.clients[0].time()
+        sec, usec = self.clients[1].time()
         return int(sec) * 1000 + int(usec) // 1000
 
     def _advance(self, ms: int) -> None:
@@ -296,7 +316,10 @@ class ModelMachine(RuleBasedStateMachine):
             self._note("claim_next none", lost=lost)
             return
         tid = cp.task_id
-        assert tid in surely or tid in maybe, f"claim_next served {tid}, which is not due ({surely}, {maybe})"
+        assert tid in surely or tid in maybe, (
+            f"claim_next served {tid}, which is not due or whose key is full "
+            f"(due: {surely}, maybe due: {maybe}; places {m.places}, limits {m.limits})"
+        )
         if surely:
             top = max(m.tasks[s].priority for s in surely)
             assert m.tasks[tid].priority >= top, f"claim_next served {tid} before a higher priority in {surely}"
@@ -332,21 +355,32 @@ class ModelMachine(RuleBasedStateMachine):
             delay = self._delay(data)
         fence = m.fence_holds(h) and expected == h.revision
         was_live = m.current(h)
+        if status == "running" and not delay and data.draw(st.booleans()):
+            return self._commit_and_claim(data, h, cp, expected, fence, was_live, stale)
         lost = self._maybe_lose(data, h.worker, ["commit", "limit_release"])
         try:
             ok = self.stores[h.worker].commit(cp, token=h.token, expected_revision=expected, delay_ms=delay)
         finally:
             self._restore()
-        assert ok == fence, f"commit of {marker} answered {ok}; the model says {fence} (lost reply: {lost})"
+        assert ok == fence, f"commit of {cp.messages[-1]} answered {ok}; the model says {fence} (lost reply: {lost})"
         self._note(f"commit {status if ok else 'fenced'}{' stale' if stale else ''}", lost=lost, delay=delay)
         if not ok:
-            # Fenced out: a live holder keeps its place (only it may give it back); a lease that is
-            # over may have given it back.
-            live_holder = was_live and (t.token, t.claimed) == (h.token, h.cycle)
-            m.give_back(h.tid, h.token, t.ckey, certain=False) if not live_holder else None
-            if not live_holder:
-                self._drop_held(h)
+            self._fenced(h, was_live)
             return
+        self._committed(h, cp, delay)
+
+    def _fenced(self, h: Held, was_live: bool) -> None:
+        """``h``'s write was refused: a live holder keeps its place (only it may give it back), a
+        lease that is over may have given it back (or not: its place expires)."""
+        t = self.model.tasks[h.tid]
+        if not (was_live and (t.token, t.claimed) == (h.token, h.cycle)):
+            self.model.give_back(h.tid, h.token, t.ckey, certain=False)
+            self._drop_held(h)
+
+    def _committed(self, h: Held, cp: Checkpoint, delay: int | None) -> None:
+        m = self.model
+        t = m.tasks[h.tid]
+        status, marker = AgentStatus(cp.status).value, cp.messages[-1]
         now = m.now
         t.revision += 1
         t.cycle, t.status, t.priority = h.cycle, status, cp.priority
@@ -359,6 +393,35 @@ class ModelMachine(RuleBasedStateMachine):
         t.acked.append(marker)
         m.give_back(h.tid, h.token, t.ckey, certain=True)
         self._drop_held(h)
+
+    def _commit_and_claim(
+        self, data: st.DataObject, h: Held, cp: Checkpoint, expected: int, fence: bool, was_live: bool, stale: bool
+    ) -> None:
+        """The commit continued in the same script by a claim of the next cycle, for a new token."""
+        m = self.model
+        next_token = self._token(h.worker)
+        lease_ms = self._lease_ms(data)
+        lost = self._maybe_lose(data, h.worker, ["commit_and_claim", "limit_acquire", "limit_release"])
+        try:
+            nxt = self.stores[h.worker].commit_and_claim(
+                cp, token=h.token, expected_revision=expected, lease_ms=lease_ms, next_token=next_token
+            )
+        except ConcurrencyLimited:
+            # Only a lease without a place of its own (taken while its key had no limit) takes a new one.
+            t = m.tasks[h.tid]
+            place = m.places.get(t.ckey or "", {}).get((h.tid, h.token))
+            assert m.limit_state(t.ckey) != "free" and (place is None or not place.certain)
+            self._note("commit_and_claim limited")
+            return
+        finally:
+            self._restore()
+        assert (nxt is not None) == fence, f"commit_and_claim of {cp.messages[-1]} answered {nxt}; model: {fence}"
+        self._note(f"commit_and_claim {'continued' if nxt else 'fenced'}{' stale' if stale else ''}")
+        if nxt is None:
+            self._fenced(h, was_live)
+            return
+        self._committed(h, cp, None)
+        self._adopt_claim(h.worker, nxt, next_token, lease_ms)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -490,8 +553,15 @@ class ModelMachine(RuleBasedStateMachine):
         t = m.tasks[h.tid]
         key = (h.tid, h.cycle, name)
         store = self.stores[h.worker]
-        lease = Lease(store, h.tid, h.cycle, token=h.token, lease_ms=LONG_MS, release_on_exit=False)
-        lease._adopt(h.cp, lease._clock.now())  # the claim this worker holds, without a keeper thread
+        # The claim this worker holds, as a lease without a keeper (nothing renews behind the model).
+        if isinstance(store, Twin):
+            alease = AsyncLease(store.wrapped, h.tid, h.cycle, token=h.token, lease_ms=LONG_MS,
+                                release_on_exit=False, cancel_on_loss=False)  # fmt: skip
+            alease._adopt(h.cp, alease._clock.now())
+            lease: Any = Twin(alease, self.loop)
+        else:
+            lease = Lease(store, h.tid, h.cycle, token=h.token, lease_ms=LONG_MS, release_on_exit=False)
+            lease._adopt(h.cp, lease._clock.now())
 
         def effect() -> str:
             self.step_calls[key] = self.step_calls.get(key, 0) + 1
@@ -562,7 +632,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.shards = target
         self._note(f"reshard meanwhile {done[0] if done else 'nothing'}")
         # The namespace has the new count, whoever finished it.
-        CheckpointStore(self.clients[2], namespace=self.ns, shards=target).list()
+        CheckpointStore(self.clients[1], namespace=self.ns, shards=target).list()
 
     # ---- invariants ------------------------------------------------------------------
 
@@ -659,6 +729,7 @@ def test_model_fakeredis(frozen_clock: FakeClock, pytestconfig: pytest.Config) -
 
     class OnFake(ModelMachine):
         make_client = staticmethod(lambda: fakeredis.FakeRedis(server=server))
+        make_async_client = staticmethod(lambda: fakeredis.FakeAsyncRedis(server=server))
         clock = frozen_clock
 
     _run(OnFake, pytestconfig)
@@ -674,6 +745,7 @@ def test_model_real_redis(model_server: RedisServerProcess | None, pytestconfig:
 
     class OnReal(ModelMachine):
         make_client = staticmethod(lambda: redis.Redis(port=port))
+        make_async_client = staticmethod(lambda: aioredis.Redis(port=port))
         clock = None
 
     _run(OnReal, pytestconfig)
