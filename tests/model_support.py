@@ -24,7 +24,6 @@ from typing import Any
 from redis_agentstate import (
     AlreadyClaimed,
     CheckpointTerminal,
-    ConcurrencyLimited,
     CycleConflict,
     NotDue,
     NotRunnable,
@@ -115,11 +114,7 @@ class Model:
     def fence_holds(self, h: Held) -> bool:
         """Whether a commit of ``h`` applies: token, revision and cycle current (the lease may have run out)."""
         t = self.tasks.get(h.tid)
-        return (
-            t is not None
-            and not t.term
-            and (t.token, t.revision, t.claimed) == (h.token, h.revision, h.cycle)
-        )
+        return t is not None and not t.term and (t.token, t.revision, t.claimed) == (h.token, h.revision, h.cycle)
 
     def live_of(self, ckey: str) -> list[str]:
         return [tid for tid, t in self.tasks.items() if t.ckey == ckey and self.live(t)]

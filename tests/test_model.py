@@ -44,7 +44,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import fakeredis
 import pytest
@@ -70,8 +70,8 @@ from redis_agentstate import (
     Checkpoint,
     CheckpointStore,
     ClaimRejected,
-    ConfigConflict,
     ConcurrencyLimited,
+    ConfigConflict,
     LeaseLost,
     NotWaiting,
     TaskNotFound,
@@ -94,7 +94,7 @@ class ModelMachine(RuleBasedStateMachine):
     make_async_client: Callable[[], Any] = staticmethod(lambda: None)
     clock: FakeClock | None = None  # fakeredis: the frozen server clock; None: a real server
     #: What the rules did, summed over a run's examples (printed: how much each was exercised).
-    stats: Counter[str] = Counter()
+    stats: ClassVar[Counter[str]] = Counter()
     steps_run = 0
 
     def __init__(self) -> None:
@@ -166,7 +166,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def _maybe_lose(self, data: st.DataObject, worker: str, scripts: list[str]) -> str | None:
         """Maybe make the next call of one of ``scripts`` (of ``worker``'s store) lose its reply."""
-        if not data.draw(st.integers(0, 3)) == 0:
+        if data.draw(st.integers(0, 3)) != 0:
             return None
         name = data.draw(st.sampled_from(scripts))
         self._armed.append((name, lose_first_reply(self.stores[worker]._scripts[name], self.mp)))
@@ -216,7 +216,7 @@ class ModelMachine(RuleBasedStateMachine):
     )
     def start(self, prios: list[int], ckeys: list[str | None], limit: int | None) -> None:
         """Three tasks to work on (``d`` is left to ``create``), and maybe a limit on key ``k``."""
-        for tid, prio, ckey in zip(TIDS, prios, ckeys):
+        for tid, prio, ckey in zip(TIDS, prios, ckeys, strict=False):  # d: left to create
             assert self.stores["A"].create(Checkpoint(tid, priority=prio, concurrency_key=ckey))
             self.model.tasks[tid] = Task(priority=prio, ckey=ckey, ready_at=self.model.now)
         if limit is not None:
@@ -276,7 +276,7 @@ class ModelMachine(RuleBasedStateMachine):
         assert not reasons, f"claim of {tid} cycle {cycle} was granted; expected one of {reasons}"
         assert self.model.limit_state(t.ckey) != "full", (
             f"claim of {tid} granted with concurrency key {t.ckey!r} full: "
-            f"{self.model.place_counts(t.ckey)} places of limit {self.model.limits.get(t.ckey)}"
+            f"{self.model.place_counts(t.ckey or '')} places of limit {self.model.limits.get(t.ckey or '')}"
         )
         self._adopt_claim(worker, cp, token, lease_ms)
         self._note("claim granted" + (" limited" if t.ckey and m_limit(self.model, t.ckey) else ""), lost=lost)
@@ -404,7 +404,7 @@ class ModelMachine(RuleBasedStateMachine):
         m = self.model
         next_token = self._token(h.worker)
         lease_ms = self._lease_ms(data)
-        lost = self._maybe_lose(data, h.worker, ["commit_and_claim", "limit_acquire", "limit_release"])
+        self._maybe_lose(data, h.worker, ["commit_and_claim", "limit_acquire", "limit_release"])
         try:
             nxt = self.stores[h.worker].commit_and_claim(
                 cp, token=h.token, expected_revision=expected, lease_ms=lease_ms, next_token=next_token
@@ -688,9 +688,9 @@ def m_limit(model: Model, ckey: str) -> bool:
 def _settings(config: pytest.Config, *, real: bool) -> settings:
     full = full_suite(config)
     if real:
-        examples, steps = (40, 50) if full else (6, 25)
+        examples, steps = (40, 50) if full else (8, 30)
     else:
-        examples, steps = (300, 60) if full else (10, 30)
+        examples, steps = (300, 60) if full else (20, 40)
     return settings(
         max_examples=examples,
         stateful_step_count=steps,
