@@ -634,6 +634,11 @@ class ModelMachine(RuleBasedStateMachine):
                 assert report.to_shards == target
                 finished.append(other)
 
+        if data.draw(st.integers(0, 3)) == 0:
+            # The reshard's scripts are its own (registered per call): the next script call of this
+            # store's kind, its first one, loses its reply.
+            lost = lose_first_reply(self.stores[worker]._scripts["load"], self.mp, any_script=True)
+            self._armed.append(("reshard's first script", lost))
         try:
             report = self.stores[worker].reshard(target, progress=between)
         except ConfigConflict:
@@ -641,6 +646,8 @@ class ModelMachine(RuleBasedStateMachine):
             assert finished, "reshard refused with ConfigConflict though no other reshard ran"
         else:
             assert report.to_shards == target
+        finally:
+            self._restore()
         self.shards = target
         self._note(f"reshard meanwhile {done[0] if done else 'nothing'}")
         # The namespace has the new count, whoever finished it.
