@@ -231,8 +231,11 @@ class ModelMachine(RuleBasedStateMachine):
     )
     def operate(self, data: st.DataObject, worker: str, tid: str, action: str) -> None:
         """An operator's (or the application's) call: one rule, so that their mix is weighted."""
+        waiting = sorted(t for t, task in self.model.tasks.items() if task.status == "wait_user" and not task.term)
         if action == "set_limit":
             self.set_limit(data, worker, data.draw(st.sampled_from(["k", "k", "j"])), data.draw(LIMITS))
+        elif action == "resume" and waiting and data.draw(st.booleans()):
+            self.resume(data, worker, data.draw(st.sampled_from(waiting)))  # an answer, mostly in time
         else:
             getattr(self, action)(data, worker, tid)
 
