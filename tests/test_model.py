@@ -755,6 +755,7 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return clock
 
 
+@pytest.mark.fakeredis
 def test_model_fakeredis(frozen_clock: FakeClock, pytestconfig: pytest.Config) -> None:
     server = fakeredis.FakeServer()
 
