@@ -22,8 +22,10 @@ recorded step never re-runs (its function is not called again for that task and 
 
 The server clock: on fakeredis TIME is frozen and advanced by the ``advance`` rule (leases
 of 1 s and delays of 0.5 s lapse exactly when the model says); on the real server leases
-and delays are an hour, and ``lapse`` renews a lease to 1 ms and sleeps 0.3 s (past the
-limiter's 250 ms skew).
+and delays are an hour, and ``lapse`` renews a lease to 200 ms and sleeps 0.5 s (past the
+limiter's 250 ms skew). The real server's clock moves on its own, so a failure there may not
+replay exactly (hypothesis then reports it as flaky, with the original error): the fakeredis
+run is the exact one.
 
 Reproducing a failure: runs are seeded (``MODEL_SEED``, or ``AGENTSTATE_MODEL_SEED=<n>`` to
 explore another), with hypothesis' example database off, so the same command replays the same
@@ -86,7 +88,13 @@ WORKERS = ["A", "B"]
 START_SHARDS = 2
 MAX_SHARDS = 16
 LIMITS = st.sampled_from([None, 1, 1, 2])
-REAL_LAPSE_S = 0.3  # a lease renewed to 1 ms, and its place (250 ms more), are gone by then
+# The lapse rule renews a lease to LAPSE_MS, then waits LAPSE_WAIT_MS: past the lease and its place
+# (LIMIT_SKEW_MS more). A limited lease's renewal is two scripts (its place, then the lease, capped
+# at the place's expiry minus the skew): on a real server the lease must outlast the time between
+# them, or the renewal is refused (its cap already passed) on a loaded machine. The frozen clock
+# of fakeredis needs no margin.
+LAPSE_MS = {True: 1, False: 200}
+LAPSE_WAIT_MS = {True: 300, False: 500}
 
 
 class ModelMachine(RuleBasedStateMachine):
@@ -494,14 +502,15 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(self.model.current(h) for h in self.held))
     @rule(data=st.data())
     def lapse(self, data: st.DataObject) -> None:
-        """A holder stalls: its lease (renewed to 1 ms) runs out, and its limiter place after it."""
+        """A holder stalls: its lease (renewed to a short one) runs out, and its limiter place after it."""
         m = self.model
         h = data.draw(st.sampled_from([h for h in self.held if m.current(h)]))
-        assert self.stores[h.worker].renew(h.tid, token=h.token, expected_revision=h.revision, lease_ms=1)
+        short = LAPSE_MS[self.fake]
+        assert self.stores[h.worker].renew(h.tid, token=h.token, expected_revision=h.revision, lease_ms=short)
         t = m.tasks[h.tid]
-        t.lease_exp = t.ready_at = m.now + 1
+        t.lease_exp = t.ready_at = m.now + short
         m.take_place(h.tid, h.token, t.ckey, t.lease_exp)
-        self._advance(int(REAL_LAPSE_S * 1000))
+        self._advance(LAPSE_WAIT_MS[self.fake])
         self._note("lapse")
 
     @precondition(lambda self: self.fake)
