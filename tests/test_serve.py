@@ -138,7 +138,7 @@ def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[S
 def _serve(backend: Any, namespace: str, token: str | None, cors: tuple[str, ...] = ()) -> Any:
     extra = [arg for origin in cors for arg in ("--cors-origin", origin)]
     if backend.kind == "fake":
-        return _in_thread(backend.server, namespace, token, cors_origins=cors)
+        return _in_thread(backend.server, namespace, token, **({"cors_origins": cors} if cors else {}))
     if backend.kind == "cluster":
         host, port = backend.cluster.startup
         return _cli(f"redis://{host}:{port}", namespace, token, "--cluster", *extra)
@@ -565,6 +565,27 @@ class TestDashboardApi:
         assert held.revision < store.load("t0").revision
 
 
+@pytest.mark.parametrize("backend", ["real"], indirect=True)
+class TestLeaseFlag:
+    def test_lease_ms_sets_the_runs_lease(self, backend: Any, namespace: str) -> None:
+        # Issue 41 item 7: the runs' lease had no flag (30 s: how long a crashed server's runs wait).
+        from redis_agentstate import CheckpointStore
+        from redis_agentstate.langgraph.runs import queue_namespace
+
+        client = backend.sync_client()
+        tasks = CheckpointStore(client, namespace=queue_namespace(f"{namespace}.slow"))
+        with _cli(backend.url, namespace, TOKEN, "--lease-ms", "1500") as s:
+            c = s.sync()
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(tid, "slow", input={"log": []})
+            _until(lambda: c.runs.get(tid, run["run_id"])["status"] == "running")
+            held = tasks.load(tid)
+            secs, micros = client.time()
+            now_ms = secs * 1000 + micros // 1000
+            assert held.lease_expires_at_ms is not None and 0 < held.lease_expires_at_ms - now_ms <= 1500
+            assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
+
+
 @on_fake_and_real
 class TestSecurity:
     def test_without_a_token_it_is_read_only(self, backend: Any, namespace: str) -> None:
@@ -692,6 +713,31 @@ class TestSecurity:
 class TestCli:
     """What the command itself refuses and prints (no Redis needed)."""
 
+    def test_a_taken_port_is_an_error_before_any_serving_line(self) -> None:
+        # Issue 41 item 7: the start line was printed before the port was bound, then uvicorn failed.
+        import socket
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(port)],
+                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+        assert out.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
+        assert "agentstate serve: http://" not in out.stderr and "\\n" not in out.stderr
+
+    def test_bad_cors_origins_and_leases_are_refused(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+        for extra, said in ((["--cors-origin", "localhost:3000"], "--cors-origin"),
+                            (["--cors-origin", "http://x.example/"], "--cors-origin"),
+                            (["--lease-ms", "999"], "--lease-ms")):  # fmt: skip
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(free_port()), *extra],
+                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            assert out.returncode != 0 and said in out.stderr, (extra, out.stderr)
+
     def test_the_cli_refuses_a_public_host_without_a_token(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
         out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
@@ -705,10 +751,13 @@ class TestCli:
         with _cli(url, namespace, TOKEN) as s, s.http() as h:
             replies = [h.get("/threads/x"), h.post("/threads", json={}, headers={"x-api-key": TOKEN}),
                        h.post("/threads", json={}, headers={"x-api-key": "wrong-" + TOKEN})]  # fmt: skip
+            health = h.get("/ok")
             s.log.terminate()
             s.log.wait(20)
             out, err = s.output()
         assert [r.status_code for r in replies] == [503, 503, 403]
+        # Issue 41 item 7: healthy only when it can serve (a load balancer's check): not with Redis gone.
+        assert health.status_code == 503 and health.json()["ok"] is False and "hunter2pw" not in health.text
         assert "Redis unavailable" in err  # the workers said so, once each, without the URL
         for text in [*(r.text for r in replies), out, err]:
             assert TOKEN not in text and "hunter2pw" not in text
