@@ -165,6 +165,10 @@ class TestDashboard:
                 assert store.load("fresh").status == "cancelled" and dialogs == ["cancel task fresh?"]
                 assert store.load("asks").status == "running" and store.load("poison").status == "running"
                 page.wait_for_function("document.getElementById('chart').dataset !== undefined")
+                # Log out: the session ends, and the page is the login form again.
+                page.click("#logout")
+                page.wait_for_selector("form#login", timeout=20_000)
+                assert page.context.cookies() == []
             finally:
                 browser.close()
                 pw.stop()
