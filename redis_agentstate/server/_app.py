@@ -72,10 +72,10 @@ POOL_MARGIN = 64
 _FINAL = ("success", "error", "interrupted", "timeout")
 #: How long ``/ok`` waits for Redis's PONG.
 OK_PING_S = 2.0
-#: What a browser's client may send across origins (LangGraph's clients: the key, the SSE cursor)...
-CORS_ALLOW_HEADERS = ("accept", "authorization", "cache-control", "content-type", "last-event-id", "x-api-key",
-                      "x-auth-scheme", "x-request-id", CSRF_HEADER)  # fmt: skip
-#: ... and what it may read of an answer (the run a create made; pages of a search).
+#: What a browser's client may read of an answer across origins (the run a create made; pages of a
+#: search). What it may send is any header its preflight asks for, as LangGraph's server allows: the
+#: key, the SSE cursor, and the front end's own ``defaultHeaders`` (no cookie rides along: no
+#: credentials are allowed).
 CORS_EXPOSE_HEADERS = ("Content-Location", "Location", "X-Pagination-Total", "X-Pagination-Next", "X-Request-Id")
 #: Reachable without the token: the health check, and the dashboard's login form and its stylesheet
 #: (``GET /`` shows the form until a session exists).
@@ -742,7 +742,7 @@ def create_app(
     # is SameSite=Strict, for its own origin only.
     middleware = [
         Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "PUT", "PATCH",
-                   "DELETE", "OPTIONS"], allow_headers=list(CORS_ALLOW_HEADERS),
+                   "DELETE", "OPTIONS"], allow_headers=["*"],
                    expose_headers=list(CORS_EXPOSE_HEADERS), max_age=600)
     ] if cors_origins else []  # fmt: skip
     app = Starlette(routes=routes, lifespan=a.lifespan, middleware=middleware,
