@@ -174,7 +174,7 @@ def fanout(base: str, pid: int, clients: int, events: int, gap_ms: float) -> dic
 
     async def main() -> list[tuple[int, list[float], bool]]:
         limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
-        async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits, headers={"x-api-key": TOKEN}) as http:
             return await asyncio.gather(*(follow(http) for _ in range(clients)))
 
     cpu0, t0 = proc_cpu_seconds(pid), time.perf_counter()
@@ -226,7 +226,9 @@ def dashboard(url: str, base: str, namespace: str, probes: int) -> dict[str, Any
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
             # The page's CSP forbids eval, which is how Playwright runs its probes: bypassed for them.
-            page = browser.new_context(bypass_csp=True).new_page()
+            # With a token every read needs it: the key on every request, as an API client sends it
+            # (the login form's session is what tests/test_dashboard.py goes through).
+            page = browser.new_context(bypass_csp=True, extra_http_headers={"x-api-key": TOKEN}).new_page()
             t0 = time.perf_counter()
             page.goto(base + "/")
             page.wait_for_function("document.querySelectorAll('#by-status tbody tr').length > 0", timeout=60_000)
@@ -253,7 +255,9 @@ def dashboard(url: str, base: str, namespace: str, probes: int) -> dict[str, Any
     worst = max(entries, key=lambda e: e["duration"]) if entries else None
     out["commands_logged"] = len(entries)
     out["sweep_every_s"] = (
-        httpx.get(f"{base}/dashboard/api/frame?ns={namespace}", timeout=30).json().get("sweep_every_s")
+        httpx.get(f"{base}/dashboard/api/frame?ns={namespace}", timeout=30, headers={"x-api-key": TOKEN})
+        .json()
+        .get("sweep_every_s")
     )
     out["slowest_us"] = None if worst is None else int(worst["duration"])
     out["slowest_command"] = None if worst is None else _command_name(worst["command"])

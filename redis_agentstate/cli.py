@@ -687,9 +687,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     serve.add_argument("--port", type=_positive, default=2024, help="port (default 2024)")
     serve.add_argument("--token", default=None,
-                       help="writes need it (x-api-key or Authorization: Bearer); $AGENTSTATE_TOKEN")  # fmt: skip
+                       help="every route but /ok needs it (x-api-key or Authorization: Bearer; the dashboard: "
+                       "a login form); $AGENTSTATE_TOKEN")  # fmt: skip
     serve.add_argument("--workers", type=_whole, default=1, metavar="N",
                        help="runs each graph executes at once in this process (0: a fleet elsewhere does)")  # fmt: skip
+    serve.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; "
+                       "'*': any; default: none)")  # fmt: skip
+    serve.add_argument("--lease-ms", type=_positive, default=30_000, metavar="MS",
+                       help="the runs' thread lease: a crashed server's runs are taken over after it "
+                       "(default 30000, at least 1000)")  # fmt: skip
     serve.set_defaults(func=_cmd_serve)
     return parser
 

@@ -37,6 +37,23 @@ def agentstate(*args: str, env: dict[str, str] | None = None, timeout: float = 9
 # ---- the demo, end to end --------------------------------------------------------------------------
 
 
+def test_demo_with_the_dashboard_on_a_taken_port_says_which_port_to_pass_before_starting_anything() -> None:
+    # Issue 41 item 7: the demo started its Redis and workers, then failed with the server's log as
+    # "demo failed: the dashboard did not start on port 2024: ...\nERROR: [Errno 98] ..." (a literal \n).
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "AGENTSTATE_TOKEN")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "redis_agentstate", "demo", "--dashboard", str(port)]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    err = proc.stderr
+    assert proc.returncode != 0 and f"port {port} is taken" in err and "e.g. --dashboard " in err, err
+    assert "\\n" not in err and "Redis: " not in err  # one line, and nothing was started
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_demo_on_the_embedded_default_exits_0_and_prints_the_table() -> None:

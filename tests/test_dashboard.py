@@ -1,5 +1,6 @@
-"""The dashboard of ``agentstate serve``, in a real Chromium (Playwright): live views, the actions
-with the token (and refused without one), and ids and reasons holding HTML shown as text.
+"""The dashboard of ``agentstate serve``, in a real Chromium (Playwright): the login form (with a
+token), live views, the actions (the session's cookie and CSRF token), and ids and reasons holding
+HTML shown as text.
 
 The server is the CLI in a subprocess over a private redis-server (``test_serve._cli``); the data
 is written with the library, as a fleet would.
@@ -88,10 +89,30 @@ def _page(served: Served) -> Any:
         dialogs: list[str] = []
         page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
         page.goto(served.url + "/")
+        if served.token is not None:
+            _login(page, served.token)
     except BaseException:
         pw.stop()
         raise
     return pw, browser, page, dialogs
+
+
+def _login(page: Any, token: str) -> None:
+    """Through the login form, as a person does: a wrong token first, then the right one."""
+    page.wait_for_selector("form#login", timeout=20_000)
+    assert page.query_selector("#conn") is None  # nothing of the dashboard before the login
+    page.fill("#token", "not-the-token")
+    page.click("#login-button")
+    page.wait_for_selector("text=wrong token", timeout=20_000)
+    _shot(page, "login")
+    page.fill("#token", token)
+    page.click("#login-button")
+    page.wait_for_selector("#conn", timeout=20_000)
+    # The session is an HttpOnly cookie: the page's script cannot read it (nor the token, never kept).
+    assert page.evaluate("document.cookie") == ""
+    cookies = page.context.cookies()
+    assert [(c["httpOnly"], c["sameSite"]) for c in cookies] == [(True, "Strict")]
+    assert token not in cookies[0]["value"]
 
 
 def _rows(page: Any, table: str) -> list[list[str]]:
@@ -122,10 +143,12 @@ class TestDashboard:
                 held.cycle_index = 1
                 assert store.commit(held, token="worker-7", expected_revision=rev)
                 page.wait_for_function("document.querySelectorAll('#leases tbody tr').length === 0", timeout=20_000)
-                # Read-only without a token typed in: the server refuses the action, the page says so.
-                page.click("#parked tbody button")
-                page.wait_for_function("document.getElementById('action-result').textContent.includes('401')")
-                page.fill("#token", TOKEN)
+                # An action the page's session cookie alone would make (no CSRF token): refused.
+                forged = page.evaluate(
+                    "fetch('/dashboard/api/tasks/poison/requeue?ns=' + encodeURIComponent(state.ns),"
+                    " {method: 'POST', body: '{}'}).then(r => r.status)"
+                )
+                assert forged == 403
                 page.click("#parked tbody button")
                 page.wait_for_function("document.querySelectorAll('#parked tbody tr').length === 0", timeout=20_000)
                 page.fill("#waiting tbody input", '"approved"')
@@ -142,6 +165,10 @@ class TestDashboard:
                 assert store.load("fresh").status == "cancelled" and dialogs == ["cancel task fresh?"]
                 assert store.load("asks").status == "running" and store.load("poison").status == "running"
                 page.wait_for_function("document.getElementById('chart').dataset !== undefined")
+                # Log out: the session ends, and the page is the login form again.
+                page.click("#logout")
+                page.wait_for_selector("form#login", timeout=20_000)
+                assert page.context.cookies() == []
             finally:
                 browser.close()
                 pw.stop()
@@ -172,7 +199,7 @@ class TestDashboard:
             pw, browser, page, _ = _page(served)
             try:
                 page.wait_for_function("document.querySelectorAll('#parked tbody tr').length === 1", timeout=20_000)
-                assert page.is_disabled("#parked tbody button") and page.is_hidden("#token-box")
+                assert page.is_disabled("#parked tbody button") and page.is_hidden("#logout")
                 assert page.text_content("#mode") == "read-only"
                 r = httpx.post(served.url + f"/dashboard/api/tasks/poison/requeue?ns={namespace}", json={})
                 assert r.status_code == 403

@@ -358,6 +358,40 @@ class TestWorker:
         assert done.status == "success" and done.attempt == 2
         assert log_of(backend, namespace, "t") == ["a", "b", "c", "d", "e"]  # no step ran twice
 
+    def test_a_forked_run_handed_back_goes_on_from_its_own_checkpoints_not_the_fork_point(
+        self, queue: Any, backend: Any, namespace: str, run_worker: Any
+    ) -> None:
+        # A run that starts from an earlier checkpoint (config's checkpoint_id: agentstate serve's
+        # `checkpoint`, a fork) and is handed back: the next attempt goes on from the checkpoints
+        # this run wrote, as any run does, not from the fork point again (which re-ran its nodes
+        # and left its first attempt's checkpoints as an abandoned branch).
+        saver = AgentStateSaver(backend.sync_client(), namespace=namespace)
+        with run_worker(graphs.slow):
+            assert queue.join(queue.create("t", {"log": []}).run_id, timeout_s=30).status == "success"
+        after_a = next(c for c in saver.list({"configurable": {"thread_id": "t"}})
+                       if c.checkpoint["channel_values"].get("log") == ["a"])  # fmt: skip
+        fork = after_a.config["configurable"]["checkpoint_id"]
+        with run_worker(graphs.slow) as first:
+            run = queue.create("t", None, config={"configurable": {"checkpoint_id": fork}})
+            _wait_for(lambda: len(log_of(backend, namespace, "t")) == 3)  # a, then b and c of the fork
+            first.stop()
+        assert queue.get(run.run_id).status == "pending"
+        with run_worker(graphs.slow):
+            done = queue.join(run.run_id, timeout_s=30)
+        assert done.status == "success" and done.attempt == 2
+        assert log_of(backend, namespace, "t") == ["a", "b", "c", "d", "e"]
+        mine = {c.config["configurable"]["checkpoint_id"]: c for c in saver.list({"configurable": {"thread_id": "t"}})
+                if c.metadata.get("run_id") == run.run_id}  # fmt: skip
+        chain, at = [], saver.get_tuple({"configurable": {"thread_id": "t"}})
+        while at is not None and at.config["configurable"]["checkpoint_id"] != fork:
+            chain.append(at.config["configurable"]["checkpoint_id"])
+            at = None if at.parent_config is None else saver.get_tuple(at.parent_config)
+        assert at is not None and set(chain) == set(mine)
+        # LangGraph's own fork checkpoint, then one per node of the fork: each once.
+        logs = sorted((c.metadata["step"], c.metadata["source"], c.checkpoint["channel_values"]["log"])
+                      for c in mine.values())  # fmt: skip
+        assert logs == [(2, "fork", ["a"])] + [(3 + i, "loop", list("abcde"[: 2 + i])) for i in range(4)]
+
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout

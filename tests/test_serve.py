@@ -56,6 +56,12 @@ class Served:
         return get_client(url=self.url, api_key=self.token, **kw)
 
     def http(self) -> httpx.Client:
+        """A raw client that sends the token when the server has one (every route but /ok needs it)."""
+        headers = {"x-api-key": self.token} if self.token else {}
+        return httpx.Client(base_url=self.url, timeout=30, headers=headers)
+
+    def anonymous(self) -> httpx.Client:
+        """A raw client without the token."""
         return httpx.Client(base_url=self.url, timeout=30)
 
 
@@ -73,14 +79,15 @@ def _wait_up(url: str, proc: subprocess.Popen[bytes] | None = None, err: Any = N
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"agentstate serve exited {proc.returncode}: {_read(err)}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/ok", timeout=1).status_code == 200:
+            # 503: it serves, but its Redis does not answer (a test's unreachable Redis).
+            if httpx.get(url + "/ok", timeout=3).status_code in (200, 503):
                 return
         time.sleep(0.05)
     raise AssertionError("agentstate serve did not come up")
 
 
 @contextlib.contextmanager
-def _in_thread(server: Any, namespace: str, token: str | None) -> Iterator[Served]:
+def _in_thread(server: Any, namespace: str, token: str | None, **kw: Any) -> Iterator[Served]:
     import uvicorn
 
     from redis_agentstate.server import create_app
@@ -88,7 +95,7 @@ def _in_thread(server: Any, namespace: str, token: str | None) -> Iterator[Serve
     port = free_port()
     client = fakeredis.FakeAsyncRedis(server=server, max_connections=320)  # as agentstate serve sizes it
     app = create_app({n: getattr(graphs, n) for n in GRAPHS}, client,
-                     namespace=namespace, token=token, workers=2)  # fmt: skip
+                     namespace=namespace, token=token, workers=2, **kw)  # fmt: skip
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -128,13 +135,14 @@ def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[S
                 proc.wait()
 
 
-def _serve(backend: Any, namespace: str, token: str | None) -> Any:
+def _serve(backend: Any, namespace: str, token: str | None, cors: tuple[str, ...] = ()) -> Any:
+    extra = [arg for origin in cors for arg in ("--cors-origin", origin)]
     if backend.kind == "fake":
-        return _in_thread(backend.server, namespace, token)
+        return _in_thread(backend.server, namespace, token, **({"cors_origins": cors} if cors else {}))
     if backend.kind == "cluster":
         host, port = backend.cluster.startup
-        return _cli(f"redis://{host}:{port}", namespace, token, "--cluster")
-    return _cli(backend.url, namespace, token)
+        return _cli(f"redis://{host}:{port}", namespace, token, "--cluster", *extra)
+    return _cli(backend.url, namespace, token, *extra)
 
 
 #: fakeredis (the app in this process), a real server and the local Cluster (the CLI, ``--cluster``).
@@ -290,7 +298,9 @@ class TestSdkClient:
 
         async def everyone() -> list[list[tuple[str, str]]]:
             limits = httpx.Limits(max_connections=130, max_keepalive_connections=130)
-            async with httpx.AsyncClient(base_url=served.url, timeout=60, limits=limits) as http:
+            async with httpx.AsyncClient(
+                base_url=served.url, timeout=60, limits=limits, headers={"x-api-key": TOKEN}
+            ) as http:
                 return await asyncio.gather(*(follow(http) for _ in range(120)))
 
         got = asyncio.run(everyone())
@@ -354,6 +364,95 @@ class TestSdkClient:
         with pytest.raises(httpx.HTTPStatusError) as err:
             c.runs.wait(tid, "slow", input={"log": ["b"]}, multitask_strategy="enqueue")
         assert err.value.response.status_code == 409 and "cancelled" in err.value.response.text
+
+    def test_a_run_starts_from_the_head_or_forks_from_an_earlier_checkpoint_as_langgraph_does(
+        self, served: Served
+    ) -> None:
+        # Issue 41 item 0: Agent Chat UI's useStream sends the thread head as `checkpoint` on every
+        # follow-up, and an earlier one to regenerate (a fork). The reference is LangGraph itself: the
+        # same graph, the same calls, with that config, on an in-memory saver.
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        c = served.sync()
+        ref = graphs.steps.copy(update={"checkpointer": InMemorySaver()})
+        cfg: Any = {"configurable": {"thread_id": "reference"}}
+        tid = c.threads.create()["thread_id"]
+        assert c.runs.wait(tid, "steps", input={"log": ["x"]}) == ref.invoke({"log": ["x"]}, cfg)
+        head = c.threads.get_state(tid)["checkpoint"]
+        assert head["thread_id"] == tid and head["checkpoint_id"]
+        follow_up = c.runs.wait(tid, "steps", input={"log": ["y"]}, checkpoint=head)
+        assert follow_up == ref.invoke({"log": ["y"]}, {"configurable": {**cfg["configurable"],
+                                       **ref.get_state(cfg).config["configurable"]}}) == {
+            "log": ["x", "a", "b", "c", "y", "a", "b", "c"]}  # fmt: skip
+        # A fork from the first run's checkpoint after node a (next: b), as the whole checkpoint
+        # object the client holds, and one given by checkpoint_id with an input.
+        after_a = next(h for h in c.threads.get_history(tid, limit=100) if h["values"].get("log") == ["x", "a"])
+        ref_after_a = next(s for s in ref.get_state_history(cfg) if s.values.get("log") == ["x", "a"])
+        assert after_a["next"] == list(ref_after_a.next) == ["b"]
+        forked = c.runs.wait(tid, "steps", input=None, checkpoint=after_a["checkpoint"])
+        assert forked == ref.invoke(None, ref_after_a.config) == {"log": ["x", "a", "b", "c"]}
+        first = next(h for h in c.threads.get_history(tid, limit=100) if h["values"].get("log") == ["x"])
+        ref_first = next(s for s in ref.get_state_history(cfg) if s.values.get("log") == ["x"])
+        again = c.runs.wait(tid, "steps", input={"log": ["z"]}, checkpoint_id=first["checkpoint"]["checkpoint_id"])
+        assert again == ref.invoke({"log": ["z"]}, ref_first.config)
+        # The thread as LangGraph leaves it: the head, and every checkpoint of its history in order
+        # (the abandoned branches stay in the history, as LangGraph keeps them).
+        state, ref_state = c.threads.get_state(tid), ref.get_state(cfg)
+        assert (state["values"], state["next"]) == (ref_state.values, list(ref_state.next))
+        history = c.threads.get_history(tid, limit=100)
+        ref_history = list(ref.get_state_history(cfg))
+        assert [(h["values"], h["next"], h["metadata"]["step"]) for h in history] == [
+            (s.values, list(s.next), s.metadata["step"]) for s in ref_history]  # fmt: skip
+        parents = {h["checkpoint"]["checkpoint_id"]: (h["parent_checkpoint"] or {}).get("checkpoint_id")
+                   for h in history}  # fmt: skip
+        walk, cid = [], state["checkpoint"]["checkpoint_id"]
+        while cid is not None:
+            walk.append(cid)
+            cid = parents.get(cid)
+        assert first["checkpoint"]["checkpoint_id"] in walk and after_a["checkpoint"]["checkpoint_id"] not in walk
+        # A checkpoint the thread does not have: a clear 404, not a run from somewhere else.
+        for bad in ({"checkpoint_id": "1f0-no-such-checkpoint"}, {"checkpoint": {"checkpoint_id": "nope"}}):
+            with pytest.raises(httpx.HTTPStatusError) as err:
+                c.runs.wait(tid, "steps", input={"log": []}, **bad)
+            assert err.value.response.status_code == 404 and "no checkpoint" in err.value.response.text
+        with served.http() as h:
+            r = h.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "steps", "checkpoint": "head"})
+            assert r.status_code == 422
+            r = h.post(
+                f"/threads/{tid}/runs/wait",
+                json={"assistant_id": "steps", "checkpoint": {"thread_id": "other", "checkpoint_id": "x"}},
+            )
+            assert r.status_code == 422  # fmt: skip
+        assert len(c.runs.list(tid, limit=100)) == 4  # the refused ones made no run
+
+    def test_the_run_headers_the_clients_read(self, served: Served) -> None:
+        # Issue 41 item 8: Content-Location names the run (/threads/T/runs/R), never its /join or
+        # /stream (clients take everything after /runs/ as the run id); a join says which run it
+        # answers; a cancel that waited answers 200 {} as LangGraph's server does.
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        created: list[Any] = []
+        c.runs.wait(tid, "steps", input={"log": []}, on_run_created=created.append)
+        list(c.runs.stream(tid, "steps", input={"log": []}, on_run_created=created.append))
+        list(c.runs.stream(None, "steps", input={"log": []}, on_run_created=created.append))
+        ids = [r["run_id"] for r in c.runs.list(tid)]
+        assert [m["run_id"] for m in created[:2]] == ids[::-1] and [m["thread_id"] for m in created[:2]] == [tid] * 2
+        assert "/" not in created[2]["run_id"] and "/" not in created[2]["thread_id"]
+        with served.http() as h:
+            r = h.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "steps", "input": {"log": []}})
+            rid = c.runs.list(tid)[0]["run_id"]
+            assert r.headers["content-location"] == f"/threads/{tid}/runs/{rid}"
+            with h.stream("POST", "/runs/stream", json={"assistant_id": "steps", "input": {"log": []}}) as r:
+                where = r.headers["content-location"]
+                r.read()
+            assert where.startswith("/threads/") and where.split("/runs/")[1].count("/") == 0
+            joined = h.get(f"/threads/{tid}/runs/{rid}/join")
+            assert joined.status_code == 200 and joined.headers["content-location"] == f"/threads/{tid}/runs/{rid}"
+            slow = c.threads.create()["thread_id"]
+            going = c.runs.create(slow, "slow", input={"log": []})
+            r = h.post(f"/threads/{slow}/runs/{going['run_id']}/cancel", params={"wait": 1})
+            assert (r.status_code, r.json()) == (200, {})
+            assert c.runs.get(slow, going["run_id"])["status"] in ("interrupted", "success")
 
     def test_state_update_and_history(self, served: Served) -> None:
         c = served.sync()
@@ -466,6 +565,27 @@ class TestDashboardApi:
         assert held.revision < store.load("t0").revision
 
 
+@pytest.mark.parametrize("backend", ["real"], indirect=True)
+class TestLeaseFlag:
+    def test_lease_ms_sets_the_runs_lease(self, backend: Any, namespace: str) -> None:
+        # Issue 41 item 7: the runs' lease had no flag (30 s: how long a crashed server's runs wait).
+        from redis_agentstate import CheckpointStore
+        from redis_agentstate.langgraph.runs import queue_namespace
+
+        client = backend.sync_client()
+        tasks = CheckpointStore(client, namespace=queue_namespace(f"{namespace}.slow"))
+        with _cli(backend.url, namespace, TOKEN, "--lease-ms", "1500") as s:
+            c = s.sync()
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(tid, "slow", input={"log": []})
+            _until(lambda: c.runs.get(tid, run["run_id"])["status"] == "running")
+            held = tasks.load(tid)
+            secs, micros = client.time()
+            now_ms = secs * 1000 + micros // 1000
+            assert held.lease_expires_at_ms is not None and 0 < held.lease_expires_at_ms - now_ms <= 1500
+            assert c.runs.join(tid, run["run_id"]) == {"log": list("abcde")}
+
+
 @on_fake_and_real
 class TestSecurity:
     def test_without_a_token_it_is_read_only(self, backend: Any, namespace: str) -> None:
@@ -476,14 +596,103 @@ class TestSecurity:
                 r = h.request(method, path, json={})
                 assert r.status_code == 403 and "read-only" in r.json()["detail"], (method, path)
 
-    def test_with_a_token_every_write_needs_it(self, served: Served) -> None:
-        with served.http() as h:
-            assert h.post("/threads", json={}).status_code == 401
-            assert h.post("/threads", json={}, headers={"x-api-key": "wrong"}).status_code == 403
-            assert h.post("/threads", json={}, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-            r = h.post("/threads", json={}, headers={"x-api-key": TOKEN})
-            assert r.status_code == 200 and TOKEN not in r.text
-            assert h.post("/threads/search", json={}).status_code == 200  # a read, though a POST
+    def test_with_a_token_every_route_but_ok_needs_it_reads_included(self, served: Served) -> None:
+        # Issue 41 item 0b: with a token, a read without it (a search listing every thread, a thread's
+        # conversation) answered 200.
+        c = served.sync()
+        tid = c.threads.create(metadata={"secret": "yes"})["thread_id"]
+        c.runs.wait(tid, "steps", input={"log": ["private"]})
+        run_id = c.runs.list(tid)[0]["run_id"]
+        reads = [("POST", "/threads/search"), ("POST", "/threads/count"), ("GET", f"/threads/{tid}"),
+                 ("GET", f"/threads/{tid}/state"), ("POST", f"/threads/{tid}/history"), ("GET", f"/threads/{tid}/runs"),
+                 ("GET", f"/threads/{tid}/runs/{run_id}/stream"), ("GET", f"/threads/{tid}/runs/{run_id}/join"),
+                 ("POST", "/assistants/search"), ("GET", "/assistants/steps"), ("GET", "/info"),
+                 ("GET", "/dashboard/api/info"), ("GET", "/dashboard/api/frame"), ("GET", "/dashboard/api/threads"),
+                 ("GET", "/dashboard/static/dashboard.js"), ("POST", "/threads")]  # fmt: skip
+        with served.anonymous() as h:
+            assert h.get("/ok").json() == {"ok": True}
+            for method, path in reads:
+                r = h.request(method, path, json={} if method == "POST" else None)
+                assert r.status_code == 401 and "private" not in r.text and "secret" not in r.text, (method, path)
+                wrong = h.request(method, path, headers={"x-api-key": "wrong"}, json={} if method == "POST" else None)
+                assert wrong.status_code == 403, (method, path)
+            bearer = h.post("/threads/search", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert bearer.status_code == 200 and tid in bearer.text and TOKEN not in bearer.text
+            # The page without a session is the login form, and nothing of the dashboard.
+            page = h.get("/")
+            assert page.status_code == 200 and 'action="/dashboard/login"' in page.text
+            assert "dashboard.js" not in page.text and "form-action 'self'" in page.headers["content-security-policy"]
+        with pytest.raises(httpx.HTTPStatusError) as err:
+            get_sync_client(url=served.url, api_key=None).threads.search()
+        assert err.value.response.status_code == 401
+        assert [t["thread_id"] for t in c.threads.search(metadata={"secret": "yes"})] == [tid]
+
+    def test_the_dashboard_logs_in_once_and_its_buttons_need_the_csrf_token(
+        self, served: Served, namespace: str
+    ) -> None:
+        from redis_agentstate.server._auth import COOKIE
+
+        with served.anonymous() as h:
+            bad = h.post("/dashboard/login", data={"token": "wrong"})
+            assert bad.status_code == 401 and "wrong token" in bad.text and "set-cookie" not in bad.headers
+            away = h.post("/dashboard/login", data={"token": TOKEN}, headers={"Origin": "http://evil.example"})
+            assert away.status_code == 403 and "set-cookie" not in away.headers
+            ok = h.post("/dashboard/login", data={"token": TOKEN}, headers={"Origin": served.url})
+            assert ok.status_code == 303 and ok.headers["location"] == "/"
+            set_cookie = ok.headers["set-cookie"]
+            assert "httponly" in set_cookie.lower() and "samesite=strict" in set_cookie.lower()
+            session = ok.cookies[COOKIE]
+            assert TOKEN not in set_cookie and TOKEN not in session
+        cookie = {"Cookie": f"{COOKIE}={session}"}
+        action = f"/dashboard/api/tasks/no-such-task/requeue?ns={namespace}"
+        with httpx.Client(base_url=served.url, timeout=30, headers=cookie) as h:
+            assert "dashboard.js" in h.get("/").text  # the page itself now
+            info = h.get("/dashboard/api/info").json()
+            assert info["session"] is True and info["csrf"] and info["csrf"] not in (session, TOKEN)
+            assert h.get("/info").status_code == 200 and h.get("/dashboard/api/frame").status_code == 200
+            # A write the cookie alone would make: refused without the session's CSRF token, or with
+            # another origin; with both it reaches the action (no such task: 404).
+            assert h.post(action, json={}).status_code == 403
+            assert h.post(action, json={}, headers={"x-csrf-token": "forged"}).status_code == 403
+            csrf = {"x-csrf-token": info["csrf"]}
+            assert h.post(action, json={}, headers={**csrf, "Origin": "http://evil.example"}).status_code == 403
+            assert h.post(action, json={}, headers={**csrf, "Origin": served.url}).status_code == 404
+            assert h.post("/threads", json={}, headers=csrf).status_code == 200
+            out = h.post("/dashboard/logout", headers=csrf)
+            assert out.status_code == 200 and COOKIE in out.headers["set-cookie"]
+        for forged in ("1.abc.def", session.rsplit(".", 1)[0] + "." + "0" * 64, "0" + session):
+            with httpx.Client(base_url=served.url, timeout=30, headers={"Cookie": f"{COOKIE}={forged}"}) as h:
+                assert h.get("/dashboard/api/info").status_code == 401, forged
+
+    def test_cors_preflights_are_answered_for_the_allowed_origins_before_the_token(
+        self, backend: Any, namespace: str
+    ) -> None:
+        # Issue 41 item 0: a browser's client (Agent Chat UI) sends a preflight before every call; it
+        # carries no token, so it is answered before the token is asked for.
+        ui, other = "http://localhost:3000", "http://evil.example"
+        sent = ("authorization", "content-type", "x-api-key", "last-event-id", "x-settings")  # x-settings: an app's own
+        asked = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": ",".join(sent)}
+        with _serve(backend, namespace, TOKEN, cors=(ui,)) as s, s.anonymous() as h:
+            pre = h.options("/threads/search", headers={"Origin": ui, **asked})
+            assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == ui
+            allowed = pre.headers["access-control-allow-headers"].lower()
+            assert all(x in allowed for x in sent)
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            refused = h.options("/threads/search", headers={"Origin": other, **asked})
+            assert "access-control-allow-origin" not in refused.headers
+            auth = {"Origin": ui, "x-api-key": TOKEN}
+            r = h.post("/threads/search", json={}, headers=auth)
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ui
+            tid = h.post("/threads", json={}, headers=auth).json()["thread_id"]
+            r = h.post(f"/threads/{tid}/runs/wait", json={"assistant_id": "steps", "input": {"log": []}}, headers=auth)
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ui
+            exposed = r.headers["access-control-expose-headers"].lower()
+            assert "content-location" in exposed and "x-pagination-next" in exposed
+            assert "access-control-allow-credentials" not in r.headers  # auth is a header, not a cookie
+            assert h.get("/threads/x", headers={"Origin": ui}).status_code == 401  # the token still guards
+        with _serve(backend, namespace, TOKEN) as s, s.anonymous() as h:  # no --cors-origin: no CORS
+            pre = h.options("/threads/search", headers={"Origin": ui, **asked})
+            assert "access-control-allow-origin" not in pre.headers
 
     def test_bodies_are_bounded_and_bad_ones_refused_with_json(self, served: Served) -> None:
         auth = {"x-api-key": TOKEN}
@@ -504,6 +713,31 @@ class TestSecurity:
 class TestCli:
     """What the command itself refuses and prints (no Redis needed)."""
 
+    def test_a_taken_port_is_an_error_before_any_serving_line(self) -> None:
+        # Issue 41 item 7: the start line was printed before the port was bound, then uvicorn failed.
+        import socket
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(port)],
+                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+        assert out.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
+        assert "agentstate serve: http://" not in out.stderr and "\\n" not in out.stderr
+
+    def test_bad_cors_origins_and_leases_are_refused(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+        for extra, said in ((["--cors-origin", "localhost:3000"], "--cors-origin"),
+                            (["--cors-origin", "http://x.example/"], "--cors-origin"),
+                            (["--lease-ms", "999"], "--lease-ms")):  # fmt: skip
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(free_port()), *extra],
+                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            assert out.returncode != 0 and said in out.stderr, (extra, out.stderr)
+
     def test_the_cli_refuses_a_public_host_without_a_token(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
         out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
@@ -517,10 +751,13 @@ class TestCli:
         with _cli(url, namespace, TOKEN) as s, s.http() as h:
             replies = [h.get("/threads/x"), h.post("/threads", json={}, headers={"x-api-key": TOKEN}),
                        h.post("/threads", json={}, headers={"x-api-key": "wrong-" + TOKEN})]  # fmt: skip
+            health = h.get("/ok")
             s.log.terminate()
             s.log.wait(20)
             out, err = s.output()
         assert [r.status_code for r in replies] == [503, 503, 403]
+        # Issue 41 item 7: healthy only when it can serve (a load balancer's check): not with Redis gone.
+        assert health.status_code == 503 and health.json()["ok"] is False and "hunter2pw" not in health.text
         assert "Redis unavailable" in err  # the workers said so, once each, without the URL
         for text in [*(r.text for r in replies), out, err]:
             assert TOKEN not in text and "hunter2pw" not in text

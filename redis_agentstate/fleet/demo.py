@@ -393,6 +393,8 @@ def _run_demo(
     progress: _Progress | None = None
     dash: subprocess.Popen[bytes] | None = None
     clean = False  # the worker logs are kept, and named, unless a report comes back clean
+    if config.dashboard_port is not None:
+        _check_port(config.dashboard_port)
     try:
         if url is None:
             server = start_embedded(embedded)
@@ -529,6 +531,24 @@ def _run_demo(
 
 def _summary_line(report: DemoReport) -> str:
     return "every cycle committed exactly once" if not report.problems else "INVARIANTS BROKEN (see below)"
+
+
+def _check_port(port: int) -> None:
+    """Before anything starts: a dashboard port already taken is the demo's one-line error, naming a
+    free port to pass instead."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+            return
+        except OSError:
+            pass
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        other = free.getsockname()[1]
+    raise RuntimeError(f"port {port} is taken, so the dashboard cannot listen there: pass another, "
+                       f"e.g. --dashboard {other}")  # fmt: skip
 
 
 def _start_dashboard(url: str, ns: str, port: int, logdir: str) -> subprocess.Popen[bytes]:

@@ -118,6 +118,11 @@ class _Attempt:
         run wrote it (the saved writes of an interrupted super-step are kept), else the run's input
         or command."""
         if last is not None and last.metadata.get("run_id") == self.run.run_id:
+            # From the head this run wrote: a run started from an earlier checkpoint (a fork) must
+            # not go back to it, which would re-run its nodes on a branch of their own.
+            conf = self.config["configurable"]
+            for k in ("checkpoint_id", "checkpoint_map"):
+                conf.pop(k, None)
             return None
         cmd = self.run.command
         if cmd is not None:

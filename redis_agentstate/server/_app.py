@@ -6,26 +6,29 @@ fleet started with ``agentstate langgraph worker MODULE:ATTR --namespace <namesp
 execute them. A thread belongs to the graph of its first run (``metadata["graph_id"]``, as on
 LangGraph Platform). Thread records are kept in a ``KeyValueStore`` of ``<namespace>.threads``.
 
-Writes (every route that changes something) need the token when one is set, as ``x-api-key``
-or ``Authorization: Bearer``; without a token the app is read-only (they answer 403). Request
-bodies are bounded (``max_body_bytes``), and so is the number of open event streams.
+With a token, every route but ``/ok`` needs it, reads included, as ``x-api-key`` or
+``Authorization: Bearer``, or the dashboard's session cookie (``_auth.py``); without a token the app
+is read-only (writes answer 403). CORS preflights are answered before that check, for the origins
+given (``cors_origins``). Request bodies are bounded (``max_body_bytes``), and so is the number of
+open event streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -42,6 +45,7 @@ from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncRunQueue, GraphWorker, Run
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
+from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
 from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
 from ._http import page_of, read_body
@@ -66,6 +70,17 @@ MAX_STREAMS = 256
 #: API reads, the dashboard's sweep).
 POOL_MARGIN = 64
 _FINAL = ("success", "error", "interrupted", "timeout")
+#: How long ``/ok`` waits for Redis's PONG.
+OK_PING_S = 2.0
+#: What a browser's client may read of an answer across origins (the run a create made; pages of a
+#: search). What it may send is any header its preflight asks for, as LangGraph's server allows: the
+#: key, the SSE cursor, and the front end's own ``defaultHeaders`` (no cookie rides along: no
+#: credentials are allowed).
+CORS_EXPOSE_HEADERS = ("Content-Location", "Location", "X-Pagination-Total", "X-Pagination-Next", "X-Request-Id")
+#: Reachable without the token: the health check, and the dashboard's login form and its stylesheet
+#: (``GET /`` shows the form until a session exists).
+PUBLIC = frozenset({("GET", "/ok"), ("GET", "/"), ("POST", "/dashboard/login"),
+                    ("GET", "/dashboard/static/dashboard.css")})  # fmt: skip
 
 
 @dataclass
@@ -140,8 +155,9 @@ class ThreadBook:
 
 class _App:
     def __init__(self, client: Any, graphs: Mapping[str, Any], namespace: str, token: str | None,
-                 workers: int, max_body_bytes: int, max_streams: int) -> None:  # fmt: skip
-        self.client, self.token, self.max_body = client, token, max_body_bytes
+                 workers: int, max_body_bytes: int, max_streams: int, lease_ms: int) -> None:  # fmt: skip
+        self.client, self.token, self.max_body, self.lease_ms = client, token, max_body_bytes, lease_ms
+        self.sessions = None if token is None else Sessions(token)
         self.graphs: dict[str, ServedGraph] = {}
         for name, graph in graphs.items():
             ns = f"{namespace}.{name}"
@@ -149,7 +165,9 @@ class _App:
                 name, graph, AsyncRunQueue(client, namespace=ns), AsyncAgentStateSaver(client, namespace=ns)
             )
             served.workers = (
-                [GraphWorker(graph, served.queue, served.saver, concurrency=workers, graph_id=name)] if workers else []
+                [GraphWorker(graph, served.queue, served.saver, concurrency=workers, graph_id=name, lease_ms=lease_ms)]
+                if workers
+                else []
             )
             self.graphs[name] = served
         self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
@@ -178,6 +196,37 @@ class _App:
             await self.feeds.close()
             if self._tasks:
                 await asyncio.wait(self._tasks, timeout=10)
+
+    # ---- who may call ----------------------------------------------------------------------------
+
+    def session_of(self, request: Request) -> str | None:
+        """The request's valid dashboard session cookie, or None."""
+        value = request.cookies.get(COOKIE)
+        return value if self.sessions is not None and self.sessions.valid(value) else None
+
+    def refusal(self, request: Request) -> Response | None:
+        """None if the request may go on, else the answer refusing it."""
+        if self.sessions is None:
+            if _is_write(request):
+                return JSONResponse({"detail": "read-only: start agentstate serve with --token to allow writes"},
+                                    status_code=403)  # fmt: skip
+            return None
+        if (request.method, request.url.path) in PUBLIC:
+            return None
+        given = header_token(request.headers)
+        if given is not None:
+            if self.sessions.check_token(given):
+                return None
+            return JSONResponse({"detail": "wrong token"}, status_code=403)
+        session = self.session_of(request)
+        if session is None:
+            return JSONResponse({"detail": "this server needs the token on every route but /ok "
+                                 "(x-api-key or Authorization: Bearer)"}, status_code=401)  # fmt: skip
+        if request.method not in ("GET", "HEAD") and not (
+            same_origin(request) and self.sessions.csrf_ok(session, request.headers.get(CSRF_HEADER))
+        ):
+            return JSONResponse({"detail": "CSRF check failed: reload the dashboard"}, status_code=403)
+        return None
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -325,7 +374,7 @@ class _App:
         try:
             # The thread's one writer while it writes: a running run holds the lease, so this waits
             # for the run's end (or answers 409 after the wait).
-            async with g.saver.lease(tid, lease_ms=30_000, wait_ms=10_000):
+            async with g.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=10_000):
                 out = await g.stateful.aupdate_state({"configurable": conf}, body.get("values"),
                                                      as_node=body.get("as_node"))  # fmt: skip
         except ThreadBusy as exc:
@@ -361,31 +410,34 @@ class _App:
 
     async def _create(self, tid: str | None, body: Mapping[str, Any]) -> tuple[ServedGraph, Run, bool]:
         g = self.assistants.find(body.get("assistant_id"))
+        for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
+            if body.get(unsupported):
+                raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
         temporary = tid is None
         if tid is None:
             tid = str(uuid.uuid4())
         rec = await self.book.record(tid)
+        if rec is None and not temporary and body.get("if_not_exists") != "create":
+            raise HTTPException(404, f"no thread {tid!r}")
+        owner = None if rec is None else self.book.graph_of(rec)
+        if owner is not None and owner is not g:
+            raise HTTPException(422, f"thread {tid!r} runs graph {owner.name!r}, not {g.name!r}")
+        start = await self._start_from(g, tid, body)
         if rec is None:
-            if not temporary and body.get("if_not_exists") != "create":
-                raise HTTPException(404, f"no thread {tid!r}")
             rec = {"thread_id": tid, "created_ms": int(time.time() * 1000), "metadata": {"graph_id": g.name}}
             await self.book.save(rec)
-        else:
-            owner = self.book.graph_of(rec)
-            if owner is None:
-                rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
-                await self.book.save(rec)
-            elif owner is not g:
-                raise HTTPException(422, f"thread {tid!r} runs graph {owner.name!r}, not {g.name!r}")
-        for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds", "checkpoint"):
-            if body.get(unsupported):
-                raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
+        elif owner is None:
+            rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
+            await self.book.save(rec)
         modes = body.get("stream_mode") or "values"
         modes = [modes] if isinstance(modes, str) else list(modes)
         modes = ["messages" if m == "messages-tuple" else m for m in modes]
-        config = dict(body.get("config") or {})
-        if body.get("context"):
-            config["configurable"] = {**body["context"], **(config.get("configurable") or {})}
+        config = body.get("config") or {}
+        if not isinstance(config, dict):
+            raise HTTPException(422, "config must be an object")
+        config = dict(config)
+        if body.get("context") or start:
+            config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": g.assistant_id}
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
@@ -396,6 +448,43 @@ class _App:
         except InvalidArgument as exc:
             raise HTTPException(422, str(exc)) from exc
         return g, run, temporary and body.get("on_completion", "delete") == "delete"
+
+    async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``configurable`` keys of a run that starts from a checkpoint (``checkpoint`` or
+        ``checkpoint_id``: the thread's head, or an earlier one, which forks the thread there), as
+        LangGraph's server maps them; 404 for a checkpoint the thread does not have."""
+        cp, cid = body.get("checkpoint"), body.get("checkpoint_id")
+        if cp is None and cid is None:
+            return {}
+        if cp is not None and not isinstance(cp, dict):
+            raise HTTPException(422, "checkpoint must be an object (checkpoint_id, checkpoint_ns, ...)")
+        out: dict[str, Any] = {}
+        for k, v in (cp or {}).items():
+            if k == "thread_id":
+                if v not in (None, tid):
+                    raise HTTPException(422, f"checkpoint.thread_id {v!r} is not the run's thread {tid!r}")
+            elif k in ("checkpoint_id", "checkpoint_ns"):
+                if v is not None and not isinstance(v, str):
+                    raise HTTPException(422, f"checkpoint.{k} must be a string")
+                if v is not None:
+                    out[k] = v
+            elif k == "checkpoint_map":
+                if v is not None and not isinstance(v, dict):
+                    raise HTTPException(422, "checkpoint.checkpoint_map must be an object")
+                if v:
+                    out[k] = v
+            else:
+                raise HTTPException(422, f"checkpoint.{k} is not a checkpoint key")
+        if cid is not None:
+            if not isinstance(cid, str) or not cid:
+                raise HTTPException(422, "checkpoint_id must be a string")
+            out["checkpoint_id"] = cid
+        if out.get("checkpoint_id"):
+            at: dict[str, Any] = {k: out[k] for k in ("checkpoint_id", "checkpoint_ns") if k in out}
+            found = await g.saver.aget_tuple({"configurable": {"thread_id": tid, **at}})
+            if found is None:
+                raise HTTPException(404, f"no checkpoint {out['checkpoint_id']!r} in thread {tid!r}")
+        return out
 
     async def runs_create(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
@@ -431,12 +520,12 @@ class _App:
         out = await self._final(g, done)
         if delete:
             await self._drop_thread(g, run.thread_id)
-        return _json(out, headers=_location(run, "join"))
+        return _json(out, headers=_location(run))
 
     async def run_join(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
         done = run if run.done else await self._join(g, run.run_id)
-        return _json(await self._final(g, done))
+        return _json(await self._final(g, done), headers=_location(run))
 
     async def run_get(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -464,6 +553,7 @@ class _App:
         if request.query_params.get("wait", "false").lower() in ("1", "true"):
             with contextlib.suppress(RunNotFound):
                 await self._join(g, run.run_id)
+            return JSONResponse({})  # as LangGraph's server answers a cancel that waited
         return Response(status_code=202 if request.query_params.get("wait") is None else 204)
 
     async def run_delete(self, request: Request) -> Response:
@@ -500,7 +590,7 @@ class _App:
                             await self._join(g, run.run_id)
                             await self._drop_thread(g, run.thread_id)
 
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run, "stream")}
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run)}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     async def runs_stream(self, request: Request) -> Response:
@@ -519,6 +609,13 @@ class _App:
     # ---- the rest -----------------------------------------------------------------------------------------
 
     async def ok(self, request: Request) -> Response:
+        # Healthy means able to serve: a server whose Redis is gone answers 503, so a load balancer
+        # sends its clients to another.
+        try:
+            await asyncio.wait_for(self.client.ping(), OK_PING_S)
+        except Exception as exc:  # any failure to reach Redis is "unavailable"
+            return JSONResponse({"ok": False, "detail": f"Redis is unavailable ({type(exc).__name__})"},
+                                status_code=503)  # fmt: skip
         return JSONResponse({"ok": True})
 
     async def info(self, request: Request) -> Response:
@@ -543,8 +640,10 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return v
 
 
-def _location(run: Run, what: str = "") -> dict[str, str]:
-    path = f"/threads/{run.thread_id}/runs/{run.run_id}" + (f"/{what}" if what else "")
+def _location(run: Run) -> dict[str, str]:
+    # The run itself, never its /join or /stream: clients parse the run id out of it (the JS client's
+    # onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
+    path = f"/threads/{run.thread_id}/runs/{run.run_id}"
     return {"Location": path, "Content-Location": path}
 
 
@@ -563,29 +662,25 @@ def create_app(
     workers: int = 1,
     max_body_bytes: int = 1 << 20,
     max_streams: int = MAX_STREAMS,
+    cors_origins: Sequence[str] = (),
+    lease_ms: int = 30_000,
 ) -> Starlette:
     """The app: ``graphs`` by name, on an ``redis.asyncio`` client; ``workers`` GraphWorker tasks per
     graph run in the app (0: a fleet elsewhere executes the runs). At most ``max_streams`` event streams
     are open at once; each followed run (however many clients follow it) and each pool tail holds one
     of the client's pooled connections while it waits, so give the client a pool that large plus what
-    the workers need (``agentstate serve`` does: ``MAX_STREAMS + POOL_MARGIN``)."""
-    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams)
+    the workers need (``agentstate serve`` does: ``MAX_STREAMS + POOL_MARGIN``). ``cors_origins``: the
+    origins a browser may call it from (``"*"``: any; none by default); ``lease_ms``: the workers'
+    thread leases (how long a crashed server's runs wait before another takes them over)."""
+    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
     a = app_state
     d, s = a.dash, a.assistants
 
     def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
-            if _is_write(request):
-                if a.token is None:
-                    return JSONResponse({"detail": "read-only: start agentstate serve with --token to allow writes"},
-                                        status_code=403)  # fmt: skip
-                given = request.headers.get("x-api-key") or ""
-                auth = request.headers.get("authorization") or ""
-                if auth.lower().startswith("bearer "):
-                    given = given or auth[7:].strip()
-                if not hmac.compare_digest(given.encode(), a.token.encode()):
-                    return JSONResponse({"detail": "a write needs the token (x-api-key or Authorization: Bearer)"},
-                                        status_code=401 if not given else 403)  # fmt: skip
+            refused = a.refusal(request)
+            if refused is not None:
+                return refused
             try:
                 return await handler(request)
             except HTTPException as exc:
@@ -610,6 +705,7 @@ def create_app(
         ("/dashboard/api/pools/{pool}/tail", d.dash_pool_tail, ["GET"]),
         ("/dashboard/api/threads", d.dash_threads, ["GET"]),
         ("/dashboard/api/tasks/{task}/{action}", d.dash_action, ["POST"]),
+        ("/dashboard/login", d.login, ["POST"]), ("/dashboard/logout", d.logout, ["POST"]),
         ("/assistants/search", s.assistants_search, ["POST"]), ("/assistants/count", s.assistants_count, ["POST"]),
         ("/assistants/{aid}", s.assistant_get, ["GET"]), ("/assistants/{aid}/graph", s.assistant_graph, ["GET"]),
         ("/assistants/{aid}/schemas", s.assistant_schemas, ["GET"]),
@@ -641,6 +737,15 @@ def create_app(
         code = getattr(exc, "status_code", 404)
         return JSONResponse({"detail": getattr(exc, "detail", "not found")}, status_code=code)
 
-    app = Starlette(routes=routes, lifespan=a.lifespan, exception_handlers={404: not_found, 405: not_found})
+    # Outside the routes, so a preflight (which carries no token: auth is a header) is answered before
+    # the token is asked for. No credentials: the API's auth is a header, and the dashboard's cookie
+    # is SameSite=Strict, for its own origin only.
+    middleware = [
+        Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "PUT", "PATCH",
+                   "DELETE", "OPTIONS"], allow_headers=["*"],
+                   expose_headers=list(CORS_EXPOSE_HEADERS), max_age=600)
+    ] if cors_origins else []  # fmt: skip
+    app = Starlette(routes=routes, lifespan=a.lifespan, middleware=middleware,
+                    exception_handlers={404: not_found, 405: not_found})  # fmt: skip
     app.state.agentstate = a
     return app

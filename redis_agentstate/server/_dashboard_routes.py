@@ -1,7 +1,8 @@
 """The dashboard's routes of ``agentstate serve``: the page, its static files, its JSON and SSE
 reads and its three task actions (requeue, cancel, resume). Every read is bounded as the CLI's
 are (``KEEP`` rows, pages of the listing scripts); the collectors (``_dashboard.py``) do the
-reading, once per namespace however many pages watch.
+reading, once per namespace however many pages watch. With a token, the page is the login form
+until the browser has a session (``_auth.py``): the token is typed once, never kept by the page.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -18,6 +20,7 @@ from ..checkpoint import AsyncCheckpointStore
 from ..errors import NotParked, NotWaiting, TaskNotFound
 from ..pool_models import Cursor
 from ..pools import AsyncPoolStore
+from ._auth import COOKIE, SESSION_S, header_token, same_origin
 from ._dashboard import KEEP, Collector
 from ._http import read_body
 from ._shapes import json_response, sse
@@ -34,9 +37,17 @@ _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends "Origin: null" on the page's own POSTs (the login
+    # form, the buttons), and the Origin check could not tell them from another site's. same-origin
+    # still sends nothing to any other site.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+#: The login form posts to its own origin; nothing else differs.
+_LOGIN_HEADERS = {**_PAGE_HEADERS, "Content-Security-Policy": _PAGE_HEADERS["Content-Security-Policy"].replace(
+    "form-action 'none'", "form-action 'self'")}  # fmt: skip
+#: A login form is a few dozen bytes.
+_LOGIN_BODY = 4096
 
 
 class DashboardRoutes:
@@ -60,7 +71,40 @@ class DashboardRoutes:
         return ns
 
     async def page(self, request: Request) -> Response:
-        return FileResponse(_STATIC / "dashboard.html", headers=_PAGE_HEADERS)
+        sessions = self.app.sessions
+        if sessions is None or self.app.session_of(request) or sessions.check_token(header_token(request.headers)):
+            return FileResponse(_STATIC / "dashboard.html", headers=_PAGE_HEADERS)
+        return self._login_form(200, "")
+
+    def _login_form(self, status: int, error: str) -> Response:
+        html = (_STATIC / "login.html").read_text("utf-8").replace("<!--error-->", error)
+        return Response(html, status_code=status, media_type="text/html", headers=_LOGIN_HEADERS)
+
+    async def login(self, request: Request) -> Response:
+        """The login form's POST (``token=...``): a session cookie and back to the page, or the form again."""
+        sessions = self.app.sessions
+        if sessions is None:  # the guard answered it (read-only): kept for the type checker
+            raise HTTPException(403, "read-only")
+        if not same_origin(request):
+            raise HTTPException(403, "the login form posts from this server's own page")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > _LOGIN_BODY:
+                raise HTTPException(413, "login form over 4096 bytes")
+        given = next(iter(parse_qs(raw.decode("utf-8", "replace")).get("token") or []), None)
+        if not sessions.check_token(given):
+            # A fixed text: nothing of the request reaches the page.
+            return self._login_form(401, '<p class="error" role="alert">wrong token</p>')
+        out = Response(status_code=303, headers={"Location": "/", "Cache-Control": "no-store"})
+        out.set_cookie(COOKIE, sessions.new(), max_age=SESSION_S, path="/", httponly=True, samesite="strict",
+                       secure=request.url.scheme == "https")  # fmt: skip
+        return out
+
+    async def logout(self, request: Request) -> Response:
+        out = JSONResponse({"ok": True})
+        out.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return out
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -69,8 +113,11 @@ class DashboardRoutes:
         return FileResponse(_STATIC / name, headers=_PAGE_HEADERS)
 
     async def dash_info(self, request: Request) -> Response:
+        sessions, session = self.app.sessions, self.app.session_of(request)
         return JSONResponse({"namespaces": self.namespaces, "graphs": sorted(self.app.graphs),
-                             "read_only": self.app.token is None})  # fmt: skip
+                             "read_only": self.app.token is None, "session": session is not None,
+                             "csrf": None if sessions is None or session is None else sessions.csrf(session)},
+                            headers={"Cache-Control": "no-store"})  # fmt: skip
 
     async def dash_frame(self, request: Request) -> Response:
         c = self.collectors[self._ns(request)]

@@ -1,8 +1,9 @@
 """``agentstate serve --graph NAME=MODULE:ATTR [...]``: the app of ``create_app`` under uvicorn.
 
 Imported only when the command runs. Without ``--token`` the server binds loopback only (a
-non-loopback ``--host`` is refused) and is read-only; with one, every write needs it. The token
-and the Redis URL's password are never printed.
+non-loopback ``--host`` is refused) and is read-only; with one, every route but ``/ok`` needs it.
+The token and the Redis URL's password are never printed. The port is bound before the start line
+is printed, so a taken port is an error, never a "serving" line followed by one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 import sys
 from typing import Any
 
@@ -56,6 +58,12 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
     token = args.token or os.environ.get("AGENTSTATE_TOKEN") or None
     if token is None and not loopback(args.host):
         raise CliError(f"--host {args.host} is not loopback: serving beyond this machine needs --token", "Unsafe")
+    if args.lease_ms < 1000:
+        raise CliError(f"--lease-ms must be at least 1000, got {args.lease_ms}", "BadArgument")
+    origins = list(args.cors_origin)
+    for origin in origins:
+        if origin != "*" and (not origin.startswith(("http://", "https://")) or origin.rstrip("/") != origin):
+            raise CliError(f"--cors-origin is '*' or scheme://host[:port] with no path, got {origin!r}", "BadArgument")
     graphs = _graphs(args.graph)
     # redis-py's pool holds 100 connections by default; every open stream may hold one while it waits.
     pool = MAX_STREAMS + POOL_MARGIN
@@ -70,10 +78,30 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
         client = redis.asyncio.Redis(
             connection_pool=redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=pool)
         )
-    app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers)
-    mode = "writes need the token" if token else "read-only (no --token)"
+    app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers,
+                     cors_origins=origins, lease_ms=args.lease_ms)  # fmt: skip
+    sock = _bind(args.host, args.port)
+    mode = "every route but /ok needs the token" if token else "read-only (no --token)"
     served = f"graphs {', '.join(graphs)}" if graphs else "the dashboard (no --graph)"
     print(f"agentstate serve: http://{args.host}:{args.port} {served}; {mode}",
           file=sys.stderr, flush=True)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now: a taken port or a bad address is the command's error."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", "BindFailed") from exc
+    return sock

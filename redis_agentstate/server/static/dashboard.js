@@ -1,5 +1,7 @@
 // The agentstate dashboard: no framework, no build step. Every value from Redis reaches the page
-// through textContent (never innerHTML), so an id or a reason holding HTML shows as text.
+// through textContent (never innerHTML), so an id or a reason holding HTML shows as text. With a token
+// the server let this page load only with a session (an HttpOnly cookie the script cannot read); each
+// action carries the session's CSRF token, which /dashboard/api/info hands this page.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -45,9 +47,9 @@ function serverNow() {
 
 async function act(path, body) {
   const headers = { "content-type": "application/json" };
-  const token = $("token").value;
-  if (token) headers["x-api-key"] = token;
-  const r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}) });
+  if (state.info && state.info.csrf) headers["x-csrf-token"] = state.info.csrf;
+  const r = await fetch(path, { method: "POST", headers, body: JSON.stringify(body || {}), credentials: "same-origin" });
+  if (r.status === 401) { location.reload(); return false; } // the session ended: the login form again
   let detail = "";
   try { detail = (await r.json()).detail || ""; } catch (e) { detail = ""; }
   $("action-result").textContent = r.ok ? "done: " + path : "refused (" + r.status + "): " + detail;
@@ -221,9 +223,14 @@ function connect() {
 
 async function main() {
   const r = await fetch("/dashboard/api/info");
+  if (r.status === 401) { location.reload(); return; }
   state.info = await r.json();
-  $("mode").textContent = state.info.read_only ? "read-only" : "actions need the token";
-  $("token-box").hidden = state.info.read_only;
+  $("mode").textContent = state.info.read_only ? "read-only" : "logged in";
+  $("logout").hidden = !state.info.session;
+  $("logout").addEventListener("click", async () => {
+    await fetch("/dashboard/logout", { method: "POST", headers: { "x-csrf-token": state.info.csrf || "" } });
+    location.reload();
+  });
   const sel = $("ns");
   sel.replaceChildren(...state.info.namespaces.map((n) => el("option", n, { value: n })));
   state.ns = state.info.namespaces[0];
