@@ -153,11 +153,10 @@ def _path(namespace: tuple[str, ...]) -> str:
 
 
 def _writable(namespace: tuple[str, ...]) -> None:
-    """LangGraph's rules for a namespace written to (``BaseStore.put`` checks them; ``batch`` must too)."""
+    """An item's namespace has a label. (``BaseStore.put`` also refuses the root label "langgraph", which
+    LangGraph itself writes through ``batch``: as InMemoryStore, ``batch`` takes it.)"""
     if not namespace:
         raise InvalidNamespaceError("Namespace cannot be empty.")
-    if namespace[0] == "langgraph":
-        raise InvalidNamespaceError(f'Root label for namespace cannot be "langgraph". Got: {namespace}')
 
 
 def _key(key: object) -> str:

@@ -1,0 +1,141 @@
+"""LangGraph's own store tests as the judge of ``AgentStateStore``: ``python tools/langgraph_store_suite.py``.
+
+langgraph-checkpoint's ``tests/test_store.py`` is written for ``InMemoryStore`` and builds it
+directly (``InMemoryStore(index=...)``) rather than through a fixture: the construction is the
+fixture. This script fetches the source distribution of the installed ``langgraph-checkpoint``
+(its tests are not in the wheel; ``pip download``, as tools/langgraph_suite.py fetches langgraph),
+and runs that file twice, on a private redis-server:
+
+* ``in_memory``: as shipped, the reference;
+* ``agentstate``: a copy whose one change is its import line, so that ``InMemoryStore(**kwargs)``
+  builds an ``AgentStateStore(redis.Redis(...), <a namespace of its own>, **kwargs)``.
+
+The verdict pairs the two runs test by test: every test that passes with ``in_memory`` must
+pass with ours. Tests that never construct a store (``get_text_at_path``, the batching helpers,
+namespace validation through a mock) run in both and pass the same; they are counted, not hidden.
+It exits non-zero if a test passed with ``in_memory`` and not with ours.
+
+``python tools/langgraph_store_suite.py [--keep DIR] [-- PYTEST ARGS]`` needs the package and
+``pytest``, ``pytest-asyncio``, ``pytest-mock`` in the current interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from langgraph_suite import _free_port, _outcome  # noqa: E402
+
+IMPORT = "from langgraph.store.memory import InMemoryStore\n"
+#: Replaces IMPORT in the copy run against our store.
+FACTORY = '''import itertools as _as_itertools
+import os as _as_os
+
+import redis as _as_redis
+
+from redis_agentstate.langgraph import AgentStateStore as _AsStore
+
+_AS_COUNTER = _as_itertools.count()
+
+
+class InMemoryStore(_AsStore):
+    """An AgentStateStore on the suite's redis-server, in a namespace of its own per store (a class, as
+    the tests also spy on ``InMemoryStore.batch``)."""
+
+    def __init__(self, **kwargs):
+        client = _as_redis.Redis.from_url(_as_os.environ["AGENTSTATE_SUITE_URL"])
+        super().__init__(client, f"lgstore-{_as_os.getpid()}-{next(_AS_COUNTER)}", **kwargs)
+'''
+
+
+def fetch(version: str, into: Path) -> Path:
+    """langgraph-checkpoint's source distribution of ``version``, unpacked in ``into``: its root folder,
+    with ``tests/test_store_agentstate.py`` beside ``tests/test_store.py``."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"langgraph-checkpoint=={version}", "--no-binary", ":all:",
+         "--no-deps", "--quiet", "-d", str(into)],
+        check=True,
+    )  # fmt: skip
+    (archive,) = into.glob("langgraph_checkpoint-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    root = into / f"langgraph_checkpoint-{version}"
+    original = root / "tests" / "test_store.py"
+    text = original.read_text()
+    if text.count(IMPORT) != 1:
+        raise SystemExit(f"langgraph-checkpoint {version}'s test_store.py does not import InMemoryStore as expected")
+    (root / "tests" / "test_store_agentstate.py").write_text(text.replace(IMPORT, FACTORY))
+    return root
+
+
+def run(root: Path, name: str, env: dict[str, str], extra: list[str]) -> dict[str, str]:
+    junit = root / f"junit-{name}.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", f"tests/{name}.py", "-p", "no:cacheprovider", "-q", "--junitxml",
+         str(junit), "-o", "asyncio_mode=auto", *extra],
+        cwd=root, env=env, check=False,
+    )  # fmt: skip
+    return {c.get("name", ""): _outcome(c) for c in ET.parse(junit).getroot().iter("testcase")}
+
+
+def verdict(reference: dict[str, str], ours: dict[str, str]) -> dict[str, object]:
+    both = sorted(set(reference) | set(ours))
+    passed_ref = [t for t in both if reference.get(t) == "passed"]
+    worse = [f"{t}: in_memory passed, agentstate {ours.get(t, 'missing')}" for t in passed_ref if ours.get(t) != "passed"]
+    return {
+        "tests": len(both),
+        "in_memory passed": len(passed_ref),
+        "agentstate passed where in_memory passed": len(passed_ref) - len(worse),
+        "in_memory not passed": sorted(f"{t}: {reference.get(t, 'missing')}" for t in both if t not in passed_ref),
+        "worse": worse,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", type=Path, help="unpack and run in this folder, and keep it")
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    version = importlib.metadata.version("langgraph-checkpoint")
+    work = args.keep or Path(tempfile.mkdtemp(prefix="agentstate-lgstore-"))
+    work.mkdir(parents=True, exist_ok=True)
+    redis_dir = Path(tempfile.mkdtemp(prefix="agentstate-lgstore-redis-"))
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not on PATH")
+    port = _free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(redis_dir)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(0.3)
+        root = fetch(version, work)
+        env = {**os.environ, "AGENTSTATE_SUITE_URL": f"redis://127.0.0.1:{port}/0"}
+        reference = run(root, "test_store", env, args.pytest_args)
+        ours = run(root, "test_store_agentstate", env, args.pytest_args)
+        report = verdict(reference, ours)
+        print(json.dumps(report, indent=2))
+        return 1 if report["worse"] else 0
+    finally:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(redis_dir, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
