@@ -181,11 +181,11 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
         except RuntimeError:
             running = None
         coro = self.abatch(list(ops))
-        if loop is None or running is loop:
+        if loop is None or running is loop or not loop.is_running():
             coro.close()
             raise asyncio.InvalidStateError(
                 "Synchronous calls to AsyncAgentStateStore are only allowed from a thread other than the "
-                "event loop's. From the loop, use the async interface, e.g. `await store.aget(...)`."
+                "event loop's, while it runs. From the loop, use the async interface, e.g. `await store.aget(...)`."
             )
         result: list[Result] = asyncio.run_coroutine_threadsafe(coro, loop).result()
         return result
@@ -193,7 +193,7 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
     def sweep(self) -> int:
         """The sync face of :meth:`asweep` (from a thread other than the store's loop)."""
         loop = self.loop
-        if loop is None:
+        if loop is None or not loop.is_running():
             raise asyncio.InvalidStateError("AsyncAgentStateStore.sweep: use `await store.asweep()`")
         result: int = asyncio.run_coroutine_threadsafe(self.asweep(), loop).result()
         return result
