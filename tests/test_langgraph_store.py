@@ -27,8 +27,8 @@ from redis_agentstate.langgraph import (
     AsyncAgentStateStore,
     GraphWorker,
     RunQueue,
+    _store_core,
 )
-from redis_agentstate.langgraph import _store_core
 
 SEP = "\0"
 
@@ -125,7 +125,9 @@ class TestSemantics:
         s = mk()
         for ns in [("b",), ("a", "z"), ("a",), ("a", "b", "c"), ("a-b",)]:
             s.put(ns, "k", {})
-        assert [tuple(i.namespace) for i in s.search(())] == sorted([("b",), ("a", "z"), ("a",), ("a", "b", "c"), ("a-b",)])
+        assert [tuple(i.namespace) for i in s.search(())] == sorted(
+            [("b",), ("a", "z"), ("a",), ("a", "b", "c"), ("a-b",)]
+        )
 
     def test_list_namespaces_matches_in_memory(self, mk: Callable[..., Memory]) -> None:
         s, ref = mk(), InMemoryStore()
@@ -165,7 +167,9 @@ class TestSemantics:
         both(s, ops, ref)
         assert view(s.search(("p",), limit=100)) == view(ref.search(("p",), limit=100))
         assert view(s.search(("p",), limit=5, offset=11)) == view(ref.search(("p",), limit=5, offset=11))
-        assert view(s.search(("p",), filter={"i": {"$gte": 30}})) == view(ref.search(("p",), filter={"i": {"$gte": 30}}))
+        assert view(s.search(("p",), filter={"i": {"$gte": 30}})) == view(
+            ref.search(("p",), filter={"i": {"$gte": 30}})
+        )
         assert s.list_namespaces(limit=100) == ref.list_namespaces(limit=100)
 
 
@@ -306,7 +310,9 @@ class TestCorruptData:
         with pytest.raises(CorruptState, match="lgsi"):
             s.get(("c",), "k")
 
-    def test_a_key_of_the_wrong_type_or_damaged_vectors(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+    def test_a_key_of_the_wrong_type_or_damaged_vectors(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
         s = mk(index=INDEX)
         s.put(("w",), "k", {"text": "x"})
         keys = Keys(namespace, 64).store("w")

@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from langgraph_suite import _free_port, _outcome  # noqa: E402
+from langgraph_suite import _free_port, _outcome
 
 IMPORT = "from langgraph.store.memory import InMemoryStore\n"
 #: Replaces IMPORT in the copy run against our store.
@@ -92,7 +92,9 @@ def run(root: Path, name: str, env: dict[str, str], extra: list[str]) -> dict[st
 def verdict(reference: dict[str, str], ours: dict[str, str]) -> dict[str, object]:
     both = sorted(set(reference) | set(ours))
     passed_ref = [t for t in both if reference.get(t) == "passed"]
-    worse = [f"{t}: in_memory passed, agentstate {ours.get(t, 'missing')}" for t in passed_ref if ours.get(t) != "passed"]
+    worse = [
+        f"{t}: in_memory passed, agentstate {ours.get(t, 'missing')}" for t in passed_ref if ours.get(t) != "passed"
+    ]
     return {
         "tests": len(both),
         "in_memory passed": len(passed_ref),

@@ -34,6 +34,7 @@ Vectors are stored as float32, so scores equal InMemoryStore's on the float32-ro
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterable, Sequence
@@ -121,7 +122,10 @@ def _does_match(condition: MatchCondition, key: tuple[str, ...]) -> bool:
     path = condition.path
     if len(key) < len(path):
         return False
-    pairs = zip(key, path, strict=False) if condition.match_type == "prefix" else zip(reversed(key), reversed(path))
+    if condition.match_type == "prefix":
+        pairs = zip(key, path, strict=False)
+    else:
+        pairs = zip(reversed(key), reversed(path), strict=False)
     return all(p == "*" or k == p for k, p in pairs)
 
 
@@ -330,15 +334,17 @@ class StoreCore:
         _ttl_ms(op.ttl, "ttl")
         if op.value is not None:
             if not isinstance(op.value, dict):
-                raise InvalidArgument(f"the value of {op.namespace!r}/{key!r} must be a dict, got {type(op.value).__name__}")
+                raise InvalidArgument(
+                    f"the value of {op.namespace!r}/{key!r} must be a dict, got {type(op.value).__name__}"
+                )
             try:
                 encoded = json.dumps(op.value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"the value of {op.namespace!r}/{key!r} is not JSON-serializable: {exc}") from exc
             plan.encoded[(op.namespace, key)] = encoded
-            if op.index is not None and op.index is not False:
-                if not isinstance(op.index, list) or not all(isinstance(p, str) and p for p in op.index):
-                    raise InvalidArgument(f"index must be False, None or a list of field paths, got {op.index!r}")
+            listed = isinstance(op.index, list) and all(isinstance(p, str) and p for p in op.index)
+            if op.index is not None and op.index is not False and not listed:
+                raise InvalidArgument(f"index must be False, None or a list of field paths, got {op.index!r}")
         plan.puts[(op.namespace, key)] = op
 
     def embed_targets(self, plan: Plan) -> None:
@@ -420,12 +426,15 @@ class StoreCore:
                 raise ValueError("not a JSON object")
             return Item(value=value, key=key, namespace=namespace, created_at=_when(created), updated_at=_when(updated))
         except (ValueError, TypeError, OverflowError) as exc:
-            raise corrupt_state(keys.items, [keys.items], f"holds item {key!r} that is not one we wrote ({exc})") from exc
+            raise corrupt_state(
+                keys.items, [keys.items], f"holds item {key!r} that is not one we wrote ({exc})"
+            ) from exc
 
     # ---- search ---------------------------------------------------------------
 
     def _search(self, op: SearchOp, query: list[float] | None) -> Op[list[SearchItem]]:
         found = yield from self._candidates(op, query is not None)
+        kept: list[tuple[float | None, Item]]
         if query is None:
             kept = [(None, f.item) for f in found[op.offset : op.offset + op.limit]]
         else:
@@ -483,7 +492,7 @@ class StoreCore:
             if stop is not None and len(found) >= stop:
                 break
             window = paths[start : start + WINDOW]
-            pages = yield from restart(lambda window=window: self._read_window(window, ranked))
+            pages = yield from restart(functools.partial(self._read_window, window, ranked))
             for path, entries in zip(window, pages, strict=True):
                 namespace = tuple(path.split(SEP))
                 keys = self.keys.store(path)
@@ -532,7 +541,9 @@ class StoreCore:
                 raise ValueError("not a map")
             return [list(struct.unpack(f"<{len(v) // 4}f", v)) for v in table.values()]
         except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
-            raise corrupt_state(keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})") from exc
+            raise corrupt_state(
+                keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})"
+            ) from exc
 
     def _touch(self, items: list[Item]) -> Op[None]:
         """Refresh the TTL of items a search returned (lgs_get with refresh, one call per namespace)."""
@@ -582,7 +593,10 @@ class StoreCore:
         while pending:
             shards = list(pending)
             replies = yield Batch(
-                [Call(LGS_NAMESPACES, list(self.keys.store_index(s)), [pending[s], stop, NS_PAGE, flag]) for s in shards]
+                [
+                    Call(LGS_NAMESPACES, list(self.keys.store_index(s)), [pending[s], stop, NS_PAGE, flag])
+                    for s in shards
+                ]
             )
             pending = {}
             for shard, page in zip(shards, replies, strict=True):
@@ -638,7 +652,10 @@ class StoreCore:
                 batch = todo
 
                 def send(batch: list[str] = batch) -> Op[list[Any]]:
-                    return (yield Batch([Call(LGS_PUT, self.keys.store(p).as_list(), [new_nonce()]) for p in batch]))
+                    replies: list[Any] = yield Batch(
+                        [Call(LGS_PUT, self.keys.store(p).as_list(), [new_nonce()]) for p in batch]
+                    )
+                    return replies
 
                 replies = yield from restart(send)
                 todo = []
@@ -647,4 +664,3 @@ class StoreCore:
                     if int(reply[1]) >= 100:
                         todo.append(path)
         return dropped
-

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
 
 from langgraph.store.base import BaseStore, IndexConfig, Result, TTLConfig
 from langgraph.store.base import Op as StoreOp
