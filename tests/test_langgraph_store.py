@@ -396,3 +396,50 @@ def test_compile_with_saver_and_store(backend: Any, namespace: str) -> None:
     config = {"configurable": {"thread_id": "t"}}
     assert graph.invoke({"n": 3}, config)["n"] == 3
     assert graph.invoke({"n": 4}, config)["n"] == 7
+
+
+class TestShells:
+    def test_async_store_sync_face_runs_on_its_loop_from_another_thread(self, backend: Any, namespace: str) -> None:
+        import asyncio
+
+        got: list[Any] = []
+
+        async def main() -> None:
+            client = backend.new_async_client()
+            async with AsyncAgentStateStore(client, namespace) as store:
+                with pytest.raises(asyncio.InvalidStateError):
+                    store.put(("a",), "k", {"v": 0})  # from the loop itself: refused, not a deadlock
+
+                def work() -> None:
+                    store.put(("a",), "k", {"v": 2})
+                    got.append(store.get(("a",), "k"))
+
+                await asyncio.get_running_loop().run_in_executor(None, work)
+            await client.aclose()
+
+        asyncio.run(main())
+        assert got[0].value == {"v": 2}
+
+    def test_a_damaged_shard_index_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk(shards=1)
+        s.put(("a",), "k", {"v": 1})
+        index = Keys(namespace, 1).store_index(0)[0]
+        raw.delete(index)
+        raw.set(index, "not a zset")
+        with pytest.raises(CorruptState, match="lgsns"):
+            s.list_namespaces()
+
+
+@pytest.mark.parametrize("backend", ["real"], indirect=True)
+def test_from_conn_string_and_setup(backend: Any, namespace: str, twin_loop: Any) -> None:
+    """The URL face (a server's URL: the Cluster's clients are built by hand in these tests)."""
+    with AgentStateStore.from_conn_string(backend.url, namespace=namespace) as store:
+        store.setup()
+        store.put(("a",), "k", {"v": 1})
+
+    async def main() -> Any:
+        async with AsyncAgentStateStore.from_conn_string(backend.url, namespace=namespace) as s:
+            await s.asetup()
+            return await s.aget(("a",), "k")
+
+    assert twin_loop.run_until_complete(main()).value == {"v": 1}

@@ -15,6 +15,12 @@ pass with ours. Tests that never construct a store (``get_text_at_path``, the ba
 namespace validation through a mock) run in both and pass the same; they are counted, not hidden.
 It exits non-zero if a test passed with ``in_memory`` and not with ours.
 
+``--pregel`` runs the other judge: every test of the langgraph sdist that takes LangGraph's
+``sync_store`` / ``async_store`` fixture (``tests/test_pregel.py``, ``tests/test_pregel_async.py``),
+with those fixtures redefined (appended to its conftest, after tools/langgraph_suite.py's savers)
+to ``in_memory`` and ``agentstate_store``, and each test with ours paired with the same test with
+``in_memory`` (the checkpointer parameter alike).
+
 ``python tools/langgraph_store_suite.py [--keep DIR] [-- PYTEST ARGS]`` needs the package and
 ``pytest``, ``pytest-asyncio``, ``pytest-mock`` in the current interpreter.
 """
@@ -57,6 +63,70 @@ class InMemoryStore(_AsStore):
         client = _as_redis.Redis.from_url(_as_os.environ["AGENTSTATE_SUITE_URL"])
         super().__init__(client, f"lgstore-{_as_os.getpid()}-{next(_AS_COUNTER)}", **kwargs)
 '''
+
+
+#: Appended to langgraph's tests/conftest.py (after langgraph_suite.FIXTURES) by ``--pregel``.
+STORE_FIXTURES = '''
+
+# ---- appended by redis_agentstate tools/langgraph_store_suite.py ------------------------------
+from redis_agentstate.langgraph import AgentStateStore as _AsStore
+from redis_agentstate.langgraph import AsyncAgentStateStore as _AsAsyncStore
+
+
+@pytest.fixture(scope="function", params=["in_memory", "agentstate_store"])
+def sync_store(request):
+    if request.param == "in_memory":
+        with _store_memory() as store:
+            yield store
+        return
+    client = _as_redis.Redis.from_url(_AS_URL)
+    try:
+        yield _AsStore(client, "lgstore-" + _as_secrets.token_hex(5))
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="function", params=["in_memory", "agentstate_store"])
+async def async_store(request):
+    if request.param == "in_memory":
+        with _store_memory() as store:
+            yield store
+        return
+    client = _as_aioredis.Redis.from_url(_AS_URL)
+    try:
+        async with _AsAsyncStore(client, "lgstore-" + _as_secrets.token_hex(5)) as store:
+            yield store
+    finally:
+        await client.aclose()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Only the tests that take a store."""
+    keep = [i for i in items if {"sync_store", "async_store"} & set(getattr(i, "fixturenames", ()))]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+'''
+
+
+def pregel(work: Path, env: dict[str, str], extra: list[str]) -> dict[str, object]:
+    """langgraph's tests that take a store, with ours beside ``in_memory``, paired test by test."""
+    from langgraph_suite import fetch as fetch_langgraph
+
+    root = fetch_langgraph(importlib.metadata.version("langgraph"), work)
+    conftest = root / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + STORE_FIXTURES)
+    junit = root / "junit-pregel.xml"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_pregel.py", "tests/test_pregel_async.py", "-q",
+         "-p", "no:cacheprovider", "-n", "1", f"--junitxml={junit}", *extra],
+        cwd=root, env={**env, "NO_DOCKER": "true"}, check=False,
+    )  # fmt: skip
+    outcome = {
+        f"{c.get('classname')}::{c.get('name')}": _outcome(c) for c in ET.parse(junit).getroot().iter("testcase")
+    }
+    reference = {t.replace("agentstate_store", "in_memory"): o for t, o in outcome.items() if "agentstate_store" in t}
+    memory = {t: o for t, o in outcome.items() if "in_memory" in t}
+    return verdict(memory, reference)
 
 
 def fetch(version: str, into: Path) -> Path:
@@ -107,6 +177,7 @@ def verdict(reference: dict[str, str], ours: dict[str, str]) -> dict[str, object
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="unpack and run in this folder, and keep it")
+    parser.add_argument("--pregel", action="store_true", help="langgraph's tests that take a store, not test_store.py")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     version = importlib.metadata.version("langgraph-checkpoint")
@@ -124,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     try:
         time.sleep(0.3)
-        root = fetch(version, work)
         env = {**os.environ, "AGENTSTATE_SUITE_URL": f"redis://127.0.0.1:{port}/0"}
-        reference = run(root, "test_store", env, args.pytest_args)
-        ours = run(root, "test_store_agentstate", env, args.pytest_args)
-        report = verdict(reference, ours)
+        if args.pregel:
+            report = pregel(work, env, args.pytest_args)
+        else:
+            root = fetch(version, work)
+            reference = run(root, "test_store", env, args.pytest_args)
+            ours = run(root, "test_store_agentstate", env, args.pytest_args)
+            report = verdict(reference, ours)
         print(json.dumps(report, indent=2))
         return 1 if report["worse"] else 0
     finally:
