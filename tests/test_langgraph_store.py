@@ -443,3 +443,41 @@ def test_from_conn_string_and_setup(backend: Any, namespace: str, twin_loop: Any
             return await s.aget(("a",), "k")
 
     assert twin_loop.run_until_complete(main()).value == {"v": 1}
+
+
+def _swept(raw: Any, namespace: str) -> bool:
+    keys = Keys(namespace, 64).store("s")
+    return raw.exists(keys.items, keys.order, keys.expiry) == 0
+
+
+def test_ttl_sweeper_thread(backend: Any, namespace: str, raw: Any) -> None:
+    store = AgentStateStore(backend.sync_client(), namespace, ttl={"default_ttl": 0.001, "sweep_interval_minutes": 1})
+    assert AgentStateStore(backend.sync_client(), namespace).start_ttl_sweeper().done()  # no ttl: nothing to sweep
+    with store:
+        store.put(("s",), "k", {"v": 1})
+        future = store.start_ttl_sweeper(sweep_interval_minutes=0.0005)  # every 30 ms
+        deadline = time.monotonic() + 20
+        while not _swept(raw, namespace):
+            assert time.monotonic() < deadline, "the sweeper did not drop the expired item"
+            time.sleep(0.02)
+        assert not future.done()
+    assert store.stop_ttl_sweeper(5) and future.done()  # the block's end stopped it
+
+
+def test_ttl_sweeper_task(backend: Any, namespace: str, raw: Any) -> None:
+    import asyncio
+
+    async def main() -> None:
+        client = backend.new_async_client()
+        async with AsyncAgentStateStore(client, namespace, ttl={"default_ttl": 0.001}) as store:
+            await store.aput(("s",), "k", {"v": 1})
+            task = await store.start_ttl_sweeper(sweep_interval_minutes=0.0005)
+            assert await store.start_ttl_sweeper() is task  # one sweeper per store
+            deadline = time.monotonic() + 20
+            while not _swept(raw, namespace):
+                assert time.monotonic() < deadline, "the sweeper did not drop the expired item"
+                await asyncio.sleep(0.02)
+        assert task.done()  # the block's end stopped it
+        await client.aclose()
+
+    asyncio.run(main())

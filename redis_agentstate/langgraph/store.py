@@ -4,8 +4,11 @@ plain Redis or a Redis Cluster, thin I/O shells over ``StoreCore`` (``_store_cor
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
+import logging
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 
 from langgraph.store.base import BaseStore, IndexConfig, Result, TTLConfig
@@ -17,6 +20,13 @@ from ..spec import StoreSpec
 from ._store_core import LGS_SCRIPTS, Plan, StoreCore
 
 __all__ = ["AgentStateStore", "AsyncAgentStateStore"]
+
+log = logging.getLogger("redis_agentstate.langgraph")
+
+
+def _interval_s(store: _Stores, minutes: float | None) -> float:
+    ttl = store.ttl_config or {}
+    return 60.0 * float(minutes or ttl.get("sweep_interval_minutes") or 5)
 
 
 class _Stores(StoreShell[StoreCore], BaseStore):
@@ -89,7 +99,8 @@ class AgentStateStore(_Stores, SyncShell[StoreCore]):
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        """Nothing to close: the client is the caller's (``from_conn_string`` closes its own)."""
+        """Stops the TTL sweeper if one runs; the client is the caller's (``from_conn_string`` closes its own)."""
+        self.stop_ttl_sweeper()
 
     def batch(self, ops: Iterable[StoreOp]) -> list[Result]:
         plan = self._plan(ops)
@@ -104,6 +115,52 @@ class AgentStateStore(_Stores, SyncShell[StoreCore]):
     def sweep(self) -> int:
         """Drop every expired item now (readers never return one anyway); the number dropped."""
         return self._run(self._core.sweep())
+
+    def sweep_ttl(self) -> int:
+        """:meth:`sweep` under ``PostgresStore``'s name."""
+        return self.sweep()
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> concurrent.futures.Future[None]:
+        """Sweep every ``sweep_interval_minutes`` (else the ttl config's, else 5) on a daemon thread, as
+        ``PostgresStore.start_ttl_sweeper``: a future done when the sweeper stops (cancel it to stop it).
+        Without a ttl config there is nothing to sweep: the future is done at once."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if not self.ttl_config:
+            future.set_result(None)
+            return future
+        running = self.__dict__.get("_sweeper")
+        if running is not None and running[0].is_alive():
+            future.add_done_callback(lambda f: running[1].set() if f.cancelled() else None)
+            return future
+        stop = threading.Event()
+        interval = _interval_s(self, sweep_interval_minutes)
+
+        def loop() -> None:
+            try:
+                while not stop.wait(interval):
+                    try:
+                        dropped = self.sweep()
+                        log.debug("store TTL sweep dropped %d item(s)", dropped)
+                    except Exception:  # a failed sweep is retried at the next interval
+                        log.exception("store TTL sweep failed")
+            finally:
+                if not future.done():
+                    future.set_result(None)
+
+        thread = threading.Thread(target=loop, name="agentstate-store-ttl-sweeper", daemon=True)
+        future.add_done_callback(lambda f: stop.set() if f.cancelled() else None)
+        self.__dict__["_sweeper"] = (thread, stop)
+        thread.start()
+        return future
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper thread; False if it was still running after ``timeout`` seconds."""
+        running = self.__dict__.get("_sweeper")
+        if running is None or not running[0].is_alive():
+            return True
+        running[1].set()
+        running[0].join(timeout)
+        return not running[0].is_alive()
 
 
 class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
@@ -151,9 +208,6 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
         self._bind()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Nothing to close: the client is the caller's (``from_conn_string`` closes its own)."""
-
     def _bind(self) -> None:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
@@ -172,6 +226,47 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
         """Drop every expired item now (see :meth:`AgentStateStore.sweep`); the number dropped."""
         self._bind()
         return await self._run(self._core.sweep())
+
+    async def sweep_ttl(self) -> int:
+        """:meth:`asweep` under ``AsyncPostgresStore``'s name."""
+        return await self.asweep()
+
+    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> asyncio.Task[None]:
+        """Sweep every ``sweep_interval_minutes`` (else the ttl config's, else 5) in a task of the running
+        loop, as ``AsyncPostgresStore.start_ttl_sweeper``; cancel it or ``await stop_ttl_sweeper()``."""
+        self._bind()
+        running: asyncio.Task[None] | None = self.__dict__.get("_sweeper")
+        if running is not None and not running.done():
+            return running
+        interval = _interval_s(self, sweep_interval_minutes)
+
+        async def loop() -> None:
+            if not self.ttl_config:
+                return
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    dropped = await self.asweep()
+                    log.debug("store TTL sweep dropped %d item(s)", dropped)
+                except Exception:  # a failed sweep is retried at the next interval
+                    log.exception("store TTL sweep failed")
+
+        task = asyncio.get_running_loop().create_task(loop())
+        self.__dict__["_sweeper"] = task
+        return task
+
+    async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper task; False if it had not stopped after ``timeout`` seconds."""
+        task: asyncio.Task[None] | None = self.__dict__.get("_sweeper")
+        if task is None or task.done():
+            return True
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        return bool(done)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops the TTL sweeper if one runs; the client is the caller's (``from_conn_string`` closes its own)."""
+        await self.stop_ttl_sweeper()
 
     def batch(self, ops: Iterable[StoreOp]) -> list[Result]:
         loop = self.loop
