@@ -247,6 +247,20 @@ class TestTTL:
         s.search(("r",))
         assert raw.zscore(keys.expiry, "k") > second
 
+    def test_a_search_refreshes_every_item_it_returns_in_bounded_calls(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_store_core, "PAGE", 2)
+        s = mk(ttl={"default_ttl": 10})
+        for i in range(5):
+            s.put(("r",), f"k{i}", {"i": i})
+        keys = Keys(namespace, 64).store("r")
+        before = dict(raw.zrange(keys.expiry, 0, -1, withscores=True))
+        time.sleep(0.01)
+        assert len(s.search(("r",), limit=10)) == 5
+        after = dict(raw.zrange(keys.expiry, 0, -1, withscores=True))
+        assert set(after) == set(before) and all(after[k] > before[k] for k in before)
+
 
 def _dump(raw: Any, namespace: str) -> dict[bytes, Any]:
     record = Keys(namespace).layout_key().encode()
@@ -270,6 +284,10 @@ class TestBadInput:
             (SearchOp(("a",), None, -1), InvalidArgument),
             (SearchOp("a", None), InvalidArgument),  # type: ignore[arg-type]
             (GetOp(("a.b",), "k"), InvalidNamespaceError),
+            (PutOp(("a", "\ud800"), "k", {"v": 1}), InvalidArgument),  # a lone surrogate: not UTF-8
+            (PutOp(("a",), "\udfff", {"v": 1}), InvalidArgument),
+            (PutOp(("a",), "k", {"v": "\ud800"}), InvalidArgument),
+            (PutOp(("a",), "k" * 1025, {"v": 1}), InvalidArgument),
         ],
     )
     def test_refused_before_anything_is_written(

@@ -149,9 +149,16 @@ def _labels(namespace: object, what: str) -> tuple[str, ...]:
     return namespace
 
 
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} {text!r:.80} is not valid UTF-8 text ({exc.reason})") from exc
+
+
 def _path(namespace: tuple[str, ...]) -> str:
     path = SEP.join(namespace)
-    if len(path.encode("utf-8")) > MAX_ID_BYTES:
+    if len(_utf8(path, "namespace")) > MAX_ID_BYTES:
         raise InvalidArgument(f"namespace {namespace!r:.80} is longer than {MAX_ID_BYTES} bytes")
     return path
 
@@ -166,7 +173,7 @@ def _writable(namespace: tuple[str, ...]) -> None:
 def _key(key: object) -> str:
     if not isinstance(key, str):
         raise InvalidArgument(f"key must be a str, got {type(key).__name__}")
-    if len(key.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    if len(_utf8(key, "key")) > MAX_ID_BYTES:
         raise InvalidArgument(f"key {key!r:.80} is longer than {MAX_ID_BYTES} bytes")
     return key
 
@@ -552,7 +559,12 @@ class StoreCore:
             by_ns.setdefault(tuple(item.namespace), []).append(item.key)
 
         def send() -> Op[None]:
-            calls = [Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks]) for ns, ks in by_ns.items()]
+            # At most PAGE keys per call, whatever limit the search had: every script reads a bounded page.
+            calls = [
+                Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks[i : i + PAGE]])
+                for ns, ks in by_ns.items()
+                for i in range(0, len(ks), PAGE)
+            ]
             yield Batch(calls)
             return None
 
