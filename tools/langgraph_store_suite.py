@@ -129,6 +129,64 @@ def pregel(work: Path, env: dict[str, str], extra: list[str]) -> dict[str, objec
     return verdict(memory, reference)
 
 
+#: Appended to a copy of langgraph-checkpoint-postgres's tests/test_store.py by ``--postgres``: its
+#: fixtures (``store``, ``vector_store``, and the ``_create_vector_store`` builder the vector tests
+#: call) redefined to build AgentStateStores; later definitions of a module's names win.
+POSTGRES_FIXTURES = """
+
+# ---- appended by redis_agentstate tools/langgraph_store_suite.py ------------------------------
+import os as _as_os
+import secrets as _as_secrets
+
+import redis as _as_redis
+
+from redis_agentstate.langgraph import AgentStateStore as _AsStore
+
+
+@pytest.fixture(scope="function", autouse=True)
+def clear_test_db():
+    # The conftest's Postgres cleanup, not needed: each store has a namespace of its own.
+    return None
+
+
+def _as_store(**kwargs):
+    client = _as_redis.Redis.from_url(_as_os.environ["AGENTSTATE_SUITE_URL"])
+    return _AsStore(client, "lgpg-" + _as_secrets.token_hex(5), **kwargs)
+
+
+@pytest.fixture(scope="function", params=["agentstate"])
+def store(request):
+    s = _as_store(ttl={"default_ttl": TTL_MINUTES, "refresh_on_read": True, "sweep_interval_minutes": TTL_MINUTES / 2})
+    s.start_ttl_sweeper()
+    yield s
+    s.stop_ttl_sweeper()
+
+
+@contextmanager
+def _create_vector_store(vector_type, distance_type, fake_embeddings, text_fields=None, enable_ttl=True):
+    index = {"dims": fake_embeddings.dims, "embed": fake_embeddings, "fields": text_fields}
+    ttl = {"default_ttl": 2, "refresh_on_read": True} if enable_ttl else None
+    yield _as_store(index=index, ttl=ttl)
+"""
+
+
+def postgres(work: Path, env: dict[str, str], extra: list[str]) -> dict[str, str]:
+    """langgraph-checkpoint-postgres's store tests against AgentStateStore: each test's outcome."""
+    version = importlib.metadata.version("langgraph-checkpoint-postgres")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"langgraph-checkpoint-postgres=={version}", "--no-binary",
+         ":all:", "--no-deps", "--quiet", "-d", str(work)],
+        check=True,
+    )  # fmt: skip
+    (archive,) = work.glob("langgraph_checkpoint_postgres-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(work, filter="data")
+    root = work / f"langgraph_checkpoint_postgres-{version}"
+    text = (root / "tests" / "test_store.py").read_text()
+    (root / "tests" / "test_store_agentstate.py").write_text(text + POSTGRES_FIXTURES)
+    return run(root, "test_store_agentstate", env, extra)
+
+
 def fetch(version: str, into: Path) -> Path:
     """langgraph-checkpoint's source distribution of ``version``, unpacked in ``into``: its root folder,
     with ``tests/test_store_agentstate.py`` beside ``tests/test_store.py``."""
@@ -178,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="unpack and run in this folder, and keep it")
     parser.add_argument("--pregel", action="store_true", help="langgraph's tests that take a store, not test_store.py")
+    parser.add_argument("--postgres", action="store_true", help="langgraph-checkpoint-postgres's tests/test_store.py")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     version = importlib.metadata.version("langgraph-checkpoint")
@@ -198,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "AGENTSTATE_SUITE_URL": f"redis://127.0.0.1:{port}/0"}
         if args.pregel:
             report = pregel(work, env, args.pytest_args)
+        elif args.postgres:
+            outcome = postgres(work, env, args.pytest_args)
+            report = {
+                "tests": len(outcome),
+                "agentstate passed": sum(o == "passed" for o in outcome.values()),
+                "not passed": sorted(f"{t}: {o}" for t, o in outcome.items() if o != "passed"),
+            }
+            print(json.dumps(report, indent=2))
+            return 0
         else:
             root = fetch(version, work)
             reference = run(root, "test_store", env, args.pytest_args)

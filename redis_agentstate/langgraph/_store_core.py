@@ -226,8 +226,8 @@ def _check_ttl_config(ttl: object) -> TTLConfig | None:
         if not isinstance(ttl.get(flag, True), bool):
             raise InvalidArgument(f"ttl[{flag!r}] must be a bool, got {ttl[flag]!r}")
     sweep = ttl.get("sweep_interval_minutes")
-    if sweep is not None and (not isinstance(sweep, int) or isinstance(sweep, bool) or sweep < 1):
-        raise InvalidArgument(f"ttl['sweep_interval_minutes'] must be an int >= 1, got {sweep!r}")
+    if sweep is not None and (not isinstance(sweep, (int, float)) or isinstance(sweep, bool) or not sweep > 0):
+        raise InvalidArgument(f"ttl['sweep_interval_minutes'] must be a positive number of minutes, got {sweep!r}")
     return cast(TTLConfig, dict(ttl))
 
 
