@@ -309,7 +309,8 @@ class TestBadInput:
 
     def test_bad_configuration(self, mk: Callable[..., Memory]) -> None:
         for kw in [{"ttl": {"default_ttl": 0}}, {"ttl": {"nope": 1}}, {"index": {"dims": 0, "embed": embed}},
-                   {"index": {"embed": embed}}, {"ttl": {"refresh_on_read": "yes"}}, {"ttl": {"sweep_interval_minutes": 0}}]:  # fmt: skip
+                   {"index": {"embed": embed}}, {"ttl": {"refresh_on_read": "yes"}},
+                   {"ttl": {"sweep_interval_minutes": 0}}]:  # fmt: skip
             with pytest.raises(InvalidArgument):
                 mk(**kw)
 
