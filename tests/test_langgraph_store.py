@@ -101,8 +101,7 @@ class TestSemantics:
         s.put(("a",), "k", {"v": 1})
         first = s.get(("a",), "k")
         assert (tuple(first.namespace), first.key, first.value) == (("a",), "k", {"v": 1})
-        time.sleep(0.005)
-        s.put(("a",), "k", {"v": 2})
+        s.put(("a",), "k", {"v": 2})  # within the same millisecond too: updated_at moves on
         second = s.get(("a",), "k")
         assert second.value == {"v": 2}
         assert second.created_at == first.created_at and second.updated_at > first.updated_at
@@ -120,6 +119,16 @@ class TestSemantics:
                 want = ref.search(prefix, filter=flt, limit=limit, offset=offset)
                 # Namespaces come in tuple order (InMemoryStore: first-written order, the same here).
                 assert view(got) == view(want), (prefix, limit, offset)
+
+    def test_lists_for_namespaces_and_a_str_match_path_as_postgres_takes_them(self, mk: Callable[..., Memory]) -> None:
+        from langgraph.store.base import ListNamespacesOp, MatchCondition
+
+        s = mk()
+        s.put(["users", "u1"], "k", {"v": 1})  # type: ignore[arg-type]
+        assert [tuple(i.namespace) for i in s.search(["users"])] == [("users", "u1")]  # type: ignore[arg-type]
+        assert s.get(["users", "u1"], "k").value == {"v": 1}  # type: ignore[arg-type]
+        op = ListNamespacesOp(match_conditions=(MatchCondition("suffix", "u1"),))  # type: ignore[arg-type]
+        assert s.batch([op]) == [[("users", "u1")]]
 
     def test_namespaces_come_in_tuple_order(self, mk: Callable[..., Memory]) -> None:
         s = mk()

@@ -144,9 +144,26 @@ def _cosine(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[
 
 
 def _labels(namespace: object, what: str) -> tuple[str, ...]:
-    if not isinstance(namespace, tuple):
+    # A list too, as PostgresStore takes it (InMemoryStore would compare it with tuples and find nothing).
+    if not isinstance(namespace, (tuple, list)):
         raise InvalidArgument(f"{what} must be a tuple of str labels, got {type(namespace).__name__}")
-    return namespace
+    return tuple(namespace)
+
+
+def _normal(op: StoreOp) -> StoreOp:
+    """``op`` with its namespace (prefix, match paths) as a tuple; a match path given as one str is one
+    label, as PostgresStore reads it."""
+    if isinstance(op, (GetOp, PutOp)):
+        return op._replace(namespace=_labels(op.namespace, "namespace"))
+    if isinstance(op, SearchOp):
+        return op._replace(namespace_prefix=_labels(op.namespace_prefix, "namespace_prefix"))
+    if isinstance(op, ListNamespacesOp) and op.match_conditions:
+        conditions = []
+        for cond in op.match_conditions:
+            path = (cond.path,) if isinstance(cond.path, str) else _labels(cond.path, "a match condition's path")
+            conditions.append(MatchCondition(match_type=cond.match_type, path=path))
+        return op._replace(match_conditions=tuple(conditions))
+    return op
 
 
 def _utf8(text: str, what: str) -> bytes:
@@ -300,14 +317,12 @@ class StoreCore:
 
     def plan(self, ops: Iterable[StoreOp]) -> Plan:
         """Check every op (LangGraph's namespace rules first), before anything is embedded or sent."""
-        plan = Plan(list(ops))
-        for op in plan.ops:
+        given = list(ops)
+        for op in given:
             if not isinstance(op, (GetOp, PutOp, SearchOp, ListNamespacesOp)):
                 raise InvalidArgument(f"Unknown operation type: {type(op).__name__}")
-            if isinstance(op, (GetOp, PutOp)):
-                _labels(op.namespace, "namespace")
-            elif isinstance(op, SearchOp):
-                _labels(op.namespace_prefix, "namespace_prefix")
+        plan = Plan([_normal(op) for op in given])
+        for op in plan.ops:
             validate_op_namespace(op)
             if isinstance(op, GetOp):
                 _path(op.namespace)
@@ -325,7 +340,6 @@ class StoreCore:
                 for cond in op.match_conditions or ():
                     if cond.match_type not in ("prefix", "suffix"):
                         raise InvalidArgument(f"Unsupported match type: {cond.match_type}")
-                    _labels(cond.path, "a match condition's path")
                 if op.max_depth is not None and (_count(op.max_depth, "max_depth") < 1):
                     raise InvalidArgument("max_depth must be >= 1")
                 _count(op.limit, "limit")

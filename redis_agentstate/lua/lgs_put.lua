@@ -19,10 +19,13 @@ for i = 2, #ARGV, 4 do
     old = false
   end
   local created, old_nonce
+  local updated = now
   if old then
     local header = { item_header(old) }
     if #header == 0 then return corrupt(1, 'item') end
     created, old_nonce = header[1], header[4]
+    -- An update within the millisecond of the last one still moves updated_at on.
+    updated = math.max(now, tonumber(header[2]) + 1)
   end
   if value == '' then
     if old then
@@ -37,7 +40,7 @@ for i = 2, #ARGV, 4 do
       redis.call('ZADD', KEYS[2], seq, key)
       created = fmt(now)
     end
-    redis.call('HSET', KEYS[1], key, created .. ':' .. fmt(now) .. ':' .. ttl .. ':' .. nonce .. ':' .. value)
+    redis.call('HSET', KEYS[1], key, created .. ':' .. fmt(updated) .. ':' .. ttl .. ':' .. nonce .. ':' .. value)
     if ttl == '' then
       redis.call('ZREM', KEYS[3], key)
     else
