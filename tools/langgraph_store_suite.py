@@ -170,6 +170,50 @@ def _create_vector_store(vector_type, distance_type, fake_embeddings, text_field
 """
 
 
+#: The same for a copy of its tests/test_async_store.py (an AsyncAgentStateStore per test).
+POSTGRES_ASYNC_FIXTURES = """
+
+# ---- appended by redis_agentstate tools/langgraph_store_suite.py ------------------------------
+import os as _as_os
+import secrets as _as_secrets
+
+import redis.asyncio as _as_aioredis
+
+from redis_agentstate.langgraph import AsyncAgentStateStore as _AsAsyncStore
+
+
+@pytest.fixture(scope="function", autouse=True)
+def clear_test_db():
+    # The conftest's Postgres cleanup, not needed: each store has a namespace of its own.
+    return None
+
+
+@asynccontextmanager
+async def _as_store(**kwargs):
+    client = _as_aioredis.Redis.from_url(_as_os.environ["AGENTSTATE_SUITE_URL"])
+    try:
+        async with _AsAsyncStore(client, "lgpga-" + _as_secrets.token_hex(5), **kwargs) as s:
+            yield s
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="function", params=["agentstate"])
+async def store(request):
+    ttl = {"default_ttl": TTL_MINUTES, "refresh_on_read": True, "sweep_interval_minutes": TTL_MINUTES / 2}
+    async with _as_store(ttl=ttl) as s:
+        await s.start_ttl_sweeper()
+        yield s
+
+
+@asynccontextmanager
+async def _create_vector_store(vector_type, distance_type, fake_embeddings, text_fields=None):
+    index = {"dims": fake_embeddings.dims, "embed": fake_embeddings, "fields": text_fields}
+    async with _as_store(index=index) as s:
+        yield s
+"""
+
+
 def postgres(work: Path, env: dict[str, str], extra: list[str]) -> dict[str, str]:
     """langgraph-checkpoint-postgres's store tests against AgentStateStore: each test's outcome."""
     version = importlib.metadata.version("langgraph-checkpoint-postgres")
@@ -182,9 +226,13 @@ def postgres(work: Path, env: dict[str, str], extra: list[str]) -> dict[str, str
     with tarfile.open(archive) as tar:
         tar.extractall(work, filter="data")
     root = work / f"langgraph_checkpoint_postgres-{version}"
-    text = (root / "tests" / "test_store.py").read_text()
-    (root / "tests" / "test_store_agentstate.py").write_text(text + POSTGRES_FIXTURES)
-    return run(root, "test_store_agentstate", env, extra)
+    outcome: dict[str, str] = {}
+    for name, appended in (("test_store", POSTGRES_FIXTURES), ("test_async_store", POSTGRES_ASYNC_FIXTURES)):
+        text = (root / "tests" / f"{name}.py").read_text()
+        (root / "tests" / f"{name}_agentstate.py").write_text(text + appended)
+        got = run(root, f"{name}_agentstate", env, extra)
+        outcome.update({f"{name}.py::{test}": o for test, o in got.items()})
+    return outcome
 
 
 def fetch(version: str, into: Path) -> Path:
