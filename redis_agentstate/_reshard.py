@@ -85,6 +85,7 @@ from .keys import (
     LAYOUT_SLOTS,
     MAX_SHARDS,
     RUN_KINDS,
+    STORE_INDEXES,
     Keys,
     check_shards,
     key_slot,
@@ -94,7 +95,7 @@ from .keys import (
 __all__ = ["ReshardReport", "reshard"]
 
 #: The indexes a shard keeps of what it holds, split by member when the shard moves.
-_INDEXES = {"tasks", "ready", "parked", "pools", "kvkeys", "kvttl", "lgthreads", "lgruns"}
+_INDEXES = {"tasks", "ready", "parked", "pools", "kvkeys", "kvttl", "lgthreads", "lgruns", *STORE_INDEXES}
 #: Keys read (DUMP) per round trip, and written per reshard_restore.lua call (or fewer, by bytes).
 _BATCH_KEYS = 256
 _BATCH_BYTES = 4 << 20

@@ -68,6 +68,17 @@ the shard of the thread id, so a thread's runs share the slot of its task ``cp:<
     ns:{ns#SS}:lgrd:<thread_id>\0<run_id>   stream its end marker (what a join blocks on)
     ns:{ns#RR}:lgrid:<run_id>               string the thread of the run (the way from a run id to its keys)
 
+LangGraph long-term memory (``redis_agentstate.langgraph.AgentStateStore``; ``SS`` is the shard of
+the store namespace's path ``<path>``: its labels joined by NUL, which LangGraph forbids in a label,
+so the index's lex order is the labels' tuple order; one namespace's items share one slot)::
+
+    ns:{ns#SS}:lgsi:<path>          hash   key -> "<created>:<updated>:<ttl ms>:<nonce>:" + the value as JSON
+    ns:{ns#SS}:lgso:<path>          zset   key -> its insertion number (what a search pages in)
+    ns:{ns#SS}:lgsx:<path>          zset   key -> its expiry (server ms), for the items with a TTL
+    ns:{ns#SS}:lgsv:<path>          hash   key -> its vectors: msgpack {field path: float32 bytes}
+    ns:{ns#SS}:lgsns                zset   every namespace path of shard SS with an item (score 0, lex order)
+    ns:{ns#SS}:lgsnx                zset   path -> expiry of its last item to expire (absent: one never does)
+
 The fleet demo's bookkeeping (``agentstate demo`` only, never the library;
 outside the shard tags, so not matched by ``pattern()``)::
 
@@ -139,6 +150,8 @@ __all__ = [
     "PoolKeys",
     "RUN_KINDS",
     "RunKeys",
+    "STORE_INDEXES",
+    "StoreKeys",
     "TaskKeys",
     "ThreadKeys",
     "check_shards",
@@ -179,7 +192,12 @@ KEY_TYPES = {
     "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
     "moved": "string", "fence": "string", "reshard": "hash",
+    "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
 }  # fmt: skip
+#: The kinds of a LangGraph store namespace (owned by its path; they move whole with it in a reshard).
+_STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv"}
+#: A shard's indexes of the LangGraph store, split by member (the namespace path) when the shard moves.
+STORE_INDEXES = frozenset({"lgsns", "lgsnx"})
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel", "lgrq", "lgrh"}
 #: Kinds whose id is ``<thread_id>\0<run_id>``: owned by the thread (they move with it in a reshard).
 RUN_KINDS = frozenset({"lgr", "lgre", "lgrd"})
@@ -216,6 +234,8 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "thread", ident.partition("\0")[0]
     if kind == "lgrid":
         return KEY_TYPES[kind], "run", ident
+    if kind in _STORE_KINDS:
+        return KEY_TYPES[kind], "store namespace", ident
     if kind in _LIMIT_KINDS:
         return KEY_TYPES[kind], "concurrency key", ident
     return KEY_TYPES[kind], None, None
@@ -311,6 +331,21 @@ class PoolKeys:
     def with_order(self) -> list[str]:
         """``as_list()`` and the message order: the keys of pool_record_message.lua."""
         return [*self.as_list(), self.message_order]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreKeys:
+    """The keys of one LangGraph store namespace, in the order every ``lgs_*`` script takes them."""
+
+    items: str
+    order: str
+    expiry: str
+    vectors: str
+    namespaces: str
+    namespace_expiry: str
+
+    def as_list(self) -> list[str]:
+        return [self.items, self.order, self.expiry, self.vectors, self.namespaces, self.namespace_expiry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,6 +705,23 @@ class Keys:
 
     def run_lookup(self, run_id: str) -> str:
         return self._prefix_of(run_id) + "lgrid:" + run_id
+
+    def store(self, path: str) -> StoreKeys:
+        """The keys of LangGraph store namespace ``path`` (its labels joined by NUL) and its shard's indexes."""
+        p = self._prefix_of(path)
+        return StoreKeys(
+            items=p + "lgsi:" + path,
+            order=p + "lgso:" + path,
+            expiry=p + "lgsx:" + path,
+            vectors=p + "lgsv:" + path,
+            namespaces=p + "lgsns",
+            namespace_expiry=p + "lgsnx",
+        )
+
+    def store_index(self, shard: int) -> tuple[str, str]:
+        """``(lgsns, lgsnx)``: shard ``shard``'s index of LangGraph store namespaces and their expiry."""
+        p = self._shard_prefixes[shard]
+        return p + "lgsns", p + "lgsnx"
 
     def shard_threads(self, shard: int) -> str:
         return self._shard_prefixes[shard] + "lgthreads"

@@ -53,6 +53,7 @@ __all__ = [
     "LIMIT_REGISTER",
     "LIMIT_RELEASE",
     "LAYOUT_INIT",
+    "LGS_SCRIPTS",
     "LAYOUT_SCRIPTS",
     "RESHARD_DROP",
     "RESHARD_FENCE",
@@ -189,6 +190,14 @@ LG_RUN_SCRIPTS = (
     LG_RUN_CREATE, LG_RUN_BEGIN, LG_RUN_EMIT, LG_RUN_FINISH, LG_RUN_CANCEL, LG_RUN_WAKE, LG_RUN_INDEX, LG_RUN_DELETE,
 )  # fmt: skip
 
+#: The LangGraph store's scripts (``redis_agentstate.langgraph.AgentStateStore``): each takes one
+#: store namespace's keys and its shard's indexes (``keys.StoreKeys``), lgs_namespaces a shard's indexes.
+LGS_PUT = "lgs_put"
+LGS_GET = "lgs_get"
+LGS_SEARCH = "lgs_search"
+LGS_NAMESPACES = "lgs_namespaces"
+LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_NAMESPACES)
+
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of
 #: these with ``WAIT`` (and ``WAITAOF``) in the same round trip; reads are sent as
@@ -206,10 +215,12 @@ WRITES = frozenset({
     POOL_NEXT_EVENT_SEQUENCE,
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
     *LG_RUN_SCRIPTS,
+    LGS_PUT, LGS_GET,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
 READS = frozenset(
     {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP}
+    | {LGS_SEARCH, LGS_NAMESPACES}
 )
 
 #: The preludes each script is built on, in order (after the rendered constants).
@@ -221,6 +232,7 @@ PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_moved", "_pool") for name in POOL_SCRIPTS},
     **{name: ("_base", "_moved", "_lg") for name in LG_SCRIPTS},
     **{name: ("_base", "_moved", "_common", "_lgrun") for name in LG_RUN_SCRIPTS},
+    **{name: ("_base", "_moved", "_lgs") for name in LGS_SCRIPTS},
 }
 
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),

@@ -364,6 +364,19 @@ def run_queue_contract_flow(client: Any, namespace: str) -> None:
     assert queue._run(core.wake("rq-t")) == 0
 
 
+def store_contract_flow(client: Any, namespace: str) -> None:
+    """Every LangGraph store script once: put, get (refreshing a TTL), search, list, delete, sweep."""
+    from redis_agentstate.langgraph import AgentStateStore
+
+    store = AgentStateStore(client, namespace, ttl={"default_ttl": 10})
+    store.put(("u", "1"), "k", {"v": 1})
+    assert store.get(("u", "1"), "k") is not None
+    assert len(store.search(("u",), filter={"v": 1})) == 1
+    assert store.list_namespaces(prefix=("u",)) == [("u", "1")]
+    store.delete(("u", "1"), "k")
+    assert store.sweep() == 0
+
+
 def test_every_script_header_matches_what_its_builder_sends(
     backend: Any, namespace: str, recorded: list[_ops.Call]
 ) -> None:
@@ -376,6 +389,7 @@ def test_every_script_header_matches_what_its_builder_sends(
     kv_flow(KeyValueStore(backend.sync_client(), namespace=namespace))
     langgraph_contract_flow(backend.sync_client(), namespace)
     run_queue_contract_flow(backend.sync_client(), namespace)
+    store_contract_flow(backend.sync_client(), namespace)
     grown = CheckpointStore(backend.sync_client(), namespace=namespace + "-grown", shards=1)
     assert grown.create(Checkpoint("g"))
     assert grown.reshard(2).moved == 1

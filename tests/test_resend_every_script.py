@@ -1137,6 +1137,78 @@ def _run_delete(env: Env) -> Any:
     return env.state["queue"].delete(env.state["runs"][0].run_id)
 
 
+# ---- the LangGraph store ------------------------------------------------------------------------
+
+
+def _st(env: Env, name: str, *args: Any, **kw: Any) -> Any:
+    """``store.<name>`` of the case's store (its ``a``-method for the async flavor), items as plain
+    tuples with ISO times (which the masks reach)."""
+    store = env.state["store"]
+    return _plain(env.wait(getattr(store, ("a" + name) if env.flavor == "async" else name)(*args, **kw)))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "created_at") and hasattr(value, "key"):
+        times = (value.created_at.isoformat(), value.updated_at.isoformat())
+        return (tuple(value.namespace), value.key, value.value, *times, getattr(value, "score", None))
+    return value
+
+
+def _items(ttl: Any = None) -> Callable[[Env], Any]:
+    def setup(env: Env) -> None:
+        from redis_agentstate.langgraph import AgentStateStore, AsyncAgentStateStore
+
+        env.state["store"] = env.make(AgentStateStore, AsyncAgentStateStore, ttl=ttl)
+        for ns, key in [(("u", "1"), "a"), (("u", "1"), "b"), (("u", "2"), "c")]:
+            _st(env, "put", ns, key, {"key": key, "n": ord(key)})
+
+    return setup
+
+
+def observe_store(env: Env) -> Any:
+    from redis_agentstate.langgraph import AgentStateStore
+
+    store = AgentStateStore(env.raw, env.namespace)
+    found = [(tuple(i.namespace), i.key, i.value) for i in store.search((), limit=100)]
+    return {"items": found, "namespaces": store.list_namespaces()}
+
+
+@case("lgs_put", setup=_items(), observe=observe_store)
+def _lgs_put(env: Env) -> Any:
+    from langgraph.store.base import PutOp
+
+    ops = [PutOp(("u", "1"), "a", {"new": 1}), PutOp(("u", "3"), "d", {"n": 4}), PutOp(("u", "2"), "c", None)]
+    return _st(env, "batch", ops)
+
+
+@case("lgs_put", id="lgs_put-delete-last", setup=_items(), observe=observe_store)
+def _lgs_delete(env: Env) -> Any:
+    return _st(env, "delete", ("u", "2"), "c")
+
+
+@case("lgs_get", setup=_items(), changes=False, observe=observe_store)
+def _lgs_get(env: Env) -> Any:
+    return _st(env, "get", ("u", "1"), "b")
+
+
+@case("lgs_get", id="lgs_get-refresh-ttl", setup=_items({"default_ttl": 60}), renews=True, observe=observe_store)
+def _lgs_get_refresh(env: Env) -> Any:
+    time.sleep(0.005)  # the refreshed expiry is later than the one the put wrote
+    return _st(env, "get", ("u", "1"), "b")
+
+
+@case("lgs_search", setup=_items(), observe=observe_store)
+def _lgs_search(env: Env) -> Any:
+    return _st(env, "search", ("u",), filter={"n": {"$gte": 98}})
+
+
+@case("lgs_namespaces", setup=_items(), observe=observe_store)
+def _lgs_namespaces(env: Env) -> Any:
+    return _st(env, "list_namespaces", prefix=("u",))
+
+
 # ---- the test -----------------------------------------------------------------------------------
 
 

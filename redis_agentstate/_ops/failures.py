@@ -39,7 +39,7 @@ def _translate(exc: rex.RedisError) -> BackendError:
 #: The error-reply prefix of a script that found data it did not write (see above).
 CORRUPT_REPLY = "AGENTSTATE_CORRUPT"
 _OWNER_LABELS = {"task": "task", "pool": "agent pool", "key": "key/value key", "thread": "LangGraph thread",
-                 "concurrency key": "concurrency key"}  # fmt: skip
+                 "concurrency key": "concurrency key", "store namespace": "LangGraph store namespace"}  # fmt: skip
 
 
 class _PipeCommandError(rex.ResponseError):

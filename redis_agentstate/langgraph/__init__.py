@@ -25,11 +25,14 @@ from ..errors import LeaseLost, RunNotFound, RunRejected, ThreadBusy
 from ._runs_core import Run, RunEvent
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver, AsyncThreadLease, ThreadLease
+from .store import AgentStateStore, AsyncAgentStateStore
 from .worker import GraphWorker
 
 __all__ = [
     "AgentStateSaver",
+    "AgentStateStore",
     "AsyncAgentStateSaver",
+    "AsyncAgentStateStore",
     "AsyncRunQueue",
     "AsyncThreadLease",
     "GraphWorker",

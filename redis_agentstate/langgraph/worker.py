@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Any
 
+from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
 from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
@@ -193,6 +194,8 @@ class GraphWorker:
     run whose worker died this many times (its lease lapsed without a hand-back) ends as ``error``;
     hand-backs (``stop()``, a release after a Redis error) do not count. ``graph_id``: the name of ``graph``; a run
     whose ``metadata["graph_id"]`` names another graph ends as ``error`` without running.
+    ``store``: a LangGraph ``BaseStore`` (e.g. ``AgentStateStore``) the graph's nodes reach through
+    ``get_store()`` / ``InjectedStore`` (it replaces the store ``graph`` was compiled with; None keeps it).
     """
 
     def __init__(
@@ -208,6 +211,7 @@ class GraphWorker:
         name: str | None = None,
         block_ms: int = 5_000,
         graph_id: str | None = None,
+        store: Any = None,
     ) -> None:
         self.asyncio = isinstance(queue, AsyncRunQueue)
         if not isinstance(queue, (RunQueue, AsyncRunQueue)):
@@ -223,7 +227,13 @@ class GraphWorker:
                 raise InvalidArgument(f"{what} must be an int >= {lo}, got {value!r}")
         if run_timeout_s is not None and not (isinstance(run_timeout_s, (int, float)) and run_timeout_s > 0):
             raise InvalidArgument(f"run_timeout_s must be a number > 0 or None, got {run_timeout_s!r}")
-        self.graph = graph.copy(update={"checkpointer": saver})
+        if store is not None and not isinstance(store, BaseStore):
+            raise InvalidArgument(f"store must be a LangGraph BaseStore, got {type(store).__name__}")
+        update: dict[str, Any] = {"checkpointer": saver}
+        if store is not None:
+            update["store"] = store
+        self.graph = graph.copy(update=update)
+        self.store: Any = store
         self.queue: Any = queue
         self.saver: Any = saver
         self.concurrency = concurrency

@@ -1,0 +1,293 @@
+"""``AgentStateStore`` and ``AsyncAgentStateStore``: LangGraph's ``BaseStore`` (long-term memory) on
+plain Redis or a Redis Cluster, thin I/O shells over ``StoreCore`` (``_store_core.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+from langgraph.store.base import BaseStore, IndexConfig, Result, TTLConfig
+from langgraph.store.base import Op as StoreOp
+
+from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ..clients import RedisClient
+from ..spec import StoreSpec
+from ._store_core import LGS_SCRIPTS, Plan, StoreCore
+
+__all__ = ["AgentStateStore", "AsyncAgentStateStore"]
+
+log = logging.getLogger("redis_agentstate.langgraph")
+
+
+def _interval_s(store: _Stores, minutes: float | None) -> float:
+    ttl = store.ttl_config or {}
+    return 60.0 * float(minutes or ttl.get("sweep_interval_minutes") or 5)
+
+
+class _Stores(StoreShell[StoreCore], BaseStore):
+    #: LangGraph's flag: ``put(..., ttl=)`` and ``ttl={"default_ttl": ...}`` are honoured.
+    supports_ttl = True
+
+    def __init__(
+        self,
+        client: RedisClient,
+        namespace: str = "agentstate",
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        retry: RetryPolicy | None = None,
+        shards: int | None = None,
+    ) -> None:
+        core = StoreCore(namespace, index, ttl)
+        StoreShell.__init__(self, client, core, LGS_SCRIPTS, retry, shards=shards)
+        self.ttl_config = core.ttl
+        self.index_config = core.index
+
+    def _plan(self, ops: Iterable[StoreOp]) -> Plan:
+        plan = self._core.plan(ops)
+        self._core.embed_targets(plan)
+        return plan
+
+    def setup(self) -> None:
+        """Nothing to create (as ``PostgresStore.setup``, for code written against it): keys are made by the
+        first write, scripts loaded on first use, the namespace's layout read by the first operation."""
+
+    async def asetup(self) -> None:
+        """The async face of :meth:`setup` (a no-op too)."""
+
+
+class AgentStateStore(_Stores, SyncShell[StoreCore]):
+    """LangGraph long-term memory on a ``redis.Redis`` or ``RedisCluster`` client (no modules needed).
+
+    ``InMemoryStore``'s semantics: namespaces of labels, put/get/delete, ``search`` with a namespace
+    prefix, filters (``$eq $ne $gt $gte $lt $lte``, nested dicts, plain equality), limit/offset
+    and, with ``index={"dims", "embed", "fields"}``, a query ranked by cosine similarity (exact,
+    over at most 1,000 items that pass the filter: a search that would rank more raises
+    ``InvalidArgument``); ``list_namespaces``; ``ttl={"default_ttl", "refresh_on_read"}`` in
+    minutes (an expired item is never returned; ``sweep()`` drops them all). Values are
+    JSON-serializable dicts. The ``a``-prefixed methods run the blocking ones in the default
+    executor, so the store also serves ``graph.ainvoke``.
+    """
+
+    @classmethod
+    @contextlib.contextmanager
+    def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        cluster: bool = False,
+        namespace: str = "agentstate",
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        retry: RetryPolicy | None = None,
+        shards: int | None = None,
+    ) -> Iterator[AgentStateStore]:
+        """``with AgentStateStore.from_conn_string(url) as store:``: a store on a client of its own for
+        ``url`` (any URL :class:`StoreSpec` takes; ``cluster=True`` for a Redis Cluster), closed at the end."""
+        client = StoreSpec.redis(conn_string, cluster=cluster).client()
+        try:
+            yield cls(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+        finally:
+            client.close()
+
+    def __enter__(self) -> AgentStateStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stops the TTL sweeper if one runs; the client is the caller's (``from_conn_string`` closes its own)."""
+        self.stop_ttl_sweeper()
+
+    def batch(self, ops: Iterable[StoreOp]) -> list[Result]:
+        plan = self._plan(ops)
+        embeddings = self._core.embeddings
+        documents = embeddings.embed_documents(list(plan.texts)) if plan.texts else []
+        queries = {q: embeddings.embed_query(q) for q in plan.queries}
+        return self._run(self._core.execute(plan, documents, queries))
+
+    async def abatch(self, ops: Iterable[StoreOp]) -> list[Result]:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(self.batch, list(ops)))
+
+    def sweep(self) -> int:
+        """Drop every expired item now (readers never return one anyway); the number dropped."""
+        return self._run(self._core.sweep())
+
+    def sweep_ttl(self) -> int:
+        """:meth:`sweep` under ``PostgresStore``'s name."""
+        return self.sweep()
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> concurrent.futures.Future[None]:
+        """Sweep every ``sweep_interval_minutes`` (else the ttl config's, else 5) on a daemon thread, as
+        ``PostgresStore.start_ttl_sweeper``: a future done when the sweeper stops (cancel it to stop it).
+        Without a ttl config there is nothing to sweep: the future is done at once."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if not self.ttl_config:
+            future.set_result(None)
+            return future
+        running = self.__dict__.get("_sweeper")
+        if running is not None and running[0].is_alive():
+            future.add_done_callback(lambda f: running[1].set() if f.cancelled() else None)
+            return future
+        stop = threading.Event()
+        interval = _interval_s(self, sweep_interval_minutes)
+
+        def loop() -> None:
+            try:
+                while not stop.wait(interval):
+                    try:
+                        dropped = self.sweep()
+                        log.debug("store TTL sweep dropped %d item(s)", dropped)
+                    except Exception:  # a failed sweep is retried at the next interval
+                        log.exception("store TTL sweep failed")
+            finally:
+                if not future.done():
+                    future.set_result(None)
+
+        thread = threading.Thread(target=loop, name="agentstate-store-ttl-sweeper", daemon=True)
+        future.add_done_callback(lambda f: stop.set() if f.cancelled() else None)
+        self.__dict__["_sweeper"] = (thread, stop)
+        thread.start()
+        return future
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper thread; False if it was still running after ``timeout`` seconds."""
+        running = self.__dict__.get("_sweeper")
+        if running is None or not running[0].is_alive():
+            return True
+        running[1].set()
+        running[0].join(timeout)
+        return not running[0].is_alive()
+
+
+class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
+    """The asyncio twin of :class:`AgentStateStore` (``redis.asyncio`` clients). Its sync methods
+    run on the store's event loop from another thread (as LangGraph's async stores)."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        namespace: str = "agentstate",
+        *,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        retry: RetryPolicy | None = None,
+        shards: int | None = None,
+    ) -> None:
+        super().__init__(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def from_conn_string(
+        cls,
+        conn_string: str,
+        *,
+        cluster: bool = False,
+        namespace: str = "agentstate",
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
+        retry: RetryPolicy | None = None,
+        shards: int | None = None,
+    ) -> AsyncIterator[AsyncAgentStateStore]:
+        """``async with AsyncAgentStateStore.from_conn_string(url) as store:`` (see
+        :meth:`AgentStateStore.from_conn_string`), on a ``redis.asyncio`` client closed at the end."""
+        client = StoreSpec.redis(conn_string, cluster=cluster).async_client()
+        try:
+            yield cls(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+        finally:
+            await client.aclose()
+
+    async def __aenter__(self) -> AsyncAgentStateStore:
+        self._bind()
+        return self
+
+    def _bind(self) -> None:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+
+    async def abatch(self, ops: Iterable[StoreOp]) -> list[Result]:
+        self._bind()
+        plan = self._plan(ops)
+        embeddings = self._core.embeddings
+        documents = await embeddings.aembed_documents(list(plan.texts)) if plan.texts else []
+        queries = {}
+        for q in plan.queries:
+            queries[q] = await embeddings.aembed_query(q)
+        return await self._run(self._core.execute(plan, documents, queries))
+
+    async def asweep(self) -> int:
+        """Drop every expired item now (see :meth:`AgentStateStore.sweep`); the number dropped."""
+        self._bind()
+        return await self._run(self._core.sweep())
+
+    async def sweep_ttl(self) -> int:
+        """:meth:`asweep` under ``AsyncPostgresStore``'s name."""
+        return await self.asweep()
+
+    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> asyncio.Task[None]:
+        """Sweep every ``sweep_interval_minutes`` (else the ttl config's, else 5) in a task of the running
+        loop, as ``AsyncPostgresStore.start_ttl_sweeper``; cancel it or ``await stop_ttl_sweeper()``."""
+        self._bind()
+        running: asyncio.Task[None] | None = self.__dict__.get("_sweeper")
+        if running is not None and not running.done():
+            return running
+        interval = _interval_s(self, sweep_interval_minutes)
+
+        async def loop() -> None:
+            if not self.ttl_config:
+                return
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    dropped = await self.asweep()
+                    log.debug("store TTL sweep dropped %d item(s)", dropped)
+                except Exception:  # a failed sweep is retried at the next interval
+                    log.exception("store TTL sweep failed")
+
+        task = asyncio.get_running_loop().create_task(loop())
+        self.__dict__["_sweeper"] = task
+        return task
+
+    async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper task; False if it had not stopped after ``timeout`` seconds."""
+        task: asyncio.Task[None] | None = self.__dict__.get("_sweeper")
+        if task is None or task.done():
+            return True
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        return bool(done)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Stops the TTL sweeper if one runs; the client is the caller's (``from_conn_string`` closes its own)."""
+        await self.stop_ttl_sweeper()
+
+    def batch(self, ops: Iterable[StoreOp]) -> list[Result]:
+        loop = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        coro = self.abatch(list(ops))
+        if loop is None or running is loop or not loop.is_running():
+            coro.close()
+            raise asyncio.InvalidStateError(
+                "Synchronous calls to AsyncAgentStateStore are only allowed from a thread other than the "
+                "event loop's, while it runs. From the loop, use the async interface, e.g. `await store.aget(...)`."
+            )
+        result: list[Result] = asyncio.run_coroutine_threadsafe(coro, loop).result()
+        return result
+
+    def sweep(self) -> int:
+        """The sync face of :meth:`asweep` (from a thread other than the store's loop)."""
+        loop = self.loop
+        if loop is None or not loop.is_running():
+            raise asyncio.InvalidStateError("AsyncAgentStateStore.sweep: use `await store.asweep()`")
+        result: int = asyncio.run_coroutine_threadsafe(self.asweep(), loop).result()
+        return result

@@ -1,0 +1,64 @@
+-- _lgs.lua: prelude of the LangGraph store's scripts (redis_agentstate/langgraph/_store_core.py).
+--
+-- Layout of one store namespace, whose path <path> is its labels joined by NUL (keys.py builds
+-- these; every key of a call shares the shard tag of <path>, so one hash slot):
+--   KEYS[1] - ns:{ns#SS}:lgsi:<path>  hash  key -> "<created>:<updated>:<ttl>:<nonce>:<json>"
+--             (server ms; ttl in ms, '' for none; nonce: the put call that wrote it last)
+--   KEYS[2] - ns:{ns#SS}:lgso:<path>  zset  key -> insertion number (search order, kept on update)
+--   KEYS[3] - ns:{ns#SS}:lgsx:<path>  zset  key -> expiry in server ms (items with a TTL only)
+--   KEYS[4] - ns:{ns#SS}:lgsv:<path>  hash  key -> packed vectors (opaque here)
+--   KEYS[5] - ns:{ns#SS}:lgsns        zset  every path of the shard that has an item, score 0
+--   KEYS[6] - ns:{ns#SS}:lgsnx        zset  path -> expiry of its last item to expire; a path
+--                                           with an item that never expires is absent
+-- An item whose expiry passed on the server clock is never returned; writers of its namespace
+-- drop up to PRUNE of them per call, lgs_put with no items is the sweep.
+
+local PRUNE = 100
+
+local function store_path()
+  return id_after(KEYS[1], '}:lgsi:')
+end
+
+-- created, updated, ttl ('' for none), nonce of a stored item, or nil when it is not one we wrote.
+local function item_header(blob)
+  return string.match(blob, '^(%d+):(%d+):(%d*):([^:]*):')
+end
+
+local function drop_item(key)
+  redis.call('HDEL', KEYS[1], key)
+  redis.call('ZREM', KEYS[2], key)
+  redis.call('ZREM', KEYS[3], key)
+  redis.call('HDEL', KEYS[4], key)
+end
+
+-- Drop up to PRUNE items whose expiry passed; returns how many.
+local function prune_expired(now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. fmt(now), 'LIMIT', 0, PRUNE)
+  for i = 1, #gone do drop_item(gone[i]) end
+  return #gone
+end
+
+-- The shard's indexes after the namespace changed: listed while it has an item, with the expiry
+-- of its last item when every item has one.
+local function reindex_namespace()
+  local path = store_path()
+  local count = redis.call('ZCARD', KEYS[2])
+  if count == 0 then
+    redis.call('ZREM', KEYS[5], path)
+    redis.call('ZREM', KEYS[6], path)
+    return
+  end
+  redis.call('ZADD', KEYS[5], 0, path)
+  if redis.call('ZCARD', KEYS[3]) < count then
+    redis.call('ZREM', KEYS[6], path)
+  else
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    redis.call('ZADD', KEYS[6], last[2], path)
+  end
+end
+
+-- True when ``key`` has a TTL that passed at ``now``.
+local function item_expired(key, now)
+  local expiry = redis.call('ZSCORE', KEYS[3], key)
+  return expiry ~= false and tonumber(expiry) < now
+end

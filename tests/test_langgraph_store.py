@@ -1,0 +1,533 @@
+"""``AgentStateStore`` / ``AsyncAgentStateStore``: LangGraph's BaseStore on plain Redis (issue 40).
+
+Every test runs on {fakeredis, real redis-server, local Cluster} x {sync, async} (``make``); the
+semantics are checked against LangGraph's own ``InMemoryStore`` on the same operations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
+from langgraph.store.memory import InMemoryStore
+from redis.crc import key_slot
+
+from redis_agentstate import CorruptState, InvalidArgument
+from redis_agentstate.keys import Keys
+from redis_agentstate.langgraph import (
+    AgentStateSaver,
+    AgentStateStore,
+    AsyncAgentStateStore,
+    GraphWorker,
+    RunQueue,
+    _store_core,
+)
+
+SEP = "\0"
+
+
+class Memory:
+    """A store of the test's flavor with the sync vocabulary: the async twin's ``a``-methods."""
+
+    def __init__(self, store: Any, flavor: str) -> None:
+        self.store, self.flavor = store, flavor
+
+    def __getattr__(self, name: str) -> Any:
+        if self.flavor == "async" and name in {"put", "get", "delete", "search", "list_namespaces", "batch", "sweep"}:
+            return getattr(self.store, "asweep" if name == "sweep" else "a" + name)
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def mk(make: Callable[..., Any], flavor: str) -> Callable[..., Memory]:
+    return lambda **kw: Memory(make(AgentStateStore, AsyncAgentStateStore, **kw), flavor)
+
+
+def embed(texts: list[str]) -> list[list[float]]:
+    """A deterministic 8-d embedding: letter counts folded, with a constant so no vector is zero."""
+    out = []
+    for text in texts:
+        v = [0.0] * 8
+        for ch in text.lower():
+            v[ord(ch) % 8] += 1.0
+        v[0] += 0.5
+        out.append(v)
+    return out
+
+
+INDEX: Any = {"dims": 8, "embed": embed, "fields": ["text"]}
+
+
+def both(ours: Memory, ops: list[tuple[str, tuple[Any, ...], dict[str, Any]]], ref: InMemoryStore) -> None:
+    for name, args, kw in ops:
+        getattr(ours, name)(*args, **kw)
+        getattr(ref, name)(*args, **kw)
+
+
+def view(items: list[Any]) -> list[tuple[tuple[str, ...], str, dict[str, Any]]]:
+    return [(tuple(i.namespace), i.key, i.value) for i in items]
+
+
+# Written in namespace (tuple) order: InMemoryStore returns namespaces in the order first written,
+# ours in tuple order (documented; test_namespaces_come_in_tuple_order), so this sequence makes the two agree.
+DOCS = [
+    (("teams", "t1"), "e", {"lang": "pt", "n": 0}),
+    (("users", "u1"), "a", {"lang": "pt", "n": 3, "tags": ["x", "y"], "nest": {"k": 1, "deep": {"z": True}}}),
+    (("users", "u1"), "b", {"lang": "en", "n": 5, "tags": ["y"], "nest": {"k": 2}}),
+    (("users", "u10"), "f", {"lang": "pt", "n": 3}),
+    (("users", "u2"), "c", {"lang": "pt", "n": 7.5, "nest": {"k": 1}}),
+    (("users", "u2", "work"), "d", {"lang": "de", "n": -1}),
+]
+FILTERS: list[dict[str, Any] | None] = [
+    None, {"lang": "pt"}, {"n": {"$gt": 3}}, {"n": {"$gte": 3}}, {"n": {"$lt": 3}}, {"n": {"$lte": 3}},
+    {"lang": {"$ne": "pt"}}, {"lang": {"$eq": "en"}}, {"nest": {"k": 1}}, {"nest": {"deep": {"z": True}}},
+    {"tags": ["x", "y"]}, {"lang": "pt", "n": {"$gte": 3, "$lt": 7}}, {"missing": None},
+]  # fmt: skip
+
+
+class TestSemantics:
+    """Put/get/delete, search and list_namespaces answer as InMemoryStore on the same operations."""
+
+    def test_put_get_delete_and_timestamps(self, mk: Callable[..., Memory]) -> None:
+        s = mk()
+        assert s.get(("a",), "k") is None
+        s.put(("a",), "k", {"v": 1})
+        first = s.get(("a",), "k")
+        assert (tuple(first.namespace), first.key, first.value) == (("a",), "k", {"v": 1})
+        s.put(("a",), "k", {"v": 2})  # within the same millisecond too: updated_at moves on
+        second = s.get(("a",), "k")
+        assert second.value == {"v": 2}
+        assert second.created_at == first.created_at and second.updated_at > first.updated_at
+        s.delete(("a",), "k")
+        s.delete(("a",), "k")  # a missing item is fine
+        assert s.get(("a",), "k") is None and s.list_namespaces() == []
+
+    @pytest.mark.parametrize("flt", FILTERS, ids=lambda f: json.dumps(f))
+    def test_search_matches_in_memory(self, mk: Callable[..., Memory], flt: Any) -> None:
+        s, ref = mk(), InMemoryStore()
+        both(s, [("put", (ns, k, v), {}) for ns, k, v in DOCS], ref)
+        for prefix in [(), ("users",), ("users", "u1"), ("users", "u2"), ("nope",), ("users", "u")]:
+            for limit, offset in [(10, 0), (2, 0), (2, 1), (1, 3), (0, 0)]:
+                got = s.search(prefix, filter=flt, limit=limit, offset=offset)
+                want = ref.search(prefix, filter=flt, limit=limit, offset=offset)
+                # Namespaces come in tuple order (InMemoryStore: first-written order, the same here).
+                assert view(got) == view(want), (prefix, limit, offset)
+
+    def test_lists_for_namespaces_and_a_str_match_path_as_postgres_takes_them(self, mk: Callable[..., Memory]) -> None:
+        from langgraph.store.base import ListNamespacesOp, MatchCondition
+
+        s = mk()
+        s.put(["users", "u1"], "k", {"v": 1})  # type: ignore[arg-type]
+        assert [tuple(i.namespace) for i in s.search(["users"])] == [("users", "u1")]  # type: ignore[arg-type]
+        assert s.get(["users", "u1"], "k").value == {"v": 1}  # type: ignore[arg-type]
+        op = ListNamespacesOp(match_conditions=(MatchCondition("suffix", "u1"),))  # type: ignore[arg-type]
+        assert s.batch([op]) == [[("users", "u1")]]
+
+    def test_namespaces_come_in_tuple_order(self, mk: Callable[..., Memory]) -> None:
+        s = mk()
+        for ns in [("b",), ("a", "z"), ("a",), ("a", "b", "c"), ("a-b",)]:
+            s.put(ns, "k", {})
+        assert [tuple(i.namespace) for i in s.search(())] == sorted(
+            [("b",), ("a", "z"), ("a",), ("a", "b", "c"), ("a-b",)]
+        )
+
+    def test_list_namespaces_matches_in_memory(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(), InMemoryStore()
+        both(s, [("put", (ns, k, v), {}) for ns, k, v in DOCS], ref)
+        cases: list[dict[str, Any]] = [
+            {}, {"prefix": ("users",)}, {"prefix": ("users", "*")}, {"suffix": ("work",)}, {"suffix": ("*",)},
+            {"prefix": ("*", "u2")}, {"max_depth": 1}, {"max_depth": 2}, {"prefix": ("users",), "max_depth": 2},
+            {"limit": 2}, {"limit": 2, "offset": 2}, {"offset": 10}, {"prefix": ("users", "u1"), "suffix": ("u1",)},
+        ]  # fmt: skip
+        for kw in cases:
+            assert s.list_namespaces(**kw) == ref.list_namespaces(**kw), kw
+
+    def test_batch_reads_before_writes_and_last_put_wins(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [
+            PutOp(("n",), "k", {"v": 1}), GetOp(("n",), "k"), PutOp(("n",), "k", {"v": 2}),
+            SearchOp(("n",), None, 10, 0), PutOp(("n",), "gone", {"v": 0}), PutOp(("n",), "gone", None),
+        ]  # fmt: skip
+        got, want = s.batch(ops), ref.batch(ops)
+        assert got[1] is None and want[1] is None and got[3] == want[3] == []
+        assert s.get(("n",), "k").value == {"v": 2} and s.get(("n",), "gone") is None
+
+    def test_update_keeps_its_place_and_a_new_put_goes_last(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("o",), k, {"k": k}), {}) for k in "abc"]
+        ops += [("put", (("o",), "a", {"k": "A"}), {}), ("delete", (("o",), "b"), {}), ("put", (("o",), "b", {}), {})]
+        both(s, ops, ref)
+        assert view(s.search(("o",))) == view(ref.search(("o",)))
+
+    def test_many_items_and_namespaces_page(self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch) -> None:
+        # Small pages, so every paging path (items, namespaces, windows) runs.
+        monkeypatch.setattr(_store_core, "PAGE", 3)
+        monkeypatch.setattr(_store_core, "NS_PAGE", 2)
+        monkeypatch.setattr(_store_core, "WINDOW", 2)
+        s, ref = mk(shards=4), InMemoryStore()
+        ops = [("put", (("p", f"u{i % 7}"), f"k{i}", {"i": i}), {}) for i in range(40)]
+        both(s, ops, ref)
+        assert view(s.search(("p",), limit=100)) == view(ref.search(("p",), limit=100))
+        assert view(s.search(("p",), limit=5, offset=11)) == view(ref.search(("p",), limit=5, offset=11))
+        assert view(s.search(("p",), filter={"i": {"$gte": 30}})) == view(
+            ref.search(("p",), filter={"i": {"$gte": 30}})
+        )
+        assert s.list_namespaces(limit=100) == ref.list_namespaces(limit=100)
+
+
+class TestSemanticSearch:
+    def test_ranking_and_scores_match_in_memory(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        texts = ["apples and pears", "a red car", "pears", "zebra crossing", "carrots", "an apple a day"]
+        ops = [("put", (("m", f"u{i % 2}"), f"k{i}", {"text": t, "i": i}), {}) for i, t in enumerate(texts)]
+        ops.append(("put", (("m", "u0"), "plain", {"other": 1}), {}))  # nothing to embed: scoreless
+        ops.append(("put", (("m", "u1"), "noindex", {"text": "pears"}), {"index": False}))
+        both(s, ops, ref)
+        for query, kw in [("pear", {}), ("car", {"limit": 3}), ("apple", {"offset": 2, "limit": 3}),
+                          ("pears", {"filter": {"i": {"$ne": 2}}}), ("zzz", {"limit": 20})]:  # fmt: skip
+            got = s.search(("m",), query=query, **kw)
+            want = ref.search(("m",), query=query, **kw)
+            assert view(got) == view(want), query
+            for g, w in zip(got, want, strict=True):
+                # float32 storage: equal to InMemoryStore's float64 scores to float32 precision.
+                assert (g.score is None) == (w.score is None)
+                assert g.score is None or math.isclose(g.score, w.score, rel_tol=1e-6, abs_tol=1e-6)
+
+    def test_vectors_are_float32_bytes(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk(index=INDEX)
+        s.put(("m",), "k", {"text": "hello"})
+        keys = Keys(namespace, 64).store("m")  # the default layout: 64 slot-aware shards
+        import msgpack
+
+        table = msgpack.unpackb(raw.hget(keys.vectors, "k"), raw=False)
+        assert list(table) == ["text"] and len(table["text"]) == 8 * 4
+        assert list(struct.unpack("<8f", table["text"])) == embed(["hello"])[0]
+
+    def test_more_than_it_ranks_exactly_is_refused_not_guessed(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_store_core, "MAX_EXACT", 5)
+        s = mk(index=INDEX)
+        for i in range(6):
+            s.put(("big",), f"k{i}", {"text": f"item {i}", "i": i})
+        with pytest.raises(InvalidArgument, match="at most 5 items"):
+            s.search(("big",), query="item")
+        assert len(s.search(("big",), query="item", filter={"i": {"$lt": 5}})) == 5  # a filter narrows it
+        assert len(s.search(("big",), limit=10)) == 6  # no query: no ranking, no limit
+
+
+class TestTTL:
+    def test_expired_items_are_never_returned_and_sweep_drops_them(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        s = mk(ttl={"default_ttl": 0.001, "refresh_on_read": False})  # 60 ms, not renewed by the reads below
+        s.put(("t", "a"), "k", {"v": 1})
+        s.put(("t", "b"), "k", {"v": 2}, ttl=None)
+        deadline = time.monotonic() + 10
+        while s.get(("t", "a"), "k") is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert view(s.search(("t",))) == [(("t", "b"), "k", {"v": 2})]
+        assert s.list_namespaces() == [("t", "b")]
+        assert s.sweep() == 1
+        keys = Keys(namespace, 64).store("t" + SEP + "a")
+        assert raw.exists(keys.items, keys.order, keys.expiry) == 0
+        assert s.sweep() == 0
+
+    def test_refresh_on_read(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk(ttl={"default_ttl": 10, "refresh_on_read": True})
+        s.put(("r",), "k", {"v": 1})
+        keys = Keys(namespace, 64).store("r")
+        first = raw.zscore(keys.expiry, "k")
+        time.sleep(0.01)
+        s.get(("r",), "k", refresh_ttl=False)
+        assert raw.zscore(keys.expiry, "k") == first
+        s.get(("r",), "k")
+        second = raw.zscore(keys.expiry, "k")
+        assert second > first
+        time.sleep(0.01)
+        s.search(("r",))
+        assert raw.zscore(keys.expiry, "k") > second
+
+    def test_a_search_refreshes_every_item_it_returns_in_bounded_calls(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_store_core, "PAGE", 2)
+        s = mk(ttl={"default_ttl": 10})
+        for i in range(5):
+            s.put(("r",), f"k{i}", {"i": i})
+        keys = Keys(namespace, 64).store("r")
+        before = dict(raw.zrange(keys.expiry, 0, -1, withscores=True))
+        time.sleep(0.01)
+        assert len(s.search(("r",), limit=10)) == 5
+        after = dict(raw.zrange(keys.expiry, 0, -1, withscores=True))
+        assert set(after) == set(before) and all(after[k] > before[k] for k in before)
+
+
+def _dump(raw: Any, namespace: str) -> dict[bytes, Any]:
+    record = Keys(namespace).layout_key().encode()
+    return {k: raw.dump(k) for k in sorted(raw.scan_iter(match=f"{namespace}:*", count=1000)) if k != record}
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        "op, error",
+        [
+            (PutOp(("a.b",), "k", {"v": 1}), InvalidNamespaceError),
+            (PutOp(("a", ""), "k", {"v": 1}), InvalidNamespaceError),
+            (PutOp((), "k", {"v": 1}), InvalidNamespaceError),
+            (PutOp(("a", 1), "k", {"v": 1}), InvalidNamespaceError),  # type: ignore[arg-type]
+            (PutOp(("a",), "k", {"v": object()}), InvalidArgument),
+            (PutOp(("a",), "k", ["not", "a", "dict"]), InvalidArgument),  # type: ignore[arg-type]
+            (PutOp(("a",), 7, {"v": 1}), InvalidArgument),  # type: ignore[arg-type]
+            (PutOp(("a",), "k", {"v": 1}, ttl=-1), InvalidArgument),
+            (PutOp(("a",), "k", {"v": 1}, index="text"), InvalidArgument),  # type: ignore[arg-type]
+            (SearchOp(("a",), {"v": {"$regex": "x"}}), InvalidArgument),
+            (SearchOp(("a",), None, -1), InvalidArgument),
+            (SearchOp("a", None), InvalidArgument),  # type: ignore[arg-type]
+            (GetOp(("a.b",), "k"), InvalidNamespaceError),
+            (PutOp(("a", "\ud800"), "k", {"v": 1}), InvalidArgument),  # a lone surrogate: not UTF-8
+            (PutOp(("a",), "\udfff", {"v": 1}), InvalidArgument),
+            (PutOp(("a",), "k", {"v": "\ud800"}), InvalidArgument),
+            (PutOp(("a",), "k" * 1025, {"v": 1}), InvalidArgument),
+        ],
+    )
+    def test_refused_before_anything_is_written(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str, op: Any, error: type[Exception]
+    ) -> None:
+        s = mk()
+        s.put(("a",), "kept", {"v": 0})
+        before = _dump(raw, namespace)
+        with pytest.raises(error):
+            s.batch([PutOp(("a",), "new", {"v": 1}), op])
+        assert _dump(raw, namespace) == before
+        assert s.get(("a",), "kept").value == {"v": 0} and s.get(("a",), "new") is None
+
+    def test_wrong_embedding_size_is_refused(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk(index={"dims": 4, "embed": embed, "fields": ["text"]})
+        with pytest.raises(InvalidArgument, match="8 dimensions"):
+            s.put(("a",), "k", {"text": "x"})
+        assert _dump(raw, namespace) == {}
+
+    def test_bad_configuration(self, mk: Callable[..., Memory]) -> None:
+        for kw in [{"ttl": {"default_ttl": 0}}, {"ttl": {"nope": 1}}, {"index": {"dims": 0, "embed": embed}},
+                   {"index": {"embed": embed}}, {"ttl": {"refresh_on_read": "yes"}},
+                   {"ttl": {"sweep_interval_minutes": 0}}]:  # fmt: skip
+            with pytest.raises(InvalidArgument):
+                mk(**kw)
+
+
+class TestCorruptData:
+    def test_a_damaged_item_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk()
+        s.put(("c",), "k", {"v": 1})
+        keys = Keys(namespace, 64).store("c")
+        raw.hset(keys.items, "k", b"garbage")
+        for call in (lambda: s.get(("c",), "k"), lambda: s.search(("c",)), lambda: s.put(("c",), "k", {"v": 2})):
+            with pytest.raises(CorruptState) as err:
+                call()
+            assert keys.items in str(err.value) and "LangGraph store namespace" in str(err.value)
+        raw.hset(keys.items, "k", b"1:2::n:[1,2]")  # a header, and JSON that is not an object
+        with pytest.raises(CorruptState, match="lgsi"):
+            s.get(("c",), "k")
+
+    def test_a_key_of_the_wrong_type_or_damaged_vectors(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        s = mk(index=INDEX)
+        s.put(("w",), "k", {"text": "x"})
+        keys = Keys(namespace, 64).store("w")
+        raw.hset(keys.vectors, "k", b"\xc1")
+        with pytest.raises(CorruptState, match="lgsv"):
+            s.search(("w",), query="x")
+        raw.delete(keys.items)
+        raw.set(keys.items, "a string")
+        with pytest.raises(CorruptState, match="lgsi"):
+            s.get(("w",), "k")
+
+
+class TestLayout:
+    def test_namespaces_spread_over_slots_and_one_namespace_shares_one(self, mk: Callable[..., Memory], raw: Any,
+                                                                       namespace: str) -> None:  # fmt: skip
+        s = mk()
+        for u in range(20):
+            s.put(("users", f"u{u}"), "k", {"u": u})
+        slots = set()
+        for u in range(20):
+            keys = Keys(namespace, 64).store(f"users{SEP}u{u}")
+            own = {key_slot(k.encode()) for k in keys.as_list()}
+            assert len(own) == 1 and raw.hexists(keys.items, "k")
+            slots |= own
+        assert len(slots) > 5
+        assert len(s.search(("users",), limit=100)) == 20
+
+    def test_a_reshard_moves_every_namespace_and_its_indexes(
+        self, mk: Callable[..., Memory], backend: Any, namespace: str
+    ) -> None:
+        """The mover splits the shards' namespace indexes by path (keys.STORE_INDEXES): after 2 -> 8
+        shards every namespace is listed and searched as before, by a store made before and after."""
+        from redis_agentstate import CheckpointStore
+
+        before = mk(shards=2)
+        for u in range(12):
+            before.put(("users", f"u{u}"), "k", {"u": u})
+            before.put(("users", f"u{u}", "notes"), "n", {"u": u})
+        report = CheckpointStore(backend.sync_client(), namespace=namespace).reshard(8)
+        assert (report.from_shards, report.to_shards) == (2, 8)
+        for s in (before, mk()):
+            assert len(s.list_namespaces(prefix=("users",), limit=100)) == 24
+            assert sorted(i.value["u"] for i in s.search(("users",), filter={"u": {"$gte": 0}}, limit=100)) == sorted(
+                list(range(12)) * 2
+            )
+            assert s.get(("users", "u3"), "k").value == {"u": 3}
+        before.put(("users", "new"), "k", {"u": 99})
+        assert mk().get(("users", "new"), "k").value == {"u": 99}
+
+
+# ---- a graph that uses the store, run by a GraphWorker ----------------------------------------------
+
+
+class _S(TypedDict):
+    n: int
+
+
+def _remembering_graph() -> Any:
+    from langgraph.config import get_store
+    from langgraph.graph import END, START, StateGraph
+
+    def node(state: _S) -> dict[str, int]:
+        store = get_store()
+        seen = store.get(("mem",), "count")
+        count = (seen.value["c"] if seen else 0) + state["n"]
+        store.put(("mem",), "count", {"c": count})
+        return {"n": count}
+
+    b = StateGraph(_S)
+    b.add_node("node", node)
+    b.add_edge(START, "node")
+    b.add_edge("node", END)
+    return b.compile()
+
+
+@pytest.mark.parametrize("backend", ["fake", "real", "cluster"], indirect=True)
+def test_graph_worker_passes_its_store(backend: Any, namespace: str) -> None:
+    store = AgentStateStore(backend.sync_client(), namespace)
+    worker = GraphWorker(_remembering_graph(), RunQueue(backend.sync_client(), namespace=namespace),
+                         AgentStateSaver(backend.sync_client(), namespace=namespace), store=store,
+                         lease_ms=3_000, block_ms=200)  # fmt: skip
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        queue = RunQueue(backend.sync_client(), namespace=namespace)
+        for tid in ("t1", "t2"):
+            run = queue.create(tid, {"n": 2})
+            assert queue.join(run.run_id, timeout_s=30).status == "success"
+    finally:
+        worker.stop()
+        t.join(20)
+    assert store.get(("mem",), "count").value == {"c": 4}
+    with pytest.raises(InvalidArgument):
+        GraphWorker(_remembering_graph(), RunQueue(backend.sync_client(), namespace=namespace),
+                    AgentStateSaver(backend.sync_client(), namespace=namespace), store=object())  # fmt: skip
+
+
+def test_compile_with_saver_and_store(backend: Any, namespace: str) -> None:
+    graph = _remembering_graph().builder.compile(
+        checkpointer=AgentStateSaver(backend.sync_client(), namespace=namespace),
+        store=AgentStateStore(backend.sync_client(), namespace),
+    )
+    config = {"configurable": {"thread_id": "t"}}
+    assert graph.invoke({"n": 3}, config)["n"] == 3
+    assert graph.invoke({"n": 4}, config)["n"] == 7
+
+
+class TestShells:
+    def test_async_store_sync_face_runs_on_its_loop_from_another_thread(self, backend: Any, namespace: str) -> None:
+        import asyncio
+
+        got: list[Any] = []
+
+        async def main() -> None:
+            client = backend.new_async_client()
+            async with AsyncAgentStateStore(client, namespace) as store:
+                with pytest.raises(asyncio.InvalidStateError):
+                    store.put(("a",), "k", {"v": 0})  # from the loop itself: refused, not a deadlock
+
+                def work() -> None:
+                    store.put(("a",), "k", {"v": 2})
+                    got.append(store.get(("a",), "k"))
+
+                await asyncio.get_running_loop().run_in_executor(None, work)
+            await client.aclose()
+
+        asyncio.run(main())
+        assert got[0].value == {"v": 2}
+
+    def test_a_damaged_shard_index_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        s = mk(shards=1)
+        s.put(("a",), "k", {"v": 1})
+        index = Keys(namespace, 1).store_index(0)[0]
+        raw.delete(index)
+        raw.set(index, "not a zset")
+        with pytest.raises(CorruptState, match="lgsns"):
+            s.list_namespaces()
+
+
+@pytest.mark.parametrize("backend", ["real"], indirect=True)
+def test_from_conn_string_and_setup(backend: Any, namespace: str, twin_loop: Any) -> None:
+    """The URL face (a server's URL: the Cluster's clients are built by hand in these tests)."""
+    with AgentStateStore.from_conn_string(backend.url, namespace=namespace) as store:
+        store.setup()
+        store.put(("a",), "k", {"v": 1})
+
+    async def main() -> Any:
+        async with AsyncAgentStateStore.from_conn_string(backend.url, namespace=namespace) as s:
+            await s.asetup()
+            return await s.aget(("a",), "k")
+
+    assert twin_loop.run_until_complete(main()).value == {"v": 1}
+
+
+def _swept(raw: Any, namespace: str) -> bool:
+    keys = Keys(namespace, 64).store("s")
+    return raw.exists(keys.items, keys.order, keys.expiry) == 0
+
+
+def test_ttl_sweeper_thread(backend: Any, namespace: str, raw: Any) -> None:
+    store = AgentStateStore(backend.sync_client(), namespace, ttl={"default_ttl": 0.001, "sweep_interval_minutes": 1})
+    assert AgentStateStore(backend.sync_client(), namespace).start_ttl_sweeper().done()  # no ttl: nothing to sweep
+    with store:
+        store.put(("s",), "k", {"v": 1})
+        future = store.start_ttl_sweeper(sweep_interval_minutes=0.0005)  # every 30 ms
+        deadline = time.monotonic() + 20
+        while not _swept(raw, namespace):
+            assert time.monotonic() < deadline, "the sweeper did not drop the expired item"
+            time.sleep(0.02)
+        assert not future.done()
+    assert store.stop_ttl_sweeper(5) and future.done()  # the block's end stopped it
+
+
+def test_ttl_sweeper_task(backend: Any, namespace: str, raw: Any) -> None:
+    import asyncio
+
+    async def main() -> None:
+        client = backend.new_async_client()
+        async with AsyncAgentStateStore(client, namespace, ttl={"default_ttl": 0.001}) as store:
+            await store.aput(("s",), "k", {"v": 1})
+            task = await store.start_ttl_sweeper(sweep_interval_minutes=0.0005)
+            assert await store.start_ttl_sweeper() is task  # one sweeper per store
+            deadline = time.monotonic() + 20
+            while not _swept(raw, namespace):
+                assert time.monotonic() < deadline, "the sweeper did not drop the expired item"
+                await asyncio.sleep(0.02)
+        assert task.done()  # the block's end stopped it
+        await client.aclose()
+
+    asyncio.run(main())
