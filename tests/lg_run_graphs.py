@@ -6,6 +6,9 @@
 node counts its executions in Redis (``$AGENTSTATE_LG_URL``, key ``<thread>:ran:<node>``).
 ``ask``: a human-in-the-loop graph: ``interrupt()``, then the answer is appended.
 ``chat``: one node calling a (fake) chat model, whose tokens the ``messages`` mode streams.
+``memory``: one (sync) node that reads ``("prefs",) / "lang"`` from the graph's store (``get_store()``)
+and writes ``("seen", <thread>) / "last"`` there.
+``nested``: a parent whose node ``inner`` is the ``ask`` graph (a subgraph, interrupting inside).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_store
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import StreamWriter, interrupt
 
@@ -121,3 +125,33 @@ def _chat() -> Any:
 
 
 chat = _chat()
+
+
+def _memory_node(state: State, config: RunnableConfig) -> dict[str, Any]:
+    store = get_store()
+    found = store.get(("prefs",), "lang")
+    lang = None if found is None else found.value.get("lang")
+    store.put(("seen", config["configurable"]["thread_id"]), "last", {"lang": lang})
+    return {"log": [f"lang:{lang}"]}
+
+
+def _memory() -> Any:
+    b = StateGraph(State)
+    b.add_node("remember", _memory_node)
+    b.add_edge(START, "remember")
+    b.add_edge("remember", END)
+    return b.compile()
+
+
+memory = _memory()
+
+
+def _nested() -> Any:
+    b = StateGraph(State)
+    b.add_node("inner", _ask())
+    b.add_edge(START, "inner")
+    b.add_edge("inner", END)
+    return b.compile()
+
+
+nested = _nested()

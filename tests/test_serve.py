@@ -34,7 +34,7 @@ from langgraph_sdk import get_client, get_sync_client  # noqa: E402
 
 TESTS = Path(__file__).parent
 TOKEN = "s3cret-token-for-tests"
-GRAPHS = {n: f"lg_run_graphs:{n}" for n in ("steps", "slow", "ask", "chat")}
+GRAPHS = {n: f"lg_run_graphs:{n}" for n in ("steps", "slow", "ask", "chat", "memory", "nested")}
 
 
 @dataclass
@@ -482,6 +482,50 @@ class TestSdkClient:
     # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
     # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.
     @pytest.mark.xfail(sys.version_info < (3, 11), reason="LangGraph's async context needs Python 3.11", strict=True)
+    def test_an_interrupted_thread_lists_its_interrupts_by_task_and_subgraphs_are_listed(self, served: Served) -> None:
+        # Issue 41 item 4: Thread.interrupts was always {} and get_subgraphs always {}.
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        c.runs.wait(tid, "ask", input={"log": []})
+        t = c.threads.get(tid)
+        assert t["status"] == "interrupted"
+        [(task_id, interrupts)] = t["interrupts"].items()
+        assert [i["value"] for i in interrupts] == ["approve?"] and interrupts[0]["id"]
+        assert task_id == c.threads.get_state(tid)["tasks"][0]["id"]
+        assert c.threads.search(ids=[tid])[0]["interrupts"] == t["interrupts"]
+        c.runs.wait(tid, "ask", command={"resume": "yes"})
+        assert c.threads.get(tid)["interrupts"] == {}
+        inner = c.threads.create()["thread_id"]
+        c.runs.wait(inner, "nested", input={"log": []})  # interrupted inside its subgraph
+        [shown] = c.threads.get(inner)["interrupts"].values()
+        assert [i["value"] for i in shown] == ["approve?"]
+        subs = c.assistants.get_subgraphs(c.assistants.get("nested")["assistant_id"])
+        assert list(subs) == ["inner"]
+        assert subs["inner"].keys() == {"input_schema", "output_schema", "state_schema", "config_schema",
+                                        "context_schema"}  # fmt: skip
+        assert list(c.assistants.get_subgraphs("nested", namespace="inner", recurse=True)) == ["inner"]
+        assert c.assistants.get_subgraphs("steps") == {}
+
+    def test_count_honours_the_filters_search_does(self, served: Served) -> None:
+        # Issue 41 item 5: threads.count(metadata=...) counted every thread.
+        c = served.sync()
+        made = [c.threads.create(metadata={"tag": "counted", "i": i})["thread_id"] for i in range(3)]
+        c.threads.create(metadata={"tag": "other"})
+        assert c.threads.count(metadata={"tag": "counted"}) == 3 == len(c.threads.search(metadata={"tag": "counted"}))
+        assert c.threads.count(metadata={"tag": "none-has-it"}) == 0
+        c.runs.wait(made[0], "steps", input={"log": []})
+        done = {"log": ["a", "b", "c"]}
+        assert c.threads.count(values=done) == 1 == len(c.threads.search(values=done))
+        assert [t["thread_id"] for t in c.threads.search(values=done)] == [made[0]]
+        assert c.threads.count(metadata={"tag": "counted"}, status="idle") == 3
+        assert c.threads.count(status="busy") == 0 and c.threads.count() == 4
+        with served.http() as h:
+            assert h.post("/threads/count", json={"metadata": ["x"]}).status_code == 422
+            assert h.post("/threads/count", json={"status": "sleeping"}).status_code == 422
+
+    # LangGraph on Python 3.10 cannot hand an async node its config or stream writer from context
+    # (docs/langgraph-runs.md, "Asyncio"), and the server's workers run graphs on asyncio.
+    @pytest.mark.xfail(sys.version_info < (3, 11), reason="LangGraph's async context needs Python 3.11", strict=True)
     def test_messages_tuple_streams_the_models_tokens(self, served: Served) -> None:
         c = served.sync()
         tid = c.threads.create()["thread_id"]
@@ -522,6 +566,82 @@ class TestSdkClient:
         assert len(history) == 2 and history[0].values == {"log": ["a", "b", "c"]}
         remote.update_state(fresh, {"log": ["edited"]}, as_node="c")
         assert remote.get_state(fresh).values["log"][-1] == "edited"
+
+
+@on_every_backend
+class TestStoreRoutes:
+    """Issue 41: the store routes (501 before), on an ``AsyncAgentStateStore`` the served graphs share."""
+
+    def test_items_are_put_got_searched_listed_and_deleted_as_langgraph_serves_them(self, served: Served) -> None:
+        c = served.sync()
+        assert c.store.put_item(["users", "u1"], "prefs", {"lang": "pt", "team": "a"}) is None
+        c.store.put_item(["users", "u2"], "prefs", {"lang": "en", "team": "b"})
+        c.store.put_item(["users", "u2"], "notes", {"text": "hi", "team": "b"}, ttl=60)
+        c.store.put_item(["docs"], "d1", {"title": "x"})
+        item = c.store.get_item(["users", "u1"], "prefs")
+        assert set(item) == {"namespace", "key", "value", "created_at", "updated_at"}
+        assert item["namespace"] == ["users", "u1"] and item["key"] == "prefs"
+        assert item["value"] == {"lang": "pt", "team": "a"} and item["created_at"].endswith("+00:00")
+        assert c.store.get_item(["users", "u1"], "nope") is None
+        found = c.store.search_items(["users"], filter={"team": "b"}, limit=10)
+        assert sorted(i["key"] for i in found["items"]) == ["notes", "prefs"]
+        assert all(i["namespace"] == ["users", "u2"] for i in found["items"])
+        page = c.store.search_items(["users"], limit=2, offset=1)
+        assert len(page["items"]) == 2
+        assert c.store.list_namespaces(prefix=["users"]) == {"namespaces": [["users", "u1"], ["users", "u2"]]}
+        assert c.store.list_namespaces(max_depth=1)["namespaces"] == [["docs"], ["users"]]
+        assert c.store.delete_item(["users", "u1"], "prefs") is None
+        assert c.store.get_item(["users", "u1"], "prefs") is None
+
+        async def aio() -> None:
+            a = served.aio()
+            await a.store.put_item(["users", "u3"], "prefs", {"lang": "fr"})
+            assert (await a.store.get_item(["users", "u3"], "prefs"))["value"] == {"lang": "fr"}
+            assert [i["key"] for i in (await a.store.search_items(["users", "u3"]))["items"]] == ["prefs"]
+
+        asyncio.run(aio())
+
+    def test_bad_input_is_refused_with_422_saying_what_is_wrong(self, served: Served) -> None:
+        with served.http() as h:
+            bad_puts = [({"namespace": ["a.b"], "key": "k", "value": {}}, "period"),
+                        ({"namespace": [""], "key": "k", "value": {}}, "non-empty"),
+                        ({"namespace": "users", "key": "k", "value": {}}, "list of labels"),
+                        ({"namespace": [], "key": "k", "value": {}}, "at least one"),
+                        ({"namespace": ["u"], "key": "", "value": {}}, "key"),
+                        ({"namespace": ["u"], "key": "k", "value": [1]}, "value must be an object"),
+                        ({"namespace": ["u"], "key": "k", "value": {}, "ttl": -1}, "ttl"),
+                        ({"namespace": ["u"], "key": "k", "value": {}, "index": "x"}, "index")]  # fmt: skip
+            for body, says in bad_puts:
+                r = h.put("/store/items", json=body)
+                assert r.status_code == 422 and says in r.json()["detail"], (body, r.text)
+            r = h.get("/store/items", params={"namespace": "users"})
+            assert r.status_code == 422 and "key" in r.json()["detail"]
+            r = h.request("DELETE", "/store/items", json={"namespace": ["u"]})
+            assert r.status_code == 422 and "key" in r.json()["detail"]
+            r = h.post("/store/items/search", json={"namespace_prefix": ["u"], "limit": -1})
+            assert r.status_code == 422 and "limit" in r.json()["detail"]
+            r = h.post("/store/items/search", json={"namespace_prefix": ["u"], "filter": [1]})
+            assert r.status_code == 422 and "filter" in r.json()["detail"]
+            r = h.post("/store/namespaces", json={"max_depth": 0})
+            assert r.status_code == 422 and "max_depth" in r.json()["detail"]
+            assert h.put("/store/items", json={"namespace": ["u"], "key": "k", "value": {}}).status_code == 204
+        with served.anonymous() as h:  # the token guards the store as every route
+            calls = (("PUT", "/store/items", {"namespace": ["u"], "key": "k", "value": {}}),
+                     ("GET", "/store/items?namespace=u&key=k", None),
+                     ("DELETE", "/store/items", {"namespace": ["u"], "key": "k"}),
+                     ("POST", "/store/items/search", {}), ("POST", "/store/namespaces", {}))  # fmt: skip
+            for method, path, body in calls:
+                assert h.request(method, path, json=body).status_code == 401, (method, path)
+                wrong = h.request(method, path, json=body, headers={"x-api-key": "wrong"})
+                assert wrong.status_code == 403, (method, path)
+        assert served.sync().store.get_item(["u"], "k")["value"] == {}
+
+    def test_a_graph_node_reads_and_writes_the_store_the_api_serves(self, served: Served) -> None:
+        c = served.sync()
+        c.store.put_item(["prefs"], "lang", {"lang": "pt"})
+        tid = c.threads.create()["thread_id"]
+        assert c.runs.wait(tid, "memory", input={"log": []}) == {"log": ["lang:pt"]}
+        assert c.store.get_item(["seen", tid], "last")["value"] == {"lang": "pt"}
 
 
 def _until(cond: Any, timeout: float = 20) -> None:
@@ -591,8 +711,11 @@ class TestSecurity:
     def test_without_a_token_it_is_read_only(self, backend: Any, namespace: str) -> None:
         with _serve(backend, namespace, None) as s, s.http() as h:
             assert h.post("/assistants/search", json={}).status_code == 200
+            assert h.post("/store/items/search", json={}).json() == {"items": []}  # a read
+            assert h.post("/store/namespaces", json={}).json() == {"namespaces": []}
             for method, path in (("POST", "/threads"), ("POST", "/threads/x/runs"), ("DELETE", "/threads/x"),
-                                 ("POST", "/threads/x/runs/y/cancel"), ("PATCH", "/threads/x")):  # fmt: skip
+                                 ("POST", "/threads/x/runs/y/cancel"), ("PATCH", "/threads/x"),
+                                 ("PUT", "/store/items"), ("DELETE", "/store/items")):  # fmt: skip
                 r = h.request(method, path, json={})
                 assert r.status_code == 403 and "read-only" in r.json()["detail"], (method, path)
 

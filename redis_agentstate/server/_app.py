@@ -42,7 +42,7 @@ from ..errors import (
     ThreadBusy,
 )
 from ..kv import AsyncKeyValueStore
-from ..langgraph import AsyncAgentStateSaver, AsyncRunQueue, GraphWorker, Run
+from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
@@ -50,17 +50,18 @@ from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
 from ._http import page_of, read_body
 from ._shapes import json_response as _json
+from ._store import StoreRoutes
 
 __all__ = ["ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED = (
     "/assistants", "/assistants/{aid}/versions", "/assistants/{aid}/latest", "/runs/crons",
-    "/runs/crons/search", "/threads/{tid}/runs/crons", "/store/items", "/store/items/search",
-    "/store/namespaces", "/runs/batch", "/threads/{tid}/copy", "/threads/prune", "/threads/{tid}/stream",
+    "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch", "/threads/{tid}/copy", "/threads/prune",
+    "/threads/{tid}/stream",
 )  # fmt: skip
 _THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
-_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint")
+_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces")
 #: Threads a search examines past its ``offset`` at most (a search with filters on a larger namespace
 #: sees its first threads in id order only).
 SEARCH_SCAN = 10_000
@@ -124,7 +125,7 @@ class ThreadBook:
         name = (rec.get("metadata") or {}).get("graph_id")
         return self.graphs.get(name) if isinstance(name, str) else None
 
-    async def status(self, rec: Mapping[str, Any]) -> str:
+    async def status(self, rec: Mapping[str, Any], snap: Any = None) -> str:
         g = self.graph_of(rec)
         if g is None:
             return "idle"
@@ -133,16 +134,16 @@ class ThreadBook:
             return "busy"
         if runs and runs[0].status == "error":
             return "error"
-        snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
+        if snap is None:
+            snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
         return "interrupted" if getattr(snap, "interrupts", ()) else "idle"
 
     async def out(self, rec: Mapping[str, Any]) -> dict[str, Any]:
         g = self.graph_of(rec)
-        values = None
-        if g is not None:
-            snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
-            values = snap.values
-        return shapes.thread_json(rec, await self.status(rec), values)
+        if g is None:
+            return shapes.thread_json(rec, "idle")
+        snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
+        return shapes.thread_json(rec, await self.status(rec, snap), snap.values, shapes.thread_interrupts(snap))
 
     async def run_of(self, thread_id: str, run_id: str) -> tuple[ServedGraph, Run]:
         rec = await self.need_record(thread_id)
@@ -159,18 +160,31 @@ class _App:
         self.client, self.token, self.max_body, self.lease_ms = client, token, max_body_bytes, lease_ms
         self.sessions = None if token is None else Sessions(token)
         self.graphs: dict[str, ServedGraph] = {}
+        #: LangGraph's long-term memory: the store routes' and every served graph's (``get_store()``).
+        self.store = AsyncAgentStateStore(client, namespace=f"{namespace}.store")
         for name, graph in graphs.items():
             ns = f"{namespace}.{name}"
             served = ServedGraph(
                 name, graph, AsyncRunQueue(client, namespace=ns), AsyncAgentStateSaver(client, namespace=ns)
             )
             served.workers = (
-                [GraphWorker(graph, served.queue, served.saver, concurrency=workers, graph_id=name, lease_ms=lease_ms)]
+                [
+                    GraphWorker(
+                        graph,
+                        served.queue,
+                        served.saver,
+                        store=self.store,
+                        concurrency=workers,
+                        graph_id=name,
+                        lease_ms=lease_ms,
+                    )
+                ]
                 if workers
                 else []
             )
             self.graphs[name] = served
         self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
+        self.store_routes = StoreRoutes(self.store, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
         self.streams = asyncio.Semaphore(max_streams)
         #: One Redis read per followed run, shared by all its SSE clients.
@@ -183,6 +197,8 @@ class _App:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # Bound to this loop now: a graph's sync node calls the store's sync methods from its thread.
+        await self.store.__aenter__()
         for g in self.graphs.values():
             for w in g.workers:
                 self._tasks.append(asyncio.create_task(w.arun(), name=f"agentstate-serve-worker-{g.name}"))
@@ -196,6 +212,7 @@ class _App:
             await self.feeds.close()
             if self._tasks:
                 await asyncio.wait(self._tasks, timeout=10)
+            await self.store.__aexit__(None, None, None)
 
     # ---- who may call ----------------------------------------------------------------------------
 
@@ -281,25 +298,46 @@ class _App:
         await self.book.kv.delete(tid)
         return Response(status_code=204)
 
+    def _thread_filter(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+        """A search's or count's filters: ``metadata`` and ``values`` (top-level keys equal), ``status``."""
+        meta, values, status = body.get("metadata") or {}, body.get("values") or {}, body.get("status")
+        if not isinstance(meta, dict):
+            raise HTTPException(422, "metadata must be an object")
+        if not isinstance(values, dict):
+            raise HTTPException(422, "values must be an object")
+        if status is not None and status not in ("idle", "busy", "interrupted", "error"):
+            raise HTTPException(422, "status must be one of idle, busy, interrupted, error")
+        return meta, values, status
+
+    async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True
+                        ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+        """The threads (as the API shows them; with ``shown=False`` their records, when no filter needs
+        more) of ``ids``, or of the first ``most``, that pass the filters."""
+        meta, values, status = self._thread_filter(body)
+        async for rec in self._thread_records(ids, most):
+            if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
+                continue
+            if not shown and status is None and not values:
+                yield rec
+                continue
+            item = await self.book.out(rec)
+            if status is not None and item["status"] != status:
+                continue
+            held = item["values"] if isinstance(item["values"], dict) else {}
+            if any(k not in held or held[k] != v for k, v in values.items()):
+                continue
+            yield item
+
     async def threads_search(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         offset, limit = page_of(body)
-        meta = body.get("metadata") or {}
-        status = body.get("status")
         ids = body.get("ids")
-        if not isinstance(meta, dict):
-            raise HTTPException(422, "metadata must be an object")
         listed = isinstance(ids, list) and len(ids) <= 1000 and all(isinstance(i, str) for i in ids)
         if ids is not None and not listed:
             raise HTTPException(422, "ids must be a list of at most 1000 thread ids")
         out: list[dict[str, Any]] = []
         skipped = 0
-        async for rec in self._thread_records(ids, offset + SEARCH_SCAN):
-            if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
-                continue
-            item = await self.book.out(rec)
-            if status is not None and item["status"] != status:
-                continue
+        async for item in self._matching(ids, offset + SEARCH_SCAN, body):
             if skipped < offset:
                 skipped += 1
                 continue
@@ -324,8 +362,12 @@ class _App:
                     yield dict(json.loads(raw))
 
     async def threads_count(self, request: Request) -> Response:
-        await read_body(request, self.max_body)
-        return JSONResponse(await self.book.kv.count())
+        body = await read_body(request, self.max_body)
+        if not any(body.get(k) for k in ("metadata", "values", "status")):
+            self._thread_filter(body)
+            return JSONResponse(await self.book.kv.count())
+        # As a search counts: the threads among the first SEARCH_SCAN (in id order) that pass.
+        return JSONResponse(sum([1 async for _ in self._matching(None, SEARCH_SCAN, body, shown=False)]))
 
     # ---- thread state ------------------------------------------------------------------------------
 
@@ -674,7 +716,7 @@ def create_app(
     thread leases (how long a crashed server's runs wait before another takes them over)."""
     app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
     a = app_state
-    d, s = a.dash, a.assistants
+    d, s, st = a.dash, a.assistants, a.store_routes
 
     def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
@@ -727,6 +769,9 @@ def create_app(
         ("/threads/{tid}/runs/{rid}/join", a.run_join, ["GET"]),
         ("/threads/{tid}/runs/{rid}/stream", a.run_stream, ["GET"]),
         ("/threads/{tid}/runs/{rid}/cancel", a.run_cancel, ["POST"]),
+        ("/store/items", st.put_item, ["PUT"]), ("/store/items", st.get_item, ["GET"]),
+        ("/store/items", st.delete_item, ["DELETE"]), ("/store/items/search", st.search_items, ["POST"]),
+        ("/store/namespaces", st.list_namespaces, ["POST"]),
     ]  # fmt: skip
     routes = [Route(path, guard(fn), methods=methods) for path, fn, methods in r]
     routes += [

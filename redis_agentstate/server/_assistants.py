@@ -58,23 +58,32 @@ class AssistantRoutes:
 
     async def assistant_schemas(self, request: Request) -> Response:
         g = self.find(request.path_params["aid"])
-        graph = g.graph
-
-        def schema(fn: Callable[[], Any]) -> Any:
-            try:
-                return fn()
-            except Exception:
-                return None
-
-        return _json({
-            "graph_id": g.name,
-            "input_schema": schema(lambda: graph.get_input_jsonschema()),
-            "output_schema": schema(lambda: graph.get_output_jsonschema()),
-            "state_schema": schema(lambda: graph.get_input_jsonschema()),
-            "config_schema": None,
-            "context_schema": schema(lambda: graph.get_context_jsonschema()),
-        })  # fmt: skip
+        return _json({"graph_id": g.name, **_schemas(g.graph)})
 
     async def assistant_subgraphs(self, request: Request) -> Response:
-        self.find(request.path_params["aid"])
-        return JSONResponse({})
+        """The graph's subgraphs by namespace (``parent_node``, ``a|b`` when nested), each with its
+        schemas, as LangGraph's server answers (``recurse``: subgraphs of subgraphs too;
+        ``/subgraphs/{namespace}``: that one only)."""
+        g = self.find(request.path_params["aid"])
+        recurse = request.query_params.get("recurse", "false").lower() in ("1", "true")
+        namespace = request.path_params.get("sub") or None
+        found = {ns: _schemas(sub) for ns, sub in g.graph.get_subgraphs(namespace=namespace, recurse=recurse)}
+        return _json(found)
+
+
+def _schemas(graph: Any) -> dict[str, Any]:
+    """A graph's JSON schemas; one LangGraph cannot build is null, as LangGraph's server answers it."""
+
+    def schema(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception:
+            return None
+
+    return {
+        "input_schema": schema(lambda: graph.get_input_jsonschema()),
+        "output_schema": schema(lambda: graph.get_output_jsonschema()),
+        "state_schema": schema(lambda: graph.get_input_jsonschema()),
+        "config_schema": None,
+        "context_schema": schema(lambda: graph.get_context_jsonschema()),
+    }

@@ -29,6 +29,7 @@ __all__ = [
     "run_json",
     "sse",
     "state_json",
+    "thread_interrupts",
     "thread_json",
 ]
 
@@ -104,7 +105,8 @@ def assistant(graph_id: str, created_ms: int) -> dict[str, Any]:
     }
 
 
-def thread_json(record: Mapping[str, Any], status: str, values: Any = None) -> dict[str, Any]:
+def thread_json(record: Mapping[str, Any], status: str, values: Any = None,
+                interrupts: Mapping[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:  # fmt: skip
     return {
         "thread_id": record["thread_id"],
         "created_at": iso(record["created_ms"]),
@@ -112,8 +114,14 @@ def thread_json(record: Mapping[str, Any], status: str, values: Any = None) -> d
         "metadata": record.get("metadata") or {},
         "status": status,
         "values": values,
-        "interrupts": {},
+        "interrupts": dict(interrupts or {}),
     }
+
+
+def thread_interrupts(snapshot: Any) -> dict[str, list[dict[str, Any]]]:
+    """A ``Thread``'s ``interrupts``: the pending ones by the id of the task that raised them, as
+    LangGraph's server lists them (a task without any is left out)."""
+    return {t.id: [_interrupt(i) for i in t.interrupts] for t in snapshot.tasks if t.interrupts}
 
 
 def run_json(run: Run, assistant: str | None) -> dict[str, Any]:
