@@ -702,7 +702,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .server.cli import cmd_serve
+    try:
+        from .server.cli import cmd_serve
+    except ModuleNotFoundError as exc:
+        # The package imports its server (Starlette) and LangGraph only when the command runs.
+        raise CliError(f"agentstate serve needs the serve extra: pip install 'redis-agentstate[serve]' "
+                       f"(missing: {exc.name})", "MissingExtra") from exc  # fmt: skip
 
     url = args.url or os.environ.get("REDIS_URL")
     if not url:

@@ -861,6 +861,39 @@ class TestCli:
                                  capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
             assert out.returncode != 0 and said in out.stderr, (extra, out.stderr)
 
+    def test_without_the_serve_extra_it_says_which_extra_to_install(self) -> None:
+        # Issue 41 item 9: "unexpected error: ModuleNotFoundError: No module named 'starlette'".
+        without = (
+            "import sys, importlib.abc\n"
+            "class NoServeExtra(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('starlette', 'uvicorn'):\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoServeExtra())\n"
+            "from redis_agentstate.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+        out = subprocess.run([sys.executable, "-c", without, "serve", "--url", "redis://127.0.0.1:1/0",
+                              "--graph", "steps=lg_run_graphs:steps", "--port", str(free_port())],
+                             capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+        assert out.returncode == 1 and "pip install 'redis-agentstate[serve]'" in out.stderr, out.stderr
+        assert "unexpected error" not in out.stderr and "Traceback" not in out.stderr
+
+    def test_a_target_that_is_not_a_graph_is_a_clear_error(self) -> None:
+        # Issue 41 item 9: a function needing arguments said "unexpected error: TypeError ...".
+        env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
+        for target, said in (("_node", "calling it as a factory failed (TypeError"), ("State", "the class State"),
+                             ("SLOW_S", "not a graph (a float)")):  # fmt: skip
+            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                                  "--graph", f"g=lg_run_graphs:{target}", "--port", str(free_port())],
+                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            assert out.returncode == 1 and said in out.stderr and "must be a compiled LangGraph graph" in out.stderr, (
+                target,
+                out.stderr,
+            )
+            assert "unexpected error" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
     def test_the_cli_refuses_a_public_host_without_a_token(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
         out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",

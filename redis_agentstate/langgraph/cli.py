@@ -37,12 +37,22 @@ def load_graph(target: str) -> Any:
         if not hasattr(graph, part):
             raise CliError(f"{module_name!r} has no attribute {attr!r}", "BadGraph")
         graph = getattr(graph, part)
+    what = "a compiled LangGraph graph, a StateGraph, or a function of no arguments returning one"
+    if isinstance(graph, type):  # a class (a state schema, a node's class) is never called as a factory
+        raise CliError(f"{target} is the class {graph.__name__}, not a graph: it must be {what}", "BadGraph")
     if callable(graph) and not hasattr(graph, "stream") and not hasattr(graph, "compile"):
-        graph = graph()  # a factory
+        try:
+            graph = graph()  # a factory
+        except Exception as exc:
+            raise CliError(f"{target} is not a graph, and calling it as a factory failed "
+                           f"({type(exc).__name__}: {exc}): it must be {what}", "BadGraph") from exc  # fmt: skip
     if hasattr(graph, "compile") and not hasattr(graph, "stream"):
-        graph = graph.compile()
+        try:
+            graph = graph.compile()
+        except Exception as exc:
+            raise CliError(f"{target} does not compile: {type(exc).__name__}: {exc}", "BadGraph") from exc
     if not hasattr(graph, "stream") or not hasattr(graph, "copy"):
-        raise CliError(f"{target} is not a compiled LangGraph graph ({type(graph).__name__})", "BadGraph")
+        raise CliError(f"{target} is not a graph (a {type(graph).__name__}): it must be {what}", "BadGraph")
     return graph
 
 
