@@ -298,22 +298,11 @@ class _App:
         await self.book.kv.delete(tid)
         return Response(status_code=204)
 
-    def _thread_filter(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-        """A search's or count's filters: ``metadata`` and ``values`` (top-level keys equal), ``status``."""
-        meta, values, status = body.get("metadata") or {}, body.get("values") or {}, body.get("status")
-        if not isinstance(meta, dict):
-            raise HTTPException(422, "metadata must be an object")
-        if not isinstance(values, dict):
-            raise HTTPException(422, "values must be an object")
-        if status is not None and status not in ("idle", "busy", "interrupted", "error"):
-            raise HTTPException(422, "status must be one of idle, busy, interrupted, error")
-        return meta, values, status
-
     async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True
                         ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
         """The threads (as the API shows them; with ``shown=False`` their records, when no filter needs
         more) of ``ids``, or of the first ``most``, that pass the filters."""
-        meta, values, status = self._thread_filter(body)
+        meta, values, status = _thread_filter(body)
         async for rec in self._thread_records(ids, most):
             if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
                 continue
@@ -364,7 +353,7 @@ class _App:
     async def threads_count(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         if not any(body.get(k) for k in ("metadata", "values", "status")):
-            self._thread_filter(body)
+            _thread_filter(body)
             return JSONResponse(await self.book.kv.count())
         # As a search counts: the threads among the first SEARCH_SCAN (in id order) that pass.
         return JSONResponse(sum([1 async for _ in self._matching(None, SEARCH_SCAN, body, shown=False)]))
@@ -667,6 +656,18 @@ class _App:
 
     async def not_served(self, request: Request) -> Response:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
+
+
+def _thread_filter(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """A search's or count's filters: ``metadata`` and ``values`` (top-level keys equal), ``status``."""
+    meta, values, status = body.get("metadata") or {}, body.get("values") or {}, body.get("status")
+    if not isinstance(meta, dict):
+        raise HTTPException(422, "metadata must be an object")
+    if not isinstance(values, dict):
+        raise HTTPException(422, "values must be an object")
+    if status is not None and status not in ("idle", "busy", "interrupted", "error"):
+        raise HTTPException(422, "status must be one of idle, busy, interrupted, error")
+    return meta, values, status
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
