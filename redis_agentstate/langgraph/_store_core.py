@@ -459,7 +459,7 @@ class StoreCore:
         if query is None:
             kept = [(None, f.item) for f in found[op.offset : op.offset + op.limit]]
         else:
-            kept = self._rank(op, query, found)
+            kept = _rank(op, query, found)
         if kept and self._refresh(op.refresh_ttl):
             yield from self._touch([item for _, item in kept])
         return [
@@ -473,35 +473,6 @@ class StoreCore:
             )
             for score, item in kept
         ]
-
-    @staticmethod
-    def _rank(op: SearchOp, query: list[float], found: list[_Found]) -> list[tuple[float | None, Item]]:
-        """InMemoryStore's ranking: max over an item's vectors, best first, scoreless items after."""
-        flat_items, flat_vectors, scoreless = [], [], []
-        for f in found:
-            for vector in f.vectors:
-                flat_items.append(f.item)
-                flat_vectors.append(vector)
-            if not f.vectors:
-                scoreless.append(f.item)
-        scores = _cosine(query, flat_vectors)
-        ranked = sorted(zip(scores, flat_items, strict=True), key=lambda x: x[0], reverse=True)
-        seen: set[tuple[tuple[str, ...], str]] = set()
-        kept: list[tuple[float | None, Item]] = []
-        for score, item in ranked:
-            ident = (item.namespace, item.key)
-            if ident in seen:
-                continue
-            ix = len(seen)
-            seen.add(ident)
-            if ix >= op.offset + op.limit:
-                break
-            if ix < op.offset:
-                continue
-            kept.append((score, item))
-        if scoreless and len(kept) < op.limit:
-            kept.extend((None, item) for item in scoreless[: op.limit - len(kept)])
-        return kept
 
     def _candidates(self, op: SearchOp, ranked: bool) -> Op[list[_Found]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
@@ -690,3 +661,32 @@ class StoreCore:
                     if int(reply[1]) >= 100:
                         todo.append(path)
         return dropped
+
+
+def _rank(op: SearchOp, query: list[float], found: list[_Found]) -> list[tuple[float | None, Item]]:
+    """InMemoryStore's ranking: max over an item's vectors, best first, scoreless items after."""
+    flat_items, flat_vectors, scoreless = [], [], []
+    for f in found:
+        for vector in f.vectors:
+            flat_items.append(f.item)
+            flat_vectors.append(vector)
+        if not f.vectors:
+            scoreless.append(f.item)
+    scores = _cosine(query, flat_vectors)
+    ranked = sorted(zip(scores, flat_items, strict=True), key=lambda x: x[0], reverse=True)
+    seen: set[tuple[tuple[str, ...], str]] = set()
+    kept: list[tuple[float | None, Item]] = []
+    for score, item in ranked:
+        ident = (item.namespace, item.key)
+        if ident in seen:
+            continue
+        ix = len(seen)
+        seen.add(ident)
+        if ix >= op.offset + op.limit:
+            break
+        if ix < op.offset:
+            continue
+        kept.append((score, item))
+    if scoreless and len(kept) < op.limit:
+        kept.extend((None, item) for item in scoreless[: op.limit - len(kept)])
+    return kept

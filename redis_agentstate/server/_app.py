@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -39,7 +38,6 @@ from ..errors import (
     InvalidArgument,
     RunNotFound,
     RunRejected,
-    ThreadBusy,
 )
 from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
@@ -48,9 +46,10 @@ from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
 from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
-from ._http import page_of, read_body
+from ._http import read_body
 from ._shapes import json_response as _json
 from ._store import StoreRoutes
+from ._threads import ThreadRoutes
 
 __all__ = ["ServedGraph", "create_app"]
 
@@ -60,11 +59,7 @@ NOT_SERVED = (
     "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch", "/threads/{tid}/copy", "/threads/prune",
     "/threads/{tid}/stream",
 )  # fmt: skip
-_THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces")
-#: Threads a search examines past its ``offset`` at most (a search with filters on a larger namespace
-#: sees its first threads in id order only).
-SEARCH_SCAN = 10_000
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
 MAX_STREAMS = 256
 #: The connections beyond ``MAX_STREAMS`` that ``agentstate serve`` gives its client's pool (workers,
@@ -186,6 +181,7 @@ class _App:
         self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
         self.store_routes = StoreRoutes(self.store, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
+        self.threads = ThreadRoutes(self.book, self.graphs, max_body_bytes, lease_ms)
         self.streams = asyncio.Semaphore(max_streams)
         #: One Redis read per followed run, shared by all its SSE clients.
         self.feeds = RunFeeds()
@@ -244,198 +240,6 @@ class _App:
         ):
             return JSONResponse({"detail": "CSRF check failed: reload the dashboard"}, status_code=403)
         return None
-
-    # ---- helpers -------------------------------------------------------------------------------
-
-    # ---- threads ---------------------------------------------------------------------------------
-
-    async def thread_create(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        tid = body.get("thread_id") or str(uuid.uuid4())
-        if not isinstance(tid, str) or not _THREAD_ID.fullmatch(tid):
-            # A "/" (or "?", "#") would make the thread's own routes unreachable: clients put the id in
-            # the path as it is.
-            raise HTTPException(422, "thread_id must be a string of 1-256 characters without / ? # or control ones")
-        meta = body.get("metadata") or {}
-        if not isinstance(meta, dict):
-            raise HTTPException(422, "metadata must be an object")
-        rec = await self.book.record(tid)
-        if rec is not None:
-            if body.get("if_exists") == "do_nothing":
-                return JSONResponse(await self.book.out(rec))
-            raise HTTPException(409, f"thread {tid!r} exists")
-        now = int(time.time() * 1000)
-        rec = {"thread_id": tid, "created_ms": now, "metadata": meta}
-        await self.book.save(rec)
-        return JSONResponse(shapes.thread_json(rec, "idle"))
-
-    async def thread_get(self, request: Request) -> Response:
-        rec = await self.book.need_record(request.path_params["tid"])
-        return _json(await self.book.out(rec))
-
-    async def thread_patch(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        rec = await self.book.need_record(request.path_params["tid"])
-        meta = body.get("metadata") or {}
-        if not isinstance(meta, dict):
-            raise HTTPException(422, "metadata must be an object")
-        if "graph_id" in meta and meta["graph_id"] != (rec.get("metadata") or {}).get("graph_id"):
-            raise HTTPException(422, "a thread's graph_id is set by its first run")
-        rec["metadata"] = {**(rec.get("metadata") or {}), **meta}
-        await self.book.save(rec)
-        return _json(await self.book.out(rec))
-
-    async def thread_delete(self, request: Request) -> Response:
-        tid = request.path_params["tid"]
-        rec = await self.book.need_record(tid)
-        g = self.book.graph_of(rec)
-        if g is not None:
-            for run in await g.queue.list(tid, limit=100):
-                if not run.done:
-                    with contextlib.suppress(RunNotFound):
-                        await g.queue.cancel(run.run_id, action="interrupt")
-            await g.saver.adelete_thread(tid)
-        await self.book.kv.delete(tid)
-        return Response(status_code=204)
-
-    async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True
-                        ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
-        """The threads (as the API shows them; with ``shown=False`` their records, when no filter needs
-        more) of ``ids``, or of the first ``most``, that pass the filters."""
-        meta, values, status = _thread_filter(body)
-        async for rec in self._thread_records(ids, most):
-            if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
-                continue
-            if not shown and status is None and not values:
-                yield rec
-                continue
-            item = await self.book.out(rec)
-            if status is not None and item["status"] != status:
-                continue
-            held = item["values"] if isinstance(item["values"], dict) else {}
-            if any(k not in held or held[k] != v for k, v in values.items()):
-                continue
-            yield item
-
-    async def threads_search(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        offset, limit = page_of(body)
-        ids = body.get("ids")
-        listed = isinstance(ids, list) and len(ids) <= 1000 and all(isinstance(i, str) for i in ids)
-        if ids is not None and not listed:
-            raise HTTPException(422, "ids must be a list of at most 1000 thread ids")
-        out: list[dict[str, Any]] = []
-        skipped = 0
-        async for item in self._matching(ids, offset + SEARCH_SCAN, body):
-            if skipped < offset:
-                skipped += 1
-                continue
-            out.append(item)
-            if len(out) >= limit:
-                break
-        return _json(out)
-
-    async def _thread_records(self, ids: list[str] | None, most: int) -> AsyncIterator[dict[str, Any]]:
-        """The records of ``ids``, or of the first ``most`` threads in id order: pages of 100, each one
-        bounded read of the index and one ``get_many``, so a search never reads a namespace whole."""
-        kv = self.book.kv
-        after: str | None = None
-        while ids or (ids is None and most > 0):
-            if ids is not None:
-                page, ids = ids[:100], ids[100:]
-            else:
-                page, after = await kv.keys_page(after, limit=min(100, most))
-                most = most - len(page) if after is not None else 0
-            for raw in await kv.get_many(page) if page else []:
-                if raw is not None:
-                    yield dict(json.loads(raw))
-
-    async def threads_count(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        if not any(body.get(k) for k in ("metadata", "values", "status")):
-            _thread_filter(body)
-            return JSONResponse(await self.book.kv.count())
-        # As a search counts: the threads among the first SEARCH_SCAN (in id order) that pass.
-        return JSONResponse(sum([1 async for _ in self._matching(None, SEARCH_SCAN, body, shown=False)]))
-
-    # ---- thread state ------------------------------------------------------------------------------
-
-    async def _state(self, tid: str, checkpoint: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        rec = await self.book.need_record(tid)
-        g = self.book.graph_of(rec)
-        if g is None:
-            return {"values": {}, "next": [], "checkpoint": None, "metadata": {}, "created_at": None,
-                    "parent_checkpoint": None, "tasks": [], "interrupts": []}  # fmt: skip
-        conf: dict[str, Any] = {"thread_id": tid}
-        for k in ("checkpoint_id", "checkpoint_ns"):
-            if checkpoint and checkpoint.get(k) is not None:
-                conf[k] = checkpoint[k]
-        snap = await g.stateful.aget_state({"configurable": conf})
-        if checkpoint and checkpoint.get("checkpoint_id") and snap.config is None:
-            raise HTTPException(404, f"no checkpoint {checkpoint['checkpoint_id']!r} in thread {tid!r}")
-        return shapes.state_json(snap)
-
-    async def state_get(self, request: Request) -> Response:
-        return _json(await self._state(request.path_params["tid"]))
-
-    async def state_at(self, request: Request) -> Response:
-        return _json(await self._state(request.path_params["tid"], {"checkpoint_id": request.path_params["cid"]}))
-
-    async def state_checkpoint(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        cp = body.get("checkpoint") or {}
-        return _json(await self._state(request.path_params["tid"], cp if isinstance(cp, dict) else {}))
-
-    async def state_update(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        tid = request.path_params["tid"]
-        rec = await self.book.need_record(tid)
-        g = self.book.graph_of(rec) or (next(iter(self.graphs.values())) if len(self.graphs) == 1 else None)
-        if g is None:
-            raise HTTPException(422, f"thread {tid!r} has no graph yet (no run); several graphs are served")
-        if self.book.graph_of(rec) is None:
-            rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
-            await self.book.save(rec)
-        conf: dict[str, Any] = {"thread_id": tid}
-        cp = body.get("checkpoint") or {}
-        if body.get("checkpoint_id"):
-            conf["checkpoint_id"] = body["checkpoint_id"]
-        elif isinstance(cp, dict) and cp.get("checkpoint_id"):
-            conf["checkpoint_id"] = cp["checkpoint_id"]
-        try:
-            # The thread's one writer while it writes: a running run holds the lease, so this waits
-            # for the run's end (or answers 409 after the wait).
-            async with g.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=10_000):
-                out = await g.stateful.aupdate_state({"configurable": conf}, body.get("values"),
-                                                     as_node=body.get("as_node"))  # fmt: skip
-        except ThreadBusy as exc:
-            raise HTTPException(409, f"thread {tid!r} is busy (a run holds it): {exc}") from exc
-        return _json({"checkpoint": shapes._checkpoint(out)})
-
-    async def history(self, request: Request) -> Response:
-        body = await read_body(request, self.max_body)
-        tid = request.path_params["tid"]
-        rec = await self.book.need_record(tid)
-        g = self.book.graph_of(rec)
-        if g is None:
-            return JSONResponse([])
-        limit = body.get("limit", 10)
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
-            raise HTTPException(422, "limit must be an int in [1, 1000]")
-        conf: dict[str, Any] = {"thread_id": tid}
-        cp = body.get("checkpoint") or {}
-        if isinstance(cp, dict) and cp.get("checkpoint_id"):
-            conf["checkpoint_id"] = cp["checkpoint_id"]
-        before = body.get("before")
-        if isinstance(before, dict):
-            before = {"configurable": {"thread_id": tid, **before}}
-        elif isinstance(before, str):
-            before = {"configurable": {"thread_id": tid, "checkpoint_id": before}}
-        out = []
-        async for snap in g.stateful.aget_state_history({"configurable": conf}, limit=limit, before=before,
-                                                        filter=body.get("metadata") or None):  # fmt: skip
-            out.append(shapes.state_json(snap))
-        return _json(out)
 
     # ---- runs ------------------------------------------------------------------------------------------
 
@@ -658,18 +462,6 @@ class _App:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
 
 
-def _thread_filter(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """A search's or count's filters: ``metadata`` and ``values`` (top-level keys equal), ``status``."""
-    meta, values, status = body.get("metadata") or {}, body.get("values") or {}, body.get("status")
-    if not isinstance(meta, dict):
-        raise HTTPException(422, "metadata must be an object")
-    if not isinstance(values, dict):
-        raise HTTPException(422, "values must be an object")
-    if status is not None and status not in ("idle", "busy", "interrupted", "error"):
-        raise HTTPException(422, "status must be one of idle, busy, interrupted, error")
-    return meta, values, status
-
-
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
@@ -717,7 +509,7 @@ def create_app(
     thread leases (how long a crashed server's runs wait before another takes them over)."""
     app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
     a = app_state
-    d, s, st = a.dash, a.assistants, a.store_routes
+    d, s, st, t = a.dash, a.assistants, a.store_routes, a.threads
 
     def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
@@ -754,14 +546,14 @@ def create_app(
         ("/assistants/{aid}/schemas", s.assistant_schemas, ["GET"]),
         ("/assistants/{aid}/subgraphs", s.assistant_subgraphs, ["GET"]),
         ("/assistants/{aid}/subgraphs/{sub:path}", s.assistant_subgraphs, ["GET"]),
-        ("/threads", a.thread_create, ["POST"]), ("/threads/search", a.threads_search, ["POST"]),
-        ("/threads/count", a.threads_count, ["POST"]),
-        ("/threads/{tid}", a.thread_get, ["GET"]), ("/threads/{tid}", a.thread_patch, ["PATCH"]),
-        ("/threads/{tid}", a.thread_delete, ["DELETE"]),
-        ("/threads/{tid}/state", a.state_get, ["GET"]), ("/threads/{tid}/state", a.state_update, ["POST"]),
-        ("/threads/{tid}/state/checkpoint", a.state_checkpoint, ["POST"]),
-        ("/threads/{tid}/state/{cid}", a.state_at, ["GET"]),
-        ("/threads/{tid}/history", a.history, ["POST"]),
+        ("/threads", t.thread_create, ["POST"]), ("/threads/search", t.threads_search, ["POST"]),
+        ("/threads/count", t.threads_count, ["POST"]),
+        ("/threads/{tid}", t.thread_get, ["GET"]), ("/threads/{tid}", t.thread_patch, ["PATCH"]),
+        ("/threads/{tid}", t.thread_delete, ["DELETE"]),
+        ("/threads/{tid}/state", t.state_get, ["GET"]), ("/threads/{tid}/state", t.state_update, ["POST"]),
+        ("/threads/{tid}/state/checkpoint", t.state_checkpoint, ["POST"]),
+        ("/threads/{tid}/state/{cid}", t.state_at, ["GET"]),
+        ("/threads/{tid}/history", t.history, ["POST"]),
         ("/threads/{tid}/runs", a.runs_create, ["POST"]), ("/threads/{tid}/runs", a.runs_list, ["GET"]),
         ("/threads/{tid}/runs/wait", a.runs_wait, ["POST"]), ("/threads/{tid}/runs/stream", a.runs_stream, ["POST"]),
         ("/runs", a.runs_create, ["POST"]), ("/runs/wait", a.runs_wait, ["POST"]),
