@@ -147,6 +147,7 @@ def test_langgraph_store_figure_quick_round(tmp_path: Path) -> None:
             assert row["answers"] == fig["ops"][op][floor]["answers"], (op, name)
         assert fig["ops"][op][ours]["over_ours"]["median"] == 1.0
     assert fig["ops"]["get"][ours]["answers"] == 1 and fig["ops"]["list_namespaces"][ours]["answers"] == fig["users"]
+    assert fig["ops"]["filtered search"][ours]["answers"] == 4
     # 300-byte values: each item costs more than its value, and not ten times more.
     mem = fig["memory"][ours]
     assert 300 < mem["own_keys_per_item"] < 3000 and mem["used_per_item"] > 0, mem
