@@ -30,9 +30,10 @@ Contenders (a missing one says why in its row):
 * ``InMemoryStore``: the floor (no server, no memory figure);
 * ``AgentStateStore`` on the harness's private Redis 7.0 (the reference of the ratios) and on
   Redis 7.4.1 (``../shared/tools/redis-stack.sh``, modules loaded but unused);
-* ``PostgresStore`` (langgraph-checkpoint-postgres + psycopg) on a throwaway PostgreSQL cluster
-  (``initdb`` in a temp dir, ``pg_ctl`` on a free port, as user ``nobody`` when run as root;
-  ``fsync=off``, ``synchronous_commit=off``, as the Redis servers have no persistence); no
+* ``PostgresStore`` (langgraph-checkpoint-postgres + psycopg) on two throwaway PostgreSQL clusters
+  (``initdb`` in a temp dir, ``pg_ctl`` on a free port, as user ``nobody`` when run as root): one
+  with ``fsync=off``, ``synchronous_commit=off`` (as the Redis servers, which have no persistence),
+  one with PostgreSQL's defaults (``durable commits``: a commit waits for its WAL flush); no
   semantic search without pgvector;
 * ``RedisStore`` (langgraph-checkpoint-redis) on that Redis 7.4.1 with RedisJSON + RediSearch.
 
@@ -69,7 +70,9 @@ FLOOR = "InMemoryStore (the floor)"
 STACK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "tools",
                             "redis-stack.sh")  # fmt: skip
 #: The rivals of the goals (faster than these on OPS; memory per item at most RedisStore's).
-RIVALS = ("PostgresStore, PostgreSQL", "RedisStore, Redis 7.4 + modules")
+PG, PG_DURABLE = "PostgresStore, PostgreSQL", "PostgresStore, PostgreSQL, durable commits"
+RIVALS = (PG, PG_DURABLE, "RedisStore, Redis 7.4 + modules")
+REDIS_STORE = RIVALS[-1]
 
 
 def _value(user: int, j: int) -> dict[str, Any]:
@@ -134,8 +137,9 @@ def stack_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (``initdb`` in a temp dir, ``pg_ctl`` on a free port) as a non-root user."""
+def postgres_server(durable: bool = False) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (``initdb`` in a temp dir, ``pg_ctl`` on a free port) as a non-root user;
+    ``durable``: PostgreSQL's defaults (fsync, synchronous_commit), else both off (as Redis without persistence)."""
     for tool in ("initdb", "pg_ctl"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"no {tool} on PATH")
@@ -155,7 +159,9 @@ def postgres_server() -> Iterator[str]:
         out = sh(f"initdb -D {data} -A trust -U bench >/dev/null")
         if out.returncode != 0:
             raise RuntimeError(f"initdb failed: {out.stderr.strip()[-300:]}")
-        opts = f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
+        opts = f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1"
+        if not durable:
+            opts += " -c fsync=off -c synchronous_commit=off"
         out = sh(f"pg_ctl -D {data} -o '{opts}' -l {tmp}/log -w start")
         if out.returncode != 0:
             raise RuntimeError(f"pg_ctl start failed: {out.stderr.strip()[-300:]}")
@@ -233,7 +239,7 @@ def _redis_store(url: str, settings: Settings) -> Contender:
                      version_of("langgraph-checkpoint-redis"), closers=[client.close])  # fmt: skip
 
 
-def _postgres(url: str) -> Contender:
+def _postgres(url: str, name: str) -> Contender:
     import psycopg
     from langgraph.store.postgres import PostgresStore
     from psycopg.rows import dict_row
@@ -253,7 +259,7 @@ def _postgres(url: str) -> Contender:
             row = cur.fetchone()
             return int(row["n"]) if row else 0  # type: ignore[call-overload]
 
-    return Contender("PostgresStore, PostgreSQL", build, used, lambda: None,
+    return Contender(name, build, used, lambda: None,
                      version_of("langgraph-checkpoint-postgres"), semantic="no pgvector on this machine",
                      closers=[conn.close])  # fmt: skip
 
@@ -409,16 +415,17 @@ def run(settings: Settings) -> dict[str, Any]:
             contenders.append(_ours(stack_url, "AgentStateStore, Redis 7.4", settings))
         except Exception as exc:
             contenders.append(_not_run("AgentStateStore, Redis 7.4", exc))
-        try:
-            if quick:
-                raise RuntimeError("--quick starts no server but the harness's")
-            import psycopg  # noqa: F401  (checked before a server is started for nothing)
-            from langgraph.store.postgres import PostgresStore  # noqa: F401
+        for pg_name, durable in ((PG, False), (PG_DURABLE, True)):
+            try:
+                if quick:
+                    raise RuntimeError("--quick starts no server but the harness's")
+                import psycopg  # noqa: F401  (checked before a server is started for nothing)
+                from langgraph.store.postgres import PostgresStore  # noqa: F401
 
-            pg_url = stack.enter_context(postgres_server())
-            contenders.append(_postgres(pg_url))
-        except Exception as exc:
-            contenders.append(_not_run("PostgresStore, PostgreSQL", exc))
+                pg_url = stack.enter_context(postgres_server(durable))
+                contenders.append(_postgres(pg_url, pg_name))
+            except Exception as exc:
+                contenders.append(_not_run(pg_name, exc))
         try:
             if stack_url is None:
                 raise RuntimeError("no Redis 7.4 with modules")
@@ -580,7 +587,7 @@ def targets(fig: dict[str, Any]) -> list[str]:
                          f"InMemoryStore answers {floor['answers']:g}")  # fmt: skip
             out.append(line)
     for dims, sem in fig["semantic"].items():
-        rs_row = sem["rows"].get(RIVALS[1])
+        rs_row = sem["rows"].get(REDIS_STORE)
         if rs_row is None:
             out.append(f"semantic search within 3x of RedisStore ({dims}-d): RedisStore not measured: no verdict")
             continue
@@ -595,7 +602,7 @@ def targets(fig: dict[str, Any]) -> list[str]:
                 )
         out.append(f"semantic search within 3x of RedisStore ({dims}-d, {fig['semantic_items']:,} items, "
                    f"{_us(theirs)}): " + "; ".join(parts))  # fmt: skip
-    rs = fig["memory"].get(RIVALS[1])
+    rs = fig["memory"].get(REDIS_STORE)
     if rs is None or rs["used_per_item"] is None:
         out.append("memory per item at most RedisStore's: RedisStore not measured: no verdict")
     else:
