@@ -383,6 +383,12 @@ def _langgraph(results: dict[str, Any]) -> list[str]:
     return [langgraph_markdown(fig), "", *(f"- {t}" for t in langgraph_targets(fig)), ""]
 
 
+def _langgraph_store(results: dict[str, Any]) -> list[str]:
+    from .langgraph_store import markdown as store_markdown
+
+    return [store_markdown(results["figures"]["langgraph_store"])]
+
+
 def _telemetry(results: dict[str, Any]) -> list[str]:
     from .otel import markdown as telemetry_markdown
 
@@ -401,6 +407,7 @@ RENDERERS = {
     "pool_scale": ("Pool scale: the longest single script with records in one pool", _pool_scale),
     "scale": ("Scale on paper: server CPU per cycle, one primary's capacity, the Cluster spread", _scale),
     "langgraph": ("LangGraph checkpointers: one thread growing by 2 messages per invoke", _langgraph),
+    "langgraph_store": ("LangGraph stores: put, get, filtered and semantic search, list_namespaces", _langgraph_store),
     "telemetry": ("Telemetry cost per claim + commit cycle", _telemetry),
 }
 

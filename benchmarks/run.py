@@ -29,6 +29,7 @@ from . import (
     floor,
     history,
     langgraph_savers,
+    langgraph_store,
     otel,
     payload,
     plots,
@@ -58,6 +59,7 @@ FIGURES: dict[str, Callable[[Settings], dict[str, Any]]] = {
 OPT_IN: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "pool_scale": pool_scale.run,
     "langgraph": langgraph_savers.run,
+    "langgraph_store": langgraph_store.run,
     "scale": scale.run,
     "telemetry": otel.run,
 }

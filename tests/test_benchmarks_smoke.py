@@ -127,6 +127,44 @@ def test_langgraph_figure_quick_round(tmp_path: Path) -> None:
         assert long[name]["checkpoints"] == 3 * fig["long_value"]["invokes"], long[name]
 
 
+def test_langgraph_store_figure_quick_round(tmp_path: Path) -> None:
+    """The opt-in LangGraph store figure runs: InMemoryStore and ours answer every operation alike, memory per
+    item is measured, the peers it does not start under ``--quick`` say why, and its block renders the tables."""
+    _need_redis_server()
+    from benchmarks import langgraph_store, report
+
+    data = _run(tmp_path, "--quick", "--only", "langgraph_store", timeout=300)
+    assert data["errors"] == {}
+    fig = data["figures"]["langgraph_store"]
+    status = {name: c["status"] for name, c in fig["contenders"].items()}
+    floor, ours = langgraph_store.FLOOR, langgraph_store.REFERENCE
+    assert status[floor] == status[ours] == status[langgraph_store.SHARDS8] == "ok", status
+    assert all(s == "ok" or s.startswith("not run: ") for s in status.values()), status
+    for op in langgraph_store.OPS:
+        for name in (ours, langgraph_store.SHARDS8):
+            row = fig["ops"][op][name]
+            assert 0 < row["latency_us"]["p50"] <= row["latency_us"]["p99"], (op, name, row)
+            assert row["answers"] == fig["ops"][op][floor]["answers"], (op, name)
+        assert fig["ops"][op][ours]["over_ours"]["median"] == 1.0
+    assert fig["ops"]["get"][ours]["answers"] == 1 and fig["ops"]["list_namespaces"][ours]["answers"] == fig["users"]
+    assert fig["ops"]["filtered search"][ours]["answers"] == 4
+    # 300-byte values: each item costs more than its value, and not ten times more.
+    mem = fig["memory"][ours]
+    assert 300 < mem["own_keys_per_item"] < 3000 and mem["used_per_item"] > 0, mem
+    for dims in map(str, langgraph_store.DIMS):
+        sem = fig["semantic"][dims]
+        assert sem["rows"][ours]["answers"] == sem["rows"][floor]["answers"] == 10, sem
+        # A float32 vector per item: the corpus's own keys hold at least 4 bytes per dimension.
+        assert sem["memory"][ours]["own_keys_per_item"] > 4 * int(dims), sem["memory"]
+    block = report.blocks(data, [])["langgraph_store"]
+    assert block == langgraph_store.markdown(fig)
+    for line in ("| contender | version | put p50 | p99 | x ours | answers | get p50 |",
+                 "| AgentStateStore, Redis 7.0 |", "| contender | memories: server delta | own keys |",
+                 "| contender | 64-d p50 |",
+                 "- PostgresStore, PostgreSQL: not run: "):  # fmt: skip
+        assert line in block, block
+
+
 def test_telemetry_figure_quick_round(tmp_path: Path) -> None:
     """The opt-in telemetry figure runs its four contenders, and the instrumented ones really recorded."""
     _need_redis_server()
