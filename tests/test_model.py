@@ -87,7 +87,9 @@ CKEYS = [None, "k", "k", "j"]  # "k" most: its limit is the one contended
 WORKERS = ["A", "B"]
 START_SHARDS = 2
 MAX_SHARDS = 16
-LIMITS = st.sampled_from([None, 1, 1, 2])
+LIMIT_CHOICES = [None, 1, 1, 2]
+# On a real server a rule takes its choices from POOL integers drawn when it starts (``Draws``).
+POOL = 16
 # The lapse rule renews a lease to LAPSE_MS, then waits LAPSE_WAIT_MS: past the lease and its place
 # (LIMIT_SKEW_MS more). A limited lease's renewal is two scripts (its place, then the lease, capped
 # at the place's expiry minus the skew): on a real server the lease must outlast the time between
@@ -95,6 +97,43 @@ LIMITS = st.sampled_from([None, 1, 1, 2])
 # of fakeredis needs no margin.
 LAPSE_MS = {True: 1, False: 200}
 LAPSE_WAIT_MS = {True: 300, False: 500}
+
+
+class Draws:
+    """A rule's choices. On fakeredis they are drawn from hypothesis as the rule goes. On a real
+    server, whose clock runs on its own, the same choices can meet other answers (which of two due
+    tasks ``claim_next`` serves, say) and so other rules and draws; hypothesis, replaying a choice
+    sequence, calls that flaky (``FlakyStrategyDefinition``) and stops. So there every rule draws
+    ``POOL`` integers when it starts and takes its choices from them: the shape of what hypothesis
+    draws no longer depends on what the server answered."""
+
+    def __init__(self, data: st.DataObject, *, pooled: bool) -> None:
+        self.data = data
+        self.pool = [data.draw(st.integers(0, 2**16 - 1)) for _ in range(POOL)] if pooled else None
+
+    def _next(self, n: int) -> int:
+        assert self.pool, f"a rule took more than POOL={POOL} choices: raise POOL"
+        return self.pool.pop(0) % n
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.data.draw(st.integers(lo, hi)) if self.pool is None else lo + self._next(hi - lo + 1)
+
+    def bool(self) -> bool:
+        return self.data.draw(st.booleans()) if self.pool is None else self._next(2) == 1
+
+    def pick(self, seq: list[Any]) -> Any:
+        return self.data.draw(st.sampled_from(seq)) if self.pool is None else seq[self._next(len(seq))]
+
+
+def held_or_real(machine: ModelMachine) -> bool:
+    """A rule on a held claim: on fakeredis only when one is held; on a real server always (a
+    precondition that depends on the server's answers changes what hypothesis draws: ``Draws``),
+    the rule doing nothing when nothing is held."""
+    return not machine.fake or bool(machine.held)
+
+
+def current_or_real(machine: ModelMachine) -> bool:
+    return not machine.fake or any(machine.model.current(h) for h in machine.held)
 
 
 class ModelMachine(RuleBasedStateMachine):
@@ -163,20 +202,32 @@ class ModelMachine(RuleBasedStateMachine):
             time.sleep(ms / 1000 + 0.002)
         self.model.now += ms
 
-    def _lease_ms(self, data: st.DataObject) -> int:
-        return data.draw(st.sampled_from([LONG_MS, 1000])) if self.fake else LONG_MS
+    def _lease_ms(self, data: Draws) -> int:
+        return data.pick([LONG_MS, 1000]) if self.fake else LONG_MS
 
-    def _delay(self, data: st.DataObject) -> int | None:
+    def _draws(self, hdata: st.DataObject) -> Draws:
+        return Draws(hdata, pooled=not self.fake)
+
+    def _nothing_held(self, rule: str, held: list[Held], data: Draws) -> bool:
+        """True when ``held`` is empty (only on a real server, ``held_or_real``): the step then
+        goes to a ``claim_next`` by either worker, so that it still does something."""
+        if held:
+            return False
+        self._note(f"{rule}: nothing held, claim_next instead")
+        self._claim_next(data.pick(WORKERS), LONG_MS, data.int(0, 3) == 0)
+        return True
+
+    def _delay(self, data: Draws) -> int | None:
         choices: list[int | None] = [None, 0, LONG_MS] + ([500] if self.fake else [])
-        return data.draw(st.sampled_from(choices))
+        return data.pick(choices)
 
     # ---- lost replies ----------------------------------------------------------------
 
-    def _maybe_lose(self, data: st.DataObject, worker: str, scripts: list[str]) -> str | None:
+    def _maybe_lose(self, data: Draws, worker: str, scripts: list[str]) -> str | None:
         """Maybe make the next call of one of ``scripts`` (of ``worker``'s store) lose its reply."""
-        if data.draw(st.integers(0, 3)) != 0:
+        if data.int(0, 3) != 0:
             return None
-        name = data.draw(st.sampled_from(scripts))
+        name = data.pick(scripts)
         self._armed.append((name, lose_first_reply(self.stores[worker]._scripts[name], self.mp)))
         return name
 
@@ -220,7 +271,7 @@ class ModelMachine(RuleBasedStateMachine):
     @initialize(
         prios=st.lists(st.integers(0, 3), min_size=3, max_size=3),
         ckeys=st.lists(st.sampled_from(CKEYS), min_size=3, max_size=3),
-        limit=LIMITS,
+        limit=st.sampled_from(LIMIT_CHOICES),
     )
     def start(self, prios: list[int], ckeys: list[str | None], limit: int | None) -> None:
         """Three tasks to work on (``d`` is left to ``create``), and maybe a limit on key ``k``."""
@@ -232,24 +283,25 @@ class ModelMachine(RuleBasedStateMachine):
             self.model.set_limit("k", limit)
 
     @rule(
-        data=st.data(),
+        hdata=st.data(),
         worker=st.sampled_from(WORKERS),
         tid=st.sampled_from(TIDS),
         action=st.sampled_from(["create", "create", "resume", "resume", "set_limit", "cancel"]),
     )
-    def operate(self, data: st.DataObject, worker: str, tid: str, action: str) -> None:
+    def operate(self, hdata: st.DataObject, worker: str, tid: str, action: str) -> None:
         """An operator's (or the application's) call: one rule, so that their mix is weighted."""
+        data = self._draws(hdata)
         waiting = sorted(t for t, task in self.model.tasks.items() if task.status == "wait_user" and not task.term)
         if action == "set_limit":
-            self.set_limit(data, worker, data.draw(st.sampled_from(["k", "k", "j"])), data.draw(LIMITS))
-        elif action == "resume" and waiting and data.draw(st.booleans()):
-            self.resume(data, worker, data.draw(st.sampled_from(waiting)))  # an answer, mostly in time
+            self.set_limit(data, worker, data.pick(["k", "k", "j"]), data.pick(LIMIT_CHOICES))
+        elif action == "resume" and waiting and data.bool():
+            self.resume(data, worker, data.pick(waiting))  # an answer, mostly in time
         else:
             getattr(self, action)(data, worker, tid)
 
-    def create(self, data: st.DataObject, worker: str, tid: str) -> None:
-        prio = data.draw(st.integers(0, 3))
-        ckey = data.draw(st.sampled_from(CKEYS))
+    def create(self, data: Draws, worker: str, tid: str) -> None:
+        prio = data.int(0, 3)
+        ckey = data.pick(CKEYS)
         delay = self._delay(data)
         self._maybe_lose(data, worker, ["create"])
         created = self.stores[worker].create(Checkpoint(tid, priority=prio, concurrency_key=ckey), delay_ms=delay)
@@ -292,13 +344,14 @@ class ModelMachine(RuleBasedStateMachine):
         self._adopt_claim(worker, cp, token, lease_ms)
         self._note("claim granted" + (" limited" if t.ckey and m_limit(self.model, t.ckey) else ""), lost=lost)
 
-    @rule(data=st.data(), worker=st.sampled_from(WORKERS), tid=st.sampled_from(TIDS))
-    def claim(self, data: st.DataObject, worker: str, tid: str) -> None:
+    @rule(hdata=st.data(), worker=st.sampled_from(WORKERS), tid=st.sampled_from(TIDS))
+    def claim(self, hdata: st.DataObject, worker: str, tid: str) -> None:
+        data = self._draws(hdata)
         t = self.model.tasks.get(tid)
         cycle = (t.cycle + 1) if t else 1
-        if data.draw(st.integers(0, 5)) == 0:
-            cycle = data.draw(st.sampled_from([1, 2, cycle + 1]))
-        self._claim(worker, tid, cycle, self._lease_ms(data), data.draw(st.integers(0, 3)) == 0)
+        if data.int(0, 5) == 0:
+            cycle = data.pick([1, 2, cycle + 1])
+        self._claim(worker, tid, cycle, self._lease_ms(data), data.int(0, 3) == 0)
 
     def _claim_next(self, worker: str, lease_ms: int, lost: bool) -> None:
         m = self.model
@@ -343,24 +396,25 @@ class ModelMachine(RuleBasedStateMachine):
         self._adopt_claim(worker, cp, token, lease_ms)
         self._note(f"claim_next served{' (of several due)' if len(surely) > 1 else ''}", lost=lost)
 
-    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
-    def claim_next(self, data: st.DataObject, worker: str) -> None:
-        self._claim_next(worker, self._lease_ms(data), data.draw(st.integers(0, 3)) == 0)
+    @rule(hdata=st.data(), worker=st.sampled_from(WORKERS))
+    def claim_next(self, hdata: st.DataObject, worker: str) -> None:
+        data = self._draws(hdata)
+        self._claim_next(worker, self._lease_ms(data), data.int(0, 3) == 0)
 
-    def _commit(self, data: st.DataObject, h: Held) -> None:
+    def _commit(self, data: Draws, h: Held) -> None:
         m = self.model
         t = m.tasks[h.tid]
-        stale = data.draw(st.integers(0, 4)) == 0
-        expected = h.revision + data.draw(st.sampled_from([-1, 1])) if stale else h.revision
+        stale = data.int(0, 4) == 0
+        expected = h.revision + data.pick([-1, 1]) if stale else h.revision
         if expected < 0:
             expected = h.revision + 1
-        status = data.draw(st.sampled_from(["running", "running", "wait_user", "completed"]))
+        status = data.pick(["running", "running", "wait_user", "completed"])
         marker = f"{h.tid}:{h.cycle}:{h.token}:{'stale' if stale else 'ok'}"
         cp = copy.deepcopy(h.cp)
         cp.cycle_index = h.cycle
         cp.messages = [*copy.deepcopy(t.messages if not stale else h.cp.messages), marker]
         cp.status = AgentStatus(status)
-        cp.priority = data.draw(st.integers(0, 3))
+        cp.priority = data.int(0, 3)
         cp.claim_token = cp.claimed_cycle = cp.lease_expires_at_ms = None
         delay = None
         if status == "completed":
@@ -369,7 +423,7 @@ class ModelMachine(RuleBasedStateMachine):
             delay = self._delay(data)
         fence = m.fence_holds(h) and expected == h.revision
         was_live = m.current(h)
-        if status == "running" and not delay and data.draw(st.booleans()):
+        if status == "running" and not delay and data.bool():
             return self._commit_and_claim(data, h, cp, expected, fence, was_live, stale)
         lost = self._maybe_lose(data, h.worker, ["commit", "limit_release"])
         try:
@@ -409,7 +463,7 @@ class ModelMachine(RuleBasedStateMachine):
         self._drop_held(h)
 
     def _commit_and_claim(
-        self, data: st.DataObject, h: Held, cp: Checkpoint, expected: int, fence: bool, was_live: bool, stale: bool
+        self, data: Draws, h: Held, cp: Checkpoint, expected: int, fence: bool, was_live: bool, stale: bool
     ) -> None:
         """The commit continued in the same script by a claim of the next cycle, for a new token."""
         m = self.model
@@ -421,10 +475,14 @@ class ModelMachine(RuleBasedStateMachine):
                 cp, token=h.token, expected_revision=expected, lease_ms=lease_ms, next_token=next_token
             )
         except ConcurrencyLimited:
-            # Only a lease without a place of its own (taken while its key had no limit) takes a new one.
+            # Only a lease without a live place of its own (taken while its key had no limit, or
+            # run out with a lapsed lease) takes a new one. The real server's clock is ahead of
+            # the model's (which moves by the sleeps alone): a place may be over there already.
             t = m.tasks[h.tid]
             place = m.places.get(t.ckey or "", {}).get((h.tid, h.token))
-            assert m.limit_state(t.ckey) != "free" and (place is None or not place.certain)
+            now = m.now if self.fake else self._server_ms()
+            own = place is not None and place.certain and place.expires > now
+            assert m.limit_state(t.ckey) != "free" and not own, f"{h}: refused a next place, holding {place}"
             self._note("commit_and_claim limited")
             return
         finally:
@@ -443,18 +501,23 @@ class ModelMachine(RuleBasedStateMachine):
         self._committed(h, cp, None)
         self._adopt_claim(h.worker, nxt, next_token, lease_ms)
 
-    @precondition(lambda self: self.held)
-    @rule(data=st.data())
-    def commit(self, data: st.DataObject) -> None:
-        self._commit(data, data.draw(st.sampled_from(self.held)))
+    @precondition(held_or_real)
+    @rule(hdata=st.data())
+    def commit(self, hdata: st.DataObject) -> None:
+        data = self._draws(hdata)
+        if not self._nothing_held("commit", self.held, data):
+            self._commit(data, data.pick(self.held))
 
-    @precondition(lambda self: self.held)
-    @rule(data=st.data())
-    def renew(self, data: st.DataObject) -> None:
+    @precondition(held_or_real)
+    @rule(hdata=st.data())
+    def renew(self, hdata: st.DataObject) -> None:
+        data = self._draws(hdata)
         m = self.model
-        h = data.draw(st.sampled_from(self.held))
+        if self._nothing_held("renew", self.held, data):
+            return
+        h = data.pick(self.held)
         t = m.tasks[h.tid]
-        stale = data.draw(st.integers(0, 3)) == 0
+        stale = data.int(0, 3) == 0
         rev = h.revision + 1 if stale else h.revision
         lease_ms = self._lease_ms(data)
         was_live = m.current(h)
@@ -475,11 +538,14 @@ class ModelMachine(RuleBasedStateMachine):
                 m.places.setdefault(t.ckey, {})[(h.tid, h.token)] = Place(m.now + lease_ms + LIMIT_SKEW_MS, False)
             self._drop_held(h)
 
-    @precondition(lambda self: self.held)
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
+    @precondition(held_or_real)
+    @rule(hdata=st.data())
+    def release(self, hdata: st.DataObject) -> None:
+        data = self._draws(hdata)
         m = self.model
-        h = data.draw(st.sampled_from(self.held))
+        if self._nothing_held("release", self.held, data):
+            return
+        h = data.pick(self.held)
         t = m.tasks[h.tid]
         was_live = m.current(h)
         self._maybe_lose(data, h.worker, ["release", "limit_release"])
@@ -499,12 +565,16 @@ class ModelMachine(RuleBasedStateMachine):
             m.give_back(h.tid, h.token, t.ckey, certain=False)
         self._drop_held(h)
 
-    @precondition(lambda self: any(self.model.current(h) for h in self.held))
-    @rule(data=st.data())
-    def lapse(self, data: st.DataObject) -> None:
+    @precondition(current_or_real)
+    @rule(hdata=st.data())
+    def lapse(self, hdata: st.DataObject) -> None:
         """A holder stalls: its lease (renewed to a short one) runs out, and its limiter place after it."""
+        data = self._draws(hdata)
         m = self.model
-        h = data.draw(st.sampled_from([h for h in self.held if m.current(h)]))
+        current = [h for h in self.held if m.current(h)]
+        if self._nothing_held("lapse", current, data):
+            return
+        h = data.pick(current)
         short = LAPSE_MS[self.fake]
         assert self.stores[h.worker].renew(h.tid, token=h.token, expected_revision=h.revision, lease_ms=short)
         t = m.tasks[h.tid]
@@ -518,7 +588,7 @@ class ModelMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self._advance(ms)
 
-    def cancel(self, data: st.DataObject, worker: str, tid: str) -> None:
+    def cancel(self, data: Draws, worker: str, tid: str) -> None:
         t = self.model.tasks.get(tid)
         self._maybe_lose(data, worker, ["cancel"])
         try:
@@ -535,9 +605,9 @@ class ModelMachine(RuleBasedStateMachine):
             t.status, t.term, t.revision = "cancelled", True, t.revision + 1
             t.token = t.claimed = t.lease_exp = None
 
-    def resume(self, data: st.DataObject, worker: str, tid: str) -> None:
+    def resume(self, data: Draws, worker: str, tid: str) -> None:
         t = self.model.tasks.get(tid)
-        message = {"answer": data.draw(st.integers(0, 99))}
+        message = {"answer": data.int(0, 99)}
         self._maybe_lose(data, worker, ["resume"])
         try:
             if t is None:
@@ -557,7 +627,7 @@ class ModelMachine(RuleBasedStateMachine):
         t.token = t.claimed = t.lease_exp = None
         t.ready_at, t.put_off_maybe = self.model.now, False
 
-    def set_limit(self, data: st.DataObject, worker: str, ckey: str, limit: int | None) -> None:
+    def set_limit(self, data: Draws, worker: str, ckey: str, limit: int | None) -> None:
         self._maybe_lose(data, worker, ["limit_set", "limit_register"])
         try:
             self.stores[worker].set_concurrency_limit(ckey, limit)
@@ -569,11 +639,14 @@ class ModelMachine(RuleBasedStateMachine):
             if limit is None:
                 place.certain = False  # a place taken without a limit counts or not
 
-    @precondition(lambda self: self.held)
-    @rule(data=st.data(), name=st.sampled_from(["llm", "charge"]))
-    def step(self, data: st.DataObject, name: str) -> None:
+    @precondition(held_or_real)
+    @rule(hdata=st.data(), name=st.sampled_from(["llm", "charge"]))
+    def step(self, hdata: st.DataObject, name: str) -> None:
+        data = self._draws(hdata)
         m = self.model
-        h = data.draw(st.sampled_from(self.held))
+        if self._nothing_held("step", self.held, data):
+            return
+        h = data.pick(self.held)
         t = m.tasks[h.tid]
         key = (h.tid, h.cycle, name)
         store = self.stores[h.worker]
@@ -615,12 +688,13 @@ class ModelMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.shards < MAX_SHARDS)
     @rule(
-        data=st.data(),
+        hdata=st.data(),
         worker=st.sampled_from(WORKERS),
         meanwhile=st.sampled_from(["nothing", "claim_next", "commit", "cancel", "reshard"]),
     )
-    def reshard(self, data: st.DataObject, worker: str, meanwhile: str) -> None:
+    def reshard(self, hdata: st.DataObject, worker: str, meanwhile: str) -> None:
         """One operator grows the namespace; the other works (or reshards too) between its moves."""
+        data = self._draws(hdata)
         other = WORKERS[1 - WORKERS.index(worker)]
         target = self.shards * 2
         done: list[str] = []
@@ -633,9 +707,9 @@ class ModelMachine(RuleBasedStateMachine):
             if meanwhile == "claim_next":
                 self._claim_next(other, LONG_MS, False)
             elif meanwhile == "commit" and any(h.worker == other for h in self.held):
-                self._commit(data, data.draw(st.sampled_from([h for h in self.held if h.worker == other])))
+                self._commit(data, data.pick([h for h in self.held if h.worker == other]))
             elif meanwhile == "cancel":
-                self.cancel(data, other, data.draw(st.sampled_from(TIDS)))
+                self.cancel(data, other, data.pick(TIDS))
             elif meanwhile == "reshard":
                 # A second operator reruns the same reshard while the first is between two moves:
                 # it may finish the job, or be refused while the first one runs; never lose anything.
@@ -646,7 +720,7 @@ class ModelMachine(RuleBasedStateMachine):
                 assert report.to_shards == target
                 finished.append(other)
 
-        if data.draw(st.integers(0, 3)) == 0:
+        if data.int(0, 3) == 0:
             # The reshard's scripts are its own (registered per call): the next script call of this
             # store's kind, its first one, loses its reply.
             lost = lose_first_reply(self.stores[worker]._scripts["load"], self.mp, any_script=True)
