@@ -123,6 +123,19 @@ def dev(langgraph: str) -> Iterator[str]:
     return process(args, f"http://127.0.0.1:{port}", cwd=HERE)  # type: ignore[return-value]
 
 
+def run_both(redis: str | None, langgraph: str | None) -> dict[str, list[dict[str, object]]]:
+    """Each server's rows (``check.mjs``'s lines): ours on ``redis`` (None: a private server), then
+    ``langgraph dev`` when ``langgraph`` names its command."""
+    ensure_client()
+    results: dict[str, list[dict[str, object]]] = {}
+    with redis_url(redis) as url_of_redis, ours(url_of_redis) as url:
+        results["agentstate serve"] = run_check(url, TOKEN)
+    if langgraph:
+        with dev(langgraph) as url:
+            results["langgraph dev"] = run_check(url)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="Redis URL for agentstate serve (default: a private redis-server)")
@@ -130,15 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ours-only", action="store_true", help="do not run langgraph dev")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = p.parse_args(argv)
-    ensure_client()
-    results: dict[str, list[dict[str, object]]] = {}
-    with redis_url(a.url) as redis, ours(redis) as url:
-        results["agentstate serve"] = run_check(url, TOKEN)
-    if not a.ours_only:
-        if not a.langgraph:
-            raise SystemExit("langgraph dev not found: --langgraph PATH, or --ours-only")
-        with dev(a.langgraph) as url:
-            results["langgraph dev"] = run_check(url)
+    if not a.ours_only and not a.langgraph:
+        raise SystemExit("langgraph dev not found: --langgraph PATH, or --ours-only")
+    results = run_both(a.url, None if a.ours_only else a.langgraph)
     if a.json:
         print(json.dumps(results, indent=1))
     names = [str(r["name"]) for r in results["agentstate serve"]]
