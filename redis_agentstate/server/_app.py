@@ -55,11 +55,11 @@ __all__ = ["ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED = (
-    "/assistants", "/assistants/{aid}/versions", "/assistants/{aid}/latest", "/runs/crons",
+    "/runs/crons",
     "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch", "/threads/{tid}/copy", "/threads/prune",
     "/threads/{tid}/stream",
 )  # fmt: skip
-_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces")
+_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
 MAX_STREAMS = 256
 #: The connections beyond ``MAX_STREAMS`` that ``agentstate serve`` gives its client's pool (workers,
@@ -178,7 +178,7 @@ class _App:
                 else []
             )
             self.graphs[name] = served
-        self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
+        self.assistants = AssistantRoutes(self.graphs, max_body_bytes, client, namespace)
         self.store_routes = StoreRoutes(self.store, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
         self.threads = ThreadRoutes(self.book, self.graphs, max_body_bytes, lease_ms)
@@ -244,7 +244,7 @@ class _App:
     # ---- runs ------------------------------------------------------------------------------------------
 
     async def _create(self, tid: str | None, body: Mapping[str, Any]) -> tuple[ServedGraph, Run, bool]:
-        g = self.assistants.find(body.get("assistant_id"))
+        g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
         for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
             if body.get(unsupported):
                 raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
@@ -273,7 +273,7 @@ class _App:
         config = dict(config)
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
-        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": g.assistant_id}
+        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "reject",
@@ -541,6 +541,9 @@ def create_app(
         ("/dashboard/api/threads", d.dash_threads, ["GET"]),
         ("/dashboard/api/tasks/{task}/{action}", d.dash_action, ["POST"]),
         ("/dashboard/login", d.login, ["POST"]), ("/dashboard/logout", d.logout, ["POST"]),
+        ("/assistants", s.assistant_create, ["POST"]), ("/assistants/{aid}", s.assistant_patch, ["PATCH"]),
+        ("/assistants/{aid}", s.assistant_delete, ["DELETE"]), ("/assistants/{aid}/versions", s.assistant_versions,
+        ["POST"]), ("/assistants/{aid}/latest", s.assistant_latest, ["POST"]),
         ("/assistants/search", s.assistants_search, ["POST"]), ("/assistants/count", s.assistants_count, ["POST"]),
         ("/assistants/{aid}", s.assistant_get, ["GET"]), ("/assistants/{aid}/graph", s.assistant_graph, ["GET"]),
         ("/assistants/{aid}/schemas", s.assistant_schemas, ["GET"]),
