@@ -56,7 +56,7 @@ __all__ = ["ServedGraph", "create_app"]
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED = (
     "/runs/crons",
-    "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch", "/threads/{tid}/copy", "/threads/prune",
+    "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch",
     "/threads/{tid}/stream",
 )  # fmt: skip
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
@@ -550,7 +550,8 @@ def create_app(
         ("/assistants/{aid}/subgraphs", s.assistant_subgraphs, ["GET"]),
         ("/assistants/{aid}/subgraphs/{sub:path}", s.assistant_subgraphs, ["GET"]),
         ("/threads", t.thread_create, ["POST"]), ("/threads/search", t.threads_search, ["POST"]),
-        ("/threads/count", t.threads_count, ["POST"]),
+        ("/threads/count", t.threads_count, ["POST"]), ("/threads/prune", t.threads_prune, ["POST"]),
+        ("/threads/{tid}/copy", t.thread_copy, ["POST"]),
         ("/threads/{tid}", t.thread_get, ["GET"]), ("/threads/{tid}", t.thread_patch, ["PATCH"]),
         ("/threads/{tid}", t.thread_delete, ["DELETE"]),
         ("/threads/{tid}/state", t.state_get, ["GET"]), ("/threads/{tid}/state", t.state_update, ["POST"]),

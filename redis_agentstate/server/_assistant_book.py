@@ -171,7 +171,7 @@ class AssistantBook:
         aid = self.assistant_id(aid_or_graph)
         _, rec = await self._read(aid)
         if rec is None or rec["graph_id"] not in self.graphs:
-            raise HTTPException(404, f"Assistant {aid_or_graph!r} not found (served graphs: {sorted(self.graphs)})")
+            raise HTTPException(404, f"Assistant {aid_or_graph} not found")
         return rec
 
     async def every(self) -> list[dict[str, Any]]:
