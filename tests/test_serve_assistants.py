@@ -171,6 +171,7 @@ class TestAssistants:
         assert status_of(lambda: c.assistants.delete("steps")) == 409  # a served graph's own stays
         tid = c.threads.create()["thread_id"]
         assert status_of(lambda: c.runs.wait(tid, a["assistant_id"], input={"log": []})) == 404
+        assert status_of(lambda: c.runs.wait(tid, "no-such-graph", input={"log": []})) == 422  # as langgraph dev
 
     def test_bad_input_is_422_saying_what_and_nothing_is_written(self, served: Served) -> None:
         c = served.sync()

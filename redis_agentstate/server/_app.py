@@ -44,6 +44,7 @@ from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueu
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
+from ._batch import batch_route
 from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
 from ._http import read_body
@@ -56,7 +57,7 @@ __all__ = ["ServedGraph", "create_app"]
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED = (
     "/runs/crons",
-    "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch",
+    "/runs/crons/search", "/threads/{tid}/runs/crons",
     "/threads/{tid}/stream",
 )  # fmt: skip
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
@@ -561,7 +562,7 @@ def create_app(
         ("/threads/{tid}/runs", a.runs_create, ["POST"]), ("/threads/{tid}/runs", a.runs_list, ["GET"]),
         ("/threads/{tid}/runs/wait", a.runs_wait, ["POST"]), ("/threads/{tid}/runs/stream", a.runs_stream, ["POST"]),
         ("/runs", a.runs_create, ["POST"]), ("/runs/wait", a.runs_wait, ["POST"]),
-        ("/runs/stream", a.runs_stream, ["POST"]),
+        ("/runs/stream", a.runs_stream, ["POST"]), ("/runs/batch", batch_route(a), ["POST"]),
         ("/threads/{tid}/runs/{rid}", a.run_get, ["GET"]), ("/threads/{tid}/runs/{rid}", a.run_delete, ["DELETE"]),
         ("/threads/{tid}/runs/{rid}/join", a.run_join, ["GET"]),
         ("/threads/{tid}/runs/{rid}/stream", a.run_stream, ["GET"]),

@@ -336,8 +336,16 @@ class AssistantBook:
         """The served graph a run's ``assistant_id`` names (an assistant's id, or a graph's name) and
         the run's body with the assistant's settings applied under the run's own, as LangGraph's
         server merges them: ``config`` (its ``configurable`` key by key), ``context``, ``metadata``;
-        ``assistant_id`` becomes the assistant's id. 404 for an assistant this server does not serve."""
-        rec = await self.get(body.get("assistant_id"))
+        ``assistant_id`` becomes the assistant's id. 404 for an assistant this server does not serve,
+        422 for an id that is neither a UUID nor a served graph's name (as LangGraph's server answers)."""
+        aid = body.get("assistant_id")
+        if isinstance(aid, str) and aid not in self.graphs:
+            try:
+                uuid.UUID(aid)
+            except ValueError:
+                raise HTTPException(422, f"Invalid assistant: {aid!r}. Must be either a valid assistant UUID, or "
+                                    f"one of the served graphs: {sorted(self.graphs)}") from None  # fmt: skip
+        rec = await self.get(aid)
         out = dict(body)
         config = body.get("config")
         if config is not None and not isinstance(config, dict):
