@@ -4,6 +4,9 @@ a thread) and a real redis-server (the CLI)."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,3 +91,55 @@ class TestThreadsApi:
             assert anonymous.post("/threads/prune", json={"thread_ids": [tid]}).status_code == 401
             assert anonymous.post(f"/threads/{tid}/copy").status_code == 401
         assert c.threads.get(tid)["thread_id"] == tid
+
+
+@on_fake_and_real
+class TestThreadStream:
+    def test_a_thread_stream_sends_every_later_run_with_its_end(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        c.runs.wait(tid, "steps", input={"log": ["before"]})  # ended before the stream: not sent
+        with served.http() as h, h.stream("GET", f"/threads/{tid}/stream", timeout=30) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            runs = [c.runs.create(tid, "steps", input={"log": [str(i)]}, multitask_strategy="enqueue")
+                    for i in range(2)]  # fmt: skip
+            events: list[tuple[str, Any]] = []
+            name = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[len("event: ") :]
+                elif line.startswith("data: "):
+                    events.append((str(name), json.loads(line[len("data: ") :])))
+                    if sum(1 for n, d in events if n == "metadata" and d.get("status") == "run_done") == 2:
+                        break
+        done = [d["run_id"] for n, d in events if n == "metadata" and d.get("status") == "run_done"]
+        assert done == [run["run_id"] for run in runs]
+        finals = [d for n, d in events if n == "values" and d["log"][-1] == "c"]
+        assert [f["log"][-4:] for f in finals] == [["0", "a", "b", "c"], ["1", "a", "b", "c"]]
+        assert not any(x == "before" for f in finals[:1] for x in f["log"][-4:])
+
+    def test_join_stream_of_the_sdk_reads_it(self, served: Served) -> None:
+        c = served.sync()
+        tid = c.threads.create()["thread_id"]
+        parts: list[Any] = []
+        opened = threading.Event()
+
+        def read() -> None:
+            for part in served.sync().threads.join_stream(tid):
+                opened.set()
+                parts.append(part)
+                if part.event == "metadata" and part.data.get("status") == "run_done":
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while reader.is_alive() and time.monotonic() < deadline:  # runs until the reader has seen one end
+            c.runs.wait(tid, "steps", input={"log": []})
+            reader.join(0.3)
+        assert not reader.is_alive()
+        assert {p.event for p in parts} >= {"metadata", "values"}
+        with served.http() as h:
+            assert h.get("/threads/no-such-thread/stream").status_code == 404
+            assert h.get(f"/threads/{tid}/stream", params={"stream_mode": "nope"}).status_code == 422
+            assert h.get(f"/threads/{tid}/stream", headers={"Last-Event-ID": "1-0"}).status_code == 422

@@ -50,6 +50,7 @@ from ._feeds import RunFeeds
 from ._http import read_body
 from ._shapes import json_response as _json
 from ._store import StoreRoutes
+from ._thread_stream import thread_stream_route
 from ._threads import ThreadRoutes
 
 __all__ = ["ServedGraph", "create_app"]
@@ -58,7 +59,6 @@ __all__ = ["ServedGraph", "create_app"]
 NOT_SERVED = (
     "/runs/crons",
     "/runs/crons/search", "/threads/{tid}/runs/crons",
-    "/threads/{tid}/stream",
 )  # fmt: skip
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
@@ -553,6 +553,7 @@ def create_app(
         ("/threads", t.thread_create, ["POST"]), ("/threads/search", t.threads_search, ["POST"]),
         ("/threads/count", t.threads_count, ["POST"]), ("/threads/prune", t.threads_prune, ["POST"]),
         ("/threads/{tid}/copy", t.thread_copy, ["POST"]),
+        ("/threads/{tid}/stream", thread_stream_route(a), ["GET"]),
         ("/threads/{tid}", t.thread_get, ["GET"]), ("/threads/{tid}", t.thread_patch, ["PATCH"]),
         ("/threads/{tid}", t.thread_delete, ["DELETE"]),
         ("/threads/{tid}/state", t.state_get, ["GET"]), ("/threads/{tid}/state", t.state_update, ["POST"]),
