@@ -169,6 +169,9 @@ class TestAssistants:
         assert status_of(lambda: c.assistants.create("no-such-graph")) == 404
         assert status_of(lambda: c.assistants.search(graph_id="no-such-graph")) == 404
         assert status_of(lambda: c.assistants.delete("steps")) == 409  # a served graph's own stays
+        kept = c.assistants.create("steps")["assistant_id"]
+        assert status_of(lambda: c.assistants.delete(kept, delete_threads=True)) == 422  # refused, not ignored
+        assert c.assistants.get(kept)["assistant_id"] == kept
         tid = c.threads.create()["thread_id"]
         assert status_of(lambda: c.runs.wait(tid, a["assistant_id"], input={"log": []})) == 404
         assert status_of(lambda: c.runs.wait(tid, "no-such-graph", input={"log": []})) == 422  # as langgraph dev
@@ -228,12 +231,16 @@ class TestAssistants:
             with serve(backend, namespace) as two:
                 c2 = two.sync()
                 assert c2.assistants.get(a["assistant_id"]) == a
+                # A served graph's default assistant too: the same one, created once.
+                default = one.sync().assistants.get("steps")
+                assert c2.assistants.get("steps") == default
                 b = c2.assistants.update(a["assistant_id"], context={"model": "m2"})
                 assert one.sync().assistants.get(a["assistant_id"]) == b
                 assert one.sync().runs.wait(None, a["assistant_id"], input={"log": []})["log"][0] == "model:m2"
         with serve(backend, namespace) as again:
             c = again.sync()
             assert c.assistants.get(a["assistant_id"])["version"] == 2
+            assert c.assistants.get("steps") == default
             assert [v["version"] for v in c.assistants.get_versions(a["assistant_id"])] == [2, 1]
         # A server that does not serve the assistant's graph does not show it.
         with serve(backend, namespace, {"steps": GRAPHS["steps"]}) as other:

@@ -1,14 +1,14 @@
 """The assistants of ``agentstate serve``, kept in Redis: each served graph's default one (LangGraph's
 id: uuid5 of the graph's name), and those clients create, each with its versions.
 
-A created assistant (or a served graph's default one once updated) is one JSON record in an
+Each assistant is one JSON record in an
 ``AsyncKeyValueStore`` of ``<namespace>.assistants``, under its id: the current assistant and
 every version of it. Every write is a compare-and-set of that record (``KeyValueStore.swap``,
 ``lua/kv_swap.lua``): read, compute, write if nobody wrote in between, else read again. So two
 servers on one Redis see the same assistants, and a version is never lost to a concurrent update.
-A served graph's default assistant that was never updated is not stored: it is built from the
-graph's name. Assistants of a graph this server does not serve are hidden from it (404, left out
-of searches), as LangGraph's server scopes them.
+A served graph's default assistant is stored when a server serving the graph first reads it (so
+every server shows the same one, with the same ``created_at``). Assistants of a graph this server
+does not serve are hidden from it (404, left out of searches), as LangGraph's server scopes them.
 
 Input is checked here before anything is written: a bad field is a 422 naming it; an unknown
 assistant or graph a 404, as ``langgraph dev`` answers.
@@ -135,14 +135,17 @@ def _version_of(rec: Mapping[str, Any], ms: int) -> dict[str, Any]:
 class AssistantBook:
     """The registry: reads, the writes (each a compare-and-set loop) and a run's assistant."""
 
-    def __init__(self, kv: AsyncKeyValueStore, graphs: Mapping[str, ServedGraph], started_ms: int) -> None:
-        self.kv, self.graphs, self.started_ms = kv, graphs, started_ms
+    def __init__(self, kv: AsyncKeyValueStore, graphs: Mapping[str, ServedGraph]) -> None:
+        self.kv, self.graphs = kv, graphs
+        #: When this server started: a default assistant it stores was created then, as LangGraph's
+        #: server creates them at its start.
+        self.started_ms = int(time.time() * 1000)
         self.defaults = {g.assistant_id: g for g in graphs.values()}
 
     # ---- reading -------------------------------------------------------------------------------
 
     def default(self, g: ServedGraph) -> dict[str, Any]:
-        """A served graph's default assistant as it is before any update (never stored)."""
+        """A served graph's default assistant as it is first stored (version 1)."""
         ms = self.started_ms
         rec: dict[str, Any] = {"assistant_id": g.assistant_id, "graph_id": g.name, "config": {}, "context": {},
                "metadata": {"created_by": "system"}, "name": g.name, "description": None, "version": 1,
@@ -158,13 +161,19 @@ class AssistantBook:
         return g.assistant_id if g is not None else aid
 
     async def _read(self, aid: str) -> tuple[bytes | None, dict[str, Any] | None]:
-        """The stored bytes of ``aid`` (None when not stored) and its record (the default one of a
-        served graph when not stored; None when there is none)."""
+        """The stored bytes of ``aid`` and its record (None, None when there is none). A served
+        graph's default assistant is stored the first time it is read (the first server to read
+        it writes it, compare-and-set), so every server, and this one after a restart, shows the
+        same one."""
         raw = await self.kv.get(aid)
-        if raw is not None:
-            return raw, dict(json.loads(raw))
         g = self.defaults.get(aid)
-        return None, (None if g is None else self.default(g))
+        if raw is None and g is not None:
+            rec = self.default(g)
+            data = shapes.dumps(rec).encode()
+            if await self.kv.swap(aid, None, data):
+                return data, rec
+            raw = await self.kv.get(aid)  # another server stored it first
+        return (None, None) if raw is None else (raw, dict(json.loads(raw)))
 
     async def get(self, aid_or_graph: Any) -> dict[str, Any]:
         """The record of an assistant this server serves (its graph is served), else 404."""
@@ -175,7 +184,7 @@ class AssistantBook:
         return rec
 
     async def every(self) -> list[dict[str, Any]]:
-        """Every assistant this server serves: the stored ones and the defaults never updated."""
+        """Every assistant this server serves (its own defaults stored first if they are not yet)."""
         found: dict[str, dict[str, Any]] = {}
         after: str | None = None
         while len(found) < SCAN:
@@ -186,8 +195,11 @@ class AssistantBook:
                     found[rec["assistant_id"]] = rec
             if after is None:
                 break
-        for aid, g in self.defaults.items():
-            found.setdefault(aid, self.default(g))
+        for aid in self.defaults:
+            if aid not in found:
+                _, default = await self._read(aid)
+                if default is not None:
+                    found[aid] = default
         return [r for r in found.values() if r["graph_id"] in self.graphs]
 
     async def search(self, body: Mapping[str, Any], paged: bool = True) -> tuple[list[dict[str, Any]], int]:

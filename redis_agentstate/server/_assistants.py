@@ -4,7 +4,6 @@ registry in Redis (``_assistant_book.AssistantBook``)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +28,7 @@ class AssistantRoutes:
     def __init__(self, graphs: Mapping[str, ServedGraph], max_body: int, client: Any, namespace: str) -> None:
         self.graphs, self.max_body = graphs, max_body
         self.by_assistant = {g.assistant_id: g for g in graphs.values()}
-        self.started_ms = int(time.time() * 1000)
-        kv = AsyncKeyValueStore(client, namespace=f"{namespace}.assistants")
-        self.book = AssistantBook(kv, graphs, self.started_ms)
+        self.book = AssistantBook(AsyncKeyValueStore(client, namespace=f"{namespace}.assistants"), graphs)
 
     def find(self, assistant: Any) -> ServedGraph:
         """The served graph of a default assistant (its id, or the graph's name); ``resolve`` also
@@ -80,6 +77,9 @@ class AssistantRoutes:
         return _json(public(await self.book.update(request.path_params["aid"], body)))
 
     async def assistant_delete(self, request: Request) -> Response:
+        if request.query_params.get("delete_threads", "").lower() in ("1", "true"):
+            # A thread's runs do not record their assistant here: refused, not ignored.
+            raise HTTPException(422, "delete_threads is not supported by agentstate serve")
         await self.book.delete(request.path_params["aid"])
         return Response(status_code=204)
 
