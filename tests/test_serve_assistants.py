@@ -149,6 +149,12 @@ class TestAssistants:
         again = c.assistants.update(aid, name="v3")
         assert again["version"] == 3 and again["context"] == {"model": "m1"}  # from the current one: version 1
         assert status_of(lambda: c.assistants.set_latest(aid, 9)) == 404
+        # Config and context as langgraph dev keeps them: a config without configurable replaces the
+        # config and keeps the context; a configurable is the context.
+        tags = c.assistants.update(aid, config={"tags": ["x"]})
+        assert tags["config"] == {"tags": ["x"]} and tags["context"] == {"model": "m1"}
+        conf = c.assistants.update(aid, config={"configurable": {"model": "m3"}})
+        assert conf["config"] == {"configurable": {"model": "m3"}} and conf["context"] == {"model": "m3"}
         # A served graph's default assistant gets versions too.
         d = c.assistants.update("steps", metadata={"owner": "ops"})
         assert d["version"] == 2 and d["metadata"] == {"created_by": "system", "owner": "ops"}

@@ -288,6 +288,7 @@ class AssistantBook:
         graph_id = _string(body, "graph_id")
         config_in, context_in = _config(body), _object(body, "context")
         config, context = _settings(config_in, context_in)
+        given_configurable = bool((config_in or {}).get("configurable"))
         meta = _object(body, "metadata") or {}
         name, description = _string(body, "name"), _string(body, "description", nullable=True)
         if graph_id is not None and graph_id not in self.graphs:
@@ -302,7 +303,8 @@ class AssistantBook:
                 **rec,
                 "graph_id": graph_id or rec["graph_id"],
                 "config": config if config else rec["config"],
-                "context": context if context_in is not None or config_in else rec["context"],
+                # As LangGraph's server: the context given (or the config's configurable), else the old one.
+                "context": context if context_in is not None or given_configurable else rec["context"],
                 "metadata": {**rec["metadata"], **meta},
                 "name": name if name is not None else rec["name"],
                 "description": description if description is not None else rec.get("description"),
