@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["HEARTBEAT_S", "POLL_S", "thread_stream_route"]
 
 #: How often a stream that follows no run looks for a new one.
-POLL_S = 0.25
+POLL_S = 0.5
 #: How long an idle stream waits before a heartbeat comment.
 HEARTBEAT_S = 15.0
 _MODES = ("run_modes", "lifecycle", "state_update")
