@@ -66,7 +66,12 @@ def serve(backend: Any, namespace: str, graphs: dict[str, str] = GRAPHS) -> Iter
             thread.join(20)
         return
     port = free_port()
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", backend.url, "--namespace", namespace,
+    if backend.kind == "cluster":
+        host, first = backend.cluster.startup
+        target = ["--url", f"redis://{host}:{first}", "--cluster"]
+    else:
+        target = ["--url", backend.url]
+    args = [sys.executable, "-m", "redis_agentstate", "serve", *target, "--namespace", namespace,
             "--port", str(port), "--workers", "1"]  # fmt: skip
     for name, target in graphs.items():
         args += ["--graph", f"{name}={target}"]
@@ -231,6 +236,17 @@ class TestAssistants:
         n = c.assistants.create("nested")
         assert set(c.assistants.get_subgraphs(n["assistant_id"])) == {"inner"}
 
+
+#: The Redis Cluster too (the CLI, ``--cluster``), for what two servers share.
+on_every_backend = pytest.mark.parametrize(
+    "backend",
+    [pytest.param("fake", marks=pytest.mark.fakeredis), "real", pytest.param("cluster", marks=pytest.mark.cluster)],
+    indirect=True,
+)
+
+
+@on_every_backend
+class TestShared:
     def test_assistants_survive_a_restart_and_two_servers_share_them(self, backend: Any, namespace: str) -> None:
         with serve(backend, namespace) as one:
             a = one.sync().assistants.create("configured", context={"model": "m1"}, name="kept")
