@@ -41,7 +41,7 @@ from ._ops import Batch, Call, Command, Op, Pipe, member_id, restart, restartabl
 from ._validate import check_id, check_int
 from .errors import InvalidArgument
 from .keys import Keys
-from .scripts import KV_COUNT, KV_DELETE, KV_KEYS, KV_SCRIPTS, KV_SET
+from .scripts import KV_COUNT, KV_DELETE, KV_KEYS, KV_SCRIPTS, KV_SET, KV_SWAP
 
 __all__ = ["DEFAULT_MAX_KEY_BYTES", "DEFAULT_MAX_VALUE_BYTES", "KV_SCRIPTS", "KvCore"]
 
@@ -162,6 +162,13 @@ class KvCore:
 
     def _set_call(self, index: list[str], chunk: list[tuple[str, bytes]], ttl: str) -> Call:
         return Call(KV_SET, [*index, *(k for k, _ in chunk)], [ttl, *(v for _, v in chunk)])
+
+    def swap(self, key: str, expected: bytes | None, value: bytes) -> Op[bool]:
+        k = self._key(key)
+        v = self._value(value, k)
+        old = b"" if expected is None else self._value(expected, k)
+        reply = yield Call(KV_SWAP, self._index(k), ["0" if expected is None else "1", old, v])
+        return bool(reply)
 
     def delete(self, key: str) -> Op[None]:
         yield Call(KV_DELETE, self._index(self._key(key)), [])

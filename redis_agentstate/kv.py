@@ -51,6 +51,12 @@ class KeyValueStore(_KeyValues, SyncShell[KvCore]):
         """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
         self._run(self._core.set(key, value, ttl_ms=ttl_ms))
 
+    def swap(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        """Compare-and-set: store ``value`` under ``key`` (no expiry) if it holds ``expected`` (None: if
+        it holds nothing), in one script; True if ``key`` now holds ``value``, False if it held
+        something else (nothing written: read it again and retry)."""
+        return self._run(self._core.swap(key, expected, value))
+
     def delete(self, key: str) -> None:
         """Remove ``key`` (a missing key is fine)."""
         self._run(self._core.delete(key))
@@ -92,6 +98,10 @@ class AsyncKeyValueStore(_KeyValues, AsyncShell[KvCore]):
     async def set(self, key: str, value: bytes, *, ttl_ms: int | None = None) -> None:
         """Store ``value`` under ``key``, expiring after ``ttl_ms`` if given (else never)."""
         await self._run(self._core.set(key, value, ttl_ms=ttl_ms))
+
+    async def swap(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        """Compare-and-set ``key`` from ``expected`` to ``value`` (see ``KeyValueStore.swap``)."""
+        return await self._run(self._core.swap(key, expected, value))
 
     async def delete(self, key: str) -> None:
         """Remove ``key`` (a missing key is fine)."""

@@ -155,7 +155,7 @@ def pool_flow(pools: Any, pool_id: str = "pool-1") -> None:
 
 
 def kv_flow(kv: Any, keys: list[str] | None = None) -> None:
-    """set, get, exists, set_many/get_many, ttl, keys, count, delete."""
+    """set, get, exists, set_many/get_many, swap, ttl, keys, count, delete."""
     keys = keys or ["k1", "k:2", "{k3}", "ü"]
     for i, k in enumerate(keys):
         kv.set(k, f"v{i}".encode())
@@ -163,6 +163,8 @@ def kv_flow(kv: Any, keys: list[str] | None = None) -> None:
     assert kv.exists(keys[0]) and not kv.exists("missing")
     kv.set_many({"m1": b"\x00", "m2": b"\xff"})
     assert kv.get_many(["m1", "missing", "m2"]) == [b"\x00", None, b"\xff"]
+    assert kv.swap("m1", b"\x00", b"\x01") and not kv.swap("m1", b"\x00", b"\x02")
+    assert kv.get("m1") == b"\x01"
     kv.set("ttl", b"t", ttl_ms=60_000)
     assert sorted(kv.keys()) == sorted([*keys, "m1", "m2", "ttl"])
     assert kv.count() == len(keys) + 3

@@ -754,6 +754,16 @@ def _kv_delete_missing(env: Env) -> Any:
     return env.state["kv"].delete("never")
 
 
+@case("kv_swap", setup=_kv, observe=observe_kv)
+def _kv_swap(env: Env) -> Any:
+    return env.state["kv"].swap("a", b"1", b"11")
+
+
+@case("kv_swap", id="kv_swap-absent", setup=_kv, observe=observe_kv)
+def _kv_swap_absent(env: Env) -> Any:
+    return env.state["kv"].swap("c", None, b"3")
+
+
 # ---- agent pools --------------------------------------------------------------------------------
 
 POOL = PoolConfig(message_policy={"route": "topic"}, wake_policy={"on": ["message"]}, policy_refs=["p1"])

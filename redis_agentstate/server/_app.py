@@ -44,22 +44,23 @@ from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueu
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
+from ._batch import batch_route
 from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
 from ._http import read_body
 from ._shapes import json_response as _json
 from ._store import StoreRoutes
+from ._thread_stream import thread_stream_route
 from ._threads import ThreadRoutes
 
 __all__ = ["ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED = (
-    "/assistants", "/assistants/{aid}/versions", "/assistants/{aid}/latest", "/runs/crons",
-    "/runs/crons/search", "/threads/{tid}/runs/crons", "/runs/batch", "/threads/{tid}/copy", "/threads/prune",
-    "/threads/{tid}/stream",
+    "/runs/crons",
+    "/runs/crons/search", "/threads/{tid}/runs/crons",
 )  # fmt: skip
-_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces")
+_READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
 MAX_STREAMS = 256
 #: The connections beyond ``MAX_STREAMS`` that ``agentstate serve`` gives its client's pool (workers,
@@ -178,7 +179,7 @@ class _App:
                 else []
             )
             self.graphs[name] = served
-        self.assistants = AssistantRoutes(self.graphs, max_body_bytes)
+        self.assistants = AssistantRoutes(self.graphs, max_body_bytes, client, namespace)
         self.store_routes = StoreRoutes(self.store, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
         self.threads = ThreadRoutes(self.book, self.graphs, max_body_bytes, lease_ms)
@@ -244,7 +245,7 @@ class _App:
     # ---- runs ------------------------------------------------------------------------------------------
 
     async def _create(self, tid: str | None, body: Mapping[str, Any]) -> tuple[ServedGraph, Run, bool]:
-        g = self.assistants.find(body.get("assistant_id"))
+        g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
         for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
             if body.get(unsupported):
                 raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
@@ -273,7 +274,7 @@ class _App:
         config = dict(config)
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
-        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": g.assistant_id}
+        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "reject",
@@ -541,13 +542,18 @@ def create_app(
         ("/dashboard/api/threads", d.dash_threads, ["GET"]),
         ("/dashboard/api/tasks/{task}/{action}", d.dash_action, ["POST"]),
         ("/dashboard/login", d.login, ["POST"]), ("/dashboard/logout", d.logout, ["POST"]),
+        ("/assistants", s.assistant_create, ["POST"]), ("/assistants/{aid}", s.assistant_patch, ["PATCH"]),
+        ("/assistants/{aid}", s.assistant_delete, ["DELETE"]), ("/assistants/{aid}/versions", s.assistant_versions,
+        ["POST"]), ("/assistants/{aid}/latest", s.assistant_latest, ["POST"]),
         ("/assistants/search", s.assistants_search, ["POST"]), ("/assistants/count", s.assistants_count, ["POST"]),
         ("/assistants/{aid}", s.assistant_get, ["GET"]), ("/assistants/{aid}/graph", s.assistant_graph, ["GET"]),
         ("/assistants/{aid}/schemas", s.assistant_schemas, ["GET"]),
         ("/assistants/{aid}/subgraphs", s.assistant_subgraphs, ["GET"]),
         ("/assistants/{aid}/subgraphs/{sub:path}", s.assistant_subgraphs, ["GET"]),
         ("/threads", t.thread_create, ["POST"]), ("/threads/search", t.threads_search, ["POST"]),
-        ("/threads/count", t.threads_count, ["POST"]),
+        ("/threads/count", t.threads_count, ["POST"]), ("/threads/prune", t.threads_prune, ["POST"]),
+        ("/threads/{tid}/copy", t.thread_copy, ["POST"]),
+        ("/threads/{tid}/stream", thread_stream_route(a), ["GET"]),
         ("/threads/{tid}", t.thread_get, ["GET"]), ("/threads/{tid}", t.thread_patch, ["PATCH"]),
         ("/threads/{tid}", t.thread_delete, ["DELETE"]),
         ("/threads/{tid}/state", t.state_get, ["GET"]), ("/threads/{tid}/state", t.state_update, ["POST"]),
@@ -557,7 +563,7 @@ def create_app(
         ("/threads/{tid}/runs", a.runs_create, ["POST"]), ("/threads/{tid}/runs", a.runs_list, ["GET"]),
         ("/threads/{tid}/runs/wait", a.runs_wait, ["POST"]), ("/threads/{tid}/runs/stream", a.runs_stream, ["POST"]),
         ("/runs", a.runs_create, ["POST"]), ("/runs/wait", a.runs_wait, ["POST"]),
-        ("/runs/stream", a.runs_stream, ["POST"]),
+        ("/runs/stream", a.runs_stream, ["POST"]), ("/runs/batch", batch_route(a), ["POST"]),
         ("/threads/{tid}/runs/{rid}", a.run_get, ["GET"]), ("/threads/{tid}/runs/{rid}", a.run_delete, ["DELETE"]),
         ("/threads/{tid}/runs/{rid}/join", a.run_join, ["GET"]),
         ("/threads/{tid}/runs/{rid}/stream", a.run_stream, ["GET"]),

@@ -9,11 +9,22 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-__all__ = ["page_of", "read_body"]
+__all__ = ["page_of", "read_body", "read_json"]
 
 
 async def read_body(request: Request, limit: int) -> dict[str, Any]:
     """The request's JSON object, read up to ``limit`` bytes (413 past it, 422 when it is not one)."""
+    data = await read_json(request, limit)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HTTPException(422, "request body must be a JSON object")
+    return data
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request's JSON, read up to ``limit`` bytes (413 past it, 422 when it is not JSON); None
+    for an empty body."""
     size = 0
     chunks = []
     async for chunk in request.stream():
@@ -23,14 +34,11 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
         chunks.append(chunk)
     raw = b"".join(chunks)
     if not raw.strip():
-        return {}
+        return None
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except ValueError as exc:
         raise HTTPException(422, f"request body is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise HTTPException(422, "request body must be a JSON object")
-    return data
 
 
 def page_of(body: Mapping[str, Any]) -> tuple[int, int]:

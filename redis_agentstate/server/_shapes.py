@@ -129,7 +129,7 @@ def run_json(run: Run, assistant: str | None) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "thread_id": run.thread_id,
-        "assistant_id": assistant,
+        "assistant_id": meta.get("assistant_id") or assistant,  # the run's assistant: a created one too
         "created_at": iso(run.created_at_ms),
         "updated_at": iso(run.updated_at_ms),
         "status": run.status,

@@ -78,7 +78,11 @@ class ThreadRoutes:
 
     async def thread_delete(self, request: Request) -> Response:
         tid = request.path_params["tid"]
-        rec = await self.book.need_record(tid)
+        await self._drop(tid, await self.book.need_record(tid))
+        return Response(status_code=204)
+
+    async def _drop(self, tid: str, rec: Mapping[str, Any]) -> None:
+        """Delete a thread: its runs cancelled, its checkpoints, its record."""
         g = self.book.graph_of(rec)
         if g is not None:
             for run in await g.queue.list(tid, limit=100):
@@ -87,7 +91,47 @@ class ThreadRoutes:
                         await g.queue.cancel(run.run_id, action="interrupt")
             await g.saver.adelete_thread(tid)
         await self.book.kv.delete(tid)
-        return Response(status_code=204)
+
+    async def thread_copy(self, request: Request) -> Response:
+        """A new thread (a random id) with the thread's metadata and every checkpoint of it, as
+        LangGraph's server copies one (not its runs). The checkpoints are copied before the record
+        is written, so the copy is never seen without its state. A thread that does not exist is a
+        409, as LangGraph's server answers it."""
+        tid = request.path_params["tid"]
+        rec = await self.book.record(tid)
+        if rec is None:
+            raise HTTPException(409, f"no thread {tid!r} to copy")
+        new = str(uuid.uuid4())
+        g = self.book.graph_of(rec)
+        if g is not None:
+            await g.saver.acopy_thread(tid, new)
+        copied = {"thread_id": new, "created_ms": int(time.time() * 1000),
+                  "metadata": json.loads(json.dumps(rec.get("metadata") or {}))}  # fmt: skip
+        await self.book.save(copied)
+        return _json(await self.book.out(copied))
+
+    async def threads_prune(self, request: Request) -> Response:
+        """``thread_ids`` pruned by ``strategy``: ``delete`` (the default) deletes each thread as
+        ``DELETE /threads/{id}`` does; ``keep_latest`` keeps each thread and its latest checkpoint
+        and drops the older ones (a thread a run holds is left alone). Ids of no thread are skipped;
+        ``pruned_count`` counts the threads pruned."""
+        body = await read_body(request, self.max_body)
+        ids, strategy = body.get("thread_ids", []), body.get("strategy", "delete")
+        if not isinstance(ids, list) or len(ids) > 1000 or not all(isinstance(i, str) for i in ids):
+            raise HTTPException(422, "thread_ids must be a list of at most 1000 thread ids")
+        if strategy not in ("delete", "keep_latest"):
+            raise HTTPException(422, f"Invalid strategy: {strategy}. Expected 'delete' or 'keep_latest'.")
+        pruned = 0
+        for tid in dict.fromkeys(ids):
+            rec = await self.book.record(tid)
+            if rec is None:
+                continue
+            if strategy == "delete":
+                await self._drop(tid, rec)
+            elif (g := self.book.graph_of(rec)) is not None:
+                await g.saver.aprune([tid], strategy="keep_latest")
+            pruned += 1
+        return JSONResponse({"pruned_count": pruned})
 
     async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True
                         ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
