@@ -125,7 +125,27 @@ def _schemas(graph: Any) -> dict[str, Any]:
     return {
         "input_schema": schema(lambda: graph.get_input_jsonschema()),
         "output_schema": schema(lambda: graph.get_output_jsonschema()),
-        "state_schema": schema(lambda: graph.get_input_jsonschema()),
+        "state_schema": schema(lambda: _state_schema(graph)),
         "config_schema": None,
         "context_schema": schema(lambda: graph.get_context_jsonschema()),
     }
+
+
+def _state_schema(graph: Any) -> dict[str, Any]:
+    """The graph's state: one property per channel it streams, typed by what the channel takes.
+
+    Built channel by channel, as LangGraph's server builds it, so that one type pydantic cannot
+    describe (a ``typing.TypedDict`` before Python 3.12, say) is ``Any`` rather than the whole
+    schema null; the input schema, built from the state class at once, has no such fallback."""
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {}
+    for name in graph.stream_channels_list:
+        kind = graph.channels[name].UpdateType
+        try:
+            create_model(name, value=(kind, None)).model_json_schema()
+        except Exception:
+            kind = Any
+        fields[name] = (kind, None)
+    schema: dict[str, Any] = create_model(graph.get_name("State"), **fields).model_json_schema()
+    return schema
