@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import scripts as S
 from ._history import History, HistoryCache, hashed
@@ -98,6 +98,15 @@ def _zset_entries(reply: Any, key: str) -> list[tuple[str, float]]:
 _NF = len(S.HASH_FIELDS)
 
 
+class WireKeys(NamedTuple):
+    """A task's KEYS as its scripts take them, UTF-8 encoded once (``TaskKeys``' lists of the same names)."""
+
+    listed: tuple[bytes, ...]  #: ``as_list()``: renew, limit_wake
+    parked: tuple[bytes, ...]  #: ``with_parked()``: release
+    counted: tuple[bytes, ...]  #: ``counted()``: claim, claim_next
+    stepped: tuple[bytes, ...]  #: ``stepped()``: commit, commit_and_claim, finalize
+
+
 class CheckpointBase:
     """The state of one namespace's core, the checks every operation makes, and the reply parser."""
 
@@ -128,17 +137,14 @@ class CheckpointBase:
         #: core (``_limits.py``): given back when the lease ends. Empty while no task is limited.
         self._permits: dict[tuple[str, str], str] = {}
 
-    def _encode_keys(
-        self, task_id: str
-    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...], tuple[bytes, ...]]:
-        """The task's KEYS as the scripts take them, UTF-8 encoded once: ``as_list()``, ``with_parked()``,
-        ``counted()``, ``stepped()``.
+    def _encode_keys(self, task_id: str) -> WireKeys:
+        """The task's KEYS as the scripts take them, UTF-8 encoded once.
 
         A hot task's calls send the same 7 to 9 keys every time, and redis-py's
         asyncio client encodes each str argument of every command it packs.
         """
         every = tuple(k.encode() for k in self._task_keys(task_id).stepped())
-        return every[:7], every[:8], every[:9], every
+        return WireKeys(every[:7], every[:8], every[:9], every)
 
     # ---- checks ---------------------------------------------------------
 

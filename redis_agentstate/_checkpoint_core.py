@@ -75,7 +75,7 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
         lease_ms = self._lease(lease_ms)
         cached, have = self._cached(tid)
         args = [token, cycle_index, lease_ms, *have, self.max_attempts]
-        reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [*args, "", 0])
+        reply = yield Call(S.CLAIM, self._wire_keys(tid).counted, [*args, "", 0])
         took = False
         for _ in range(3):
             if reply[0] != Reply.LIMITED:
@@ -86,7 +86,7 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
             cap, full = yield from self._take_place(tid, token, ckey, lease_ms)
             if full is not None:
                 raise full
-            reply = yield Call(S.CLAIM, self._wire_keys(tid)[2], [*args, ckey, cap])
+            reply = yield Call(S.CLAIM, self._wire_keys(tid).counted, [*args, ckey, cap])
         code = reply[0]
         if code in _CLAIMED:
             return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -122,7 +122,7 @@ class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointLis
                     reply = (Reply.REFUSED,)  # its place is gone and the key is full: the lease is lost
                     break
                 permit = (ckey, cap)
-            reply = yield Call(S.RENEW, self._wire_keys(tid)[0], [*args, *permit])
+            reply = yield Call(S.RENEW, self._wire_keys(tid).listed, [*args, *permit])
             if reply[0] != Reply.LIMITED:
                 break
             ckey = _s(reply[1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import scripts as S
 from ._checkpoint_base import _STATUS_VALUE
@@ -25,6 +25,15 @@ from .models import AgentStatus, Checkpoint
 from .scripts import Reply
 
 __all__ = ["CheckpointWrites"]
+
+
+class NextClaim(NamedTuple):
+    """What commit_and_claim writes beside the commit: the next cycle's claim (its ARGV after the token)."""
+
+    next_token: str
+    lease_ms: int
+    max_attempts: int
+    permit_cap: int  #: the expiry (server ms) of the place taken in its concurrency key (0: none)
 
 
 @dataclass(slots=True)
@@ -70,7 +79,7 @@ class CheckpointWrites(ConcurrencyLimits):
         body: bytes,
         part: tuple[list[Any], list[bytes], list[bytes]],
         replace: bool,
-        claim: tuple[Any, ...] = (),
+        claim: NextClaim | None = None,
         ttl_ms: int = 0,
         delay_ms: int = 0,
     ) -> list[Any]:
@@ -80,9 +89,9 @@ class CheckpointWrites(ConcurrencyLimits):
         (epoch, base_m, base_c), blobs_m, blobs_c = part
         head = [identity] if script == S.FINALIZE else [identity, token]
         term = "0" if cp.terminal_result is None else "1"
-        if script == S.COMMIT_AND_CLAIM:
-            # claim: next_token, lease_ms, max_attempts, then the permit's cap after the key.
-            extra: tuple[Any, ...] = (*claim[:3], int(cp.priority), cp.concurrency_key or "", claim[3])
+        if claim is not None:  # commit_and_claim; the permit's cap goes after the key
+            extra: tuple[Any, ...] = (claim.next_token, claim.lease_ms, claim.max_attempts, int(cp.priority),
+                                      cp.concurrency_key or "", claim.permit_cap)  # fmt: skip
         elif script == S.COMMIT:
             extra = (ttl_ms, delay_ms, int(cp.priority), cp.concurrency_key or "")
         else:
@@ -103,7 +112,7 @@ class CheckpointWrites(ConcurrencyLimits):
         upto: tuple[int, int],
         hash_m: Any,
         hash_c: Any,
-        claim: tuple[Any, ...] = (),
+        extra: tuple[Any, ...] = (),
     ) -> str:
         """The identity of a fenced write: a digest of everything it writes, whoever sends it.
 
@@ -112,12 +121,12 @@ class CheckpointWrites(ConcurrencyLimits):
         history (``hash_m``/``hash_c``: the stored prefix from the cache, at
         O(delta) cost, or the caller's full lists). The same write re-sent by
         anyone (another store, after the cache moved on) has the same identity;
-        a different write at the same revision a different one. ``claim``
-        (commit_and_claim: the next token) is part of what it writes; its lease
-        is not, so a re-send with another lease is still this write.
+        a different write at the same revision a different one. ``extra``
+        (commit_and_claim: the next token; commit: a delay) is part of what it writes;
+        the next lease is not, so a re-send with another lease is still this write.
         """
         head = [kind, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status],
-                cp.terminal_result is not None, replace, *upto, len(body), int(cp.priority), *claim]  # fmt: skip
+                cp.terminal_result is not None, replace, *upto, len(body), int(cp.priority), *extra]  # fmt: skip
         if cp.concurrency_key is not None:
             head.append(cp.concurrency_key)  # unlimited writes keep the identities they had before limits
         d = hashlib.blake2b(encode(head, what="write identity"), digest_size=16)
@@ -242,7 +251,7 @@ class CheckpointWrites(ConcurrencyLimits):
             cap = got
         w = yield from self._fenced_write(
             "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
-            (next_token, lease_ms, self.max_attempts, cap), claim_revision=expected + 2,
+            NextClaim(next_token, lease_ms, self.max_attempts, cap), claim_revision=expected + 2,
         )  # fmt: skip
         reply, code = w.reply, w.reply[0]
         if self._permits:
@@ -341,7 +350,7 @@ class CheckpointWrites(ConcurrencyLimits):
         token: str,
         expected: int,
         replace: bool,
-        claim: tuple[Any, ...] = (),
+        claim: NextClaim | None = None,
         claim_revision: int | None = None,
         delay_ms: int = 0,
     ) -> Op[_Written]:
@@ -351,7 +360,7 @@ class CheckpointWrites(ConcurrencyLimits):
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
         # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task);
         # all three drop the cycle's durable step results (KEYS[10]).
-        keys = self._wire_keys(cp.task_id)[3]
+        keys = self._wire_keys(cp.task_id).stepped
         ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
         body = self._body(cp)
@@ -378,7 +387,7 @@ class CheckpointWrites(ConcurrencyLimits):
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
             identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c,
-                                      claim[:1] or ((delay_ms,) if delay_ms else ()))  # fmt: skip
+                                      (claim.next_token,) if claim else ((delay_ms,) if delay_ms else ()))  # fmt: skip
             args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim, ttl_ms,
                                      delay_ms)  # fmt: skip
             return Call(script, keys, args), hash_m, hash_c

@@ -233,7 +233,7 @@ class ClaimScheduling(ConcurrencyLimits):
     def _claim_next_call(
         self, tid: str, token: str, lease_ms: int, have: list[Any], permit: tuple[str, int, int] = ("", 0, 0)
     ) -> Call:
-        return Call(S.CLAIM_NEXT, self._wire_keys(tid)[2], [token, lease_ms, *have, self.max_attempts, *permit])
+        return Call(S.CLAIM_NEXT, self._wire_keys(tid).counted, [token, lease_ms, *have, self.max_attempts, *permit])
 
     def _limited_candidate(self, tid: str, token: str, lease_ms: int, have: list[Any], ckey: str) -> Op[Any]:
         """claim_next met ``tid``, claimable but limited by concurrency key ``ckey`` (``Reply.LIMITED``):

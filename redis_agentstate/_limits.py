@@ -191,7 +191,7 @@ class ConcurrencyLimits(CheckpointBase):
             return False
         stale = False
         for tid, since in zip(waiters[::2], waiters[1::2], strict=True):
-            woken = yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid))[0], [ckey, int(float(since))])
+            woken = yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid)).listed, [ckey, int(float(since))])
             stale = stale or woken != Reply.DONE
         return stale
 

@@ -59,7 +59,7 @@ class Releases(ConcurrencyLimits):
         """
         tid, token = check_id(task_id, "task_id"), self._token(token)
         args = [token, self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
-        reply = yield Call(S.RELEASE, self._wire_keys(tid)[1], [*args, self.max_attempts])
+        reply = yield Call(S.RELEASE, self._wire_keys(tid).parked, [*args, self.max_attempts])
         if self._permits:
             # The claim is given up: so is its limiter place. A stale release of a live lease keeps it.
             yield from self._refused_write(tid, token, reply)
