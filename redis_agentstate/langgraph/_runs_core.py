@@ -335,7 +335,7 @@ class RunCore:
             raise RunNotFound(rid)
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
-        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e],
+        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e, keys.stop(rid)],
                            [action, self.run_ttl_ms, self.max_events, rid, uuid.uuid4().hex])  # fmt: skip
         if reply[0] == Reply.REFUSED:
             if _text(reply[1]) == "missing":
@@ -504,6 +504,18 @@ class RunCore:
         except Exception as exc:  # an event the serializer cannot encode: record that, not crash the run
             return "json", json.dumps({"unserializable": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return kind, bytes(blob)
+
+    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:
+        """The stop a cancel asked of the running ``run`` (``interrupt``, ``rollback``), '' if none came
+        within one blocking read (a slice the client's read timeout allows, at most a second): a
+        worker blocks on it while its graph runs, so a cancel reaches a run inside a long node at once."""
+        key = self.keys.runs(run.thread_id).stop(run.run_id)
+        reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", key, "0-0"])
+        for _, fields in _xread_entries(reply):
+            f = {_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
+                                           else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
+            return _text(f.get("action", b"interrupt")) or "interrupt"
+        return ""
 
     def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
         """End the run (``status`` final, or ``pending``: handed back); the thread's active runs left."""

@@ -7,7 +7,8 @@ one run per thread executes in the whole fleet and a worker that lost the thread
 frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
 fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
 ``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
-at no extra round trip.
+at no extra round trip; the asyncio driver also blocks on the run's stop signal (which ``cancel``
+sets) while the graph runs, and cancels the graph's task at once, inside a long node too.
 
 A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
 from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
@@ -463,6 +464,51 @@ class GraphWorker:
         if not remaining:
             await self.queue._run(core.wake(tid))
 
+    async def _astream_until_stopped(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
+        """Run the graph beside a watch on the run's stop signal: a cancel stops the graph at once
+        (its task is cancelled: an async node is cancelled where it awaits; a sync node's thread
+        finishes alone and its writes are dropped, as LangGraph drops a cancelled task's), not at its
+        next boundary. The saver lease is still this attempt's until the run has ended."""
+        body = asyncio.ensure_future(self._astream(a, lease, last))
+        watch = asyncio.ensure_future(self._await_stop(a.run))
+        try:
+            await asyncio.wait((body, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not body.done():
+                body.cancel()
+            await asyncio.wait((body, watch))
+        if body.cancelled():
+            a.stop = watch.result()
+        else:
+            body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
+
+    async def _await_stop(self, run: Run) -> str:
+        core = self.queue._core
+        while True:
+            try:
+                stop: str = await self.queue._run(core.stop_asked(run, self.queue._slice))
+            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
+                await asyncio.sleep(0.5)
+                continue
+            if stop:
+                return stop
+
+    async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
+        core, run = self.queue._core, a.run
+        chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
+        try:
+            async for mode, data in chunks:
+                stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
+                if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                    break
+        except (RunLost, LeaseLost, BackendError):
+            raise
+        except Exception as exc:
+            await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
+        finally:
+            await chunks.aclose()
+
     async def _aexecute(self, a: _Attempt, lease: AsyncLease) -> int | None:
         """The asyncio twin of ``_execute`` (``graph.astream``)."""
         core, run = self.queue._core, a.run
@@ -471,18 +517,7 @@ class GraphWorker:
                 stop = await self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
-                    chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
-                    try:
-                        async for mode, data in chunks:
-                            stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
-                            if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
-                                break
-                    except (RunLost, LeaseLost, BackendError):
-                        raise
-                    except Exception as exc:
-                        await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
-                    finally:
-                        await chunks.aclose()
+                    await self._astream_until_stopped(a, lease, last)
                 if a.stop == "rollback":
                     await self.saver.adelete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:
