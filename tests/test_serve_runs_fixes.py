@@ -8,15 +8,21 @@ so a test can look at what a graph's node went through (``lg_serve_graphs.EVENTS
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import lg_serve_graphs as graphs
 import pytest
-from conftest import free_port
+from conftest import free_port, require_real
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -24,6 +30,7 @@ pytest.importorskip("langgraph_sdk")
 
 from langgraph_sdk import get_sync_client
 
+TESTS = Path(__file__).parent
 TOKEN = "s3cret-token-for-tests"
 GRAPHS = ("long_sync", "long_async", "parent", "quick_async")
 
@@ -65,6 +72,11 @@ def _until(cond: Any, timeout: float = 20) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.02)
+
+
+@pytest.fixture
+def real_redis_url(real_server: Any) -> str:
+    return require_real(real_server)
 
 
 @pytest.fixture
@@ -116,3 +128,54 @@ class TestCancelStopsAtOnce:
         assert h.get(f"/threads/{tid}/runs/{rid}").status_code == 404
         time.sleep(0.3)
         assert h.get(f"/threads/{tid}/state").json()["values"] in ({}, None, {"log": []})
+
+
+def _cli_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env.pop("AGENTSTATE_TOKEN", None)
+    env["AGENTSTATE_TOKEN"] = TOKEN  # not on the command line: ps would show it
+    return env
+
+
+@contextlib.contextmanager
+def _serve_cli(redis_url: str, namespace: str, *extra: str, graphs_: tuple[str, ...] = GRAPHS) -> Iterator[Any]:
+    """``agentstate serve`` in a subprocess, its output in files; yields (url, process)."""
+    port = free_port()
+    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", redis_url, "--namespace", namespace,
+            "--port", str(port), *extra]  # fmt: skip
+    for name in graphs_:
+        args += ["--graph", f"{name}=lg_serve_graphs:{name}"]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(args, env=_cli_env(), stdout=out, stderr=err)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _until(lambda: proc.poll() is not None or _ok(url), 30)
+            assert proc.poll() is None, f"agentstate serve exited {proc.returncode}: {_read(err)}"
+            yield url, proc, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _read(f: Any) -> str:
+    f.flush()
+    f.seek(0)
+    return str(f.read().decode("utf-8", "replace"))
+
+
+@pytest.mark.parametrize("workers", ["1", "4"])
+def test_an_idle_server_stops_within_a_second_of_sigterm(real_redis_url: str, namespace: str, workers: str) -> None:
+    """Item 7: an idle ``agentstate serve`` (its workers blocked in claim_next, 5 s at a time) stops
+    on SIGTERM at once, not after their block runs out."""
+    with _serve_cli(real_redis_url, namespace, "--workers", workers) as (url, proc, err):
+        c = get_sync_client(url=url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        assert c.runs.wait(tid, "quick_async", input={"log": []})["log"] == ["q"]  # it ran a run, then idles
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+        took = time.monotonic() - t0
+        assert proc.returncode in (0, -signal.SIGTERM), _read(err)  # uvicorn re-raises the signal it caught
+        assert took < 2.5, f"stopped {took:.2f} s after SIGTERM"

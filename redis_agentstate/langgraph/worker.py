@@ -431,13 +431,30 @@ class GraphWorker:
             await asyncio.sleep(min(0.1, left))
 
     async def arun_once(self, *, block_ms: int | None = None) -> bool:
-        """The asyncio twin of ``run_once``."""
-        lease = await AsyncLease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms)
+        """The asyncio twin of ``run_once``; a ``stop()`` ends its wait for work at once."""
+        lease = await self._anext_lease(block_ms)
         if lease is None:
             return False
         async with lease:
             await self._aturn(lease)
         return True
+
+    async def _anext_lease(self, block_ms: int | None) -> AsyncLease | None:
+        """The next thread with work (``claim_next``, blocked up to ``block_ms``), or None: nothing came,
+        or ``stop()`` was called meanwhile (an idle worker, so an idle server, stops at once, not when
+        its block runs out)."""
+        claim = asyncio.ensure_future(AsyncLease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms))
+        if block_ms is None or block_ms <= 0:
+            return await claim
+        stopped = asyncio.ensure_future(self._asleep_unless_stopped(block_ms / 1000 + 1))
+        try:
+            await asyncio.wait((claim, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not claim.done():
+                claim.cancel()  # the waker's wait: a claim it had sent would lapse (lease_ms) and be taken over
+            await asyncio.wait((claim, stopped))
+        return None if claim.cancelled() else claim.result()
 
     async def _aturn(self, lease: AsyncLease) -> None:
         core, tid = self.queue._core, lease.task_id
