@@ -130,6 +130,96 @@ class TestCancelStopsAtOnce:
         assert h.get(f"/threads/{tid}/state").json()["values"] in ({}, None, {"log": []})
 
 
+@on_fake_and_real
+class TestSubgraphsAndDisconnect:
+    """Item 2: ``stream_subgraphs=True`` streams the subgraphs' events, named ``<mode>|<namespace>`` as
+    LangGraph's server names them (``graph.stream(subgraphs=True)``'s namespace joined by ``|``), and
+    ``on_disconnect="cancel"`` cancels the run when its streaming client goes away."""
+
+    def test_stream_subgraphs_streams_the_subgraphs_events(self, url: str) -> None:
+        c = get_sync_client(url=url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        parts = list(c.runs.stream(tid, "parent", input={"log": []}, stream_mode=["updates", "custom"],
+                                   stream_subgraphs=True))  # fmt: skip
+        names = [p.event for p in parts]
+        sub = [n for n in names if "|" in n]
+        assert sub, names
+        assert all(n.split("|")[1].startswith("child:") for n in sub), sub
+        custom = [p.data for p in parts if p.event.startswith("custom|child:")]
+        assert custom == [{"in": "x"}]
+        updates = [p.data for p in parts if p.event.startswith("updates|child:")]
+        assert updates == [{"x": {"log": ["x"]}}, {"y": {"log": ["y"]}}]
+        # The parent's own events keep their names, after the subgraph's, as LangGraph streams them.
+        assert names.index("updates") > names.index(sub[-1])
+        assert [p.data for p in parts if p.event == "updates"] == [{"child": {"log": ["x", "y"]}}]
+        # join_stream with a mode filter keeps that mode's subgraph events.
+        run_id = parts[0].data["run_id"]
+        again = [p.event for p in c.runs.join_stream(tid, run_id, stream_mode="custom")]
+        assert [n for n in again if n.startswith("custom")] == [n for n in names if n.startswith("custom")]
+        # Without stream_subgraphs: the graph's own events only (its custom event is the subgraph's).
+        names = [p.event for p in c.runs.stream(tid, "parent", input={"log": []}, stream_mode=["updates", "custom"])]
+        assert not [n for n in names if "|" in n] and "custom" not in names, names
+
+    def test_on_disconnect_cancel_cancels_the_run(self, url: str) -> None:
+        h = httpx.Client(base_url=url, headers={"x-api-key": TOKEN}, timeout=30)
+        tid = h.post("/threads", json={}).json()["thread_id"]
+        body = {"assistant_id": "long_async", "input": {"log": []}, "on_disconnect": "cancel"}
+        with h.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()  # kept: dropping the iterator closes the connection
+            first = next(lines)
+            assert first.startswith(("id:", "event:")), first
+            _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        # The client went away mid-run: the run is cancelled (its node too), not left to end.
+        runs = h.get(f"/threads/{tid}/runs").json()
+        _until(lambda: h.get(f"/threads/{tid}/runs/{runs[0]['run_id']}").json()["status"] == "interrupted", 5)
+        assert graphs.EVENTS[tid] == ["started", "cancelled"]
+
+    def test_on_disconnect_continue_lets_the_run_end(self, url: str) -> None:
+        h = httpx.Client(base_url=url, headers={"x-api-key": TOKEN}, timeout=30)
+        tid = h.post("/threads", json={}).json()["thread_id"]
+        body = {"assistant_id": "long_async", "input": {"log": []}, "config": {"configurable": {"sleep": 0.5}}}
+        with h.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        rid = h.get(f"/threads/{tid}/runs").json()[0]["run_id"]
+        _until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "success", 10)
+        assert h.post(f"/threads/{tid}/runs/stream", json={**body, "on_disconnect": "later"}).status_code == 422
+
+
+@pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"], indirect=True)
+def test_run_queue_subgraphs_on_the_sync_and_asyncio_workers(backend: Any, namespace: str) -> None:
+    """``RunQueue.create(subgraphs=True)``: both GraphWorker drivers record the subgraphs' events."""
+    import asyncio
+
+    from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver, AsyncRunQueue, GraphWorker, RunQueue
+
+    client = backend.sync_client()
+    q = RunQueue(client, namespace=namespace)
+    run = q.create("t-sync", {"log": []}, stream_mode=["updates", "custom"], subgraphs=True)
+    assert q.get(run.run_id).subgraphs is True  # type: ignore[union-attr]
+    assert GraphWorker(graphs.parent, q, AgentStateSaver(client, namespace=namespace)).run_once(block_ms=5000)
+    names = [e.event for e in q.stream(run.run_id)]
+    assert [n.split(":")[0] for n in names if "|" in n] == ["custom|child", "updates|child", "updates|child"]
+
+    async def on_asyncio() -> list[str]:
+        aclient = backend.new_async_client()
+        try:
+            aq = AsyncRunQueue(aclient, namespace=namespace)
+            arun = await aq.create("t-async", {"log": []}, stream_mode=["updates", "custom"], subgraphs=True)
+            w = GraphWorker(graphs.parent, aq, AsyncAgentStateSaver(aclient, namespace=namespace))
+            assert await w.arun_once(block_ms=5000)
+            out = [e.event async for e in aq.stream(arun.run_id)]
+            await w._aclose_waker()
+            return out
+        finally:
+            await aclient.aclose()
+
+    anames = asyncio.run(on_asyncio())
+    assert [n.split(":")[0] for n in anames if "|" in n] == ["custom|child", "updates|child", "updates|child"]
+
+
 def _cli_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("AGENTSTATE_TOKEN", None)

@@ -131,8 +131,17 @@ class _Attempt:
             return cmd if isinstance(cmd, Command) else Command(**cmd) if isinstance(cmd, dict) else cmd
         return self.run.input
 
-    def events(self, mode: str, data: Any) -> list[tuple[str, Any]]:
-        return [] if self.boundary and mode == "checkpoints" else [(mode, data)]
+    def events(self, chunk: Any) -> list[tuple[str, Any]]:
+        """What to record of one chunk of ``graph.stream``: ``(mode, data)``, or with subgraphs
+        ``(namespace, mode, data)``, whose events are named ``<mode>|<namespace>`` (its parts joined by
+        ``|``, as LangGraph's server names them; the graph's own keep their mode's name)."""
+        if self.run.subgraphs:
+            ns, mode, data = chunk
+        else:
+            (mode, data), ns = chunk, ()
+        if self.boundary and mode == "checkpoints":
+            return []
+        return [(f"{mode}|{'|'.join(ns)}" if ns else mode, data)]
 
     def started(self, stop: str, stopping: bool, lost: bool) -> bool:
         """After the fenced check that opens an attempt, once the thread's saver lease is ours (an
@@ -369,10 +378,10 @@ class GraphWorker:
                 stop = self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
-                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
+                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
                     try:
-                        for mode, data in chunks:
-                            stop = self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
+                        for chunk in chunks:
+                            stop = self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
                             if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
@@ -513,10 +522,10 @@ class GraphWorker:
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
         core, run = self.queue._core, a.run
-        chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
+        chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
         try:
-            async for mode, data in chunks:
-                stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
+            async for chunk in chunks:
+                stop = await self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
                 if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                     break
         except (RunLost, LeaseLost, BackendError):
