@@ -269,3 +269,91 @@ def test_an_idle_server_stops_within_a_second_of_sigterm(real_redis_url: str, na
         took = time.monotonic() - t0
         assert proc.returncode in (0, -signal.SIGTERM), _read(err)  # uvicorn re-raises the signal it caught
         assert took < 2.5, f"stopped {took:.2f} s after SIGTERM"
+
+
+@contextlib.contextmanager
+def _worker_cli(redis_url: str, *args: str) -> Iterator[Any]:
+    """``agentstate langgraph worker ...`` in a subprocess; yields (process, its stderr file)."""
+    argv = [sys.executable, "-m", "redis_agentstate", "langgraph", "worker", *args, "--url", redis_url]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, env=_cli_env(), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            yield proc, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _status_becomes(c: Any, tid: str, rid: str, status: str, timeout: float) -> None:
+    try:
+        _until(lambda: c.runs.get(tid, rid)["status"] == status, timeout)
+    except AssertionError:
+        raise AssertionError(f"run {rid} is {c.runs.get(tid, rid)['status']}, not {status}") from None
+
+
+class TestCliWorkerFleet:
+    """Item 9: ``agentstate serve --workers 0`` and a fleet of ``agentstate langgraph worker MODULE:ATTR
+    --namespace <ns>.<NAME>`` processes, as docs/serve.md says: the worker derives the queue, the saver
+    and the graph id from ``--namespace`` as serve does, and runs async graphs."""
+
+    def test_a_cli_worker_runs_the_servers_runs_of_an_async_graph(self, real_redis_url: str, namespace: str) -> None:
+        with _serve_cli(real_redis_url, namespace, "--workers", "0", graphs_=("quick_async", "long_async")) as (
+            url, _proc, _err
+        ):  # fmt: skip
+            c = get_sync_client(url=url, api_key=TOKEN)
+            with _worker_cli(real_redis_url, "lg_serve_graphs:quick_async", "--namespace", f"{namespace}.quick_async",
+                             "--concurrency", "2") as (worker, err):  # fmt: skip
+                tid = c.threads.create()["thread_id"]
+                run = c.runs.create(tid, "quick_async", input={"log": []})
+                _status_becomes(c, tid, run["run_id"], "success", 20)
+                assert c.threads.get_state(tid)["values"] == {"log": ["q"]}, _read(err)
+                t0 = time.monotonic()
+                worker.send_signal(signal.SIGTERM)  # idle: it stops at once, exit 0
+                assert worker.wait(15) == 0, _read(err)
+                assert time.monotonic() - t0 < 2.5
+            # A cancel reaches a CLI worker's run inside a long node at once too.
+            with _worker_cli(real_redis_url, "lg_serve_graphs:long_async", "--namespace",
+                             f"{namespace}.long_async") as (worker, err):  # fmt: skip
+                tid = c.threads.create()["thread_id"]
+                run = c.runs.create(tid, "long_async", input={"log": []})
+                _until(lambda: c.threads.get_state(tid)["values"].get("log") == ["a"], 20)
+                time.sleep(0.3)  # inside its long node
+                t0 = time.monotonic()
+                c.runs.cancel(tid, run["run_id"], wait=True)
+                assert time.monotonic() - t0 < 1.0
+                assert c.runs.get(tid, run["run_id"])["status"] == "interrupted", _read(err)
+
+    def test_a_cli_worker_with_explicit_namespaces_runs_an_async_graph(
+        self, real_redis_url: str, namespace: str
+    ) -> None:
+        ns = f"{namespace}.quick_async"
+        with (
+            _serve_cli(real_redis_url, namespace, "--workers", "0", graphs_=("quick_async",)) as (url, _p, _e),
+            _worker_cli(real_redis_url, "lg_serve_graphs:quick_async", "--queue-namespace", ns, "--saver-namespace", ns,
+                        "--graph-id", "quick_async") as (_worker, err),
+        ):  # fmt: skip
+            c = get_sync_client(url=url, api_key=TOKEN)
+            tid = c.threads.create()["thread_id"]
+            run = c.runs.create(tid, "quick_async", input={"log": []})
+            _until(lambda: c.runs.get(tid, run["run_id"])["status"] not in ("pending", "running"), 20)
+            got = c.runs.get(tid, run["run_id"])
+            assert got["status"] == "success", (got, _read(err))  # not "No synchronous function provided"
+
+    def test_worker_names_follow_the_namespace_as_serve_does(self) -> None:
+        import argparse
+
+        from redis_agentstate.cli import build_parser
+        from redis_agentstate.langgraph.cli import worker_names
+
+        def names(*argv: str) -> tuple[str, str, str | None, str]:
+            args = build_parser().parse_args(["langgraph", "worker", "m:agent", *argv])
+            if not hasattr(args, "namespace"):
+                args.namespace = None
+            assert isinstance(args, argparse.Namespace)
+            return worker_names(args)
+
+        assert names("--namespace", "prod.chat") == ("prod.chat", "prod.chat", "prod.store", "chat")
+        assert names() == ("agentstate", "agentstate", None, "agent")
+        assert names("--namespace", "prod.chat", "--queue-namespace", "q", "--saver-namespace", "s",
+                     "--store-namespace", "st", "--graph-id", "g") == ("q", "s", "st", "g")  # fmt: skip
