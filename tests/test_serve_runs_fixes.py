@@ -220,6 +220,44 @@ def test_run_queue_subgraphs_on_the_sync_and_asyncio_workers(backend: Any, names
     assert [n.split(":")[0] for n in anames if "|" in n] == ["custom|child", "updates|child", "updates|child"]
 
 
+@on_fake_and_real
+class TestDoubleTexting:
+    """Item 6: double-texting as LangChain's server does it: no ``multitask_strategy`` on a busy thread
+    enqueues (langgraph-api's default), and ``interrupt`` / ``rollback`` stop the running run at once,
+    inside a long node too, without its node's output."""
+
+    def test_no_strategy_on_a_busy_thread_enqueues(self, url: str) -> None:
+        c = get_sync_client(url=url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        first = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0.5}})
+        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        second = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0}})
+        assert second["status"] == "pending" and second["multitask_strategy"] == "enqueue"
+        c.runs.join(tid, second["run_id"])
+        assert [c.runs.get(tid, r["run_id"])["status"] for r in (first, second)] == ["success", "success"]
+        assert _log(c, tid) == ["a", "long", "a", "long"]
+
+    @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+    def test_interrupt_and_rollback_stop_the_running_run_at_once(self, url: str, strategy: str) -> None:
+        c = get_sync_client(url=url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        first = c.runs.create(tid, "long_async", input={"log": []})
+        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        t0 = time.monotonic()
+        second = c.runs.create(tid, "long_async", input={"log": []}, multitask_strategy=strategy,
+                               config={"configurable": {"sleep": 0}})  # fmt: skip
+        c.runs.join(tid, second["run_id"])
+        took = time.monotonic() - t0
+        assert took < 1.5, f"the double-text's run ended {took:.2f} s later"
+        assert graphs.EVENTS[tid][:2] == ["started", "cancelled"]
+        if strategy == "interrupt":
+            assert c.runs.get(tid, first["run_id"])["status"] == "interrupted"
+            assert _log(c, tid) == ["a", "a", "long"]  # the first run's 'a' kept, never its 'long'
+        else:
+            assert first["run_id"] not in [r["run_id"] for r in c.runs.list(tid)]
+            assert _log(c, tid) == ["a", "long"]  # the thread as if the first run never was
+
+
 def _cli_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("AGENTSTATE_TOKEN", None)

@@ -174,7 +174,10 @@ def cmd_cancel(args: argparse.Namespace, client: Callable[[], Any]) -> int:
     if args.json:
         print(_dump({"run_id": args.run, "cancelled": done, "action": action}))
     elif done:
-        print(f"{action} asked of run {esc(args.run)}: a pending run ends now, a running one at its next boundary")
+        print(
+            f"{action} asked of run {esc(args.run)}: a pending run ends now, a running one at once "
+            "(an asyncio worker's) or at its next boundary"
+        )
     else:
         print(f"run {esc(args.run)} had ended already: nothing changed")
     return 0

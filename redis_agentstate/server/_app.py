@@ -277,7 +277,7 @@ class _App:
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": g.assistant_id}
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
-                                       multitask_strategy=body.get("multitask_strategy") or "reject",
+                                       multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
                                        subgraphs=bool(body.get("stream_subgraphs")))  # fmt: skip
         except RunRejected as exc:
