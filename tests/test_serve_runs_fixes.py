@@ -175,6 +175,16 @@ class TestSubgraphsAndDisconnect:
         _until(lambda: h.get(f"/threads/{tid}/runs/{runs[0]['run_id']}").json()["status"] == "interrupted", 5)
         assert graphs.EVENTS[tid] == ["started", "cancelled"]
 
+    def test_on_disconnect_cancel_on_wait_cancels_the_run(self, url: str) -> None:
+        h = httpx.Client(base_url=url, headers={"x-api-key": TOKEN}, timeout=30)
+        tid = h.post("/threads", json={}).json()["thread_id"]
+        body = {"assistant_id": "long_async", "input": {"log": []}, "on_disconnect": "cancel"}
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and goes away
+            h.post(f"/threads/{tid}/runs/wait", json=body, timeout=httpx.Timeout(30, read=1.0))
+        rid = h.get(f"/threads/{tid}/runs").json()[0]["run_id"]
+        _until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "interrupted", 5)
+        assert graphs.EVENTS[tid] == ["started", "cancelled"]
+
     def test_on_disconnect_continue_lets_the_run_end(self, url: str) -> None:
         h = httpx.Client(base_url=url, headers={"x-api-key": TOKEN}, timeout=30)
         tid = h.post("/threads", json={}).json()["thread_id"]

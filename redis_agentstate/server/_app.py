@@ -352,8 +352,21 @@ class _App:
 
     async def runs_wait(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
+        cancel = _cancel_on_disconnect(body)
         g, run, delete = await self._create(request.path_params.get("tid"), body)
-        done = await self._join(g, run.run_id)
+        join = asyncio.ensure_future(self._join(g, run.run_id))
+        gone = asyncio.ensure_future(_disconnected(request) if cancel else asyncio.Event().wait())
+        try:
+            await asyncio.wait((join, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not join.done():
+                join.cancel()
+            await asyncio.wait((join, gone))
+        if join.cancelled():  # the client went away (on_disconnect='cancel'): stop the run; nobody reads this
+            self._detach(g.queue.cancel(run.run_id))
+            return Response(status_code=204)
+        done = join.result()
         out = await self._final(g, done)
         if delete:
             await self._drop_thread(g, run.thread_id)
@@ -440,10 +453,9 @@ class _App:
 
     async def runs_stream(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
-        if body.get("on_disconnect", "continue") not in ("continue", "cancel", None):
-            raise HTTPException(422, "on_disconnect must be 'continue' or 'cancel'")
+        cancel = _cancel_on_disconnect(body)
         g, run, delete = await self._create(request.path_params.get("tid"), body)
-        return self._events(g, run, None, None, delete, body.get("on_disconnect") == "cancel")
+        return self._events(g, run, None, None, delete, cancel)
 
     def _detach(self, work: Awaitable[Any]) -> None:
         """Run ``work`` in a task of its own, kept until it ends (its errors are the run's, not the caller's)."""
@@ -506,6 +518,20 @@ def _is_write(request: Request) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return False
     return not (request.method == "POST" and request.url.path.endswith(_READ_POSTS))
+
+
+def _cancel_on_disconnect(body: Mapping[str, Any]) -> bool:
+    """A run's ``on_disconnect``: True for ``cancel``, False for ``continue`` (the default); else 422."""
+    mode = body.get("on_disconnect") or "continue"
+    if mode not in ("continue", "cancel"):
+        raise HTTPException(422, "on_disconnect must be 'continue' or 'cancel'")
+    return bool(mode == "cancel")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body was read) went away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(
