@@ -39,6 +39,7 @@ from typing import Any
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
+from .._ops.shells import cancels, check_cancel
 from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
 from ..lease import AsyncLease, Lease
 from ..models import AgentStatus, Checkpoint
@@ -510,13 +511,15 @@ class GraphWorker:
             body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
 
     async def _await_stop(self, run: Run) -> str:
-        core = self.queue._core
+        core, baseline = self.queue._core, cancels()
         while True:
             try:
                 stop: str = await self.queue._run(core.stop_asked(run, self.queue._slice))
             except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
                 await asyncio.sleep(0.5)
                 continue
+            finally:
+                check_cancel(baseline)  # a cancel the blocking read swallowed: the watch ends here
             if stop:
                 return stop
 
