@@ -268,6 +268,44 @@ class TestDoubleTexting:
             assert _log(c, tid) == ["a", "long"]  # the thread as if the first run never was
 
 
+@pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"], indirect=True)
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_the_sync_driver_fences_a_cancelled_run_out_at_once(backend: Any, namespace: str, action: str) -> None:
+    """Item 1 on the sync driver (``GraphWorker.run()``, a ``RunQueue``): a sync node cannot be stopped,
+    but the cancel answers at once (the run ends ``interrupted``, or is deleted) and the node's output,
+    written after the cancel, is refused by the thread's lease: it never reaches the thread."""
+    from redis_agentstate.langgraph import AgentStateSaver, GraphWorker, RunQueue
+
+    client = backend.sync_client()
+    q, saver = RunQueue(client, namespace=namespace), AgentStateSaver(client, namespace=namespace)
+    worker = GraphWorker(graphs.long_sync, q, saver, block_ms=200)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        tid = f"sync-{action}-{namespace}"
+        run = q.create(tid, {"log": []})
+        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        t0 = time.monotonic()
+        assert q.cancel(run.run_id, action=action)
+        if action == "interrupt":
+            assert q.join(run.run_id, timeout_s=5).status == "interrupted"
+        else:
+            _until(lambda: q.get(run.run_id) is None, 5)
+        took = time.monotonic() - t0
+        assert took < 1.0, f"the cancelled run ended {took:.2f} s later"
+        _until(lambda: graphs.EVENTS[tid] == ["started", "ended"], graphs.LONG_S + 5)  # the node ran on
+        time.sleep(0.3)
+        head = saver.get_tuple({"configurable": {"thread_id": tid}})
+        logged = [] if head is None else head.checkpoint["channel_values"].get("log", [])
+        assert logged == (["a"] if action == "interrupt" else []), logged
+        # The thread goes on: its next run executes.
+        nxt = q.create(tid, {"log": []}, config={"configurable": {"sleep": 0}})
+        assert q.join(nxt.run_id, timeout_s=20).status == "success"
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
 def _cli_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     env.pop("AGENTSTATE_TOKEN", None)

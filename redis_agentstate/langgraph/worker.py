@@ -7,8 +7,9 @@ one run per thread executes in the whole fleet and a worker that lost the thread
 frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
 fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
 ``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
-at no extra round trip; the asyncio driver also blocks on the run's stop signal (which ``cancel``
-sets) while the graph runs, and cancels the graph's task at once, inside a long node too.
+at no extra round trip; both drivers also block on the run's stop signal (which ``cancel`` sets)
+while the graph runs: the asyncio one cancels the graph's task at once, inside a long node too; the
+sync one fences the graph out (``_StopWatch``) and ends the run at once.
 
 A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
 from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
@@ -105,6 +106,8 @@ class _Attempt:
         self.status, self.error, self.stop = "success", "", ""
         #: Emits sent in this attempt: each carries its number, so a re-sent one is recognised.
         self.emitted = 0
+        #: The sync driver's stop watch ended the run and revoked its saver lease (``_StopWatch``).
+        self.fenced = False
 
     def seq(self) -> int:
         """The number of the attempt's next emit (lg_run_emit.lua appends an emit's events once)."""
@@ -184,6 +187,47 @@ class _Attempt:
         # A graph that paused on interrupt() ran as asked: 'success', as LangGraph Platform ends it
         # (its interrupt is in the events, and the thread waits for a Command(resume=...)).
         return False, self.status, self.error, False
+
+
+class _StopWatch:
+    """The sync driver's watch on a run's stop signal, in a thread of its own beside the graph's: on a
+    cancel (or an ``interrupt`` / ``rollback`` double-text) it fences the graph out, the thread's saver
+    lease revoked with its token kept (the graph's later checkpoint writes are refused as a lost lease),
+    and ends the run (``rollback``: with its checkpoints), so the cancel answers at once. A sync node
+    cannot be stopped: the graph's thread finds out at its next write, and the thread's next run starts
+    once it has. ``close`` (the graph ended) ends the watch: nothing is done after it."""
+
+    def __init__(self, worker: GraphWorker, a: _Attempt, thread_lease: Any) -> None:
+        self.worker, self.a, self.thread_lease = worker, a, thread_lease
+        self.lock = threading.Lock()
+        self.done = False
+        threading.Thread(target=self._watch, name=f"stop-watch-{a.run.run_id}", daemon=True).start()
+
+    def close(self) -> None:
+        with self.lock:
+            self.done = True
+
+    def _watch(self) -> None:
+        w, run = self.worker, self.a.run
+        stop = ""
+        while not stop and not self.done:
+            try:
+                stop = w.queue._run(w.queue._core.stop_asked(run, w.queue._slice))
+            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
+                time.sleep(0.5)
+        with self.lock:
+            if self.done:
+                return
+            try:
+                if stop == "rollback":
+                    w.saver.delete_for_runs([run.run_id])
+                self.thread_lease.revoke()
+                self.a.fenced = True
+                w.queue._run(w.queue._core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
+            except Exception as exc:  # taken over meanwhile, or Redis failing: its boundaries decide
+                log.warning("graph worker %s: could not stop run %s at once: %s", w.name, run.run_id, exc)
+                return
+            w._count("interrupted")
 
 
 def _put_back(lease: Lease | AsyncLease, remaining: int) -> Checkpoint:
@@ -374,11 +418,12 @@ class GraphWorker:
         any more (lost) or was handed back (stop, Redis failing)."""
         core, run = self.queue._core, a.run
         try:
-            with self.saver.lease(run.thread_id, **a.lease_args):
+            with self.saver.lease(run.thread_id, **a.lease_args) as thread_lease:
                 # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
                 stop = self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
+                    watch = _StopWatch(self, a, thread_lease)
                     chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
                     try:
                         for chunk in chunks:
@@ -390,11 +435,15 @@ class GraphWorker:
                     except Exception as exc:
                         self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
+                        watch.close()
                         chunks.close()
+                if a.fenced:  # the stop watch ended the run: nothing more of this attempt
+                    return None
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:
-            self._lost(run, exc)
+            if not a.fenced:
+                self._lost(run, exc)
             return None
         except (BackendError, ThreadBusy) as exc:
             # ThreadBusy: the previous holder's saver lease has not lapsed yet. Either way: back, later.
