@@ -8,6 +8,7 @@ so a test can look at what a graph's node went through (``lg_serve_graphs.EVENTS
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -443,3 +444,80 @@ class TestCliWorkerFleet:
         assert names() == ("agentstate", "agentstate", None, "agent")
         assert names("--namespace", "prod.chat", "--queue-namespace", "q", "--saver-namespace", "s",
                      "--store-namespace", "st", "--graph-id", "g") == ("q", "s", "st", "g")  # fmt: skip
+
+
+# ---- the same checks against LangChain's own server, where it is installed ------------------------
+#
+# AGENTSTATE_LANGGRAPH_DEV=/path/to/bin/langgraph (a venv with `langgraph-cli[inmem]`) adds
+# `langgraph dev` to the servers below, so one run shows the two agree; without it, only ours runs.
+
+
+@contextlib.contextmanager
+def _langgraph_dev(cli: str) -> Iterator[str]:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
+        spec = {"graphs": {n: f"{TESTS / 'lg_serve_graphs.py'}:{n}" for n in ("parent", "long_async")},
+                "dependencies": [str(TESTS)]}  # fmt: skip
+        (Path(d) / "langgraph.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _until(lambda: proc.poll() is not None or _ok(url), 90)
+            assert proc.poll() is None, _read(err)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(params=["agentstate", "langgraph_dev"])
+def server_url(request: pytest.FixtureRequest, real_server: Any, namespace: str) -> Iterator[str]:
+    if request.param == "langgraph_dev":
+        cli = os.environ.get("AGENTSTATE_LANGGRAPH_DEV")
+        if not cli:
+            pytest.skip("AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`) not set")
+        with _langgraph_dev(cli) as url:
+            yield url
+        return
+    with _serve_cli(require_real(real_server), namespace, "--workers", "2", graphs_=("parent", "long_async")) as (
+        url, _p, _e
+    ):  # fmt: skip
+        yield url
+
+
+class TestAsLangGraphDev:
+    """Items 1, 2 and 6 through the CLI, with what ``langgraph dev`` 0.16.7 answers as the expected values."""
+
+    def test_subgraph_event_names(self, server_url: str) -> None:
+        c = get_sync_client(url=server_url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        parts = list(c.runs.stream(tid, "parent", input={"log": []}, stream_mode=["updates", "custom"],
+                                   stream_subgraphs=True))  # fmt: skip
+        seen = [(p.event.split(":")[0], p.data) for p in parts if p.event != "metadata"]
+        assert seen == [
+            ("custom|child", {"in": "x"}),
+            ("updates|child", {"x": {"log": ["x"]}}),
+            ("updates|child", {"y": {"log": ["y"]}}),
+            ("updates", {"child": {"log": ["x", "y"]}}),
+        ]
+
+    def test_a_busy_thread_enqueues_and_a_cancel_answers_at_once(self, server_url: str) -> None:
+        c = get_sync_client(url=server_url, api_key=TOKEN)
+        tid = c.threads.create()["thread_id"]
+        first = c.runs.create(tid, "long_async", input={"log": []})
+        _until(lambda: (c.threads.get_state(tid)["values"] or {}).get("log") == ["a"], 20)
+        time.sleep(0.3)  # inside its long node
+        second = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0}})
+        assert (second["status"], second["multitask_strategy"]) == ("pending", "enqueue")
+        t0 = time.monotonic()
+        c.runs.cancel(tid, first["run_id"], wait=True)
+        assert time.monotonic() - t0 < 1.0
+        assert c.runs.get(tid, first["run_id"])["status"] == "interrupted"
+        c.runs.join(tid, second["run_id"])
+        assert c.threads.get_state(tid)["values"] == {"log": ["a", "a", "long"]}
