@@ -481,7 +481,10 @@ def server_url(request: pytest.FixtureRequest, real_server: Any, namespace: str)
     if request.param == "langgraph_dev":
         cli = os.environ.get("AGENTSTATE_LANGGRAPH_DEV")
         if not cli:
-            pytest.skip("AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`) not set")
+            why = "AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`, which .ci/run installs) not set"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(why)
+            pytest.skip(why)
         with _langgraph_dev(cli) as url:
             yield url
         return
