@@ -721,8 +721,9 @@ def _add_langgraph(sub: Any, common: argparse.ArgumentParser) -> None:
     lg = sub.add_parser("langgraph", help="LangGraph runs: a worker, a thread's runs, a run's live events, cancel")
     lg_sub = lg.add_subparsers(dest="lg_command", required=True, metavar="COMMAND")
     queue_ns = _Parser(add_help=False)
-    queue_ns.add_argument("--queue-namespace", default="agentstate", metavar="NS", dest="queue_namespace",
-                          type=namespace_arg, help="the RunQueue's namespace (default agentstate)")  # fmt: skip
+    queue_ns.add_argument("--queue-namespace", default=None, metavar="NS", dest="queue_namespace",
+                          type=namespace_arg, help="the RunQueue's namespace (default: --namespace, else agentstate; "
+                          "agentstate serve's graph NAME: <ns>.<NAME>)")  # fmt: skip
 
     def handler(name: str) -> Any:
         def run(args: argparse.Namespace) -> int:
@@ -736,14 +737,18 @@ def _add_langgraph(sub: Any, common: argparse.ArgumentParser) -> None:
 
     worker = lg_sub.add_parser("worker", parents=[common, queue_ns], help="execute the queue's runs with a graph")
     worker.add_argument("graph", metavar="MODULE:ATTR", help="a compiled graph (or a StateGraph, compiled)")
-    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="runs at once (threads)")
+    worker.add_argument("--concurrency", type=_positive, default=1, metavar="N", help="runs at once (asyncio tasks)")
     worker.add_argument("--lease-ms", type=_positive, default=30_000, metavar="MS",
                         help="the thread lease: a dead worker's runs are taken over after about this long")  # fmt: skip
-    worker.add_argument("--saver-namespace", default="agentstate", metavar="NS", type=namespace_arg,
-                        help="the AgentStateSaver's namespace (default agentstate)")  # fmt: skip
+    worker.add_argument("--saver-namespace", default=None, metavar="NS", type=namespace_arg,
+                        help="the AgentStateSaver's namespace (default: --namespace, else agentstate)")  # fmt: skip
+    worker.add_argument("--store-namespace", default=None, metavar="NS", type=namespace_arg,
+                        help="the LangGraph store given to the graph (default: <ns>.store for --namespace "
+                        "<ns>.<NAME>, as agentstate serve's; else none)")  # fmt: skip
     worker.add_argument("--graph-id", default=None, metavar="NAME",
                         help="the graph's name: runs whose metadata graph_id names another end as errors "
-                        "(default: ATTR)")  # fmt: skip
+                        "(default: NAME for --namespace <ns>.<NAME>, as agentstate serve names it; "
+                        "else ATTR)")  # fmt: skip
     worker.set_defaults(func=handler("cmd_worker"))
     runs = lg_sub.add_parser("runs", parents=[common, queue_ns], help="a thread's runs, newest first")
     runs.add_argument("thread")

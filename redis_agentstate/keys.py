@@ -377,6 +377,7 @@ class RunKeys:
     hash_prefix: str
     event_prefix: str
     done_prefix: str
+    stop_prefix: str
 
     def run(self, run_id: str) -> tuple[str, str]:
         """The run's hash and event stream."""
@@ -385,6 +386,11 @@ class RunKeys:
     def done(self, run_id: str) -> str:
         """The run's end marker (a stream of one entry once it ended)."""
         return self.done_prefix + run_id
+
+    def stop(self, run_id: str) -> str:
+        """The run's stop signal (a stream of one entry once a cancel asked the running run to stop:
+        what its worker blocks on while the graph runs)."""
+        return self.stop_prefix + run_id
 
 
 def key_slot(tag: bytes) -> int:
@@ -701,6 +707,7 @@ class Keys:
             hash_prefix=p + "lgr:" + thread_id + "\0",
             event_prefix=p + "lgre:" + thread_id + "\0",
             done_prefix=p + "lgrd:" + thread_id + "\0",
+            stop_prefix=p + "lgrs:" + thread_id + "\0",
         )
 
     def run_lookup(self, run_id: str) -> str:

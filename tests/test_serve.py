@@ -340,7 +340,8 @@ class TestSdkClient:
         _until(lambda: c.runs.get(tid, run["run_id"])["status"] == "running")
         c.runs.cancel(tid, run["run_id"], wait=True)
         assert c.runs.get(tid, run["run_id"])["status"] == "interrupted"
-        assert len(_values(c, tid)["log"]) < 5  # stopped at a boundary, its progress kept
+        # Stopped at once (before its first checkpoint, or inside a node), what it finished kept.
+        assert len(_values(c, tid).get("log", [])) < 5
 
     def test_a_run_of_a_thread_whose_task_was_cancelled_is_refused_with_409(
         self, served: Served, backend: Any, namespace: str

@@ -55,6 +55,17 @@ class ThreadLeases(SaverBase):
         reply = yield Call(LG_RENEW, self.thread_keys(thread_id), [token, lease_ms])
         return int(reply[1]) if int(reply[0]) == Reply.DONE else None
 
+    def revoke(self, thread_id: str, token: str) -> Op[bool]:
+        """Release the lease in Redis but keep its token here: a write still under way with it (another
+        thread's) is refused as a lost lease, never written unfenced. ``forget`` drops the token after."""
+        reply = yield Call(LG_RELEASE, self.thread_keys(thread_id), [token])
+        return bool(int(reply))
+
+    def forget(self, thread_id: str, token: str) -> None:
+        """Drop a revoked lease's token (its holder's writes are over)."""
+        if self.tokens.get(thread_id) == token:
+            del self.tokens[thread_id]
+
     def release(self, thread_id: str, token: str) -> Op[bool]:
         if self.tokens.get(thread_id) == token:
             del self.tokens[thread_id]

@@ -115,6 +115,8 @@ class Run:
     ended_at_ms: int | None = None
     #: A stop asked of a running run (``interrupt`` or ``rollback``), '' for none.
     cancel: str = ""
+    #: Stream the events of subgraphs too (named ``<mode>|<namespace>``, as LangGraph's server does).
+    subgraphs: bool = False
 
     @property
     def done(self) -> bool:
@@ -211,7 +213,7 @@ class RunCore:
             attempt=_ms(h.get("attempt")) or 0, worker=_text(h.get("worker", b"")), error=_text(h.get("error", b"")),
             input=body.get("input"), command=body.get("command"), config=body.get("config") or {},
             metadata=body.get("metadata") or {}, started_at_ms=_ms(h.get("started")), ended_at_ms=_ms(h.get("ended")),
-            cancel=_text(h.get("cancel", b"")),
+            cancel=_text(h.get("cancel", b"")), subgraphs=bool(body.get("subgraphs")),
         )  # fmt: skip
 
     def thread_of(self, run_id: str) -> Op[str | None]:
@@ -249,8 +251,11 @@ class RunCore:
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        subgraphs: bool = False,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
+        if not isinstance(subgraphs, bool):
+            raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
         strategy = check_strategy(multitask_strategy)
         modes = check_modes(stream_mode)
         conf = _mapping(config, "config")
@@ -258,6 +263,8 @@ class RunCore:
         if input is not None and command is not None:
             raise InvalidArgument("a run takes an input or a command (Command(resume=...)), not both")
         payload = {"input": input, "command": command, "config": conf, "metadata": md}
+        if subgraphs:
+            payload["subgraphs"] = True
         body = self._dumps(payload, "the run's input, command, config and metadata")
         if len(body) > MAX_BODY_BYTES:
             raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
@@ -313,7 +320,7 @@ class RunCore:
         created = int(reply[1])
         yield from self._forget(tid, reply[3], reply[4])
         return Run(rid, tid, "pending", strategy, modes, created, created, input=input, command=command,  # type: ignore[arg-type]
-                   config=conf, metadata=md)  # fmt: skip
+                   config=conf, metadata=md, subgraphs=subgraphs)  # fmt: skip
 
     def _forget(self, tid: str, ended: Any = (), deleted: Any = ()) -> Op[None]:
         """Runs of ``tid`` a script ended (or deleted) on its way: their id entries (in their own
@@ -335,7 +342,7 @@ class RunCore:
             raise RunNotFound(rid)
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
-        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e],
+        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e, keys.stop(rid)],
                            [action, self.run_ttl_ms, self.max_events, rid, uuid.uuid4().hex])  # fmt: skip
         if reply[0] == Reply.REFUSED:
             if _text(reply[1]) == "missing":
@@ -480,6 +487,7 @@ class RunCore:
             rid, thread_id, "running", _text(strategy), _text(modes).split(","), int(created), int(created),  # type: ignore[arg-type]
             attempt=int(attempt), worker=worker, input=payload.get("input"), command=payload.get("command"),
             config=payload.get("config") or {}, metadata=payload.get("metadata") or {},
+            subgraphs=bool(payload.get("subgraphs")),
         )  # fmt: skip
         return Begun(run, int(attempt), resumed=_text(before) == "running")
 
@@ -504,6 +512,18 @@ class RunCore:
         except Exception as exc:  # an event the serializer cannot encode: record that, not crash the run
             return "json", json.dumps({"unserializable": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return kind, bytes(blob)
+
+    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:
+        """The stop a cancel asked of the running ``run`` (``interrupt``, ``rollback``), '' if none came
+        within one blocking read (a slice the client's read timeout allows, at most a second): a
+        worker blocks on it while its graph runs, so a cancel reaches a run inside a long node at once."""
+        key = self.keys.runs(run.thread_id).stop(run.run_id)
+        reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", key, "0-0"])
+        for _, fields in _xread_entries(reply):
+            f = {_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
+                                           else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
+            return _text(f.get("action", b"interrupt")) or "interrupt"
+        return ""
 
     def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
         """End the run (``status`` final, or ``pending``: handed back); the thread's active runs left."""

@@ -2,13 +2,15 @@
 
 Imported by ``redis_agentstate.cli`` only when one of these commands runs (the rest of the CLI
 never imports LangGraph). ``worker MODULE:ATTR`` imports a compiled graph (or a builder with
-``compile``) and executes the queue's runs until SIGTERM / Ctrl-C, which hand the current runs
-back at their next boundary.
+``compile``) and executes the queue's runs on asyncio until SIGTERM / Ctrl-C, which hand the
+current runs back at their next boundary; ``--namespace <ns>.<NAME>`` serves the runs of
+``agentstate serve --graph NAME=...`` (its queue, saver, store and graph id, see ``worker_names``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import signal
 import sys
@@ -18,7 +20,7 @@ from typing import Any
 from .._cli_common import CliError, esc
 from .._cli_common import dump as _dump
 
-__all__ = ["cmd_cancel", "cmd_runs", "cmd_tail", "cmd_worker", "load_graph"]
+__all__ = ["cmd_cancel", "cmd_runs", "cmd_tail", "cmd_worker", "load_graph", "queue_namespace_of", "worker_names"]
 
 
 def load_graph(target: str) -> Any:
@@ -56,31 +58,69 @@ def load_graph(target: str) -> Any:
     return graph
 
 
+def queue_namespace_of(args: argparse.Namespace) -> str:
+    """The RunQueue's namespace: ``--queue-namespace``, else ``--namespace`` (as ``agentstate serve``
+    names a graph's: ``<ns>.<NAME>``), else ``agentstate``."""
+    return str(args.queue_namespace or args.namespace or "agentstate")
+
+
 def _queue(args: argparse.Namespace, client: Any) -> Any:
     from .runs import RunQueue
 
-    return RunQueue(client, namespace=args.queue_namespace)
+    return RunQueue(client, namespace=queue_namespace_of(args))
+
+
+def worker_names(args: argparse.Namespace) -> tuple[str, str, str | None, str]:
+    """``(queue namespace, saver namespace, store namespace or None, graph id)`` of a worker, as
+    ``agentstate serve`` derives them for its graph NAME from ``--namespace <ns>.<NAME>``: the queue
+    and the saver in ``<ns>.<NAME>``, the store in ``<ns>.store``, the graph id ``NAME``. Each has
+    its own flag; without ``--namespace`` they are ``agentstate``, no store, and ATTR."""
+    ns = args.namespace
+    head, dot, name = (ns or "").rpartition(".")
+    store = args.store_namespace or (f"{head}.store" if dot else None)
+    graph_id = args.graph_id or (name if dot else args.graph.partition(":")[2])
+    return queue_namespace_of(args), str(args.saver_namespace or ns or "agentstate"), store, graph_id
 
 
 def cmd_worker(args: argparse.Namespace, client: Callable[[], Any]) -> int:
-    """``langgraph worker MODULE:ATTR``: execute the queue's runs until SIGTERM or Ctrl-C."""
-    from .saver import AgentStateSaver
-    from .worker import GraphWorker
+    """``langgraph worker MODULE:ATTR``: execute the queue's runs until SIGTERM or Ctrl-C, on asyncio
+    (``graph.astream``: async nodes run, sync ones in threads), as ``agentstate serve``'s workers do."""
+    import os
+
+    from ..spec import StoreSpec
 
     graph = load_graph(args.graph)
-    worker = GraphWorker(graph, _queue(args, client()), AgentStateSaver(client(), namespace=args.saver_namespace),
-                         concurrency=args.concurrency, lease_ms=args.lease_ms,
-                         graph_id=args.graph_id or args.graph.partition(":")[2])  # fmt: skip
+    client().close()  # the URL checked as every command checks it (its errors never show the password)
+    url = args.url or os.environ.get("REDIS_URL") or ""
+    return asyncio.run(_awork(args, graph, StoreSpec.redis(url, cluster=bool(args.cluster)).async_client()))
 
-    def stop(signum: int, frame: Any) -> None:
-        worker.stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    print(f"graph worker {esc(worker.name)}: {esc(args.graph)}, concurrency {args.concurrency}", file=sys.stderr,
-          flush=True)  # fmt: skip
-    worker.run()
-    print(f"graph worker {esc(worker.name)} stopped: {worker.finished}", file=sys.stderr, flush=True)
-    return 0
+async def _awork(args: argparse.Namespace, graph: Any, aclient: Any) -> int:
+    from .runs import AsyncRunQueue
+    from .saver import AsyncAgentStateSaver
+    from .store import AsyncAgentStateStore
+    from .worker import GraphWorker
+
+    queue_ns, saver_ns, store_ns, graph_id = worker_names(args)
+    store = None if store_ns is None else AsyncAgentStateStore(aclient, namespace=store_ns)
+    try:
+        if store is not None:
+            await store.__aenter__()  # bound to this loop: a sync node calls the store from its thread
+        worker = GraphWorker(graph, AsyncRunQueue(aclient, namespace=queue_ns),
+                             AsyncAgentStateSaver(aclient, namespace=saver_ns), concurrency=args.concurrency,
+                             lease_ms=args.lease_ms, graph_id=graph_id, store=store)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        print(f"graph worker {esc(worker.name)}: {esc(args.graph)} as graph {esc(graph_id)}, queue {esc(queue_ns)}, "
+              f"concurrency {args.concurrency}", file=sys.stderr, flush=True)  # fmt: skip
+        await worker.arun()
+        print(f"graph worker {esc(worker.name)} stopped: {worker.finished}", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        if store is not None:
+            await store.__aexit__(None, None, None)
+        await aclient.aclose()
 
 
 def _run_dict(run: Any) -> dict[str, Any]:
@@ -134,7 +174,10 @@ def cmd_cancel(args: argparse.Namespace, client: Callable[[], Any]) -> int:
     if args.json:
         print(_dump({"run_id": args.run, "cancelled": done, "action": action}))
     elif done:
-        print(f"{action} asked of run {esc(args.run)}: a pending run ends now, a running one at its next boundary")
+        print(
+            f"{action} asked of run {esc(args.run)}: a pending run ends now, a running one at once "
+            "(an asyncio worker's) or at its next boundary"
+        )
     else:
         print(f"run {esc(args.run)} had ended already: nothing changed")
     return 0

@@ -98,11 +98,13 @@ class RunQueue(_Queue, SyncShell[RunCore]):
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        subgraphs: bool = False,
     ) -> Run:
-        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it."""
+        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it. ``subgraphs``:
+        record the subgraphs' events too, each named ``<mode>|<namespace>`` (LangGraph's server's names)."""
         return self._run(self._core.create(thread_id, input, command=command, config=config,
                                            multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                           metadata=metadata))  # fmt: skip
+                                           metadata=metadata, subgraphs=subgraphs))  # fmt: skip
 
     def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""
@@ -162,11 +164,12 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        subgraphs: bool = False,
     ) -> Run:
-        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it."""
+        """A new pending run of ``thread_id`` (see ``RunQueue.create``)."""
         return await self._run(self._core.create(thread_id, input, command=command, config=config,
                                                  multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                                 metadata=metadata))  # fmt: skip
+                                                 metadata=metadata, subgraphs=subgraphs))  # fmt: skip
 
     async def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""

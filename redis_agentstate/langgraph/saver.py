@@ -259,6 +259,8 @@ class _ThreadLeaseBase(Generic[S]):
         self.token = new_token()
         self._saver = saver
         self._state: LeaseState | None = None
+        #: Ended by ``revoke``: the token stays on the saver until the release that ends the block.
+        self._revoked = False
 
     @property
     def lost(self) -> bool:
@@ -337,10 +339,23 @@ class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
     def __exit__(self, *exc_info: object) -> None:
         self.release()
 
+    def revoke(self) -> bool:
+        """End the lease now, from any thread (the run under it was cancelled): released in Redis, its
+        token kept on the saver, so a checkpoint write still under way with it is refused (a lost
+        lease), never written unfenced; the release that ends the ``with`` block forgets the token."""
+        state = self._begin_release()
+        if state is None:
+            return False
+        self._revoked = True
+        self._stop.set()
+        return bool(self._saver._run(self._saver._core.revoke(self.thread_id, self.token)))
+
     def release(self) -> bool:
         """Give the thread up and wake one waiter; False if it was not ours any more."""
         state = self._begin_release()
         if state is None:
+            if self._revoked:
+                self._saver._core.forget(self.thread_id, self.token)
             return False
         self._stop.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():

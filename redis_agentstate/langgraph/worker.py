@@ -7,7 +7,9 @@ one run per thread executes in the whole fleet and a worker that lost the thread
 frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
 fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
 ``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
-at no extra round trip.
+at no extra round trip; both drivers also block on the run's stop signal (which ``cancel`` sets)
+while the graph runs: the asyncio one cancels the graph's task at once, inside a long node too; the
+sync one fences the graph out (``_StopWatch``) and ends the run at once.
 
 A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
 from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
@@ -38,6 +40,7 @@ from typing import Any
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
+from .._ops.shells import cancels, check_cancel
 from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
 from ..lease import AsyncLease, Lease
 from ..models import AgentStatus, Checkpoint
@@ -103,6 +106,8 @@ class _Attempt:
         self.status, self.error, self.stop = "success", "", ""
         #: Emits sent in this attempt: each carries its number, so a re-sent one is recognised.
         self.emitted = 0
+        #: The sync driver's stop watch ended the run and revoked its saver lease (``_StopWatch``).
+        self.fenced = False
 
     def seq(self) -> int:
         """The number of the attempt's next emit (lg_run_emit.lua appends an emit's events once)."""
@@ -130,8 +135,17 @@ class _Attempt:
             return cmd if isinstance(cmd, Command) else Command(**cmd) if isinstance(cmd, dict) else cmd
         return self.run.input
 
-    def events(self, mode: str, data: Any) -> list[tuple[str, Any]]:
-        return [] if self.boundary and mode == "checkpoints" else [(mode, data)]
+    def events(self, chunk: Any) -> list[tuple[str, Any]]:
+        """What to record of one chunk of ``graph.stream``: ``(mode, data)``, or with subgraphs
+        ``(namespace, mode, data)``, whose events are named ``<mode>|<namespace>`` (its parts joined by
+        ``|``, as LangGraph's server names them; the graph's own keep their mode's name)."""
+        if self.run.subgraphs:
+            ns, mode, data = chunk
+        else:
+            (mode, data), ns = chunk, ()
+        if self.boundary and mode == "checkpoints":
+            return []
+        return [(f"{mode}|{'|'.join(ns)}" if ns else mode, data)]
 
     def started(self, stop: str, stopping: bool, lost: bool) -> bool:
         """After the fenced check that opens an attempt, once the thread's saver lease is ours (an
@@ -173,6 +187,47 @@ class _Attempt:
         # A graph that paused on interrupt() ran as asked: 'success', as LangGraph Platform ends it
         # (its interrupt is in the events, and the thread waits for a Command(resume=...)).
         return False, self.status, self.error, False
+
+
+class _StopWatch:
+    """The sync driver's watch on a run's stop signal, in a thread of its own beside the graph's: on a
+    cancel (or an ``interrupt`` / ``rollback`` double-text) it fences the graph out, the thread's saver
+    lease revoked with its token kept (the graph's later checkpoint writes are refused as a lost lease),
+    and ends the run (``rollback``: with its checkpoints), so the cancel answers at once. A sync node
+    cannot be stopped: the graph's thread finds out at its next write, and the thread's next run starts
+    once it has. ``close`` (the graph ended) ends the watch: nothing is done after it."""
+
+    def __init__(self, worker: GraphWorker, a: _Attempt, thread_lease: Any) -> None:
+        self.worker, self.a, self.thread_lease = worker, a, thread_lease
+        self.lock = threading.Lock()
+        self.done = False
+        threading.Thread(target=self._watch, name=f"stop-watch-{a.run.run_id}", daemon=True).start()
+
+    def close(self) -> None:
+        with self.lock:
+            self.done = True
+
+    def _watch(self) -> None:
+        w, run = self.worker, self.a.run
+        stop = ""
+        while not stop and not self.done:
+            try:
+                stop = w.queue._run(w.queue._core.stop_asked(run, w.queue._slice))
+            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
+                time.sleep(0.5)
+        with self.lock:
+            if self.done:
+                return
+            try:
+                if stop == "rollback":
+                    w.saver.delete_for_runs([run.run_id])
+                self.thread_lease.revoke()
+                self.a.fenced = True
+                w.queue._run(w.queue._core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
+            except Exception as exc:  # taken over meanwhile, or Redis failing: its boundaries decide
+                log.warning("graph worker %s: could not stop run %s at once: %s", w.name, run.run_id, exc)
+                return
+            w._count("interrupted")
 
 
 def _put_back(lease: Lease | AsyncLease, remaining: int) -> Checkpoint:
@@ -363,15 +418,16 @@ class GraphWorker:
         any more (lost) or was handed back (stop, Redis failing)."""
         core, run = self.queue._core, a.run
         try:
-            with self.saver.lease(run.thread_id, **a.lease_args):
+            with self.saver.lease(run.thread_id, **a.lease_args) as thread_lease:
                 # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
                 stop = self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
-                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked)
+                    watch = _StopWatch(self, a, thread_lease)
+                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
                     try:
-                        for mode, data in chunks:
-                            stop = self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
+                        for chunk in chunks:
+                            stop = self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
                             if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
@@ -379,11 +435,15 @@ class GraphWorker:
                     except Exception as exc:
                         self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
+                        watch.close()
                         chunks.close()
+                if a.fenced:  # the stop watch ended the run: nothing more of this attempt
+                    return None
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:
-            self._lost(run, exc)
+            if not a.fenced:
+                self._lost(run, exc)
             return None
         except (BackendError, ThreadBusy) as exc:
             # ThreadBusy: the previous holder's saver lease has not lapsed yet. Either way: back, later.
@@ -430,13 +490,30 @@ class GraphWorker:
             await asyncio.sleep(min(0.1, left))
 
     async def arun_once(self, *, block_ms: int | None = None) -> bool:
-        """The asyncio twin of ``run_once``."""
-        lease = await AsyncLease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms)
+        """The asyncio twin of ``run_once``; a ``stop()`` ends its wait for work at once."""
+        lease = await self._anext_lease(block_ms)
         if lease is None:
             return False
         async with lease:
             await self._aturn(lease)
         return True
+
+    async def _anext_lease(self, block_ms: int | None) -> AsyncLease | None:
+        """The next thread with work (``claim_next``, blocked up to ``block_ms``), or None: nothing came,
+        or ``stop()`` was called meanwhile (an idle worker, so an idle server, stops at once, not when
+        its block runs out)."""
+        claim = asyncio.ensure_future(AsyncLease.next(self.queue.tasks, lease_ms=self.lease_ms, block_ms=block_ms))
+        if block_ms is None or block_ms <= 0:
+            return await claim
+        stopped = asyncio.ensure_future(self._asleep_unless_stopped(block_ms / 1000 + 1))
+        try:
+            await asyncio.wait((claim, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not claim.done():
+                claim.cancel()  # the waker's wait: a claim it had sent would lapse (lease_ms) and be taken over
+            await asyncio.wait((claim, stopped))
+        return None if claim.cancelled() else claim.result()
 
     async def _aturn(self, lease: AsyncLease) -> None:
         core, tid = self.queue._core, lease.task_id
@@ -463,6 +540,53 @@ class GraphWorker:
         if not remaining:
             await self.queue._run(core.wake(tid))
 
+    async def _astream_until_stopped(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
+        """Run the graph beside a watch on the run's stop signal: a cancel stops the graph at once
+        (its task is cancelled: an async node is cancelled where it awaits; a sync node's thread
+        finishes alone and its writes are dropped, as LangGraph drops a cancelled task's), not at its
+        next boundary. The saver lease is still this attempt's until the run has ended."""
+        body = asyncio.ensure_future(self._astream(a, lease, last))
+        watch = asyncio.ensure_future(self._await_stop(a.run))
+        try:
+            await asyncio.wait((body, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not body.done():
+                body.cancel()
+            await asyncio.wait((body, watch))
+        if body.cancelled():
+            a.stop = watch.result()
+        else:
+            body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
+
+    async def _await_stop(self, run: Run) -> str:
+        core, baseline = self.queue._core, cancels()
+        while True:
+            try:
+                stop: str = await self.queue._run(core.stop_asked(run, self.queue._slice))
+            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
+                await asyncio.sleep(0.5)
+                continue
+            finally:
+                check_cancel(baseline)  # a cancel the blocking read swallowed: the watch ends here
+            if stop:
+                return stop
+
+    async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
+        core, run = self.queue._core, a.run
+        chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
+        try:
+            async for chunk in chunks:
+                stop = await self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
+                if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                    break
+        except (RunLost, LeaseLost, BackendError):
+            raise
+        except Exception as exc:
+            await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
+        finally:
+            await chunks.aclose()
+
     async def _aexecute(self, a: _Attempt, lease: AsyncLease) -> int | None:
         """The asyncio twin of ``_execute`` (``graph.astream``)."""
         core, run = self.queue._core, a.run
@@ -471,18 +595,7 @@ class GraphWorker:
                 stop = await self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
-                    chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked)
-                    try:
-                        async for mode, data in chunks:
-                            stop = await self.queue._run(core.emit(run, a.token, a.events(mode, data), seq=a.seq()))
-                            if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
-                                break
-                    except (RunLost, LeaseLost, BackendError):
-                        raise
-                    except Exception as exc:
-                        await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
-                    finally:
-                        await chunks.aclose()
+                    await self._astream_until_stopped(a, lease, last)
                 if a.stop == "rollback":
                     await self.saver.adelete_for_runs([run.run_id])
         except (RunLost, LeaseLost) as exc:

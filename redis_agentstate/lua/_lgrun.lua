@@ -20,6 +20,10 @@
 --                                       out, a cancel's or a delete's nonce, '' otherwise) and
 --                                       'asked' (the nonce ring of the cancels that asked it to stop):
 --                                       a re-sent end, cancel or delete reads it to know it applied
+--   ns:{ns#SS}:lgrs:<tid>\0<run_id>     stream one entry once a cancel asked the running run to stop
+--                                       (field 'action'): what its worker blocks on (XREAD) while
+--                                       the graph runs, so a cancel stops a run inside a long node
+--                                       at once; deleted when the run ends
 -- Run hash fields beside RUN_FIELDS, for re-sends (a reply lost, the same call sent again):
 --   'deaths'   attempts that ended with the worker's lease lapsing (no hand-back): max attempts counts these
 --   'before'   the status the run had when its current attempt began ('pending' or 'running')
@@ -61,6 +65,12 @@ local function done_key(key)
   return string.sub(key, 1, i - 1) .. '}:lgrd:' .. string.sub(key, i + 6)
 end
 
+-- The run's stop signal, beside its hash ``key`` (kind lgrs).
+local function stop_key(key)
+  local i = string.find(key, '}:lgr:', 1, true)
+  return string.sub(key, 1, i - 1) .. '}:lgrs:' .. string.sub(key, i + 6)
+end
+
 -- How long the end marker of a deleted (rolled-back) run stays, so that its joiners wake.
 local GONE_MARK_MS = 60000
 
@@ -70,6 +80,7 @@ local GONE_MARK_MS = 60000
 -- ``by``: who ends it (the end marker's 'by', see above).
 local function end_run(queue, hist, key, ev, id, status, why, now, ttl, cap, gone, by)
   redis.call('LREM', queue, 0, id)
+  redis.call('DEL', stop_key(key))
   local done = done_key(key)
   local asked = redis.call('HGET', key, 'cancelby') or ''
   -- pcall: a marker of another type (data we did not write) must not fail the end half-written;

@@ -3,6 +3,7 @@
 --   KEYS[2] - lgrh:<tid>             the thread's kept runs
 --   KEYS[3] - lgr:<tid>\0<run_id>    the run's hash
 --   KEYS[4] - lgre:<tid>\0<run_id>   its events
+--   KEYS[5] - lgrs:<tid>\0<run_id>   its stop signal (see _lgrun.lua)
 --   ARGV[1] - action: interrupt (the run ends 'interrupted', its progress kept) or rollback (the
 --             run and the checkpoints it wrote are deleted)
 --   ARGV[2] - ttl: ms an ended run is kept
@@ -10,9 +11,10 @@
 --   ARGV[4] - run id
 --   ARGV[5] - nonce of this cancel (a re-send is recognised by it)
 -- A pending run ends here (it wrote nothing; the end marker's 'by' is the nonce). A running one is
--- asked to stop: 'cancel' is set (and the nonce pushed on its 'cancelby' ring) and its worker ends
--- it at its next event or super-step boundary (lg_run_emit.lua answers it); if that worker is
--- gone, the next worker of the thread ends it (lg_run_begin.lua).
+-- asked to stop: 'cancel' is set (and the nonce pushed on its 'cancelby' ring), its stop signal
+-- gets an entry (its worker, blocked on it while the graph runs, stops the graph at once), and
+-- lg_run_emit.lua answers it at the next event or super-step boundary; if that worker is gone, the
+-- next worker of the thread ends it (lg_run_begin.lua).
 -- A re-send answers what the first execution did, nothing written: 'ended' if the end marker says
 -- this nonce ended it, 'asked' if the run (or its end marker, once it ended) has the nonce in its
 -- 'cancelby' ring, even after its worker ended or rolled it back since.
@@ -40,5 +42,9 @@ if r.status == 'pending' then
 end
 -- A rollback asked after an interrupt wins: it does more (an interrupt after a rollback stays one).
 if r.cancel ~= 'rollback' then redis.call('HSET', KEYS[3], 'cancel', action) end
+-- pcall: a signal of another type (data we did not write) must not fail the cancel half-written;
+-- the worker then sees the stop at its next boundary, as before the signal.
+redis.pcall('XADD', KEYS[5], 'MAXLEN', 1, '*', 'action', redis.call('HGET', KEYS[3], 'cancel'))
+if ttl > 0 then redis.pcall('PEXPIRE', KEYS[5], ttl) end
 redis.call('HSET', KEYS[3], 'cancelby', ring_push(asked, nonce), 'updated', fmt(now))
 return {REPLY_DONE, 'asked'}

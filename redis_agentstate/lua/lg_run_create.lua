@@ -13,8 +13,9 @@
 --   ARGV[7]    - max active: runs a thread may have pending or running at once
 -- Strategies, against the thread's active runs: reject refuses while there is one; enqueue
 -- queues behind them; interrupt and rollback end every pending one now (interrupted, or deleted
--- for rollback) and ask the running one to stop at its next super-step boundary ('cancel' set:
--- its worker ends it, and for rollback deletes it and the checkpoints it wrote), then queue.
+-- for rollback) and ask the running one to stop ('cancel' set, and its stop signal given, see
+-- lg_run_cancel.lua: its worker ends it, at once or at its next super-step boundary, and for
+-- rollback deletes it and the checkpoints it wrote), then queue.
 -- The task is woken when it waits for work (see _lgrun.lua).
 -- A thread whose task is terminal (cancelled by `agentstate cancel` or the task store's cancel,
 -- or ended otherwise) can never run again: its runs are refused, never accepted to wait for ever.
@@ -71,6 +72,10 @@ if strategy == 'interrupt' or strategy == 'rollback' then
     else
       -- A rollback asked already stays one (it does more than an interrupt).
       if e.run.cancel ~= 'rollback' then redis.call('HSET', key, 'cancel', strategy, 'updated', fmt(now)) end
+      -- Its stop signal too (see lg_run_cancel.lua): an asyncio worker stops its graph at once.
+      local stop = stop_key(key)
+      redis.pcall('XADD', stop, 'MAXLEN', 1, '*', 'action', redis.call('HGET', key, 'cancel'))
+      if ttl > 0 then redis.pcall('PEXPIRE', stop, ttl) end
       ahead = ahead + 1
     end
   end

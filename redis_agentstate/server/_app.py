@@ -189,6 +189,7 @@ class _App:
         #: The dashboard: the tasks of ``namespace``, and each graph's threads.
         self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
         self._tasks: list[asyncio.Task[None]] = []
+        self._detached: set[asyncio.Future[Any]] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -277,8 +278,9 @@ class _App:
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
-                                       multitask_strategy=body.get("multitask_strategy") or "reject",
-                                       stream_mode=modes, metadata=meta)  # fmt: skip
+                                       multitask_strategy=body.get("multitask_strategy") or "enqueue",
+                                       stream_mode=modes, metadata=meta,
+                                       subgraphs=bool(body.get("stream_subgraphs")))  # fmt: skip
         except RunRejected as exc:
             raise HTTPException(409, str(exc)) from exc
         except InvalidArgument as exc:
@@ -351,8 +353,21 @@ class _App:
 
     async def runs_wait(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
+        cancel = _cancel_on_disconnect(body)
         g, run, delete = await self._create(request.path_params.get("tid"), body)
-        done = await self._join(g, run.run_id)
+        join = asyncio.ensure_future(self._join(g, run.run_id))
+        gone = asyncio.ensure_future(_disconnected(request) if cancel else asyncio.Event().wait())
+        try:
+            await asyncio.wait((join, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not join.done():
+                join.cancel()
+            await asyncio.wait((join, gone))
+        if join.cancelled():  # the client went away (on_disconnect='cancel'): stop the run; nobody reads this
+            self._detach(g.queue.cancel(run.run_id))
+            return Response(status_code=204)
+        done = join.result()
         out = await self._final(g, done)
         if delete:
             await self._drop_thread(g, run.thread_id)
@@ -403,24 +418,32 @@ class _App:
         await self.book.kv.delete(tid)
 
     def _events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None,
-                delete: bool = False) -> StreamingResponse:  # fmt: skip
+                delete: bool = False, cancel_on_disconnect: bool = False) -> StreamingResponse:  # fmt: skip
         if self.streams.locked():
             raise HTTPException(503, "too many open event streams")
         g.queue._core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
 
         async def body() -> AsyncIterator[bytes]:
+            ended = False
             async with self.streams:
                 try:
                     async for ev in self.feeds.follow(g.queue, run.run_id, after):
                         if ev.event == "end":
+                            ended = True
                             break
-                        name = "messages" if ev.event == "messages" else ev.event
-                        if modes and name not in modes and name not in ("metadata", "error"):
+                        name = ev.event  # a subgraph's: '<mode>|<namespace>', filtered on its mode
+                        if modes and name.partition("|")[0] not in modes and name not in ("metadata", "error"):
                             continue
                         yield shapes.sse(name, ev.data, ev.id)
+                    ended = True
                 except RunNotFound:
+                    ended = True
                     return
                 finally:
+                    if cancel_on_disconnect and not ended:
+                        # The client went away mid-run (on_disconnect='cancel'): stop the run. A task of
+                        # its own: this one is being cancelled, and every await in it would be too.
+                        self._detach(g.queue.cancel(run.run_id))
                     if delete:
                         with contextlib.suppress(Exception):
                             await self._join(g, run.run_id)
@@ -431,8 +454,16 @@ class _App:
 
     async def runs_stream(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
+        cancel = _cancel_on_disconnect(body)
         g, run, delete = await self._create(request.path_params.get("tid"), body)
-        return self._events(g, run, None, None, delete)
+        return self._events(g, run, None, None, delete, cancel)
+
+    def _detach(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` in a task of its own, kept until it ends (its errors are the run's, not the caller's)."""
+        task = asyncio.ensure_future(work)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def run_stream(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -440,7 +471,8 @@ class _App:
         modes = [m for m in request.query_params.getlist("stream_mode") if m] or None  # None is sent as ''"
         if modes:
             modes = ["messages" if m == "messages-tuple" else m for m in modes]
-        return self._events(g, run, after, modes)
+        cancel = request.query_params.get("cancel_on_disconnect", "false").lower() in ("1", "true", "yes")
+        return self._events(g, run, after, modes, cancel_on_disconnect=cancel)
 
     # ---- the rest -----------------------------------------------------------------------------------------
 
@@ -487,6 +519,20 @@ def _is_write(request: Request) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return False
     return not (request.method == "POST" and request.url.path.endswith(_READ_POSTS))
+
+
+def _cancel_on_disconnect(body: Mapping[str, Any]) -> bool:
+    """A run's ``on_disconnect``: True for ``cancel``, False for ``continue`` (the default); else 422."""
+    mode = body.get("on_disconnect") or "continue"
+    if mode not in ("continue", "cancel"):
+        raise HTTPException(422, "on_disconnect must be 'continue' or 'cancel'")
+    return bool(mode == "cancel")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body was read) went away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(
