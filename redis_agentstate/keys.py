@@ -66,6 +66,7 @@ the shard of the thread id, so a thread's runs share the slot of its task ``cp:<
     ns:{ns#SS}:lgr:<thread_id>\0<run_id>    hash   a run: status, strategy, modes, body, ...
     ns:{ns#SS}:lgre:<thread_id>\0<run_id>   stream its events
     ns:{ns#SS}:lgrd:<thread_id>\0<run_id>   stream its end marker (what a join blocks on)
+    ns:{ns#SS}:lgrs:<thread_id>\0<run_id>   stream its stop signal (a cancel's, while it runs)
     ns:{ns#RR}:lgrid:<run_id>               string the thread of the run (the way from a run id to its keys)
 
 LangGraph long-term memory (``redis_agentstate.langgraph.AgentStateStore``; ``SS`` is the shard of
@@ -189,7 +190,8 @@ KEY_TYPES = {
     "pool-left": "zset", "pool-msg-order": "zset", "pools": "zset", "kv": "string", "kvkeys": "zset", "kvttl": "zset",
     "lgmeta": "hash", "lgcp": "hash", "lgidx": "zset", "lgblob": "hash", "lgw": "hash",
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
-    "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrid": "string",
+    "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrs": "stream",
+    "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
@@ -200,7 +202,7 @@ _STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv"}
 STORE_INDEXES = frozenset({"lgsns", "lgsnx"})
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel", "lgrq", "lgrh"}
 #: Kinds whose id is ``<thread_id>\0<run_id>``: owned by the thread (they move with it in a reshard).
-RUN_KINDS = frozenset({"lgr", "lgre", "lgrd"})
+RUN_KINDS = frozenset({"lgr", "lgre", "lgrd", "lgrs"})
 _TASK_KINDS = {"cp", "msgs", "cycles", "tomb", "steps"}
 _LIMIT_KINDS = {"limit", "holders", "lwait"}
 #: The keys of the fleet demo (``Keys.demo``).

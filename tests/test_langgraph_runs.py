@@ -590,10 +590,18 @@ def test_runs_move_with_their_threads_in_a_reshard(backend: Any, namespace: str)
             assert q.join(r.run_id, timeout_s=20).status == "success"
     before = {r.run_id: [e.id for e in q.stream(r.run_id)] for r in done}
     pending = [q.create(f"t{i}", {"log": [f"p{i}"]}) for i in range(6)]
+    # A running run's stop signal (lg_run_cancel.lua writes it while its worker runs the graph): a
+    # kind of its own, which the reshard must move with the thread too, not leave under the old tag.
+    client = backend.sync_client()
+    old_stop = q._core.keys.runs("t2").stop(pending[2].run_id)
+    client.xadd(old_stop, {"action": "interrupt"})
     report = q.tasks.reshard(8)
     assert report.to_shards == 8 and report.unknown == 0  # every run key is a kind the resharder knows
     mover = RunQueue(backend.sync_client(), namespace=namespace)
     assert {r.run_id: [e.id for e in mover.stream(r.run_id)] for r in done} == before  # events moved whole
+    new_stop = mover._core.keys.runs("t2").stop(pending[2].run_id)  # the layout read: keys of 8 shards
+    assert new_stop != old_stop and client.exists(old_stop) == 0 and client.xlen(new_stop) == 1
+    client.delete(new_stop)  # the run is pending: its worker would never read it
     assert [r.run_id for r in mover.list("t0")] == [pending[0].run_id, done[0].run_id]
     with pytest.raises(RunRejected):
         mover.create("t1", {"log": []})  # the thread's active run moved with it: the check still sees it
