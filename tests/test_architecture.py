@@ -218,3 +218,16 @@ def test_a_subpackage_init_that_imports_back_is_a_circle(tmp_path: Path) -> None
 def test_class_sizes(tmp_path: Path) -> None:
     root = _package(tmp_path, {"a.py": "class A:\n" + "    x = 1\n" * 9 + "\n\nclass B:\n    pass\n"})
     assert class_sizes(root) == {"pkg.a.A": 10, "pkg.a.B": 2}
+
+
+def test_every_kind_of_key_built_is_one_the_package_knows() -> None:
+    """A kind of key built in keys.py (``p + "kind:"``) but missing from ``keys.KEY_TYPES`` is a key the
+    resharder counts unknown and leaves under the old tag, and that corrupt-data errors cannot name
+    (a run's stop signal once was one)."""
+    import re
+
+    from redis_agentstate.keys import KEY_TYPES
+
+    built = set(re.findall(r'\+ "([a-z-]+):"', (PACKAGE / "keys.py").read_text()))
+    assert len(built) > 30
+    assert built - set(KEY_TYPES) == set()
