@@ -19,7 +19,7 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
 from redis.crc import key_slot
 
-from redis_agentstate import CorruptState, InvalidArgument
+from redis_agentstate import CorruptState, InvalidArgument, scripts
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import (
     AgentStateSaver,
@@ -28,6 +28,7 @@ from redis_agentstate.langgraph import (
     GraphWorker,
     RunQueue,
     _store_core,
+    _store_index,
 )
 
 SEP = "\0"
@@ -168,9 +169,9 @@ class TestSemantics:
 
     def test_many_items_and_namespaces_page(self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch) -> None:
         # Small pages, so every paging path (items, namespaces, windows) runs.
-        monkeypatch.setattr(_store_core, "PAGE", 3)
-        monkeypatch.setattr(_store_core, "NS_PAGE", 2)
-        monkeypatch.setattr(_store_core, "WINDOW", 2)
+        monkeypatch.setattr(_store_index, "PAGE", 3)
+        monkeypatch.setattr(_store_index, "NS_PAGE", 2)
+        monkeypatch.setattr(_store_index, "WINDOW", 2)
         s, ref = mk(shards=4), InMemoryStore()
         ops = [("put", (("p", f"u{i % 7}"), f"k{i}", {"i": i}), {}) for i in range(40)]
         both(s, ops, ref)
@@ -180,6 +181,136 @@ class TestSemantics:
             ref.search(("p",), filter={"i": {"$gte": 30}})
         )
         assert s.list_namespaces(limit=100) == ref.list_namespaces(limit=100)
+
+
+def _indexes(raw: Any, namespace: str) -> dict[str, set[str]]:
+    """Every lgsns key of the namespace and the paths it lists."""
+    return {k.decode(): {m.decode() for m in raw.zrange(k, 0, -1)} for k in raw.scan_iter(match=f"{namespace}:*lgsns")}
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every script call a store's batch sends from now on (a pipeline's calls one by one)."""
+    from redis_agentstate._ops import Batch, Call
+
+    sent: list[Any] = []
+    execute = _store_core.StoreCore.execute
+
+    def recorded(self: Any, *args: Any) -> Any:
+        op = execute(self, *args)
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                req = op.send(reply) if error is None else op.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            sent.extend(req.calls if isinstance(req, Batch) else [req] if isinstance(req, Call) else [])
+            error = None
+            try:
+                reply = yield req
+            except BaseException as exc:  # handed to the op, as the driver would
+                error, reply = exc, None
+
+    monkeypatch.setattr(_store_core.StoreCore, "execute", recorded)
+    return sent
+
+
+class TestPrefixIndex:
+    """A search or listing of a namespace prefix reads the prefix's own shard: each namespace is listed in
+    the shard of each of its prefixes (lgs_index.lua), not looked for in every shard."""
+
+    def test_a_prefix_search_is_one_script_in_one_slot(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("memories", f"u{u}"), f"k{j}", {"kind": "pref" if j % 2 else "fact", "j": j}), {})
+               for u in range(30) for j in range(4)]  # fmt: skip
+        both(s, ops, ref)
+        sent = _record(monkeypatch)
+        got = s.search(("memories", "u7"), filter={"kind": "pref"}, limit=10)
+        assert view(got) == view(ref.search(("memories", "u7"), filter={"kind": "pref"}, limit=10))
+        assert len(got) == 2
+        assert [c.script for c in sent] == ["lgs_prefix"]
+        assert len({key_slot(str(k).encode()) for c in sent for k in c.keys}) == 1
+        sent.clear()
+        assert view(s.search(("memories", "u7"), limit=3, offset=1)) == view(
+            ref.search(("memories", "u7"), limit=3, offset=1)
+        )
+        assert [c.script for c in sent] == ["lgs_prefix"]
+
+    def test_a_wider_prefix_reads_the_shards_of_what_it_holds_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("memories", f"u{u}"), "k", {"u": u}), {}) for u in range(5)]
+        ops += [("put", (("memories", "u1", "notes"), "n", {"u": 1}), {}), ("put", (("other",), "o", {}), {})]
+        both(s, ops, ref)
+        sent = _record(monkeypatch)
+        want = sorted(view(ref.search(("memories",), limit=100)), key=lambda i: i[0])  # ours: in tuple order
+        assert view(s.search(("memories",), limit=100)) == want
+        # The prefix's own shard lists the 6 namespaces; each is read in its own shard (one pipeline).
+        assert sent[0].script == "lgs_prefix" and len(sent) <= 1 + 6
+        assert all(c.script == "lgs_search" for c in sent[1:])
+        sent.clear()
+        assert view(s.search(("memories", "u1"))) == view(ref.search(("memories", "u1")))
+        assert len(sent) <= 2
+        sent.clear()
+        assert s.list_namespaces(prefix=("memories",)) == ref.list_namespaces(prefix=("memories",))
+        # One page of the prefix's index, then each listed namespace checked in its own shard (at most
+        # one call per shard), never the 64 shards' indexes.
+        assert [c.script for c in sent] == ["lgs_namespaces"] * len(sent) and 1 <= len(sent) <= 1 + 6
+        sent.clear()
+        assert s.list_namespaces(prefix=("memories", "u1")) == [("memories", "u1"), ("memories", "u1", "notes")]
+        assert len(sent) <= 2
+
+    def test_every_prefix_lists_what_lives_under_it_and_nothing_it_lost(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("a", f"b{i}", f"c{j}"), "k", {"i": i, "j": j}), {}) for i in range(4) for j in range(3)]
+        ops += [("put", (("a",), "top", {}), {}), ("put", (("a", "b1"), "mid", {}), {})]
+        ops += [("delete", (("a", "b2", f"c{j}"), "k"), {}) for j in range(3)]  # a whole subtree emptied
+        ops += [("delete", (("a", "b1"), "mid"), {}), ("put", (("a", "b1"), "mid", {"again": 1}), {})]
+        both(s, ops, ref)
+        prefixes = [(), ("a",), ("a", "b1"), ("a", "b2"), ("a", "b2", "c1"), ("a", "b3", "c2"), ("a", "b")]
+        for prefix in prefixes:
+            want = sorted(view(ref.search(prefix, limit=100)), key=lambda i: i[0])  # ours: in tuple order
+            assert view(s.search(prefix, limit=100)) == want, prefix
+            # InMemoryStore lists a namespace whose items were all deleted; ours does not (documented).
+            assert s.list_namespaces(prefix=prefix, limit=100) == sorted({i[0] for i in want})
+        # The indexes hold exactly the live namespaces: each in the shard of every prefix of its own.
+        keys = Keys(namespace, 64)
+        live = {SEP.join(i.namespace) for i in ref.search((), limit=100)}
+        want: dict[str, set[str]] = {}
+        for path in live:
+            labels = path.split(SEP)
+            for k in range(1, len(labels) + 1):
+                want.setdefault(keys.store(SEP.join(labels[:k])).namespaces, set()).add(path)
+        got = _indexes(raw, namespace)
+        assert got == want
+        assert {k.decode().replace("lgsng", "lgsns") for k in raw.scan_iter(match=f"{namespace}:*lgsng")} == set(want)
+
+    def test_a_namespace_emptied_and_filled_again_stays_listed_whatever_the_order(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        """lgs_index.lua: a late listing never lowers a later one; an unlisting removes only its own."""
+        s = mk()
+        s.put(("p", "q"), "k", {"v": 1})
+        keys = Keys(namespace, 64)
+        parent = keys.store("p")
+        first = raw.zscore(parent.generations, "p" + SEP + "q")
+        assert first is not None
+        s.delete(("p", "q"), "k")
+        assert raw.zscore(parent.generations, "p" + SEP + "q") is None
+        s.put(("p", "q"), "k", {"v": 2})
+        second = raw.zscore(parent.generations, "p" + SEP + "q")
+        assert second > first
+        # A late unlisting of the first listing, and a late listing of it, change nothing.
+        script = raw.register_script(scripts.script_text("lgs_index"))
+        assert script(keys=[parent.namespaces, parent.generations], args=["-", "p" + SEP + "q", int(first)]) == 0
+        assert script(keys=[parent.namespaces, parent.generations], args=["+", "p" + SEP + "q", int(first)]) == 0
+        assert raw.zscore(parent.generations, "p" + SEP + "q") == second
+        assert s.list_namespaces(prefix=("p",)) == [("p", "q")]
 
 
 class TestSemanticSearch:
@@ -259,7 +390,7 @@ class TestTTL:
     def test_a_search_refreshes_every_item_it_returns_in_bounded_calls(
         self, mk: Callable[..., Memory], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(_store_core, "PAGE", 2)
+        monkeypatch.setattr(_store_index, "PAGE", 2)
         s = mk(ttl={"default_ttl": 10})
         for i in range(5):
             s.put(("r",), f"k{i}", {"i": i})
@@ -369,26 +500,44 @@ class TestLayout:
         assert len(s.search(("users",), limit=100)) == 20
 
     def test_a_reshard_moves_every_namespace_and_its_indexes(
-        self, mk: Callable[..., Memory], backend: Any, namespace: str
+        self, mk: Callable[..., Memory], backend: Any, namespace: str, raw: Any
     ) -> None:
-        """The mover splits the shards' namespace indexes by path (keys.STORE_INDEXES): after 2 -> 8
-        shards every namespace is listed and searched as before, by a store made before and after."""
+        """The mover splits the shards' namespace indexes by path (keys.STORE_INDEXES), a path listed for a
+        prefix going to the new shard of that prefix (keys.STORE_PREFIX_INDEXES): after 2 -> 8 shards every
+        prefix lists and searches as before, by a store made before and after, each from its own shard."""
         from redis_agentstate import CheckpointStore
 
         before = mk(shards=2)
         for u in range(12):
             before.put(("users", f"u{u}"), "k", {"u": u})
             before.put(("users", f"u{u}", "notes"), "n", {"u": u})
+        before.put(("users",), "top", {"u": -1})
+        prefixes = [(), ("users",), ("users", "u3"), ("users", "u3", "notes"), ("users", "u1"), ("nope",)]
+        was = {p: (before.list_namespaces(prefix=p, limit=100), view(before.search(p, limit=100))) for p in prefixes}
+        assert len(was[("users",)][0]) == 25 and len(was[("users", "u3")][1]) == 2
         report = CheckpointStore(backend.sync_client(), namespace=namespace).reshard(8)
         assert (report.from_shards, report.to_shards) == (2, 8)
         for s in (before, mk()):
-            assert len(s.list_namespaces(prefix=("users",), limit=100)) == 24
+            for p in prefixes:
+                assert (s.list_namespaces(prefix=p, limit=100), view(s.search(p, limit=100))) == was[p], p
             assert sorted(i.value["u"] for i in s.search(("users",), filter={"u": {"$gte": 0}}, limit=100)) == sorted(
                 list(range(12)) * 2
             )
             assert s.get(("users", "u3"), "k").value == {"u": 3}
+        # Each path sits in the new shard of each of its prefixes, and nowhere else.
+        keys = Keys(namespace, 8)
+        want: dict[str, set[str]] = {}
+        for ns in was[()][0]:
+            for k in range(1, len(ns) + 1):
+                want.setdefault(keys.store(SEP.join(ns[:k])).namespaces, set()).add(SEP.join(ns))
+        got = _indexes(raw, namespace)
+        assert got == want
         before.put(("users", "new"), "k", {"u": 99})
-        assert mk().get(("users", "new"), "k").value == {"u": 99}
+        before.delete(("users", "u3", "notes"), "n")
+        after = mk()
+        assert after.get(("users", "new"), "k").value == {"u": 99}
+        assert after.list_namespaces(prefix=("users", "u3")) == [("users", "u3")]
+        assert ("users", "new") in after.list_namespaces(prefix=("users",), limit=100)
 
 
 # ---- a graph that uses the store, run by a GraphWorker ----------------------------------------------

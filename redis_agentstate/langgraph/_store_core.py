@@ -8,14 +8,15 @@ is unambiguous, and the lex order of paths is the tuple order of the labels). Th
 items live in the shard of its path, so one namespace's items share a hash slot and each call
 touches one namespace: its items (a hash of header + JSON), their insertion order (a zset: what a
 search pages in), their expiries (a zset) and their vectors (a hash of float32 bytes). Each shard
-indexes the paths it holds (``lgsns``, lex order); a namespace prefix is a lex range of it.
+indexes the paths it holds and the paths under each prefix whose path it holds (``lgsns``, lex
+order; ``_store_index.py``): a namespace prefix is a lex range of its own shard's index.
 
 Why by namespace and not by prefix: a per-user namespace (``("memories", user_id)``, the usual
 shape) then spreads over every shard by its user id, where a shard chosen by the first label would
-put every user's memories on one node. The price is a fan-out of a prefix search's namespace
-lookup: one bounded lex read per shard, in one pipeline; the items are then read namespace by
-namespace, one bounded page (``PAGE`` items) per script call, several namespaces per round trip.
-Nothing reads the keyspace (no ``SCAN``/``KEYS``).
+put every user's memories on one node. A search of a prefix is one script in the prefix's slot
+(its own namespace's first page and the paths under it), then one bounded page per other namespace
+under it (``PAGE`` items per script call, several namespaces per round trip). Nothing reads the
+keyspace (no ``SCAN``/``KEYS``).
 
 Order. A search without a query returns the namespaces in tuple order (InMemoryStore: the order
 the namespaces were first written), and within a namespace the items in the order they were first
@@ -61,25 +62,21 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
-from .._ops import Batch, Call, Op, corrupt_state, member_id, new_nonce, restart, restartable
+from .._ops import Batch, Call, Op, corrupt_state, new_nonce, restart
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_GET, LGS_NAMESPACES, LGS_PUT, LGS_SCRIPTS, LGS_SEARCH
+from ..scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
+from . import _store_index as ix
+from ._store_index import SEP, StoreIndex, _path, _utf8
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
 #: The most items a semantic search ranks exactly (the items under its prefix that pass its filter).
 MAX_EXACT = 1000
-#: Items one lgs_search call scans; namespaces one list call scans.
-PAGE = 500
-NS_PAGE = 1000
-#: Namespaces whose pages go out in one round trip.
-WINDOW = 32
 #: One lgs_put call carries at most this many items or bytes (a bigger batch is several calls).
 PUT_ITEMS = 200
 PUT_BYTES = 8 * 2**20
 MAX_TTL_MINUTES = 100 * 366 * 24 * 60
-SEP = "\0"
 _OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -166,20 +163,6 @@ def _normal(op: StoreOp) -> StoreOp:
     return op
 
 
-def _utf8(text: str, what: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"{what} {text!r:.80} is not valid UTF-8 text ({exc.reason})") from exc
-
-
-def _path(namespace: tuple[str, ...]) -> str:
-    path = SEP.join(namespace)
-    if len(_utf8(path, "namespace")) > MAX_ID_BYTES:
-        raise InvalidArgument(f"namespace {namespace!r:.80} is longer than {MAX_ID_BYTES} bytes")
-    return path
-
-
 def _writable(namespace: tuple[str, ...]) -> None:
     """An item's namespace has a label. (``BaseStore.put`` also refuses the root label "langgraph", which
     LangGraph itself writes through ``batch``: as InMemoryStore, ``batch`` takes it.)"""
@@ -248,15 +231,6 @@ def _check_ttl_config(ttl: object) -> TTLConfig | None:
     return cast(TTLConfig, dict(ttl))
 
 
-def _range(prefix: tuple[str, ...]) -> tuple[str, str]:
-    """The lex range of the paths of ``prefix`` and every namespace under it."""
-    if not prefix:
-        return "-", "+"
-    path = SEP.join(prefix)
-    # A path starts with ``path`` and then ends or goes on with NUL: exactly the paths below path + "\x01".
-    return "[" + path, "(" + path + "\x01"
-
-
 def _when(ms: bytes) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
 
@@ -293,6 +267,7 @@ class StoreCore:
 
     def __init__(self, namespace: str, index: IndexConfig | None, ttl: TTLConfig | None) -> None:
         self.keys = Keys.unresolved(namespace)
+        self.names = StoreIndex(self.keys)
         self.ttl = _check_ttl_config(ttl)
         self.default_ttl = None if self.ttl is None else self.ttl.get("default_ttl")
         self.index: dict[str, Any] | None = None
@@ -420,7 +395,8 @@ class StoreCore:
             # One nonce for the batch: a re-send (a lost reply, or a reshard restarting it) leaves every
             # item it wrote already as it is.
             nonce = new_nonce()
-            yield from restart(lambda: self._send_puts(calls, nonce))
+            replies = yield from restart(lambda: self._send_puts(calls, nonce))
+            yield from self.names.relist([path for path, _ in calls], replies)
         return results
 
     def _refresh(self, wanted: bool) -> bool:
@@ -477,14 +453,18 @@ class StoreCore:
     def _candidates(self, op: SearchOp, ranked: bool) -> Op[list[_Found]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
         ranking, only up to offset + limit of them."""
-        paths = yield from self._paths(*_range(op.namespace_prefix), everything=False)
+        mode = "1" if ranked else "0"
+        if op.namespace_prefix:
+            paths, first = yield from self.names.prefix_read(op.namespace_prefix, mode)
+        else:
+            paths, first = (yield from self.names.paths("-", "+", everything=False)), {}
         stop = None if op.filter or ranked else op.offset + op.limit
         found: list[_Found] = []
-        for start in range(0, len(paths), WINDOW):
+        for start in range(0, len(paths), ix.WINDOW):
             if stop is not None and len(found) >= stop:
                 break
-            window = paths[start : start + WINDOW]
-            pages = yield from restart(functools.partial(self._read_window, window, ranked))
+            window = paths[start : start + ix.WINDOW]
+            pages = yield from restart(functools.partial(self.names.read_window, window, mode, first))
             for path, entries in zip(window, pages, strict=True):
                 namespace = tuple(path.split(SEP))
                 keys = self.keys.store(path)
@@ -501,28 +481,6 @@ class StoreCore:
                             "filter (an approximate index for larger prefixes is not implemented yet)"
                         )
         return found
-
-    def _read_window(self, window: list[str], ranked: bool) -> Op[list[list[tuple[str, bytes, bytes]]]]:
-        """Every live item of each namespace of ``window``, page by page, all namespaces in each round trip."""
-        out: list[list[tuple[str, bytes, bytes]]] = [[] for _ in window]
-        after = {i: "" for i in range(len(window))}
-        flag = "1" if ranked else "0"
-        while after:
-            order = list(after)
-            keys = [self.keys.store(window[i]) for i in order]
-            replies = yield Batch(
-                [Call(LGS_SEARCH, k.as_list(), [after[i], PAGE, flag]) for i, k in zip(order, keys, strict=True)]
-            )
-            after = {}
-            step = 3 if ranked else 2
-            for i, k, page in zip(order, keys, replies, strict=True):
-                body = page[1:]
-                for j in range(0, len(body), step):
-                    key = member_id(body[j], k.order)
-                    out[i].append((key, bytes(body[j + 1]), bytes(body[j + 2]) if ranked else b""))
-                if page[0]:
-                    after[i] = page[0].decode() if isinstance(page[0], bytes) else str(page[0])
-        return out
 
     def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[list[float]]:
         if not packed:
@@ -546,9 +504,9 @@ class StoreCore:
         def send() -> Op[None]:
             # At most PAGE keys per call, whatever limit the search had: every script reads a bounded page.
             calls = [
-                Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks[i : i + PAGE]])
+                Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks[i : i + ix.PAGE]])
                 for ns, ks in by_ns.items()
-                for i in range(0, len(ks), PAGE)
+                for i in range(0, len(ks), ix.PAGE)
             ]
             yield Batch(calls)
             return None
@@ -568,7 +526,7 @@ class StoreCore:
                         break
                     fixed.append(label)
                 break
-        names = yield from self._paths(*_range(tuple(fixed)), everything=False)
+        names = yield from self.names.listed(tuple(fixed))
         out: list[tuple[str, ...]] = []
         for path in names:
             ns = tuple(path.split(SEP))
@@ -580,29 +538,6 @@ class StoreCore:
                     continue  # truncation keeps lex order: equal truncations are adjacent
             out.append(ns)
         return out[op.offset : op.offset + op.limit]
-
-    @restartable
-    def _paths(self, start: str, stop: str, *, everything: bool) -> Op[list[str]]:
-        """Every namespace path of the range, from every shard, sorted: pages of one bounded read per shard."""
-        found: list[str] = []
-        pending = {s: start for s in range(self.keys.shards)}
-        flag = "1" if everything else "0"
-        while pending:
-            shards = list(pending)
-            replies = yield Batch(
-                [
-                    Call(LGS_NAMESPACES, list(self.keys.store_index(s)), [pending[s], stop, NS_PAGE, flag])
-                    for s in shards
-                ]
-            )
-            pending = {}
-            for shard, page in zip(shards, replies, strict=True):
-                index = self.keys.store_index(shard)[0]
-                found.extend(member_id(p, index) for p in page[1:])
-                if page[0]:
-                    pending[shard] = "(" + member_id(page[0], index)
-        found.sort()
-        return found
 
     # ---- puts -------------------------------------------------------------------
 
@@ -633,18 +568,20 @@ class StoreCore:
             calls.append((path, chunk))
         return calls
 
-    def _send_puts(self, calls: list[tuple[str, list[Any]]], nonce: str) -> Op[None]:
-        yield Batch([Call(LGS_PUT, self.keys.store(path).as_list(), [nonce, *args]) for path, args in calls])
-        return None
+    def _send_puts(self, calls: list[tuple[str, list[Any]]], nonce: str) -> Op[list[Any]]:
+        replies: list[Any] = yield Batch(
+            [Call(LGS_PUT, self.keys.store(path).as_list(), [nonce, *args]) for path, args in calls]
+        )
+        return replies
 
     # ---- sweep -------------------------------------------------------------------
 
     def sweep(self) -> Op[int]:
         """Drop every expired item: each namespace (whose items all expired included), 100 per call."""
-        paths = yield from self._paths("-", "+", everything=True)
+        paths = yield from self.names.paths("-", "+", everything=True)
         dropped = 0
-        for start in range(0, len(paths), WINDOW):
-            todo = paths[start : start + WINDOW]
+        for start in range(0, len(paths), ix.WINDOW):
+            todo = paths[start : start + ix.WINDOW]
             while todo:
                 batch = todo
 
@@ -655,6 +592,7 @@ class StoreCore:
                     return replies
 
                 replies = yield from restart(send)
+                yield from self.names.relist(batch, replies)
                 todo = []
                 for path, reply in zip(batch, replies, strict=True):
                     dropped += int(reply[1])
