@@ -29,6 +29,7 @@ from redis_agentstate.langgraph import (
     RunQueue,
     _store_core,
     _store_index,
+    _store_rank,
 )
 
 SEP = "\0"
@@ -338,8 +339,64 @@ class TestSemanticSearch:
         import msgpack
 
         table = msgpack.unpackb(raw.hget(keys.vectors, "k"), raw=False)
-        assert list(table) == ["text"] and len(table["text"]) == 8 * 4
-        assert list(struct.unpack("<8f", table["text"])) == embed(["hello"])[0]
+        assert list(table) == ["text"]
+        vector, norm = table["text"]  # float32 bytes, and the norm a search divides by
+        assert len(vector) == 8 * 4 and list(struct.unpack("<8f", vector)) == embed(["hello"])[0]
+        assert norm == math.sqrt(sum(x * x for x in embed(["hello"])[0]))
+
+    def test_vectors_stored_without_their_norm_still_rank(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        """Vectors written before norms were stored (``{path: float32 bytes}``) rank as the others."""
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("m",), k, {"text": t}), {}) for k, t in [("a", "pears"), ("b", "cars"), ("c", "par")]], ref)
+        import msgpack
+
+        keys = Keys(namespace, 64).store("m")
+        for key in ("a", "c"):
+            table = msgpack.unpackb(raw.hget(keys.vectors, key), raw=False)
+            raw.hset(keys.vectors, key, msgpack.packb({p: v[0] for p, v in table.items()}))
+        got, want = s.search(("m",), query="pear"), ref.search(("m",), query="pear")
+        assert view(got) == view(want)
+        assert all(math.isclose(g.score, w.score, rel_tol=1e-6) for g, w in zip(got, want, strict=True))
+
+    @pytest.mark.parametrize("numpy", [False, True], ids=["python", "numpy"])
+    def test_ranking_with_ties_several_fields_and_pages_matches_in_memory(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch, numpy: bool
+    ) -> None:
+        """Both ways of computing the scores (numpy when importable, pure Python) rank as InMemoryStore:
+        equal scores in insertion order, an item's best field, scoreless items last."""
+        if numpy and not _store_rank.NUMPY:
+            pytest.skip("numpy is not importable here")
+        monkeypatch.setattr(_store_rank, "NUMPY", numpy)
+        index: Any = {"dims": 8, "embed": embed, "fields": ["text", "more"]}
+        s, ref = mk(index=index), InMemoryStore(index=index)
+        words = ["pear", "car", "pear", "apple pie", "zebra", "pear", "carrot", "a", "pears and cars"]
+        ops = [("put", (("t",), f"k{i}", {"text": w, "more": words[-1 - i] + "!"}), {}) for i, w in enumerate(words)]
+        ops += [("put", (("t",), "plain", {"other": 1}), {}), ("put", (("t",), "x", {"more": "pear"}), {})]
+        both(s, ops, ref)
+        for query, kw in [("pear", {}), ("pear", {"limit": 2, "offset": 1}), ("car", {"limit": 20}),
+                          ("zzz", {"limit": 4, "offset": 9}), ("pear", {"filter": {"text": "pear"}})]:  # fmt: skip
+            got, want = s.search(("t",), query=query, **kw), ref.search(("t",), query=query, **kw)
+            assert view(got) == view(want), (query, kw)
+            for g, w in zip(got, want, strict=True):
+                assert (g.score is None) == (w.score is None)
+                assert g.score is None or math.isclose(g.score, w.score, rel_tol=1e-6, abs_tol=1e-6)
+
+    def test_a_ranking_reads_vectors_then_the_values_it_returns_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
+        sent = _record(monkeypatch)
+        got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
+        assert view(got) == view(ref.search(("d",), query="doc xxxx", limit=3, offset=2))
+        # One script for the 30 items' vectors (no values: mode '2'), one for the 3 values returned.
+        assert [(c.script, c.args[-1] if c.script == "lgs_prefix" else None) for c in sent] == [
+            ("lgs_prefix", "2"),
+            ("lgs_get", None),
+        ]
+        assert sorted(sent[1].args[1:]) == sorted(i.key for i in got)
 
     def test_more_than_it_ranks_exactly_is_refused_not_guessed(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch

@@ -30,7 +30,9 @@ to 100 expired items per call, and ``sweep()`` visits every namespace.
 Semantic search ranks exactly as InMemoryStore (cosine, max over an item's fields, scoreless items
 last) over at most ``MAX_EXACT`` items that pass the filter; a search that would rank more raises
 ``InvalidArgument`` (no approximate index yet: a wrong answer is never returned silently).
-Vectors are stored as float32, so scores equal InMemoryStore's on the float32-rounded vectors.
+Vectors are stored as float32 with their norms (``_store_rank.py``), so scores equal InMemoryStore's
+on the float32-rounded vectors; a ranking without a filter reads the candidates' vectors only, then
+the values of the items it returns.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
+from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
@@ -115,6 +118,10 @@ def _apply_operator(value: Any, operator: str, op_value: Any) -> bool:
     raise InvalidArgument(f"Unsupported operator: {operator}")  # pragma: no cover - checked up front
 
 
+def _passes(item: Item, flt: dict[str, Any]) -> bool:
+    return all(_compare_values(item.value.get(k), v) for k, v in flt.items())
+
+
 def _does_match(condition: MatchCondition, key: tuple[str, ...]) -> bool:
     path = condition.path
     if len(key) < len(path):
@@ -124,17 +131,6 @@ def _does_match(condition: MatchCondition, key: tuple[str, ...]) -> bool:
     else:
         pairs = zip(reversed(key), reversed(path), strict=False)
     return all(p == "*" or k == p for k, p in pairs)
-
-
-def _cosine(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[float]:
-    """InMemoryStore's pure-Python cosine similarity (0.0 where a norm is 0)."""
-    out = []
-    norm1 = sum(a * a for a in query) ** 0.5
-    for y in vectors:
-        dot = sum(a * b for a, b in zip(query, y, strict=False))
-        norm2 = sum(a * a for a in y) ** 0.5
-        out.append(dot / (norm1 * norm2) if norm1 > 0 and norm2 > 0 else 0.0)
-    return out
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -235,10 +231,6 @@ def _when(ms: bytes) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
 
 
-def pack_vectors(vectors: dict[str, list[float]]) -> bytes:
-    return cast(bytes, msgpack.packb({p: struct.pack(f"<{len(v)}f", *v) for p, v in vectors.items()}))
-
-
 # ---- a batch, planned ------------------------------------------------------------------------------
 
 
@@ -254,12 +246,6 @@ class Plan:
     queries: list[str] = field(default_factory=list)
     #: (namespace, key) -> the value as stored (JSON).
     encoded: dict[tuple[tuple[str, ...], str], bytes] = field(default_factory=dict)
-
-
-@dataclass
-class _Found:
-    item: Item
-    vectors: list[list[float]]
 
 
 class StoreCore:
@@ -430,13 +416,20 @@ class StoreCore:
     # ---- search ---------------------------------------------------------------
 
     def _search(self, op: SearchOp, query: list[float] | None) -> Op[list[SearchItem]]:
-        found = yield from self._candidates(op, query is not None)
+        refresh = self._refresh(op.refresh_ttl)
         kept: list[tuple[float | None, Item]]
         if query is None:
-            kept = [(None, f.item) for f in found[op.offset : op.offset + op.limit]]
+            found = yield from self._candidates(op, "0")
+            kept = [(None, cast(Item, c.item)) for c in found[op.offset : op.offset + op.limit]]
+        elif op.filter:
+            found = yield from self._candidates(op, "1")
+            kept = [(score, cast(Item, c.item)) for score, c in rank(query, self.dims, found, op.offset, op.limit)]
         else:
-            kept = _rank(op, query, found)
-        if kept and self._refresh(op.refresh_ttl):
+            # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
+            found = yield from self._candidates(op, "2")
+            kept = yield from self._fetch(rank(query, self.dims, found, op.offset, op.limit), refresh)
+            refresh = False
+        if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return [
             SearchItem(
@@ -450,16 +443,17 @@ class StoreCore:
             for score, item in kept
         ]
 
-    def _candidates(self, op: SearchOp, ranked: bool) -> Op[list[_Found]]:
+    def _candidates(self, op: SearchOp, mode: str) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
-        ranking, only up to offset + limit of them."""
-        mode = "1" if ranked else "0"
+        ranking, only up to offset + limit of them. ``mode`` (lgs_search's): '0' items, '1' items and
+        vectors, '2' vectors only (no filter)."""
         if op.namespace_prefix:
             paths, first = yield from self.names.prefix_read(op.namespace_prefix, mode)
         else:
             paths, first = (yield from self.names.paths("-", "+", everything=False)), {}
+        ranked = mode != "0"
         stop = None if op.filter or ranked else op.offset + op.limit
-        found: list[_Found] = []
+        found: list[Candidate] = []
         for start in range(0, len(paths), ix.WINDOW):
             if stop is not None and len(found) >= stop:
                 break
@@ -469,11 +463,11 @@ class StoreCore:
                 namespace = tuple(path.split(SEP))
                 keys = self.keys.store(path)
                 for key, blob, packed in entries:
-                    item = self._item(namespace, key, blob, keys)
-                    if op.filter and not all(_compare_values(item.value.get(k), v) for k, v in op.filter.items()):
+                    item = None if mode == "2" else self._item(namespace, key, blob, keys)
+                    if item is not None and op.filter and not _passes(item, op.filter):
                         continue
                     vectors = self._vectors(packed, keys, key) if ranked else []
-                    found.append(_Found(item, vectors))
+                    found.append(Candidate(namespace, key, vectors, item))
                     if ranked and len(found) > MAX_EXACT:
                         raise InvalidArgument(
                             f"a semantic search ranks at most {MAX_EXACT} items exactly, and namespace prefix "
@@ -482,18 +476,43 @@ class StoreCore:
                         )
         return found
 
-    def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[list[float]]:
+    def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[tuple[bytes, float]]:
         if not packed:
             return []
         try:
-            table = msgpack.unpackb(packed, raw=False)
-            if not isinstance(table, dict):
-                raise ValueError("not a map")
-            return [list(struct.unpack(f"<{len(v) // 4}f", v)) for v in table.values()]
+            return unpack_vectors(packed, self.dims)
         except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
             raise corrupt_state(
                 keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})"
             ) from exc
+
+    def _fetch(
+        self, picked: list[tuple[float | None, Candidate]], refresh: bool
+    ) -> Op[list[tuple[float | None, Item]]]:
+        """The items of a ranking's pick, in its order (lgs_get, one call per namespace); one deleted or
+        expired since the ranking read its vectors is left out."""
+        by_ns: dict[tuple[str, ...], list[str]] = {}
+        for _, c in picked:
+            by_ns.setdefault(c.namespace, []).append(c.key)
+        if not by_ns:
+            return []
+        flag = "1" if refresh else "0"
+
+        def send() -> Op[dict[tuple[tuple[str, ...], str], Item]]:
+            calls = []
+            for ns, ks in by_ns.items():
+                keys = self.keys.store(_path(ns))
+                calls += [(ns, keys, ks[i : i + ix.PAGE]) for i in range(0, len(ks), ix.PAGE)]
+            replies = yield Batch([Call(LGS_GET, keys.as_list(), [flag, *ks]) for _, keys, ks in calls])
+            items: dict[tuple[tuple[str, ...], str], Item] = {}
+            for (ns, keys, ks), blobs in zip(calls, replies, strict=True):
+                for key, blob in zip(ks, blobs, strict=True):
+                    if blob:
+                        items[(ns, key)] = self._item(ns, key, blob, keys)
+            return items
+
+        items = yield from restart(send)
+        return [(score, items[(c.namespace, c.key)]) for score, c in picked if (c.namespace, c.key) in items]
 
     def _touch(self, items: list[Item]) -> Op[None]:
         """Refresh the TTL of items a search returned (lgs_get with refresh, one call per namespace)."""
@@ -599,32 +618,3 @@ class StoreCore:
                     if int(reply[1]) >= 100:
                         todo.append(path)
         return dropped
-
-
-def _rank(op: SearchOp, query: list[float], found: list[_Found]) -> list[tuple[float | None, Item]]:
-    """InMemoryStore's ranking: max over an item's vectors, best first, scoreless items after."""
-    flat_items, flat_vectors, scoreless = [], [], []
-    for f in found:
-        for vector in f.vectors:
-            flat_items.append(f.item)
-            flat_vectors.append(vector)
-        if not f.vectors:
-            scoreless.append(f.item)
-    scores = _cosine(query, flat_vectors)
-    ranked = sorted(zip(scores, flat_items, strict=True), key=lambda x: x[0], reverse=True)
-    seen: set[tuple[tuple[str, ...], str]] = set()
-    kept: list[tuple[float | None, Item]] = []
-    for score, item in ranked:
-        ident = (item.namespace, item.key)
-        if ident in seen:
-            continue
-        ix = len(seen)
-        seen.add(ident)
-        if ix >= op.offset + op.limit:
-            break
-        if ix < op.offset:
-            continue
-        kept.append((score, item))
-    if scoreless and len(kept) < op.limit:
-        kept.extend((None, item) for item in scoreless[: op.limit - len(kept)])
-    return kept
