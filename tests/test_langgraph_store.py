@@ -291,6 +291,21 @@ class TestPrefixIndex:
         assert got == want
         assert {k.decode().replace("lgsng", "lgsns") for k in raw.scan_iter(match=f"{namespace}:*lgsng")} == set(want)
 
+    def test_many_new_namespaces_are_listed_in_bounded_calls(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_store_index, "INDEX_GROUPS", 3)
+        s = mk()
+        sent = _record(monkeypatch)
+        s.batch([PutOp(("many", f"u{u}"), "k", {"u": u}) for u in range(10)])
+        listings = [c for c in sent if c.script == "lgs_index"]
+        assert len(listings) == 4 and all(len(c.args) <= 3 * 3 for c in listings)
+        assert len(s.list_namespaces(prefix=("many",), limit=100)) == 10
+        sent.clear()
+        s.batch([PutOp(("many", f"u{u}"), "k", None) for u in range(10)])
+        assert len([c for c in sent if c.script == "lgs_index"]) == 4
+        assert s.list_namespaces(prefix=("many",)) == []
+
     def test_a_namespace_emptied_and_filled_again_stays_listed_whatever_the_order(
         self, mk: Callable[..., Memory], raw: Any, namespace: str
     ) -> None:

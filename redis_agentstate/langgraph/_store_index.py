@@ -36,6 +36,8 @@ PAGE = 500
 NS_PAGE = 1000
 #: Namespaces whose pages go out in one round trip.
 WINDOW = 32
+#: Listings one lgs_index call makes or ends (a bigger batch is several calls).
+INDEX_GROUPS = 200
 #: Listings (path -> generation) a store remembers having made in its prefixes' shards.
 LISTINGS = 65536
 SEP = "\0"
@@ -238,7 +240,11 @@ class StoreIndex:
             for change in changes:
                 for shard in self.ancestors(change[1]):
                     by_shard.setdefault(shard.namespaces, (shard, []))[1].extend(change)
-            calls = [Call(LGS_INDEX, [k.namespaces, k.generations], args) for k, args in by_shard.values()]
+            calls = [
+                Call(LGS_INDEX, [k.namespaces, k.generations], args[i : i + 3 * INDEX_GROUPS])
+                for k, args in by_shard.values()
+                for i in range(0, len(args), 3 * INDEX_GROUPS)
+            ]
             if calls:
                 yield Batch(calls)
             return None
