@@ -691,6 +691,64 @@ class TestShells:
         asyncio.run(main())
         assert got[0].value == {"v": 2}
 
+    def test_async_calls_in_one_turn_of_the_loop_run_as_one_batch(
+        self, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """As LangGraph's AsyncBatchedBaseStore: concurrent calls share one batch (their gets one round
+        trip); a call that fails its checks, or whose reads fail, fails alone; reads see no write of the turn."""
+        import asyncio
+
+        from langgraph.store.base import InvalidNamespaceError
+
+        executed: list[int] = []
+        execute = _store_core.StoreCore.execute
+
+        def counted(self: Any, plan: Any, *args: Any) -> Any:
+            executed.append(len(plan.ops))
+            return execute(self, plan, *args)
+
+        async def main() -> dict[str, Any]:
+            client = backend.new_async_client()
+            out: dict[str, Any] = {}
+            async with AsyncAgentStateStore(client, namespace, index=INDEX) as store:
+                await asyncio.gather(*(store.aput(("u", str(i)), "k", {"i": i, "text": f"t{i}"}) for i in range(8)))
+                monkeypatch.setattr(_store_core.StoreCore, "execute", counted)
+                sent = _record(monkeypatch)
+                got = await asyncio.gather(*(store.aget(("u", str(i)), "k") for i in range(8)))
+                out["gets"] = [g.value["i"] for g in got]
+                out["get_calls"] = [c.script for c in sent]
+                out["get_runs"] = list(executed)
+                executed.clear()
+                # A bad call, a search that fails while it runs (more than MAX_EXACT to rank), good ones.
+                monkeypatch.setattr(_store_core, "MAX_EXACT", 3)
+                results = await asyncio.gather(
+                    store.aput(("u", "0"), "k", {"i": 100}),
+                    store.aget(("u", "1"), "k"),
+                    store.aput(("bad.label",), "k", {"i": -1}),
+                    store.asearch(("u",), query="t"),
+                    store.aget(("u", "0"), "k"),
+                    return_exceptions=True,
+                )
+                out["mixed"] = results
+                out["after"] = (await store.aget(("u", "0"), "k")).value
+                out["same_turn"] = await asyncio.gather(
+                    store.aput(("u", "2"), "k", {"i": 200}), store.aget(("u", "2"), "k")
+                )
+                out["then"] = (await store.aget(("u", "2"), "k")).value
+            await client.aclose()
+            return out
+
+        out = asyncio.run(main())
+        assert out["gets"] == list(range(8))
+        assert out["get_runs"] == [8] and out["get_calls"] == ["lgs_get"] * 8  # one pipeline: a call per namespace
+        put, get1, bad, search, get0 = out["mixed"]
+        assert put is None and get1.value == {"i": 1, "text": "t1"}
+        assert isinstance(bad, InvalidNamespaceError) and isinstance(search, InvalidArgument)
+        # One call failed its checks: the turn's calls ran one by one, in the order they were made.
+        assert get0.value == {"i": 100} and out["after"] == {"i": 100}
+        # Merged: the reads of a turn see none of its writes (InMemoryStore's rule for one batch).
+        assert out["same_turn"][1].value == {"i": 2, "text": "t2"} and out["then"] == {"i": 200}
+
     def test_a_damaged_shard_index_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
         s = mk(shards=1)
         s.put(("a",), "k", {"v": 1})

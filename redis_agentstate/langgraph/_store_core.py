@@ -366,9 +366,11 @@ class StoreCore:
                 vectors.setdefault((namespace, key), {})[path] = checked
         query_vectors = {q: self.check_vector(v, f"query {q[:40]!r}") for q, v in queries.items()}
         results: list[Result] = []
+        gets = [op for op in plan.ops if isinstance(op, GetOp)]
+        got = iter((yield from self._gets(gets)) if gets else [])
         for op in plan.ops:
             if isinstance(op, GetOp):
-                results.append((yield from self._get(op)))
+                results.append(next(got))
             elif isinstance(op, SearchOp):
                 qv = query_vectors.get(op.query) if op.query else None
                 results.append((yield from self._search(op, qv)))
@@ -392,6 +394,32 @@ class StoreCore:
 
     def _get(self, op: GetOp) -> Op[Item | None]:
         return (yield from restart(lambda: self._get_once(op)))
+
+    def _gets(self, ops: list[GetOp]) -> Op[list[Item | None]]:
+        """A batch's GetOps in one round trip: one lgs_get call per namespace and TTL refresh flag."""
+        if len(ops) == 1:
+            return [(yield from self._get(ops[0]))]
+
+        def send() -> Op[list[Item | None]]:
+            groups: dict[tuple[tuple[str, ...], str], list[int]] = {}
+            for i, op in enumerate(ops):
+                groups.setdefault((op.namespace, "1" if self._refresh(op.refresh_ttl) else "0"), []).append(i)
+            calls: list[Call] = []
+            parts: list[tuple[StoreKeys, list[int]]] = []
+            for (namespace, flag), idx in groups.items():
+                keys = self.keys.store(_path(namespace))
+                for j in range(0, len(idx), ix.PAGE):
+                    calls.append(Call(LGS_GET, keys.as_list(), [flag, *(ops[i].key for i in idx[j : j + ix.PAGE])]))
+                    parts.append((keys, idx[j : j + ix.PAGE]))
+            replies = yield Batch(calls)
+            out: list[Item | None] = [None] * len(ops)
+            for (keys, part), blobs in zip(parts, replies, strict=True):
+                for i, blob in zip(part, blobs, strict=True):
+                    if blob:
+                        out[i] = self._item(ops[i].namespace, ops[i].key, blob, keys)
+            return out
+
+        return (yield from restart(send))
 
     def _get_once(self, op: GetOp) -> Op[Item | None]:
         keys = self.keys.store(_path(op.namespace))
