@@ -64,7 +64,7 @@ SEMANTIC_ITEMS = 1000
 DIMS = (64, 1536)
 OPS = ("put", "get", "filtered search", "list_namespaces")
 REFERENCE = "AgentStateStore, Redis 7.0"
-#: Ours with 8 shards rather than the default 64: a search's namespace lookup reads every shard's index.
+#: Ours with 8 shards rather than the default 64 (a root search or listing reads every shard's index).
 SHARDS8 = "AgentStateStore, Redis 7.0, shards=8"
 FLOOR = "InMemoryStore (the floor)"
 STACK_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "tools",

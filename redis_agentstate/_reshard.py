@@ -86,6 +86,7 @@ from .keys import (
     MAX_SHARDS,
     RUN_KINDS,
     STORE_INDEXES,
+    STORE_PREFIX_INDEXES,
     Keys,
     check_shards,
     key_slot,
@@ -150,13 +151,21 @@ def _owner(rest: bytes) -> bytes | None:
 class _Mover:
     """The copy of one old shard: what it read and where each piece goes."""
 
-    def __init__(self, old_prefix: str, new_prefixes: list[str], o: int) -> None:
+    def __init__(self, old_prefix: str, new_prefixes: list[str], o: int, n: int = 1) -> None:
         self.old = old_prefix.encode()
         self.new = [p.encode() for p in new_prefixes]
         self.o = o
+        self.n = n  # the old shard count
 
     def child(self, owner: bytes) -> bytes:
         return self.new[zlib.crc32(owner) % len(self.new)]
+
+    def prefix_children(self, path: bytes) -> set[bytes]:
+        """The new shards of a store index member (``keys.STORE_PREFIX_INDEXES``): the new shard of each
+        prefix of the path (itself included) whose old shard is this one; none for a stray member."""
+        labels = path.split(b"\0")
+        prefixes = (b"\0".join(labels[:k]) for k in range(1, len(labels) + 1))
+        return {self.child(p) for p in prefixes if zlib.crc32(p) % self.n == self.o}
 
     def home(self) -> bytes:
         """New shard ``o``: where the old shard's counters (and shard 0's limits registry) go."""
@@ -311,7 +320,7 @@ def _fenced(
         keys.configure(n, layout, to, o)
         children = [new_all[o + j * n] for j in range(to // n)]
         sealed_at = time.monotonic()
-        mover = _Mover(old_prefixes[o], new_all, o)
+        mover = _Mover(old_prefixes[o], new_all, o, n)
         got, strange = yield from _move_shard(mover, children, cluster, hold)
         copied += got
         unknown += strange
@@ -472,8 +481,12 @@ def _copy(mover: _Mover, plan: list[Any], dropped: list[bytes], hold: _Holder) -
         (members,) = yield Pipe([("ZRANGE", old, 0, -1, "WITHSCORES")])
         by_child: dict[bytes, list[Any]] = {}
         for member, score in _pairs(members):
-            owner = member.partition(b"\0")[2] if rest == b"lgruns" else member
-            by_child.setdefault(mover.child(owner), []).extend((repr(float(score)), member))
+            if rest.decode() in STORE_PREFIX_INDEXES:
+                targets = mover.prefix_children(member)
+            else:
+                targets = {mover.child(member.partition(b"\0")[2] if rest == b"lgruns" else member)}
+            for child in targets:
+                by_child.setdefault(child, []).extend((repr(float(score)), member))
         for child, pairs in by_child.items():
             writes.setdefault(child, []).append((child + rest, ["z", len(pairs), *pairs]))
     for child, entries in sorted(writes.items()):

@@ -77,7 +77,11 @@ so the index's lex order is the labels' tuple order; one namespace's items share
     ns:{ns#SS}:lgso:<path>          zset   key -> its insertion number (what a search pages in)
     ns:{ns#SS}:lgsx:<path>          zset   key -> its expiry (server ms), for the items with a TTL
     ns:{ns#SS}:lgsv:<path>          hash   key -> its vectors: msgpack {field path: float32 bytes}
-    ns:{ns#SS}:lgsns                zset   every namespace path of shard SS with an item (score 0, lex order)
+    ns:{ns#SS}:lgse:<path>          string the generation of its listing that ended last (10 minutes,
+                                           so a re-sent delete unlists it in its prefixes' shards too)
+    ns:{ns#SS}:lgsns                zset   every namespace path with an item whose path, or one of its
+                                           prefixes' paths, is in shard SS (score 0, lex order)
+    ns:{ns#SS}:lgsng                zset   path -> generation of its listing (the members of lgsns)
     ns:{ns#SS}:lgsnx                zset   path -> expiry of its last item to expire (absent: one never does)
 
 The fleet demo's bookkeeping (``agentstate demo`` only, never the library;
@@ -152,6 +156,7 @@ __all__ = [
     "RUN_KINDS",
     "RunKeys",
     "STORE_INDEXES",
+    "STORE_PREFIX_INDEXES",
     "StoreKeys",
     "TaskKeys",
     "ThreadKeys",
@@ -195,11 +200,15 @@ KEY_TYPES = {
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
+    "lgsng": "zset", "lgse": "string",
 }  # fmt: skip
 #: The kinds of a LangGraph store namespace (owned by its path; they move whole with it in a reshard).
-_STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv"}
+_STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv", "lgse"}
 #: A shard's indexes of the LangGraph store, split by member (the namespace path) when the shard moves.
-STORE_INDEXES = frozenset({"lgsns", "lgsnx"})
+STORE_INDEXES = frozenset({"lgsns", "lgsnx", "lgsng"})
+#: The store indexes whose members are listed in the shard of each prefix of theirs (a prefix search
+#: reads one shard): a reshard sends a member to the new shard of each of its prefixes of the old one.
+STORE_PREFIX_INDEXES = frozenset({"lgsns", "lgsng"})
 _THREAD_KINDS = {"lgmeta", "lgcp", "lgidx", "lgblob", "lgw", "lgrun", "lgrel", "lgrq", "lgrh"}
 #: Kinds whose id is ``<thread_id>\0<run_id>``: owned by the thread (they move with it in a reshard).
 RUN_KINDS = frozenset({"lgr", "lgre", "lgrd", "lgrs"})
@@ -345,9 +354,15 @@ class StoreKeys:
     vectors: str
     namespaces: str
     namespace_expiry: str
+    generations: str
+    gen: str
+    ended: str
 
     def as_list(self) -> list[str]:
-        return [self.items, self.order, self.expiry, self.vectors, self.namespaces, self.namespace_expiry]
+        return [
+            self.items, self.order, self.expiry, self.vectors, self.namespaces, self.namespace_expiry,
+            self.generations, self.gen, self.ended,
+        ]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +740,9 @@ class Keys:
             vectors=p + "lgsv:" + path,
             namespaces=p + "lgsns",
             namespace_expiry=p + "lgsnx",
+            generations=p + "lgsng",
+            gen=p + "gen",
+            ended=p + "lgse:" + path,
         )
 
     def store_index(self, shard: int) -> tuple[str, str]:

@@ -192,12 +192,15 @@ LG_RUN_SCRIPTS = (
 )  # fmt: skip
 
 #: The LangGraph store's scripts (``redis_agentstate.langgraph.AgentStateStore``): each takes one
-#: store namespace's keys and its shard's indexes (``keys.StoreKeys``), lgs_namespaces a shard's indexes.
+#: store namespace's keys and its shard's indexes (``keys.StoreKeys``), lgs_namespaces and lgs_index a
+#: shard's indexes.
 LGS_PUT = "lgs_put"
 LGS_GET = "lgs_get"
 LGS_SEARCH = "lgs_search"
+LGS_PREFIX = "lgs_prefix"
 LGS_NAMESPACES = "lgs_namespaces"
-LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_NAMESPACES)
+LGS_INDEX = "lgs_index"
+LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX)
 
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of
@@ -216,12 +219,12 @@ WRITES = frozenset({
     POOL_NEXT_EVENT_SEQUENCE,
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
     *LG_RUN_SCRIPTS,
-    LGS_PUT, LGS_GET,
+    LGS_PUT, LGS_GET, LGS_INDEX,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
 READS = frozenset(
     {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP}
-    | {LGS_SEARCH, LGS_NAMESPACES}
+    | {LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES}
 )
 
 #: The preludes each script is built on, in order (after the rendered constants).

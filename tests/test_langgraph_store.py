@@ -19,7 +19,7 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
 from redis.crc import key_slot
 
-from redis_agentstate import CorruptState, InvalidArgument
+from redis_agentstate import CorruptState, InvalidArgument, scripts
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import (
     AgentStateSaver,
@@ -28,6 +28,8 @@ from redis_agentstate.langgraph import (
     GraphWorker,
     RunQueue,
     _store_core,
+    _store_index,
+    _store_rank,
 )
 
 SEP = "\0"
@@ -168,9 +170,9 @@ class TestSemantics:
 
     def test_many_items_and_namespaces_page(self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch) -> None:
         # Small pages, so every paging path (items, namespaces, windows) runs.
-        monkeypatch.setattr(_store_core, "PAGE", 3)
-        monkeypatch.setattr(_store_core, "NS_PAGE", 2)
-        monkeypatch.setattr(_store_core, "WINDOW", 2)
+        monkeypatch.setattr(_store_index, "PAGE", 3)
+        monkeypatch.setattr(_store_index, "NS_PAGE", 2)
+        monkeypatch.setattr(_store_index, "WINDOW", 2)
         s, ref = mk(shards=4), InMemoryStore()
         ops = [("put", (("p", f"u{i % 7}"), f"k{i}", {"i": i}), {}) for i in range(40)]
         both(s, ops, ref)
@@ -180,6 +182,151 @@ class TestSemantics:
             ref.search(("p",), filter={"i": {"$gte": 30}})
         )
         assert s.list_namespaces(limit=100) == ref.list_namespaces(limit=100)
+
+
+def _indexes(raw: Any, namespace: str) -> dict[str, set[str]]:
+    """Every lgsns key of the namespace and the paths it lists."""
+    return {k.decode(): {m.decode() for m in raw.zrange(k, 0, -1)} for k in raw.scan_iter(match=f"{namespace}:*lgsns")}
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every script call a store's batch sends from now on (a pipeline's calls one by one)."""
+    from redis_agentstate._ops import Batch, Call
+
+    sent: list[Any] = []
+    execute = _store_core.StoreCore.execute
+
+    def recorded(self: Any, *args: Any) -> Any:
+        op = execute(self, *args)
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                req = op.send(reply) if error is None else op.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            sent.extend(req.calls if isinstance(req, Batch) else [req] if isinstance(req, Call) else [])
+            error = None
+            try:
+                reply = yield req
+            except BaseException as exc:  # handed to the op, as the driver would
+                error, reply = exc, None
+
+    monkeypatch.setattr(_store_core.StoreCore, "execute", recorded)
+    return sent
+
+
+class TestPrefixIndex:
+    """A search or listing of a namespace prefix reads the prefix's own shard: each namespace is listed in
+    the shard of each of its prefixes (lgs_index.lua), not looked for in every shard."""
+
+    def test_a_prefix_search_is_one_script_in_one_slot(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("memories", f"u{u}"), f"k{j}", {"kind": "pref" if j % 2 else "fact", "j": j}), {})
+               for u in range(30) for j in range(4)]  # fmt: skip
+        both(s, ops, ref)
+        sent = _record(monkeypatch)
+        got = s.search(("memories", "u7"), filter={"kind": "pref"}, limit=10)
+        assert view(got) == view(ref.search(("memories", "u7"), filter={"kind": "pref"}, limit=10))
+        assert len(got) == 2
+        assert [c.script for c in sent] == ["lgs_prefix"]
+        assert len({key_slot(str(k).encode()) for c in sent for k in c.keys}) == 1
+        sent.clear()
+        assert view(s.search(("memories", "u7"), limit=3, offset=1)) == view(
+            ref.search(("memories", "u7"), limit=3, offset=1)
+        )
+        assert [c.script for c in sent] == ["lgs_prefix"]
+
+    def test_a_wider_prefix_reads_the_shards_of_what_it_holds_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("memories", f"u{u}"), "k", {"u": u}), {}) for u in range(5)]
+        ops += [("put", (("memories", "u1", "notes"), "n", {"u": 1}), {}), ("put", (("other",), "o", {}), {})]
+        both(s, ops, ref)
+        sent = _record(monkeypatch)
+        want = sorted(view(ref.search(("memories",), limit=100)), key=lambda i: i[0])  # ours: in tuple order
+        assert view(s.search(("memories",), limit=100)) == want
+        # The prefix's own shard lists the 6 namespaces; each is read in its own shard (one pipeline).
+        assert sent[0].script == "lgs_prefix" and len(sent) <= 1 + 6
+        assert all(c.script == "lgs_search" for c in sent[1:])
+        sent.clear()
+        assert view(s.search(("memories", "u1"))) == view(ref.search(("memories", "u1")))
+        assert len(sent) <= 2
+        sent.clear()
+        assert s.list_namespaces(prefix=("memories",)) == ref.list_namespaces(prefix=("memories",))
+        # One page of the prefix's index, then each listed namespace checked in its own shard (at most
+        # one call per shard), never the 64 shards' indexes.
+        assert [c.script for c in sent] == ["lgs_namespaces"] * len(sent) and 1 <= len(sent) <= 1 + 6
+        sent.clear()
+        assert s.list_namespaces(prefix=("memories", "u1")) == [("memories", "u1"), ("memories", "u1", "notes")]
+        assert len(sent) <= 2
+
+    def test_every_prefix_lists_what_lives_under_it_and_nothing_it_lost(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        s, ref = mk(), InMemoryStore()
+        ops = [("put", (("a", f"b{i}", f"c{j}"), "k", {"i": i, "j": j}), {}) for i in range(4) for j in range(3)]
+        ops += [("put", (("a",), "top", {}), {}), ("put", (("a", "b1"), "mid", {}), {})]
+        ops += [("delete", (("a", "b2", f"c{j}"), "k"), {}) for j in range(3)]  # a whole subtree emptied
+        ops += [("delete", (("a", "b1"), "mid"), {}), ("put", (("a", "b1"), "mid", {"again": 1}), {})]
+        both(s, ops, ref)
+        prefixes = [(), ("a",), ("a", "b1"), ("a", "b2"), ("a", "b2", "c1"), ("a", "b3", "c2"), ("a", "b")]
+        for prefix in prefixes:
+            want = sorted(view(ref.search(prefix, limit=100)), key=lambda i: i[0])  # ours: in tuple order
+            assert view(s.search(prefix, limit=100)) == want, prefix
+            # InMemoryStore lists a namespace whose items were all deleted; ours does not (documented).
+            assert s.list_namespaces(prefix=prefix, limit=100) == sorted({i[0] for i in want})
+        # The indexes hold exactly the live namespaces: each in the shard of every prefix of its own.
+        keys = Keys(namespace, 64)
+        live = {SEP.join(i.namespace) for i in ref.search((), limit=100)}
+        want: dict[str, set[str]] = {}
+        for path in live:
+            labels = path.split(SEP)
+            for k in range(1, len(labels) + 1):
+                want.setdefault(keys.store(SEP.join(labels[:k])).namespaces, set()).add(path)
+        got = _indexes(raw, namespace)
+        assert got == want
+        assert {k.decode().replace("lgsng", "lgsns") for k in raw.scan_iter(match=f"{namespace}:*lgsng")} == set(want)
+
+    def test_many_new_namespaces_are_listed_in_bounded_calls(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(_store_index, "INDEX_GROUPS", 3)
+        s = mk()
+        sent = _record(monkeypatch)
+        s.batch([PutOp(("many", f"u{u}"), "k", {"u": u}) for u in range(10)])
+        listings = [c for c in sent if c.script == "lgs_index"]
+        assert len(listings) == 4 and all(len(c.args) <= 3 * 3 for c in listings)
+        assert len(s.list_namespaces(prefix=("many",), limit=100)) == 10
+        sent.clear()
+        s.batch([PutOp(("many", f"u{u}"), "k", None) for u in range(10)])
+        assert len([c for c in sent if c.script == "lgs_index"]) == 4
+        assert s.list_namespaces(prefix=("many",)) == []
+
+    def test_a_namespace_emptied_and_filled_again_stays_listed_whatever_the_order(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        """lgs_index.lua: a late listing never lowers a later one; an unlisting removes only its own."""
+        s = mk()
+        s.put(("p", "q"), "k", {"v": 1})
+        keys = Keys(namespace, 64)
+        parent = keys.store("p")
+        first = raw.zscore(parent.generations, "p" + SEP + "q")
+        assert first is not None
+        s.delete(("p", "q"), "k")
+        assert raw.zscore(parent.generations, "p" + SEP + "q") is None
+        s.put(("p", "q"), "k", {"v": 2})
+        second = raw.zscore(parent.generations, "p" + SEP + "q")
+        assert second > first
+        # A late unlisting of the first listing, and a late listing of it, change nothing.
+        script = raw.register_script(scripts.script_text("lgs_index"))
+        assert script(keys=[parent.namespaces, parent.generations], args=["-", "p" + SEP + "q", int(first)]) == 0
+        assert script(keys=[parent.namespaces, parent.generations], args=["+", "p" + SEP + "q", int(first)]) == 0
+        assert raw.zscore(parent.generations, "p" + SEP + "q") == second
+        assert s.list_namespaces(prefix=("p",)) == [("p", "q")]
 
 
 class TestSemanticSearch:
@@ -207,8 +354,64 @@ class TestSemanticSearch:
         import msgpack
 
         table = msgpack.unpackb(raw.hget(keys.vectors, "k"), raw=False)
-        assert list(table) == ["text"] and len(table["text"]) == 8 * 4
-        assert list(struct.unpack("<8f", table["text"])) == embed(["hello"])[0]
+        assert list(table) == ["text"]
+        vector, norm = table["text"]  # float32 bytes, and the norm a search divides by
+        assert len(vector) == 8 * 4 and list(struct.unpack("<8f", vector)) == embed(["hello"])[0]
+        assert norm == math.sqrt(sum(x * x for x in embed(["hello"])[0]))
+
+    def test_vectors_stored_without_their_norm_still_rank(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        """Vectors written before norms were stored (``{path: float32 bytes}``) rank as the others."""
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("m",), k, {"text": t}), {}) for k, t in [("a", "pears"), ("b", "cars"), ("c", "par")]], ref)
+        import msgpack
+
+        keys = Keys(namespace, 64).store("m")
+        for key in ("a", "c"):
+            table = msgpack.unpackb(raw.hget(keys.vectors, key), raw=False)
+            raw.hset(keys.vectors, key, msgpack.packb({p: v[0] for p, v in table.items()}))
+        got, want = s.search(("m",), query="pear"), ref.search(("m",), query="pear")
+        assert view(got) == view(want)
+        assert all(math.isclose(g.score, w.score, rel_tol=1e-6) for g, w in zip(got, want, strict=True))
+
+    @pytest.mark.parametrize("numpy", [False, True], ids=["python", "numpy"])
+    def test_ranking_with_ties_several_fields_and_pages_matches_in_memory(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch, numpy: bool
+    ) -> None:
+        """Both ways of computing the scores (numpy when importable, pure Python) rank as InMemoryStore:
+        equal scores in insertion order, an item's best field, scoreless items last."""
+        if numpy and not _store_rank.NUMPY:
+            pytest.skip("numpy is not importable here")
+        monkeypatch.setattr(_store_rank, "NUMPY", numpy)
+        index: Any = {"dims": 8, "embed": embed, "fields": ["text", "more"]}
+        s, ref = mk(index=index), InMemoryStore(index=index)
+        words = ["pear", "car", "pear", "apple pie", "zebra", "pear", "carrot", "a", "pears and cars"]
+        ops = [("put", (("t",), f"k{i}", {"text": w, "more": words[-1 - i] + "!"}), {}) for i, w in enumerate(words)]
+        ops += [("put", (("t",), "plain", {"other": 1}), {}), ("put", (("t",), "x", {"more": "pear"}), {})]
+        both(s, ops, ref)
+        for query, kw in [("pear", {}), ("pear", {"limit": 2, "offset": 1}), ("car", {"limit": 20}),
+                          ("zzz", {"limit": 4, "offset": 9}), ("pear", {"filter": {"text": "pear"}})]:  # fmt: skip
+            got, want = s.search(("t",), query=query, **kw), ref.search(("t",), query=query, **kw)
+            assert view(got) == view(want), (query, kw)
+            for g, w in zip(got, want, strict=True):
+                assert (g.score is None) == (w.score is None)
+                assert g.score is None or math.isclose(g.score, w.score, rel_tol=1e-6, abs_tol=1e-6)
+
+    def test_a_ranking_reads_vectors_then_the_values_it_returns_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
+        sent = _record(monkeypatch)
+        got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
+        assert view(got) == view(ref.search(("d",), query="doc xxxx", limit=3, offset=2))
+        # One script for the 30 items' vectors (no values: mode '2'), one for the 3 values returned.
+        assert [(c.script, c.args[-1] if c.script == "lgs_prefix" else None) for c in sent] == [
+            ("lgs_prefix", "2"),
+            ("lgs_get", None),
+        ]
+        assert sorted(sent[1].args[1:]) == sorted(i.key for i in got)
 
     def test_more_than_it_ranks_exactly_is_refused_not_guessed(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
@@ -259,7 +462,7 @@ class TestTTL:
     def test_a_search_refreshes_every_item_it_returns_in_bounded_calls(
         self, mk: Callable[..., Memory], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(_store_core, "PAGE", 2)
+        monkeypatch.setattr(_store_index, "PAGE", 2)
         s = mk(ttl={"default_ttl": 10})
         for i in range(5):
             s.put(("r",), f"k{i}", {"i": i})
@@ -369,26 +572,44 @@ class TestLayout:
         assert len(s.search(("users",), limit=100)) == 20
 
     def test_a_reshard_moves_every_namespace_and_its_indexes(
-        self, mk: Callable[..., Memory], backend: Any, namespace: str
+        self, mk: Callable[..., Memory], backend: Any, namespace: str, raw: Any
     ) -> None:
-        """The mover splits the shards' namespace indexes by path (keys.STORE_INDEXES): after 2 -> 8
-        shards every namespace is listed and searched as before, by a store made before and after."""
+        """The mover splits the shards' namespace indexes by path (keys.STORE_INDEXES), a path listed for a
+        prefix going to the new shard of that prefix (keys.STORE_PREFIX_INDEXES): after 2 -> 8 shards every
+        prefix lists and searches as before, by a store made before and after, each from its own shard."""
         from redis_agentstate import CheckpointStore
 
         before = mk(shards=2)
         for u in range(12):
             before.put(("users", f"u{u}"), "k", {"u": u})
             before.put(("users", f"u{u}", "notes"), "n", {"u": u})
+        before.put(("users",), "top", {"u": -1})
+        prefixes = [(), ("users",), ("users", "u3"), ("users", "u3", "notes"), ("users", "u1"), ("nope",)]
+        was = {p: (before.list_namespaces(prefix=p, limit=100), view(before.search(p, limit=100))) for p in prefixes}
+        assert len(was[("users",)][0]) == 25 and len(was[("users", "u3")][1]) == 2
         report = CheckpointStore(backend.sync_client(), namespace=namespace).reshard(8)
         assert (report.from_shards, report.to_shards) == (2, 8)
         for s in (before, mk()):
-            assert len(s.list_namespaces(prefix=("users",), limit=100)) == 24
+            for p in prefixes:
+                assert (s.list_namespaces(prefix=p, limit=100), view(s.search(p, limit=100))) == was[p], p
             assert sorted(i.value["u"] for i in s.search(("users",), filter={"u": {"$gte": 0}}, limit=100)) == sorted(
                 list(range(12)) * 2
             )
             assert s.get(("users", "u3"), "k").value == {"u": 3}
+        # Each path sits in the new shard of each of its prefixes, and nowhere else.
+        keys = Keys(namespace, 8)
+        want: dict[str, set[str]] = {}
+        for ns in was[()][0]:
+            for k in range(1, len(ns) + 1):
+                want.setdefault(keys.store(SEP.join(ns[:k])).namespaces, set()).add(SEP.join(ns))
+        got = _indexes(raw, namespace)
+        assert got == want
         before.put(("users", "new"), "k", {"u": 99})
-        assert mk().get(("users", "new"), "k").value == {"u": 99}
+        before.delete(("users", "u3", "notes"), "n")
+        after = mk()
+        assert after.get(("users", "new"), "k").value == {"u": 99}
+        assert after.list_namespaces(prefix=("users", "u3")) == [("users", "u3")]
+        assert ("users", "new") in after.list_namespaces(prefix=("users",), limit=100)
 
 
 # ---- a graph that uses the store, run by a GraphWorker ----------------------------------------------
@@ -469,6 +690,64 @@ class TestShells:
 
         asyncio.run(main())
         assert got[0].value == {"v": 2}
+
+    def test_async_calls_in_one_turn_of_the_loop_run_as_one_batch(
+        self, backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """As LangGraph's AsyncBatchedBaseStore: concurrent calls share one batch (their gets one round
+        trip); a call that fails its checks, or whose reads fail, fails alone; reads see no write of the turn."""
+        import asyncio
+
+        from langgraph.store.base import InvalidNamespaceError
+
+        executed: list[int] = []
+        execute = _store_core.StoreCore.execute
+
+        def counted(self: Any, plan: Any, *args: Any) -> Any:
+            executed.append(len(plan.ops))
+            return execute(self, plan, *args)
+
+        async def main() -> dict[str, Any]:
+            client = backend.new_async_client()
+            out: dict[str, Any] = {}
+            async with AsyncAgentStateStore(client, namespace, index=INDEX) as store:
+                await asyncio.gather(*(store.aput(("u", str(i)), "k", {"i": i, "text": f"t{i}"}) for i in range(8)))
+                monkeypatch.setattr(_store_core.StoreCore, "execute", counted)
+                sent = _record(monkeypatch)
+                got = await asyncio.gather(*(store.aget(("u", str(i)), "k") for i in range(8)))
+                out["gets"] = [g.value["i"] for g in got]
+                out["get_calls"] = [c.script for c in sent]
+                out["get_runs"] = list(executed)
+                executed.clear()
+                # A bad call, a search that fails while it runs (more than MAX_EXACT to rank), good ones.
+                monkeypatch.setattr(_store_core, "MAX_EXACT", 3)
+                results = await asyncio.gather(
+                    store.aput(("u", "0"), "k", {"i": 100}),
+                    store.aget(("u", "1"), "k"),
+                    store.aput(("bad.label",), "k", {"i": -1}),
+                    store.asearch(("u",), query="t"),
+                    store.aget(("u", "0"), "k"),
+                    return_exceptions=True,
+                )
+                out["mixed"] = results
+                out["after"] = (await store.aget(("u", "0"), "k")).value
+                out["same_turn"] = await asyncio.gather(
+                    store.aput(("u", "2"), "k", {"i": 200}), store.aget(("u", "2"), "k")
+                )
+                out["then"] = (await store.aget(("u", "2"), "k")).value
+            await client.aclose()
+            return out
+
+        out = asyncio.run(main())
+        assert out["gets"] == list(range(8))
+        assert out["get_runs"] == [8] and out["get_calls"] == ["lgs_get"] * 8  # one pipeline: a call per namespace
+        put, get1, bad, search, get0 = out["mixed"]
+        assert put is None and get1.value == {"i": 1, "text": "t1"}
+        assert isinstance(bad, InvalidNamespaceError) and isinstance(search, InvalidArgument)
+        # One call failed its checks: the turn's calls ran one by one, in the order they were made.
+        assert get0.value == {"i": 100} and out["after"] == {"i": 100}
+        # Merged: the reads of a turn see none of its writes (InMemoryStore's rule for one batch).
+        assert out["same_turn"][1].value == {"i": 2, "text": "t2"} and out["then"] == {"i": 200}
 
     def test_a_damaged_shard_index_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
         s = mk(shards=1)

@@ -1219,6 +1219,28 @@ def _lgs_namespaces(env: Env) -> Any:
     return _st(env, "list_namespaces", prefix=("u",))
 
 
+# The second lgs_namespaces call of a prefix listing: the paths of other shards, checked in their own.
+@case("lgs_namespaces", id="lgs_namespaces-check", nth=2, setup=_items(), observe=observe_store)
+def _lgs_namespaces_check(env: Env) -> Any:
+    return _st(env, "list_namespaces", prefix=("u",))
+
+
+@case("lgs_prefix", setup=_items(), observe=observe_store)
+def _lgs_prefix(env: Env) -> Any:
+    return _st(env, "search", ("u", "1"), filter={"n": {"$gte": 98}})
+
+
+# A new namespace is listed in its prefix's shard; a namespace emptied, unlisted there.
+@case("lgs_index", setup=_items(), observe=observe_store)
+def _lgs_index(env: Env) -> Any:
+    return _st(env, "put", ("u", "9"), "z", {"n": 9})
+
+
+@case("lgs_index", id="lgs_index-unlist", setup=_items(), observe=observe_store)
+def _lgs_index_unlist(env: Env) -> Any:
+    return _st(env, "delete", ("u", "2"), "c")
+
+
 # ---- the test -----------------------------------------------------------------------------------
 
 

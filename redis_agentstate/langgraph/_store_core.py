@@ -8,14 +8,15 @@ is unambiguous, and the lex order of paths is the tuple order of the labels). Th
 items live in the shard of its path, so one namespace's items share a hash slot and each call
 touches one namespace: its items (a hash of header + JSON), their insertion order (a zset: what a
 search pages in), their expiries (a zset) and their vectors (a hash of float32 bytes). Each shard
-indexes the paths it holds (``lgsns``, lex order); a namespace prefix is a lex range of it.
+indexes the paths it holds and the paths under each prefix whose path it holds (``lgsns``, lex
+order; ``_store_index.py``): a namespace prefix is a lex range of its own shard's index.
 
 Why by namespace and not by prefix: a per-user namespace (``("memories", user_id)``, the usual
 shape) then spreads over every shard by its user id, where a shard chosen by the first label would
-put every user's memories on one node. The price is a fan-out of a prefix search's namespace
-lookup: one bounded lex read per shard, in one pipeline; the items are then read namespace by
-namespace, one bounded page (``PAGE`` items) per script call, several namespaces per round trip.
-Nothing reads the keyspace (no ``SCAN``/``KEYS``).
+put every user's memories on one node. A search of a prefix is one script in the prefix's slot
+(its own namespace's first page and the paths under it), then one bounded page per other namespace
+under it (``PAGE`` items per script call, several namespaces per round trip). Nothing reads the
+keyspace (no ``SCAN``/``KEYS``).
 
 Order. A search without a query returns the namespaces in tuple order (InMemoryStore: the order
 the namespaces were first written), and within a namespace the items in the order they were first
@@ -29,7 +30,9 @@ to 100 expired items per call, and ``sweep()`` visits every namespace.
 Semantic search ranks exactly as InMemoryStore (cosine, max over an item's fields, scoreless items
 last) over at most ``MAX_EXACT`` items that pass the filter; a search that would rank more raises
 ``InvalidArgument`` (no approximate index yet: a wrong answer is never returned silently).
-Vectors are stored as float32, so scores equal InMemoryStore's on the float32-rounded vectors.
+Vectors are stored as float32 with their norms (``_store_rank.py``), so scores equal InMemoryStore's
+on the float32-rounded vectors; a ranking without a filter reads the candidates' vectors only, then
+the values of the items it returns.
 """
 
 from __future__ import annotations
@@ -61,25 +64,22 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
-from .._ops import Batch, Call, Op, corrupt_state, member_id, new_nonce, restart, restartable
+from .._ops import Batch, Call, Op, corrupt_state, new_nonce, restart
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_GET, LGS_NAMESPACES, LGS_PUT, LGS_SCRIPTS, LGS_SEARCH
+from ..scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
+from . import _store_index as ix
+from ._store_index import SEP, StoreIndex, _path, _utf8
+from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
 #: The most items a semantic search ranks exactly (the items under its prefix that pass its filter).
 MAX_EXACT = 1000
-#: Items one lgs_search call scans; namespaces one list call scans.
-PAGE = 500
-NS_PAGE = 1000
-#: Namespaces whose pages go out in one round trip.
-WINDOW = 32
 #: One lgs_put call carries at most this many items or bytes (a bigger batch is several calls).
 PUT_ITEMS = 200
 PUT_BYTES = 8 * 2**20
 MAX_TTL_MINUTES = 100 * 366 * 24 * 60
-SEP = "\0"
 _OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
@@ -118,6 +118,10 @@ def _apply_operator(value: Any, operator: str, op_value: Any) -> bool:
     raise InvalidArgument(f"Unsupported operator: {operator}")  # pragma: no cover - checked up front
 
 
+def _passes(item: Item, flt: dict[str, Any]) -> bool:
+    return all(_compare_values(item.value.get(k), v) for k, v in flt.items())
+
+
 def _does_match(condition: MatchCondition, key: tuple[str, ...]) -> bool:
     path = condition.path
     if len(key) < len(path):
@@ -127,17 +131,6 @@ def _does_match(condition: MatchCondition, key: tuple[str, ...]) -> bool:
     else:
         pairs = zip(reversed(key), reversed(path), strict=False)
     return all(p == "*" or k == p for k, p in pairs)
-
-
-def _cosine(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> list[float]:
-    """InMemoryStore's pure-Python cosine similarity (0.0 where a norm is 0)."""
-    out = []
-    norm1 = sum(a * a for a in query) ** 0.5
-    for y in vectors:
-        dot = sum(a * b for a, b in zip(query, y, strict=False))
-        norm2 = sum(a * a for a in y) ** 0.5
-        out.append(dot / (norm1 * norm2) if norm1 > 0 and norm2 > 0 else 0.0)
-    return out
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -164,20 +157,6 @@ def _normal(op: StoreOp) -> StoreOp:
             conditions.append(MatchCondition(match_type=cond.match_type, path=path))
         return op._replace(match_conditions=tuple(conditions))
     return op
-
-
-def _utf8(text: str, what: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"{what} {text!r:.80} is not valid UTF-8 text ({exc.reason})") from exc
-
-
-def _path(namespace: tuple[str, ...]) -> str:
-    path = SEP.join(namespace)
-    if len(_utf8(path, "namespace")) > MAX_ID_BYTES:
-        raise InvalidArgument(f"namespace {namespace!r:.80} is longer than {MAX_ID_BYTES} bytes")
-    return path
 
 
 def _writable(namespace: tuple[str, ...]) -> None:
@@ -248,21 +227,8 @@ def _check_ttl_config(ttl: object) -> TTLConfig | None:
     return cast(TTLConfig, dict(ttl))
 
 
-def _range(prefix: tuple[str, ...]) -> tuple[str, str]:
-    """The lex range of the paths of ``prefix`` and every namespace under it."""
-    if not prefix:
-        return "-", "+"
-    path = SEP.join(prefix)
-    # A path starts with ``path`` and then ends or goes on with NUL: exactly the paths below path + "\x01".
-    return "[" + path, "(" + path + "\x01"
-
-
 def _when(ms: bytes) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
-
-
-def pack_vectors(vectors: dict[str, list[float]]) -> bytes:
-    return cast(bytes, msgpack.packb({p: struct.pack(f"<{len(v)}f", *v) for p, v in vectors.items()}))
 
 
 # ---- a batch, planned ------------------------------------------------------------------------------
@@ -282,17 +248,12 @@ class Plan:
     encoded: dict[tuple[tuple[str, ...], str], bytes] = field(default_factory=dict)
 
 
-@dataclass
-class _Found:
-    item: Item
-    vectors: list[list[float]]
-
-
 class StoreCore:
     """Validation, request building and reply parsing for one namespace's LangGraph store."""
 
     def __init__(self, namespace: str, index: IndexConfig | None, ttl: TTLConfig | None) -> None:
         self.keys = Keys.unresolved(namespace)
+        self.names = StoreIndex(self.keys)
         self.ttl = _check_ttl_config(ttl)
         self.default_ttl = None if self.ttl is None else self.ttl.get("default_ttl")
         self.index: dict[str, Any] | None = None
@@ -405,9 +366,11 @@ class StoreCore:
                 vectors.setdefault((namespace, key), {})[path] = checked
         query_vectors = {q: self.check_vector(v, f"query {q[:40]!r}") for q, v in queries.items()}
         results: list[Result] = []
+        gets = [op for op in plan.ops if isinstance(op, GetOp)]
+        got = iter((yield from self._gets(gets)) if gets else [])
         for op in plan.ops:
             if isinstance(op, GetOp):
-                results.append((yield from self._get(op)))
+                results.append(next(got))
             elif isinstance(op, SearchOp):
                 qv = query_vectors.get(op.query) if op.query else None
                 results.append((yield from self._search(op, qv)))
@@ -420,7 +383,8 @@ class StoreCore:
             # One nonce for the batch: a re-send (a lost reply, or a reshard restarting it) leaves every
             # item it wrote already as it is.
             nonce = new_nonce()
-            yield from restart(lambda: self._send_puts(calls, nonce))
+            replies = yield from restart(lambda: self._send_puts(calls, nonce))
+            yield from self.names.relist([path for path, _ in calls], replies)
         return results
 
     def _refresh(self, wanted: bool) -> bool:
@@ -430,6 +394,32 @@ class StoreCore:
 
     def _get(self, op: GetOp) -> Op[Item | None]:
         return (yield from restart(lambda: self._get_once(op)))
+
+    def _gets(self, ops: list[GetOp]) -> Op[list[Item | None]]:
+        """A batch's GetOps in one round trip: one lgs_get call per namespace and TTL refresh flag."""
+        if len(ops) == 1:
+            return [(yield from self._get(ops[0]))]
+
+        def send() -> Op[list[Item | None]]:
+            groups: dict[tuple[tuple[str, ...], str], list[int]] = {}
+            for i, op in enumerate(ops):
+                groups.setdefault((op.namespace, "1" if self._refresh(op.refresh_ttl) else "0"), []).append(i)
+            calls: list[Call] = []
+            parts: list[tuple[StoreKeys, list[int]]] = []
+            for (namespace, flag), idx in groups.items():
+                keys = self.keys.store(_path(namespace))
+                for j in range(0, len(idx), ix.PAGE):
+                    calls.append(Call(LGS_GET, keys.as_list(), [flag, *(ops[i].key for i in idx[j : j + ix.PAGE])]))
+                    parts.append((keys, idx[j : j + ix.PAGE]))
+            replies = yield Batch(calls)
+            out: list[Item | None] = [None] * len(ops)
+            for (keys, part), blobs in zip(parts, replies, strict=True):
+                for i, blob in zip(part, blobs, strict=True):
+                    if blob:
+                        out[i] = self._item(ops[i].namespace, ops[i].key, blob, keys)
+            return out
+
+        return (yield from restart(send))
 
     def _get_once(self, op: GetOp) -> Op[Item | None]:
         keys = self.keys.store(_path(op.namespace))
@@ -454,13 +444,20 @@ class StoreCore:
     # ---- search ---------------------------------------------------------------
 
     def _search(self, op: SearchOp, query: list[float] | None) -> Op[list[SearchItem]]:
-        found = yield from self._candidates(op, query is not None)
+        refresh = self._refresh(op.refresh_ttl)
         kept: list[tuple[float | None, Item]]
         if query is None:
-            kept = [(None, f.item) for f in found[op.offset : op.offset + op.limit]]
+            found = yield from self._candidates(op, "0")
+            kept = [(None, cast(Item, c.item)) for c in found[op.offset : op.offset + op.limit]]
+        elif op.filter:
+            found = yield from self._candidates(op, "1")
+            kept = [(score, cast(Item, c.item)) for score, c in rank(query, self.dims, found, op.offset, op.limit)]
         else:
-            kept = _rank(op, query, found)
-        if kept and self._refresh(op.refresh_ttl):
+            # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
+            found = yield from self._candidates(op, "2")
+            kept = yield from self._fetch(rank(query, self.dims, found, op.offset, op.limit), refresh)
+            refresh = False
+        if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return [
             SearchItem(
@@ -474,26 +471,31 @@ class StoreCore:
             for score, item in kept
         ]
 
-    def _candidates(self, op: SearchOp, ranked: bool) -> Op[list[_Found]]:
+    def _candidates(self, op: SearchOp, mode: str) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
-        ranking, only up to offset + limit of them."""
-        paths = yield from self._paths(*_range(op.namespace_prefix), everything=False)
+        ranking, only up to offset + limit of them. ``mode`` (lgs_search's): '0' items, '1' items and
+        vectors, '2' vectors only (no filter)."""
+        if op.namespace_prefix:
+            paths, first = yield from self.names.prefix_read(op.namespace_prefix, mode)
+        else:
+            paths, first = (yield from self.names.paths("-", "+", everything=False)), {}
+        ranked = mode != "0"
         stop = None if op.filter or ranked else op.offset + op.limit
-        found: list[_Found] = []
-        for start in range(0, len(paths), WINDOW):
+        found: list[Candidate] = []
+        for start in range(0, len(paths), ix.WINDOW):
             if stop is not None and len(found) >= stop:
                 break
-            window = paths[start : start + WINDOW]
-            pages = yield from restart(functools.partial(self._read_window, window, ranked))
+            window = paths[start : start + ix.WINDOW]
+            pages = yield from restart(functools.partial(self.names.read_window, window, mode, first))
             for path, entries in zip(window, pages, strict=True):
                 namespace = tuple(path.split(SEP))
                 keys = self.keys.store(path)
                 for key, blob, packed in entries:
-                    item = self._item(namespace, key, blob, keys)
-                    if op.filter and not all(_compare_values(item.value.get(k), v) for k, v in op.filter.items()):
+                    item = None if mode == "2" else self._item(namespace, key, blob, keys)
+                    if item is not None and op.filter and not _passes(item, op.filter):
                         continue
                     vectors = self._vectors(packed, keys, key) if ranked else []
-                    found.append(_Found(item, vectors))
+                    found.append(Candidate(namespace, key, vectors, item))
                     if ranked and len(found) > MAX_EXACT:
                         raise InvalidArgument(
                             f"a semantic search ranks at most {MAX_EXACT} items exactly, and namespace prefix "
@@ -502,40 +504,43 @@ class StoreCore:
                         )
         return found
 
-    def _read_window(self, window: list[str], ranked: bool) -> Op[list[list[tuple[str, bytes, bytes]]]]:
-        """Every live item of each namespace of ``window``, page by page, all namespaces in each round trip."""
-        out: list[list[tuple[str, bytes, bytes]]] = [[] for _ in window]
-        after = {i: "" for i in range(len(window))}
-        flag = "1" if ranked else "0"
-        while after:
-            order = list(after)
-            keys = [self.keys.store(window[i]) for i in order]
-            replies = yield Batch(
-                [Call(LGS_SEARCH, k.as_list(), [after[i], PAGE, flag]) for i, k in zip(order, keys, strict=True)]
-            )
-            after = {}
-            step = 3 if ranked else 2
-            for i, k, page in zip(order, keys, replies, strict=True):
-                body = page[1:]
-                for j in range(0, len(body), step):
-                    key = member_id(body[j], k.order)
-                    out[i].append((key, bytes(body[j + 1]), bytes(body[j + 2]) if ranked else b""))
-                if page[0]:
-                    after[i] = page[0].decode() if isinstance(page[0], bytes) else str(page[0])
-        return out
-
-    def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[list[float]]:
+    def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[tuple[bytes, float]]:
         if not packed:
             return []
         try:
-            table = msgpack.unpackb(packed, raw=False)
-            if not isinstance(table, dict):
-                raise ValueError("not a map")
-            return [list(struct.unpack(f"<{len(v) // 4}f", v)) for v in table.values()]
+            return unpack_vectors(packed, self.dims)
         except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
             raise corrupt_state(
                 keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})"
             ) from exc
+
+    def _fetch(
+        self, picked: list[tuple[float | None, Candidate]], refresh: bool
+    ) -> Op[list[tuple[float | None, Item]]]:
+        """The items of a ranking's pick, in its order (lgs_get, one call per namespace); one deleted or
+        expired since the ranking read its vectors is left out."""
+        by_ns: dict[tuple[str, ...], list[str]] = {}
+        for _, c in picked:
+            by_ns.setdefault(c.namespace, []).append(c.key)
+        if not by_ns:
+            return []
+        flag = "1" if refresh else "0"
+
+        def send() -> Op[dict[tuple[tuple[str, ...], str], Item]]:
+            calls = []
+            for ns, ks in by_ns.items():
+                keys = self.keys.store(_path(ns))
+                calls += [(ns, keys, ks[i : i + ix.PAGE]) for i in range(0, len(ks), ix.PAGE)]
+            replies = yield Batch([Call(LGS_GET, keys.as_list(), [flag, *ks]) for _, keys, ks in calls])
+            items: dict[tuple[tuple[str, ...], str], Item] = {}
+            for (ns, keys, ks), blobs in zip(calls, replies, strict=True):
+                for key, blob in zip(ks, blobs, strict=True):
+                    if blob:
+                        items[(ns, key)] = self._item(ns, key, blob, keys)
+            return items
+
+        items = yield from restart(send)
+        return [(score, items[(c.namespace, c.key)]) for score, c in picked if (c.namespace, c.key) in items]
 
     def _touch(self, items: list[Item]) -> Op[None]:
         """Refresh the TTL of items a search returned (lgs_get with refresh, one call per namespace)."""
@@ -546,9 +551,9 @@ class StoreCore:
         def send() -> Op[None]:
             # At most PAGE keys per call, whatever limit the search had: every script reads a bounded page.
             calls = [
-                Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks[i : i + PAGE]])
+                Call(LGS_GET, self.keys.store(_path(ns)).as_list(), ["1", *ks[i : i + ix.PAGE]])
                 for ns, ks in by_ns.items()
-                for i in range(0, len(ks), PAGE)
+                for i in range(0, len(ks), ix.PAGE)
             ]
             yield Batch(calls)
             return None
@@ -568,7 +573,7 @@ class StoreCore:
                         break
                     fixed.append(label)
                 break
-        names = yield from self._paths(*_range(tuple(fixed)), everything=False)
+        names = yield from self.names.listed(tuple(fixed))
         out: list[tuple[str, ...]] = []
         for path in names:
             ns = tuple(path.split(SEP))
@@ -580,29 +585,6 @@ class StoreCore:
                     continue  # truncation keeps lex order: equal truncations are adjacent
             out.append(ns)
         return out[op.offset : op.offset + op.limit]
-
-    @restartable
-    def _paths(self, start: str, stop: str, *, everything: bool) -> Op[list[str]]:
-        """Every namespace path of the range, from every shard, sorted: pages of one bounded read per shard."""
-        found: list[str] = []
-        pending = {s: start for s in range(self.keys.shards)}
-        flag = "1" if everything else "0"
-        while pending:
-            shards = list(pending)
-            replies = yield Batch(
-                [
-                    Call(LGS_NAMESPACES, list(self.keys.store_index(s)), [pending[s], stop, NS_PAGE, flag])
-                    for s in shards
-                ]
-            )
-            pending = {}
-            for shard, page in zip(shards, replies, strict=True):
-                index = self.keys.store_index(shard)[0]
-                found.extend(member_id(p, index) for p in page[1:])
-                if page[0]:
-                    pending[shard] = "(" + member_id(page[0], index)
-        found.sort()
-        return found
 
     # ---- puts -------------------------------------------------------------------
 
@@ -633,18 +615,20 @@ class StoreCore:
             calls.append((path, chunk))
         return calls
 
-    def _send_puts(self, calls: list[tuple[str, list[Any]]], nonce: str) -> Op[None]:
-        yield Batch([Call(LGS_PUT, self.keys.store(path).as_list(), [nonce, *args]) for path, args in calls])
-        return None
+    def _send_puts(self, calls: list[tuple[str, list[Any]]], nonce: str) -> Op[list[Any]]:
+        replies: list[Any] = yield Batch(
+            [Call(LGS_PUT, self.keys.store(path).as_list(), [nonce, *args]) for path, args in calls]
+        )
+        return replies
 
     # ---- sweep -------------------------------------------------------------------
 
     def sweep(self) -> Op[int]:
         """Drop every expired item: each namespace (whose items all expired included), 100 per call."""
-        paths = yield from self._paths("-", "+", everything=True)
+        paths = yield from self.names.paths("-", "+", everything=True)
         dropped = 0
-        for start in range(0, len(paths), WINDOW):
-            todo = paths[start : start + WINDOW]
+        for start in range(0, len(paths), ix.WINDOW):
+            todo = paths[start : start + ix.WINDOW]
             while todo:
                 batch = todo
 
@@ -655,38 +639,10 @@ class StoreCore:
                     return replies
 
                 replies = yield from restart(send)
+                yield from self.names.relist(batch, replies)
                 todo = []
                 for path, reply in zip(batch, replies, strict=True):
                     dropped += int(reply[1])
                     if int(reply[1]) >= 100:
                         todo.append(path)
         return dropped
-
-
-def _rank(op: SearchOp, query: list[float], found: list[_Found]) -> list[tuple[float | None, Item]]:
-    """InMemoryStore's ranking: max over an item's vectors, best first, scoreless items after."""
-    flat_items, flat_vectors, scoreless = [], [], []
-    for f in found:
-        for vector in f.vectors:
-            flat_items.append(f.item)
-            flat_vectors.append(vector)
-        if not f.vectors:
-            scoreless.append(f.item)
-    scores = _cosine(query, flat_vectors)
-    ranked = sorted(zip(scores, flat_items, strict=True), key=lambda x: x[0], reverse=True)
-    seen: set[tuple[tuple[str, ...], str]] = set()
-    kept: list[tuple[float | None, Item]] = []
-    for score, item in ranked:
-        ident = (item.namespace, item.key)
-        if ident in seen:
-            continue
-        ix = len(seen)
-        seen.add(ident)
-        if ix >= op.offset + op.limit:
-            break
-        if ix < op.offset:
-            continue
-        kept.append((score, item))
-    if scoreless and len(kept) < op.limit:
-        kept.extend((None, item) for item in scoreless[: op.limit - len(kept)])
-    return kept

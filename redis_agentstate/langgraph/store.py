@@ -9,9 +9,10 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator
+from typing import Any
 
-from langgraph.store.base import BaseStore, IndexConfig, Result, TTLConfig
+from langgraph.store.base import BaseStore, IndexConfig, PutOp, Result, TTLConfig
 from langgraph.store.base import Op as StoreOp
 
 from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
@@ -21,7 +22,26 @@ from ._store_core import LGS_SCRIPTS, Plan, StoreCore
 
 __all__ = ["AgentStateStore", "AsyncAgentStateStore"]
 
+#: One ``abatch`` call waiting for its turn: its ops and the future of its results.
+_Unit = tuple[list[StoreOp], "asyncio.Future[list[Result]]"]
+
 log = logging.getLogger("redis_agentstate.langgraph")
+
+
+async def _settle(future: asyncio.Future[list[Result]] | None, work: Awaitable[Any]) -> BaseException | None:
+    """Await ``work`` into ``future`` (its result, or its error); the error, if any. A cancellation or exit
+    is raised on, after the future has it."""
+    try:
+        result = await work
+    except BaseException as exc:
+        if future is not None and not future.done():
+            future.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+        return exc
+    if future is not None and not future.done():
+        future.set_result(result)
+    return None
 
 
 def _interval_s(store: _Stores, minutes: float | None) -> float:
@@ -213,13 +233,76 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
             self.loop = asyncio.get_running_loop()
 
     async def abatch(self, ops: Iterable[StoreOp]) -> list[Result]:
+        """Run ``ops``; the batches of the coroutines that call in the same turn of the event loop run as
+        one (as LangGraph's ``AsyncBatchedBaseStore``): their reads together (the gets in one round trip),
+        then their puts together, so the reads of all of them see the state before the writes of all of
+        them. A batch that fails its checks, or whose reads fail, fails alone (nothing was written); an
+        error while the merged puts are sent is the error of every batch with a put."""
         self._bind()
-        plan = self._plan(ops)
+        given = list(ops)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Result]] = loop.create_future()
+        pending: list[_Unit] = self.__dict__.setdefault("_pending", [])
+        pending.append((given, future))
+        if len(pending) == 1:
+            loop.call_soon(self._drain)
+        return await future
+
+    def _drain(self) -> None:
+        units = [u for u in self.__dict__.pop("_pending", []) if not u[1].done()]
+        if units:
+            task = asyncio.get_running_loop().create_task(self._run_units(units))
+            running: set[asyncio.Task[None]] = self.__dict__.setdefault("_draining", set())
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+    async def _run_units(self, units: list[_Unit]) -> None:
+        try:
+            if len(units) == 1 or not await self._run_merged(units):
+                for given, future in units:
+                    await _settle(future, self._run_ops(given))
+        except BaseException as exc:  # no caller is left waiting, whatever went wrong
+            for _, future in units:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+
+    async def _run_merged(self, units: list[_Unit]) -> bool:
+        """The units as one batch; False (nothing written) when they must run one by one instead."""
+        ops = [op for given, _ in units for op in given]
+        try:
+            reads, writes = self._plan([op for op in ops if not isinstance(op, PutOp)]), None
+            if any(isinstance(op, PutOp) for op in ops):
+                writes = self._plan([op for op in ops if isinstance(op, PutOp)])
+                embedded = await self._embed(writes)
+            results = iter(await self._execute(reads) if reads.ops else [])
+        except Exception:
+            return False
+        if writes is not None:
+            failed = await _settle(None, self._run(self._core.execute(writes, *embedded)))
+            if failed is not None:
+                for given, future in units:
+                    if not future.done() and any(isinstance(op, PutOp) for op in given):
+                        future.set_exception(failed)
+        for given, future in units:
+            answers = [None if isinstance(op, PutOp) else next(results) for op in given]
+            if not future.done():
+                future.set_result(answers)
+        return True
+
+    async def _embed(self, plan: Plan) -> tuple[list[Any], dict[str, Any]]:
         embeddings = self._core.embeddings
         documents = await embeddings.aembed_documents(list(plan.texts)) if plan.texts else []
         queries = {}
         for q in plan.queries:
             queries[q] = await embeddings.aembed_query(q)
+        return documents, queries
+
+    async def _run_ops(self, ops: list[StoreOp]) -> list[Result]:
+        return await self._execute(self._plan(ops))
+
+    async def _execute(self, plan: Plan) -> list[Result]:
+        documents, queries = await self._embed(plan)
         return await self._run(self._core.execute(plan, documents, queries))
 
     async def asweep(self) -> int:

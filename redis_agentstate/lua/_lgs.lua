@@ -7,9 +7,16 @@
 --   KEYS[2] - ns:{ns#SS}:lgso:<path>  zset  key -> insertion number (search order, kept on update)
 --   KEYS[3] - ns:{ns#SS}:lgsx:<path>  zset  key -> expiry in server ms (items with a TTL only)
 --   KEYS[4] - ns:{ns#SS}:lgsv:<path>  hash  key -> packed vectors (opaque here)
---   KEYS[5] - ns:{ns#SS}:lgsns        zset  every path of the shard that has an item, score 0
---   KEYS[6] - ns:{ns#SS}:lgsnx        zset  path -> expiry of its last item to expire; a path
---                                           with an item that never expires is absent
+--   KEYS[5] - ns:{ns#SS}:lgsns        zset  every path of the shard that has an item, score 0; and
+--                                           every path with an item that has a proper prefix whose
+--                                           path is in this shard (lgs_index.lua lists it there, so
+--                                           a prefix search reads the prefix's shard alone)
+--   KEYS[6] - ns:{ns#SS}:lgsnx        zset  path -> expiry of its last item to expire; a path of the
+--                                           shard with an item that never expires is absent
+--   KEYS[7] - ns:{ns#SS}:lgsng        zset  path -> generation of its listing (members of KEYS[5])
+--   KEYS[8] - ns:{ns#SS}:gen          string the shard's epoch counter: a new listing's generation
+--   KEYS[9] - ns:{ns#SS}:lgse:<path>  string the generation of the path's listing that ended last
+--                                           (kept ENDED_MS, for a re-sent call that ended it)
 -- An item whose expiry passed on the server clock is never returned; writers of its namespace
 -- drop up to PRUNE of them per call, lgs_put with no items is the sweep.
 
@@ -61,4 +68,48 @@ end
 local function item_expired(key, now)
   local expiry = redis.call('ZSCORE', KEYS[3], key)
   return expiry ~= false and tonumber(expiry) < now
+end
+
+-- The live items of the namespace after insertion number ``after`` ('' from the first), at most
+-- ``limit`` scanned, appended to ``out`` as key, item[, vectors]; ``mode`` '1': with the packed
+-- vectors, '2': the key alone (the client reads the vectors with HMGET: megabytes of them come
+-- out of a script at half the speed); returns the insertion number of the last item scanned
+-- when the page was full, else ''.
+-- Corrupt reply 2 (returned as its second value) when the order index names a key without an item.
+local function item_page(after, limit, mode, out)
+  local now = server_now_ms()
+  local start = '-inf'
+  if after ~= '' then start = '(' .. after end
+  local page = redis.call('ZRANGEBYSCORE', KEYS[2], start, '+inf', 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #page, 2 do
+    local key = page[i]
+    if not item_expired(key, now) then
+      if mode == '2' then
+        if redis.call('HEXISTS', KEYS[1], key) == 0 then return '', corrupt(2, 'orphan') end
+        out[#out + 1] = key
+      else
+        local blob = redis.call('HGET', KEYS[1], key)
+        if not blob then return '', corrupt(2, 'orphan') end
+        out[#out + 1] = key
+        out[#out + 1] = blob
+        if mode == '1' then out[#out + 1] = redis.call('HGET', KEYS[4], key) or '' end
+      end
+    end
+  end
+  if limit > 0 and #page == 2 * limit then return page[#page] end
+  return ''
+end
+
+-- One page of the paths of index ``index`` in the lex range start..stop, at most ``limit``,
+-- appended to ``out``, leaving out a path whose every item expired (by ``expiries``) unless
+-- ``all``; returns the last path scanned when the page was full, else ''.
+local function namespace_page(index, expiries, start, stop, limit, all, out)
+  local now = server_now_ms()
+  local page = redis.call('ZRANGEBYLEX', index, start, stop, 'LIMIT', 0, limit)
+  for i = 1, #page do
+    local expiry = redis.call('ZSCORE', expiries, page[i])
+    if all or not expiry or tonumber(expiry) >= now then out[#out + 1] = page[i] end
+  end
+  if #page == limit then return page[#page] end
+  return ''
 end

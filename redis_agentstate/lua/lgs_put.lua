@@ -1,11 +1,16 @@
 -- lgs_put.lua: put and delete items of one LangGraph store namespace (a batch's PutOps of it).
---   KEYS[1..6] - the namespace's keys and its shard's indexes (see _lgs.lua)
+--   KEYS[1..9] - the namespace's keys and its shard's indexes (see _lgs.lua)
 --   ARGV[1]    - nonce of this call: an item it wrote already is left as it is (a re-send)
 --   ARGV[2..]  - groups of four: key, value JSON ('' = delete the key), ttl ms ('' = none),
 --                packed vectors ('' = none)
--- Returns {written, pruned}: items put or deleted now, expired items dropped. No groups: a
--- sweep of the namespace (drops up to PRUNE expired items).
+-- Returns {written, pruned, listed, ended}: items put or deleted now, expired items dropped,
+-- the generation of the namespace's listing while it has an item ('' when it has none), and
+-- the generation of the listing this call ended, or that ended in the last ENDED_MS while it has
+-- none ('' when none did: a re-sent call that ended it answers as the first). The caller lists the path
+-- with the first (and unlists it with the second) in the shard of each proper prefix of the
+-- path (lgs_index.lua). No groups: a sweep of the namespace (drops up to PRUNE expired items).
 -- Corrupt reply 1 when an item to update does not start with the header we write.
+local ENDED_MS = 600000
 local nonce = ARGV[1]
 
 local now = server_now_ms()
@@ -55,4 +60,18 @@ for i = 2, #ARGV, 4 do
   end
 end
 reindex_namespace()
-return { written, pruned }
+local path = store_path()
+local listed = redis.call('ZSCORE', KEYS[7], path)
+if redis.call('ZCARD', KEYS[2]) > 0 then
+  if not listed then
+    listed = fmt(redis.call('INCR', KEYS[8]))
+    redis.call('ZADD', KEYS[7], listed, path)
+  end
+  return { written, pruned, listed, '' }
+end
+if listed then
+  redis.call('ZREM', KEYS[7], path)
+  redis.call('SET', KEYS[9], listed, 'PX', ENDED_MS)
+  return { written, pruned, '', listed }
+end
+return { written, pruned, '', redis.call('GET', KEYS[9]) or '' }
