@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 #: check.mjs calls that pass on ``langgraph dev`` and fail on ours, with what is missing (issue 41).
 KNOWN_GAPS = {
-    "runs.stream events": "stream_mode='events' is refused (422)",
     "crons.createForThread": "crons are not served",
     "crons.search": "crons are not served",
     "crons.delete": "crons are not served",

@@ -61,8 +61,21 @@ MultitaskStrategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 FINAL_STATUSES = frozenset({"success", "error", "interrupted", "timeout"})
 #: LangGraph Platform's double-texting strategies.
 MULTITASK_STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
-#: The stream modes of ``graph.stream`` a run can record.
-STREAM_MODES = ("values", "updates", "messages", "custom", "debug", "checkpoints", "tasks")
+#: The stream modes a run can record: those of ``graph.stream``; ``events``, the events of
+#: ``graph.astream_events(version="v2")`` (each event named ``events``); and ``messages-partial``,
+#: LangGraph's server's ``messages`` mode (each message as it grows: ``messages/metadata`` once, then
+#: ``messages/partial`` or ``messages/complete`` holding it so far).
+STREAM_MODES = (
+    "values",
+    "updates",
+    "messages",
+    "custom",
+    "debug",
+    "checkpoints",
+    "tasks",
+    "events",
+    "messages-partial",
+)
 
 #: A run's serialized input, command, config and metadata may take this many bytes.
 MAX_BODY_BYTES = 16 * 2**20

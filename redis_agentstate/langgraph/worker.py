@@ -35,8 +35,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
+from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_messages, message_chunk_to_message
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
@@ -97,9 +99,19 @@ class _Attempt:
         self.config = config
         self.thread_config = {"configurable": {"thread_id": run.thread_id}}
         modes = list(run.stream_mode)
+        #: ``events``: the graph runs under ``astream_events`` (v2), whose root's ``on_chain_stream``
+        #: events carry the chunks of the other modes, as LangGraph's server runs it.
+        self.astream_events = "events" in modes
+        #: ``messages-partial``: the graph's ``messages`` chunks, each message accumulated by its id.
+        self.partial = "messages-partial" in modes
+        self.raw_messages = "messages" in modes
+        self.messages: dict[str | None, Any] = {}
+        graph_modes = [m for m in modes if m not in ("events", "messages-partial")]
+        if self.partial and not self.raw_messages:
+            graph_modes.append("messages")
         #: No asked mode emits at every super-step: add one for the boundaries, and do not record it.
-        self.boundary = not (_PER_STEP & set(modes))
-        self.asked = [*modes, "checkpoints"] if self.boundary else modes
+        self.boundary = not (_PER_STEP & set(graph_modes))
+        self.asked = [*graph_modes, "checkpoints"] if self.boundary else graph_modes
         self.deadline = None if worker.run_timeout_s is None else time.monotonic() + worker.run_timeout_s
         self.timeout_s = worker.run_timeout_s
         self.lease_args = {"lease_ms": worker.lease_ms, "wait_ms": worker.lease_ms + 2_000}
@@ -138,14 +150,42 @@ class _Attempt:
     def events(self, chunk: Any) -> list[tuple[str, Any]]:
         """What to record of one chunk of ``graph.stream``: ``(mode, data)``, or with subgraphs
         ``(namespace, mode, data)``, whose events are named ``<mode>|<namespace>`` (its parts joined by
-        ``|``, as LangGraph's server names them; the graph's own keep their mode's name)."""
+        ``|``, as LangGraph's server names them; the graph's own keep their mode's name). Under
+        ``events``, a chunk is an ``astream_events`` event: the root's ``on_chain_stream`` holds a
+        chunk of the modes above; every other one is recorded as an ``events`` event (but those
+        tagged ``langsmith:hidden``, as LangGraph's server skips them)."""
+        if self.astream_events:
+            if chunk.get("event") != "on_chain_stream" or chunk.get("parent_ids"):
+                return [] if "langsmith:hidden" in (chunk.get("tags") or ()) else [("events", chunk)]
+            chunk = chunk["data"]["chunk"]
         if self.run.subgraphs:
             ns, mode, data = chunk
         else:
             (mode, data), ns = chunk, ()
         if self.boundary and mode == "checkpoints":
             return []
-        return [(f"{mode}|{'|'.join(ns)}" if ns else mode, data)]
+        out = [(f"{mode}|{'|'.join(ns)}" if ns else mode, data)]
+        if mode == "messages" and self.partial:
+            out = [*out, *self._grown(data)] if self.raw_messages else self._grown(data)
+        return out
+
+    def _grown(self, data: Any) -> list[tuple[str, Any]]:
+        """LangGraph's server's ``messages`` mode for one ``(message, metadata)`` chunk: the message
+        accumulated by its id so far (``messages/partial`` while it streams as chunks,
+        ``messages/complete`` for a whole message), after a ``messages/metadata`` the first time its
+        id is seen in this attempt."""
+        msg, meta = data
+        if not isinstance(msg, BaseMessage):
+            msg = convert_to_messages([msg])[0]
+        out: list[tuple[str, Any]] = []
+        if msg.id in self.messages:
+            self.messages[msg.id] += msg
+        else:
+            self.messages[msg.id] = msg
+            out.append(("messages/metadata", {msg.id: {"metadata": meta}}))
+        kind = "messages/partial" if isinstance(msg, BaseMessageChunk) else "messages/complete"
+        out.append((kind, [message_chunk_to_message(self.messages[msg.id])]))
+        return out
 
     def started(self, stop: str, stopping: bool, lost: bool) -> bool:
         """After the fenced check that opens an attempt, once the thread's saver lease is ours (an
@@ -230,6 +270,23 @@ class _StopWatch:
             w._count("interrupted")
 
 
+def _drive(events: AsyncIterator[Any]) -> Generator[Any, None, None]:
+    """An async iterator's items, from sync code, on an event loop of the calling thread's own;
+    closing the generator closes the async one (the graph's task stops there)."""
+    loop = asyncio.new_event_loop()
+    it = aiter(events)
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(anext(it))
+            except StopAsyncIteration:
+                return
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(it.aclose())  # type: ignore[attr-defined]
+        loop.close()
+
+
 def _put_back(lease: Lease | AsyncLease, remaining: int) -> Checkpoint:
     """The thread's task as the worker commits it: due now if it has runs left, else waiting for one."""
     cp = lease.checkpoint
@@ -247,8 +304,9 @@ class GraphWorker:
     its keeper; a dead worker's runs are taken over after about this long). ``run_timeout_s``: a
     run still going after this long ends as ``timeout`` at its next boundary. ``max_attempts``: a
     run whose worker died this many times (its lease lapsed without a hand-back) ends as ``error``;
-    hand-backs (``stop()``, a release after a Redis error) do not count. ``graph_id``: the name of ``graph``; a run
-    whose ``metadata["graph_id"]`` names another graph ends as ``error`` without running.
+    hand-backs (``stop()``, a release after a Redis error) do not count. ``graph_id``: the name of
+    ``graph`` (an unnamed one runs under it, as in LangGraph's server); a run whose
+    ``metadata["graph_id"]`` names another graph ends as ``error`` without running.
     ``store``: a LangGraph ``BaseStore`` (e.g. ``AgentStateStore``) the graph's nodes reach through
     ``get_store()`` / ``InjectedStore`` (it replaces the store ``graph`` was compiled with; None keeps it).
     """
@@ -287,6 +345,8 @@ class GraphWorker:
         update: dict[str, Any] = {"checkpointer": saver}
         if store is not None:
             update["store"] = store
+        if graph_id is not None and getattr(graph, "name", None) == "LangGraph":
+            update["name"] = graph_id  # a graph left unnamed runs under its id, as LangGraph's server names it
         self.graph = graph.copy(update=update)
         self.store: Any = store
         self.queue: Any = queue
@@ -424,7 +484,7 @@ class GraphWorker:
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
                     watch = _StopWatch(self, a, thread_lease)
-                    chunks = self.graph.stream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
+                    chunks = self._chunks(a, last)
                     try:
                         for chunk in chunks:
                             stop = self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
@@ -461,6 +521,14 @@ class GraphWorker:
         left: int = self.queue._run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left
+
+    def _chunks(self, a: _Attempt, last: Any) -> Generator[Any, None, None]:
+        """The sync driver's chunks: ``graph.stream``, or under ``events`` ``graph.astream_events``
+        (LangChain has no sync twin) driven on an event loop of this thread's own."""
+        kw = {"stream_mode": a.asked, "subgraphs": a.run.subgraphs}
+        if not a.astream_events:
+            return self.graph.stream(a.input(last), a.config, **kw)  # type: ignore[no-any-return]
+        return _drive(self.graph.astream_events(a.input(last), a.config, version="v2", **kw))
 
     # ---- the asyncio driver ----------------------------------------------------
 
@@ -574,7 +642,11 @@ class GraphWorker:
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
         core, run = self.queue._core, a.run
-        chunks = self.graph.astream(a.input(last), a.config, stream_mode=a.asked, subgraphs=run.subgraphs)
+        kw = {"stream_mode": a.asked, "subgraphs": run.subgraphs}
+        if a.astream_events:
+            chunks = self.graph.astream_events(a.input(last), a.config, version="v2", **kw)
+        else:
+            chunks = self.graph.astream(a.input(last), a.config, **kw)
         try:
             async for chunk in chunks:
                 stop = await self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))

@@ -266,9 +266,7 @@ class _App:
         elif owner is None:
             rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
             await self.book.save(rec)
-        modes = body.get("stream_mode") or "values"
-        modes = [modes] if isinstance(modes, str) else list(modes)
-        modes = ["messages" if m == "messages-tuple" else m for m in modes]
+        modes = _run_modes(body.get("stream_mode") or "values")
         config = body.get("config") or {}
         if not isinstance(config, dict):
             raise HTTPException(422, "config must be an object")
@@ -432,7 +430,7 @@ class _App:
                             ended = True
                             break
                         name = ev.event  # a subgraph's: '<mode>|<namespace>', filtered on its mode
-                        if modes and name.partition("|")[0] not in modes and name not in ("metadata", "error"):
+                        if modes and not _asked(name, modes):
                             continue
                         yield shapes.sse(name, ev.data, ev.id)
                     ended = True
@@ -469,8 +467,6 @@ class _App:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
         after = request.headers.get("last-event-id") or None
         modes = [m for m in request.query_params.getlist("stream_mode") if m] or None  # None is sent as ''"
-        if modes:
-            modes = ["messages" if m == "messages-tuple" else m for m in modes]
         cancel = request.query_params.get("cancel_on_disconnect", "false").lower() in ("1", "true", "yes")
         return self._events(g, run, after, modes, cancel_on_disconnect=cancel)
 
@@ -519,6 +515,29 @@ def _is_write(request: Request) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return False
     return not (request.method == "POST" and request.url.path.endswith(_READ_POSTS))
+
+
+def _run_modes(value: Any) -> Any:
+    """The run's stream modes in ``RunQueue``'s names: LangGraph's server's ``messages`` (each message
+    as it grows) is ``messages-partial``, its ``messages-tuple`` (the graph's own chunks) is ``messages``;
+    given both, LangGraph's server sends the tuples only. Anything else goes on to be checked."""
+    modes = [value] if isinstance(value, str) else value
+    if not isinstance(modes, (list, tuple)):
+        return value
+    tuples = "messages-tuple" in modes
+    out = [{"messages-tuple": "messages", "messages": "messages-partial"}.get(m, m) if isinstance(m, str) else m
+           for m in modes if not (tuples and m == "messages")]  # fmt: skip
+    return out
+
+
+def _asked(event: str, modes: list[str]) -> bool:
+    """Whether a joined stream filtered on ``modes`` (LangGraph's names) sends ``event``: ``metadata``
+    and ``error`` always, a subgraph's ``<mode>|<namespace>`` on its mode, and under ``messages`` or
+    ``messages-tuple`` every ``messages...`` event, as LangGraph's server filters a join."""
+    mode = event.partition("|")[0]
+    if event in ("metadata", "error") or mode in modes:
+        return True
+    return mode.startswith("messages") and ("messages" in modes or "messages-tuple" in modes)
 
 
 def _cancel_on_disconnect(body: Mapping[str, Any]) -> bool:
