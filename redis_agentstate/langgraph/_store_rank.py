@@ -25,7 +25,7 @@ from langgraph.store.base import Item
 try:  # optional: the pure-Python path gives the same ranking
     import numpy as _np  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - exercised by the tests with NUMPY off
-    _np = None
+    _np = None  # type: ignore[assignment,unused-ignore]
 
 __all__ = ["NUMPY", "Candidate", "pack_vectors", "rank", "unpack_vectors"]
 

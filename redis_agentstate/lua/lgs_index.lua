@@ -2,7 +2,7 @@
 -- their proper prefixes (so that a search of the prefix reads that shard alone; see _lgs.lua).
 --   KEYS[1] - ns:{ns#SS}:lgsns  zset  namespace paths (score 0, lex order)
 --   KEYS[2] - ns:{ns#SS}:lgsng  zset  path -> generation of its listing
---   ARGV    - groups of three: '+' or '-', a path, the generation of its listing (lgs_put.lua
+--   ARGV[1..] - groups of three: '+' or '-', a path, the generation of its listing (lgs_put.lua
 --             returns it: a new listing has a greater one than every listing before it)
 -- '+' lists the path with that generation, unless it is listed with a later one (a late '+');
 -- '-' unlists it if it is listed with exactly that generation (a listing that began since
