@@ -37,6 +37,12 @@ lives in another slot than most of its tasks: _limits.py's protocol spans the tw
     ns:{ns#SS}:lwait:<ck>         zset   task ids claim_next put off because the key was full -> ms put off
     ns:{ns#00}:limits             hash   every limited key -> its limit (what ``agentstate stats`` lists)
 
+Cron schedules of ``agentstate serve`` (``langgraph/crons.py``; all in shard 00's slot)::
+
+    ns:{ns#00}:cron:<cron_id>     hash   body (the cron's JSON record), due (its next tick, ms), last (last fired)
+    ns:{ns#00}:crondue            zset   cron id -> due ms of its next tick (what a ticker fires)
+    ns:{ns#00}:crons              zset   cron id -> created ms (every cron)
+
 Key/value seam (``SS`` is the shard of the key)::
 
     ns:{ns#SS}:kv:<key>           string the value (PX when set with a TTL)
@@ -191,6 +197,7 @@ KEY_TYPES = {
     "lgrun": "zset", "lgrel": "list", "lgthreads": "zset", "lgruns": "zset",
     "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
+    "cron": "hash", "crondue": "zset", "crons": "zset",
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
 }  # fmt: skip
@@ -238,6 +245,8 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "store namespace", ident
     if kind in _LIMIT_KINDS:
         return KEY_TYPES[kind], "concurrency key", ident
+    if kind == "cron":
+        return KEY_TYPES[kind], "cron", ident
     return KEY_TYPES[kind], None, None
 
 
@@ -662,6 +671,12 @@ class Keys:
     def limits(self) -> str:
         """The namespace's registry of limited keys (shard 00's slot)."""
         return self._shard_prefixes[0] + "limits"
+
+    def crons(self, cron_id: str) -> tuple[str, str, str]:
+        """``(cron:<cron_id>, crondue, crons)``: a cron schedule's hash, the namespace's due index and
+        its index of every cron, all in shard 00's slot (``lua/cron_put.lua``)."""
+        p = self._shard_prefixes[0]
+        return p + "cron:" + cron_id, p + "crondue", p + "crons"
 
     def pool(self, pool_id: str) -> PoolKeys:
         p = self._prefix_of(pool_id)

@@ -249,8 +249,11 @@ class RunCore:
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
+        # A caller-chosen id makes the create idempotent: sent again, it answers the run it made.
+        rid = str(uuid.uuid4()) if run_id is None else check_run_id(run_id)
         strategy = check_strategy(multitask_strategy)
         modes = check_modes(stream_mode)
         conf = _mapping(config, "config")
@@ -262,7 +265,8 @@ class RunCore:
         if len(body) > MAX_BODY_BYTES:
             raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
                                   f"over {MAX_BODY_BYTES}")  # fmt: skip
-        rid = str(uuid.uuid4())
+        if run_id is not None and (owner := (yield from self.thread_of(rid))) not in (None, tid):
+            raise InvalidArgument(f"run {rid!r} is a run of another thread ({owner!r})")
         keys = self.keys.runs(tid)
         run_hash, run_events = keys.run(rid)
         args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active]

@@ -98,11 +98,14 @@ class RunQueue(_Queue, SyncShell[RunCore]):
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> Run:
-        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it."""
+        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it. ``run_id``:
+        the run's id (a new uuid4 by default); a run of that id that exists already is answered as is,
+        nothing created (an idempotent create: the same id sent twice makes one run)."""
         return self._run(self._core.create(thread_id, input, command=command, config=config,
                                            multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                           metadata=metadata))  # fmt: skip
+                                           metadata=metadata, run_id=run_id))  # fmt: skip
 
     def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""
@@ -162,11 +165,14 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
         multitask_strategy: str = "reject",
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> Run:
-        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it."""
+        """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it. ``run_id``:
+        the run's id (a new uuid4 by default); a run of that id that exists already is answered as is,
+        nothing created (an idempotent create: the same id sent twice makes one run)."""
         return await self._run(self._core.create(thread_id, input, command=command, config=config,
                                                  multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                                 metadata=metadata))  # fmt: skip
+                                                 metadata=metadata, run_id=run_id))  # fmt: skip
 
     async def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""

@@ -1,0 +1,289 @@
+"""``agentstate serve``'s crons (issue 41, "Not served today"): create for a thread or stateless,
+get, search, count, update, delete, judged by the real ``langgraph-sdk`` client; and the ticker:
+each tick makes exactly one run, whatever number of servers fire it and wherever one crashes.
+
+The apps run in threads of this process (uvicorn), on fakeredis or a real redis-server, so that a
+test can hold the tickers' clock (``CronRoutes.frozen_ms``) at a cron's own ``next_run_date``:
+ticks come without waiting for real minutes, and no assertion reads the wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import free_port
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("langgraph_sdk")
+pytest.importorskip("croniter")
+
+from test_serve import TOKEN, Served, _wait_up
+
+from redis_agentstate.server._crons import tick_ids
+
+on_fake_and_real = pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"],
+                                           indirect=True)  # fmt: skip
+MINUTE = 60_000
+#: The fields of langgraph_sdk.schema.Cron.
+CRON_FIELDS = {"cron_id", "assistant_id", "thread_id", "on_run_completed", "end_time", "schedule", "timezone",
+               "created_at", "updated_at", "payload", "user_id", "next_run_date", "metadata", "enabled"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def serve(backend: Any, namespace: str, poll_s: float = 0.01) -> Iterator[tuple[Served, Any]]:
+    """An app serving ``steps`` on the backend, in a thread; yields it and its cron routes (ticker)."""
+    import uvicorn
+    from lg_run_graphs import steps
+
+    from redis_agentstate.server import create_app
+
+    client = backend.new_async_client(max_connections=320)
+    app = create_app({"steps": steps}, client, namespace=namespace, token=TOKEN, workers=1)
+    crons = app.state.agentstate.crons
+    crons.poll_s = poll_s
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        _wait_up(f"http://127.0.0.1:{port}")
+        yield Served(f"http://127.0.0.1:{port}", TOKEN), crons
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+        assert not thread.is_alive(), "the app did not stop (its ticker outlived the lifespan)"
+
+
+def ms(iso: str) -> int:
+    return int(dt.datetime.fromisoformat(iso).timestamp() * 1000)
+
+
+def iso(at_ms: int) -> str:
+    return dt.datetime.fromtimestamp(at_ms / 1000, tz=dt.timezone.utc).isoformat()
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def run_ids(c: Any, thread_id: str) -> list[str]:
+    return sorted(r["run_id"] for r in c.runs.list(thread_id, limit=100))
+
+
+def status_of(call: Callable[[], Any]) -> int:
+    with pytest.raises(httpx.HTTPStatusError) as err:
+        call()
+    return int(err.value.response.status_code)
+
+
+@pytest.fixture
+def served(backend: Any, namespace: str) -> Iterator[tuple[Served, Any]]:
+    with serve(backend, namespace) as s:
+        yield s
+
+
+@on_fake_and_real
+class TestCrud:
+    def test_create_get_search_count_update_delete_through_the_client(self, served: tuple[Served, Any]) -> None:
+        s, crons = served
+        crons.frozen_ms = 0  # no tick fires in this test
+        c = s.sync()
+        t = c.threads.create()["thread_id"]
+        made = c.crons.create_for_thread(t, "steps", schedule="*/5 * * * *", input={"log": []},
+                                         metadata={"team": "a"})  # fmt: skip
+        assert CRON_FIELDS <= set(made)
+        assert made["thread_id"] == t and made["schedule"] == "*/5 * * * *" and made["enabled"] is True
+        assert made["assistant_id"] == c.assistants.get("steps")["assistant_id"]
+        assert made["metadata"] == {"team": "a"} and made["on_run_completed"] is None
+        assert made["payload"]["input"] == {"log": []}
+        assert made["payload"]["config"]["configurable"]["cron_id"] == made["cron_id"]
+        assert ms(made["next_run_date"]) % (5 * MINUTE) == 0  # on a */5 boundary, UTC
+        stateless = c.crons.create("steps", schedule="0 9 * * 1", timezone="America/New_York", on_run_completed="keep")
+        assert stateless["thread_id"] is None and stateless["on_run_completed"] == "keep"
+        nine = dt.datetime.fromisoformat(stateless["next_run_date"]).astimezone(dt.timezone(dt.timedelta(hours=-5)))
+        assert (nine.hour, nine.minute, nine.weekday()) in {(9, 0, 0), (10, 0, 0)}  # 9:00 New York (EST/EDT)
+        assert c.http.get(f"/runs/crons/{made['cron_id']}") == made
+
+        ids = {x["cron_id"] for x in c.crons.search(limit=100)}
+        assert ids == {made["cron_id"], stateless["cron_id"]}
+        assert [x["cron_id"] for x in c.crons.search(thread_id=t)] == [made["cron_id"]]
+        assert [x["cron_id"] for x in c.crons.search(metadata={"team": "a"})] == [made["cron_id"]]
+        assert len(c.crons.search(assistant_id="steps", limit=100)) == 2
+        assert c.crons.count() == 2 and c.crons.count(thread_id=t) == 1 and c.crons.count(metadata={"team": "b"}) == 0
+        assert [x["cron_id"] for x in c.crons.search(limit=1, sort_by="created_at", sort_order="asc")] == [
+            made["cron_id"]
+        ]
+
+        up = c.crons.update(made["cron_id"], schedule="0 * * * *", metadata={"more": 1}, input={"log": ["x"]})
+        assert up["schedule"] == "0 * * * *" and ms(up["next_run_date"]) % (60 * MINUTE) == 0
+        assert up["metadata"] == {"team": "a", "more": 1} and up["payload"]["input"] == {"log": ["x"]}
+        assert up["payload"]["config"]["configurable"]["cron_id"] == made["cron_id"]
+        off = c.crons.update(made["cron_id"], enabled=False)
+        assert off["enabled"] is False and off["next_run_date"] is None
+        assert c.crons.search(enabled=False)[0]["cron_id"] == made["cron_id"]
+        on = c.crons.update(made["cron_id"], enabled=True)
+        assert ms(on["next_run_date"]) % (60 * MINUTE) == 0
+
+        c.crons.delete(made["cron_id"])
+        assert [x["cron_id"] for x in c.crons.search(limit=100)] == [stateless["cron_id"]]
+        assert status_of(lambda: c.crons.delete(made["cron_id"])) == 404
+        assert status_of(lambda: c.crons.update(made["cron_id"], enabled=False)) == 404
+
+    def test_bad_input_is_refused_before_anything_is_written(self, served: tuple[Served, Any]) -> None:
+        s, crons = served
+        crons.frozen_ms = 0
+        c = s.sync()
+        t = c.threads.create()["thread_id"]
+        bad: list[tuple[Callable[[], Any], int]] = [
+            (lambda: c.crons.create("steps", schedule="every minute"), 422),
+            (lambda: c.crons.create("steps", schedule="61 * * * *"), 422),
+            (lambda: c.crons.create("steps", schedule="* * * * *", timezone="Mars/Olympus"), 422),
+            (lambda: c.http.post("/runs/crons", json={"assistant_id": "steps", "schedule": "* * * * *",
+                                                      "end_time": "soon"}), 422),  # fmt: skip
+            (lambda: c.crons.create("nope", schedule="* * * * *"), 422),  # neither a UUID nor a served graph
+            (lambda: c.crons.create("00000000-0000-4000-8000-000000000000", schedule="* * * * *"), 404),
+            (lambda: c.crons.create_for_thread("no-such-thread", "steps", schedule="* * * * *"), 404),
+            (lambda: c.crons.create_for_thread(t, "steps", schedule="* * * * *", multitask_strategy="shout"), 422),
+            (lambda: c.crons.create("steps", schedule="* * * * *", webhook="https://example.com/hook"), 422),
+        ]
+        for call, code in bad:
+            assert status_of(call) == code
+        assert c.crons.count() == 0
+        made = c.crons.create("steps", schedule="* * * * *")
+        assert status_of(lambda: c.crons.update(made["cron_id"], schedule="nope")) == 422
+        assert c.crons.search()[0]["schedule"] == "* * * * *"
+
+
+@on_fake_and_real
+class TestTicks:
+    def test_each_tick_makes_one_run_and_end_time_ends_the_cron(self, served: tuple[Served, Any]) -> None:
+        s, crons = served
+        crons.frozen_ms = 0
+        c = s.sync()
+        t = c.threads.create()["thread_id"]
+        first = ms(c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []},
+                                             multitask_strategy="enqueue")["next_run_date"])  # fmt: skip
+        # It ends 90 s after its first tick: two ticks (first, first + 1 min), then none.
+        cron = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []},
+                                         end_time=dt.datetime.fromtimestamp((first + 90_000) / 1000, dt.timezone.utc))  # fmt: skip
+        assert ms(cron["next_run_date"]) == first
+        every = c.crons.search(thread_id=t, sort_by="created_at", sort_order="asc")[0]["cron_id"]
+        expected: set[str] = set()
+        for k in range(3):
+            crons.frozen_ms = first + k * MINUTE
+            if k < 2:
+                expected |= {tick_ids(every, first + k * MINUTE)[0], tick_ids(cron["cron_id"], first + k * MINUTE)[0]}
+            else:
+                expected.add(tick_ids(every, first + k * MINUTE)[0])
+            wait_for(lambda: set(run_ids(c, t)) == expected)
+            wait_for(lambda k=k: ms(c.http.get(f"/runs/crons/{every}")["next_run_date"]) == first + (k + 1) * MINUTE)
+        time.sleep(0.3)  # many more looks at the due crons: nothing more
+        assert set(run_ids(c, t)) == expected and len(expected) == 5
+        assert c.http.get(f"/runs/crons/{cron['cron_id']}")["next_run_date"] is None  # ended
+        # Each run ran once: the thread's log has each node's name once per run.
+        wait_for(lambda: all(r["status"] == "success" for r in c.runs.list(t, limit=100)))
+        assert c.threads.get_state(t)["values"] == {"log": ["a", "b", "c"] * 5}
+
+    def test_delete_stops_the_ticks(self, served: tuple[Served, Any]) -> None:
+        s, crons = served
+        crons.frozen_ms = 0
+        c = s.sync()
+        t = c.threads.create()["thread_id"]
+        made = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []})
+        first = ms(made["next_run_date"])
+        crons.frozen_ms = first
+        wait_for(lambda: run_ids(c, t) == [tick_ids(made["cron_id"], first)[0]])
+        c.crons.delete(made["cron_id"])
+        crons.frozen_ms = first + 10 * MINUTE
+        time.sleep(0.3)
+        assert run_ids(c, t) == [tick_ids(made["cron_id"], first)[0]]
+
+    def test_a_stateless_cron_runs_each_tick_on_a_new_thread(self, served: tuple[Served, Any]) -> None:
+        s, crons = served
+        crons.frozen_ms = 0
+        c = s.sync()
+        kept = c.crons.create("steps", schedule="* * * * *", input={"log": []}, on_run_completed="keep")
+        dropped = c.crons.create("steps", schedule="* * * * *", input={"log": []})
+        first = ms(kept["next_run_date"])
+        assert ms(dropped["next_run_date"]) == first
+        crons.frozen_ms = first
+        run, thread = tick_ids(kept["cron_id"], first)
+        wait_for(lambda: run_ids(c, thread) == [run] if _exists(c, thread) else False)
+        assert c.runs.join(thread, run) == {"log": ["a", "b", "c"]}
+        gone = tick_ids(dropped["cron_id"], first)[1]
+        wait_for(lambda: not _exists(c, gone) and ms(c.http.get(f"/runs/crons/{dropped['cron_id']}")
+                                                   ["next_run_date"]) == first + MINUTE)  # fmt: skip
+        assert _exists(c, thread)  # "keep": its thread stays
+
+
+def _exists(c: Any, thread_id: str) -> bool:
+    try:
+        c.threads.get(thread_id)
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code == 404:
+            return False
+        raise
+    return True
+
+
+@on_fake_and_real
+class TestExactlyOnce:
+    def test_two_servers_racing_over_n_ticks_make_n_runs(self, backend: Any, namespace: str) -> None:
+        n = 6
+        with serve(backend, namespace, poll_s=0.005) as (one, crons1), serve(backend, namespace, poll_s=0.005) as (
+            _,
+            crons2,
+        ):
+            crons1.frozen_ms = crons2.frozen_ms = 0
+            c = one.sync()
+            t = c.threads.create()["thread_id"]
+            made = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []})
+            first = ms(made["next_run_date"])
+            for k in range(n):
+                crons1.frozen_ms = crons2.frozen_ms = first + k * MINUTE
+                wait_for(lambda k=k: len(run_ids(c, t)) >= k + 1)
+                wait_for(lambda k=k: ms(c.http.get(f"/runs/crons/{made['cron_id']}")["next_run_date"])
+                         == first + (k + 1) * MINUTE)  # fmt: skip
+            time.sleep(0.3)
+            assert run_ids(c, t) == sorted(tick_ids(made["cron_id"], first + k * MINUTE)[0] for k in range(n))
+
+    def test_a_crash_between_the_run_and_the_advance_neither_skips_nor_doubles(
+        self, served: tuple[Served, Any]
+    ) -> None:
+        s, crons = served
+        crons.frozen_ms = 0
+        c = s.sync()
+        t = c.threads.create()["thread_id"]
+        made = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []})
+        first = ms(made["next_run_date"])
+        real_advance, crashes = crons.store.advance, []
+
+        async def crashing(cron_id: str, fired_ms: int, next_ms: int | None) -> bool:
+            if not crashes:  # the tick's run exists; the process dies before the cron moves on
+                crashes.append(fired_ms)
+                raise RuntimeError("crashed mid-tick")
+            return bool(await real_advance(cron_id, fired_ms, next_ms))
+
+        crons.store.advance = crashing
+        crons.frozen_ms = first
+        wait_for(lambda: ms(c.http.get(f"/runs/crons/{made['cron_id']}")["next_run_date"]) == first + MINUTE)
+        assert crashes == [first]
+        assert run_ids(c, t) == [tick_ids(made["cron_id"], first)[0]]  # fired again after the crash: one run
+        crons.frozen_ms = first + MINUTE
+        wait_for(lambda: len(run_ids(c, t)) == 2)
+        time.sleep(0.2)
+        assert run_ids(c, t) == sorted(tick_ids(made["cron_id"], first + k * MINUTE)[0] for k in range(2))
