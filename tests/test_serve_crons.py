@@ -105,7 +105,7 @@ class TestCrud:
         t = c.threads.create()["thread_id"]
         made = c.crons.create_for_thread(t, "steps", schedule="*/5 * * * *", input={"log": []},
                                          metadata={"team": "a"})  # fmt: skip
-        assert CRON_FIELDS <= set(made)
+        assert set(made) >= CRON_FIELDS
         assert made["thread_id"] == t and made["schedule"] == "*/5 * * * *" and made["enabled"] is True
         assert made["assistant_id"] == c.assistants.get("steps")["assistant_id"]
         assert made["metadata"] == {"team": "a"} and made["on_run_completed"] is None
@@ -148,12 +148,12 @@ class TestCrud:
         crons.frozen_ms = 0
         c = s.sync()
         t = c.threads.create()["thread_id"]
+        every_minute = {"assistant_id": "steps", "schedule": "* * * * *"}
         bad: list[tuple[Callable[[], Any], int]] = [
             (lambda: c.crons.create("steps", schedule="every minute"), 422),
             (lambda: c.crons.create("steps", schedule="61 * * * *"), 422),
             (lambda: c.crons.create("steps", schedule="* * * * *", timezone="Mars/Olympus"), 422),
-            (lambda: c.http.post("/runs/crons", json={"assistant_id": "steps", "schedule": "* * * * *",
-                                                      "end_time": "soon"}), 422),  # fmt: skip
+            (lambda: c.http.post("/runs/crons", json={**every_minute, "end_time": "soon"}), 422),
             (lambda: c.crons.create("nope", schedule="* * * * *"), 422),  # neither a UUID nor a served graph
             (lambda: c.crons.create("00000000-0000-4000-8000-000000000000", schedule="* * * * *"), 404),
             (lambda: c.crons.create_for_thread("no-such-thread", "steps", schedule="* * * * *"), 404),
@@ -178,8 +178,8 @@ class TestTicks:
         first = ms(c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []},
                                              multitask_strategy="enqueue")["next_run_date"])  # fmt: skip
         # It ends 90 s after its first tick: two ticks (first, first + 1 min), then none.
-        cron = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []},
-                                         end_time=dt.datetime.fromtimestamp((first + 90_000) / 1000, dt.timezone.utc))  # fmt: skip
+        end = dt.datetime.fromtimestamp((first + 90_000) / 1000, dt.timezone.utc)
+        cron = c.crons.create_for_thread(t, "steps", schedule="* * * * *", input={"log": []}, end_time=end)
         assert ms(cron["next_run_date"]) == first
         every = c.crons.search(thread_id=t, sort_by="created_at", sort_order="asc")[0]["cron_id"]
         expected: set[str] = set()
@@ -189,7 +189,7 @@ class TestTicks:
                 expected |= {tick_ids(every, first + k * MINUTE)[0], tick_ids(cron["cron_id"], first + k * MINUTE)[0]}
             else:
                 expected.add(tick_ids(every, first + k * MINUTE)[0])
-            wait_for(lambda: set(run_ids(c, t)) == expected)
+            wait_for(lambda want=set(expected): set(run_ids(c, t)) == want)
             wait_for(lambda k=k: ms(c.http.get(f"/runs/crons/{every}")["next_run_date"]) == first + (k + 1) * MINUTE)
         time.sleep(0.3)  # many more looks at the due crons: nothing more
         assert set(run_ids(c, t)) == expected and len(expected) == 5
@@ -216,7 +216,8 @@ class TestTicks:
         s, crons = served
         crons.frozen_ms = 0
         c = s.sync()
-        kept = c.crons.create("steps", schedule="* * * * *", input={"log": []}, on_run_completed="keep")
+        kept = c.crons.create("steps", schedule="* * * * *", input={"log": []}, on_run_completed="keep",
+                              metadata={"cron_note": "kept"})  # fmt: skip
         dropped = c.crons.create("steps", schedule="* * * * *", input={"log": []})
         first = ms(kept["next_run_date"])
         assert ms(dropped["next_run_date"]) == first
@@ -224,6 +225,7 @@ class TestTicks:
         run, thread = tick_ids(kept["cron_id"], first)
         wait_for(lambda: run_ids(c, thread) == [run] if _exists(c, thread) else False)
         assert c.runs.join(thread, run) == {"log": ["a", "b", "c"]}
+        assert c.runs.get(thread, run)["metadata"]["cron_note"] == "kept"  # the cron's metadata, on its runs
         gone = tick_ids(dropped["cron_id"], first)[1]
         wait_for(lambda: not _exists(c, gone) and ms(c.http.get(f"/runs/crons/{dropped['cron_id']}")
                                                    ["next_run_date"]) == first + MINUTE)  # fmt: skip
@@ -244,10 +246,8 @@ def _exists(c: Any, thread_id: str) -> bool:
 class TestExactlyOnce:
     def test_two_servers_racing_over_n_ticks_make_n_runs(self, backend: Any, namespace: str) -> None:
         n = 6
-        with serve(backend, namespace, poll_s=0.005) as (one, crons1), serve(backend, namespace, poll_s=0.005) as (
-            _,
-            crons2,
-        ):
+        with serve(backend, namespace, poll_s=0.005) as (one, crons1), serve(backend, namespace, poll_s=0.005) as pair:
+            crons2 = pair[1]
             crons1.frozen_ms = crons2.frozen_ms = 0
             c = one.sync()
             t = c.threads.create()["thread_id"]
@@ -287,3 +287,30 @@ class TestExactlyOnce:
         wait_for(lambda: len(run_ids(c, t)) == 2)
         time.sleep(0.2)
         assert run_ids(c, t) == sorted(tick_ids(made["cron_id"], first + k * MINUTE)[0] for k in range(2))
+
+
+class TestCronStore:
+    """The store the routes keep crons in, on every backend (a Redis Cluster too)."""
+
+    def test_a_tick_moves_once_and_only_from_the_tick_fired(self, backend: Any, namespace: str) -> None:
+        from redis_agentstate.langgraph.crons import CronStore
+
+        store = CronStore(backend.sync_client(), namespace=namespace)
+        now = store.now_ms()
+        assert store.create("c1", {"schedule": "* * * * *"}, due_ms=now - 5, created_ms=now)
+        assert not store.create("c1", {"schedule": "0 * * * *"}, due_ms=now, created_ms=now)  # another cron, same id
+        assert store.create("c2", {"schedule": "* * * * *"}, due_ms=now + MINUTE, created_ms=now + 1)
+        assert store.due(now) == [("c1", now - 5)]
+        # Two tickers fired the tick: one moves it, the other is told it moved (both True); a stale
+        # tick (an update rescheduled the cron meanwhile) moves nothing.
+        assert store.advance("c1", now - 5, now + MINUTE) and store.advance("c1", now - 5, now + 2 * MINUTE)
+        cron = store.get("c1")
+        assert cron is not None and (cron.due_ms, cron.last_ms) == (now + MINUTE, now - 5)
+        assert not store.advance("c1", now + 7, now + 3 * MINUTE)
+        assert store.due(now) == [] and [c for c, _ in store.due(now + MINUTE)] == ["c1", "c2"]
+        assert store.update("c1", {"schedule": "0 * * * *"}, due_ms=None)  # disabled: no tick
+        assert [c for c, _ in store.due(now + MINUTE)] == ["c2"]
+        assert not store.update("nope", {})
+        store.delete("c2")
+        assert [c.cron_id for c in store.every()] == ["c1"] and store.get("c2") is None
+        assert not store.advance("c2", now + MINUTE, None)

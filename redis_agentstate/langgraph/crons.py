@@ -84,7 +84,8 @@ class CronCore:
     def _cron(self, cid: str, raw: Any, key: str) -> Cron | None:
         if not raw:
             return None
-        h = {_text(k): v for k, v in (raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True))}
+        pairs = raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True)
+        h = {_text(k): v for k, v in pairs}
         try:
             record = json.loads(_text(h["body"]))
             if not isinstance(record, dict):
@@ -107,7 +108,7 @@ class CronCore:
         reply = yield Call(S.CRON_PUT, keys, [cid, "create", body, due, _ms_arg(created_ms, "created_ms")])
         return bool(reply[0] != Reply.REFUSED)
 
-    def update(self, cron_id: object, record: Mapping[str, Any], *, due_ms: int | None | str = "keep") -> Op[bool]:
+    def update(self, cron_id: object, record: Mapping[str, Any], *, due_ms: int | str | None = "keep") -> Op[bool]:
         """False if there is no such cron. ``due_ms``: the next tick, None for none, ``"keep"``."""
         cid, keys = self._keys(cron_id)
         body = self._body(record)
@@ -120,7 +121,7 @@ class CronCore:
         raw = yield Command(["HGETALL", keys[0]])
         return self._cron(cid, raw, keys[0])
 
-    def list(self) -> Op[list[Cron]]:
+    def every(self) -> Op[list[Cron]]:
         """Every cron, oldest first."""
         index = self.keys.crons("")[2]
         ids = [_text(i) for i in (yield Command(["ZRANGE", index, 0, -1]))]
@@ -181,16 +182,16 @@ class CronStore(_Crons, SyncShell[CronCore]):
         """A new cron; False if another with that id exists (True again for this very create re-sent)."""
         return self._run(self._core.create(cron_id, record, due_ms=due_ms, created_ms=created_ms))
 
-    def update(self, cron_id: str, record: Mapping[str, Any], *, due_ms: int | None | str = "keep") -> bool:
+    def update(self, cron_id: str, record: Mapping[str, Any], *, due_ms: int | str | None = "keep") -> bool:
         """Replace the cron's record (and its next tick unless ``"keep"``); False if there is no such cron."""
         return self._run(self._core.update(cron_id, record, due_ms=due_ms))
 
     def get(self, cron_id: str) -> Cron | None:
         return self._run(self._core.get(cron_id))
 
-    def list(self) -> list[Cron]:
+    def every(self) -> list[Cron]:
         """Every cron, oldest first."""
-        return self._run(self._core.list())
+        return self._run(self._core.every())
 
     def due(self, now_ms: int, limit: int = 100) -> list[tuple[str, int]]:
         """``(cron id, due ms)`` of the crons due at ``now_ms``, earliest first."""
@@ -214,14 +215,14 @@ class AsyncCronStore(_Crons, AsyncShell[CronCore]):
     async def create(self, cron_id: str, record: Mapping[str, Any], *, due_ms: int | None, created_ms: int) -> bool:
         return await self._run(self._core.create(cron_id, record, due_ms=due_ms, created_ms=created_ms))
 
-    async def update(self, cron_id: str, record: Mapping[str, Any], *, due_ms: int | None | str = "keep") -> bool:
+    async def update(self, cron_id: str, record: Mapping[str, Any], *, due_ms: int | str | None = "keep") -> bool:
         return await self._run(self._core.update(cron_id, record, due_ms=due_ms))
 
     async def get(self, cron_id: str) -> Cron | None:
         return await self._run(self._core.get(cron_id))
 
-    async def list(self) -> list[Cron]:
-        return await self._run(self._core.list())
+    async def every(self) -> list[Cron]:
+        return await self._run(self._core.every())
 
     async def due(self, now_ms: int, limit: int = 100) -> list[tuple[str, int]]:
         return await self._run(self._core.due(now_ms, limit))

@@ -221,7 +221,7 @@ class CronRoutes:
             rec["payload"] = {**payload, "config": conf}
         now = await self.store.now_ms()
         rec["updated_at"] = shapes.iso(now)
-        due: int | None | str = "keep"
+        due: int | str | None = "keep"
         if any(k in body for k in _RESCHEDULE):
             due = next_due_ms(rec, await self.now_ms())
         if not await self.store.update(cron.cron_id, rec, due_ms=due):
@@ -258,7 +258,7 @@ class CronRoutes:
         sort_by, order = body.get("sort_by") or "created_at", body.get("sort_order") or "desc"
         if sort_by not in _SORTS or order not in ("asc", "desc"):
             raise HTTPException(422, f"sort_by must be one of {', '.join(_SORTS)}; sort_order asc or desc")
-        found = [self.out(c) for c in await self.store.list() if self._matches(c, body)]
+        found = [self.out(c) for c in await self.store.every() if self._matches(c, body)]
         found.sort(key=lambda c: (c.get(sort_by) is None, str(c.get(sort_by) or "")), reverse=order == "desc")
         page = found[offset : offset + limit]
         select = body.get("select")
@@ -271,7 +271,7 @@ class CronRoutes:
 
     async def count(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
-        return JSONResponse(sum(1 for c in await self.store.list() if self._matches(c, body)))
+        return JSONResponse(sum(1 for c in await self.store.every() if self._matches(c, body)))
 
     # ---- the ticker ----------------------------------------------------------------------------------
 
@@ -320,9 +320,10 @@ class CronRoutes:
         rec = cron.record
         run_id, thread_id = tick_ids(cron.cron_id, due)
         body = dict(rec["payload"])
-        if end := _end_ms(rec.get("end_time")):
-            if due > end:
-                return True  # past its end: moved to no tick
+        # The cron's metadata under the payload's, on each run (as LangGraph's scheduler does).
+        body["metadata"] = {**(rec.get("metadata") or {}), **(body.get("metadata") or {})}
+        if (end := _end_ms(rec.get("end_time"))) is not None and due > end:
+            return True  # past its end: moved to no tick
         stateless = rec.get("thread_id") is None
         if stateless:
             body["if_not_exists"] = "create"
