@@ -314,3 +314,21 @@ class TestCronStore:
         store.delete("c2")
         assert [c.cron_id for c in store.every()] == ["c1"] and store.get("c2") is None
         assert not store.advance("c2", now + MINUTE, None)
+
+    def test_a_run_created_twice_with_one_id_is_one_run(self, backend: Any, namespace: str) -> None:
+        # What a tick fired again (a second ticker, or after a crash) relies on.
+        from redis_agentstate import InvalidArgument
+        from redis_agentstate.langgraph import RunQueue
+
+        queue = RunQueue(backend.sync_client(), namespace=namespace)
+        first = queue.create("t1", {"log": []}, run_id="tick-1")
+        again = queue.create("t1", {"log": ["other"]}, run_id="tick-1", multitask_strategy="reject")
+        assert first.run_id == again.run_id == "tick-1"
+        assert [r.run_id for r in queue.list("t1")] == ["tick-1"]
+        got = queue.get("tick-1")
+        assert got is not None and got.input == {"log": []}  # the first create's, untouched
+        with pytest.raises(InvalidArgument):
+            queue.create("t2", run_id="tick-1")  # another thread's run
+        with pytest.raises(InvalidArgument):
+            queue.create("t1", run_id="")
+        assert queue.list("t2") == []
