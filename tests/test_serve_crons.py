@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,8 @@ pytest.importorskip("langgraph_sdk")
 pytest.importorskip("croniter")
 
 from test_serve import TOKEN, Served, _wait_up
+from test_serve_parity import LANGGRAPH as PARITY_LANGGRAPH
+from test_serve_parity import servers as parity_servers
 
 from redis_agentstate.server._crons import tick_ids
 
@@ -133,7 +136,7 @@ class TestCrud:
         assert up["metadata"] == {"team": "a", "more": 1} and up["payload"]["input"] == {"log": ["x"]}
         assert up["payload"]["config"]["configurable"]["cron_id"] == made["cron_id"]
         off = c.crons.update(made["cron_id"], enabled=False)
-        assert off["enabled"] is False and off["next_run_date"] is None
+        assert off["enabled"] is False and ms(off["next_run_date"]) % (60 * MINUTE) == 0  # shown, not fired
         assert c.crons.search(enabled=False)[0]["cron_id"] == made["cron_id"]
         on = c.crons.update(made["cron_id"], enabled=True)
         assert ms(on["next_run_date"]) % (60 * MINUTE) == 0
@@ -332,3 +335,48 @@ class TestCronStore:
         with pytest.raises(InvalidArgument):
             queue.create("t1", run_id="")
         assert queue.list("t2") == []
+
+
+def _crons(c: Any, h: httpx.Client) -> dict[str, Any]:
+    from test_serve_parity import call, shape
+
+    out: dict[str, Any] = {}
+    t = c.threads.create()["thread_id"]
+    made = c.crons.create_for_thread(t, "steps", schedule="*/5 * * * *", input={"log": []}, metadata={"k": 1})
+    fields = ("schedule", "metadata", "enabled", "end_time", "on_run_completed", "timezone", "user_id")
+    out["create for thread"] = (shape(made), {k: made[k] for k in fields})
+    out["payload"] = {k: v for k, v in made["payload"].items() if k not in ("assistant_id", "config")}
+    free = c.crons.create("steps", schedule="0 9 * * *", timezone="Europe/Paris")
+    out["create stateless"] = (shape(free), free["on_run_completed"], free["timezone"], free["thread_id"])
+    out["get"] = shape(h.get(f"/runs/crons/{made['cron_id']}").json())
+    out["search"] = sorted(x["schedule"] for x in c.crons.search(limit=100))
+    out["search by thread"] = [x["schedule"] for x in c.crons.search(thread_id=t)]
+    out["search by metadata"] = [x["schedule"] for x in c.crons.search(metadata={"k": 1})]
+    out["search select"] = c.crons.search(thread_id=t, select=["schedule", "enabled"])
+    out["count"] = (c.crons.count(), c.crons.count(thread_id=t), c.crons.count(metadata={"k": 2}))
+    up = c.crons.update(made["cron_id"], schedule="0 * * * *", metadata={"m": 2}, enabled=False)
+    out["update"] = (shape(up), {k: up[k] for k in ("schedule", "metadata", "enabled")})
+    missing = str(uuid.uuid4())
+    for name, fn in [("bad schedule", lambda: c.crons.create("steps", schedule="nope")),
+                     ("bad timezone", lambda: c.crons.create("steps", schedule="* * * * *", timezone="Mars/X")),
+                     ("no assistant", lambda: c.crons.create(missing, schedule="* * * * *")),
+                     ("no thread", lambda: c.crons.create_for_thread(missing, "steps", schedule="* * * * *")),
+                     ("update missing", lambda: c.crons.update(missing, enabled=True)),
+                     ("delete missing", lambda: c.crons.delete(missing))]:  # fmt: skip
+        out[f"{name}: status"] = call(fn)[0]
+    out["delete"] = call(lambda: c.crons.delete(made["cron_id"]))
+    out["after delete"] = c.crons.count(thread_id=t)
+    c.crons.delete(free["cron_id"])
+    return out
+
+
+#: langgraph dev and ours side by side (skipped where langgraph dev is not installed).
+servers = parity_servers
+
+
+@pytest.mark.skipif(PARITY_LANGGRAPH is None, reason="langgraph dev is not installed (AGENTSTATE_LANGGRAPH_DEV)")
+def test_crons_answer_as_langgraph_dev(servers: dict[str, tuple[str, str | None]]) -> None:
+    from test_serve_parity import both
+
+    dev, ours = both(servers, _crons)
+    assert ours == dev

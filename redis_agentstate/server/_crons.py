@@ -59,7 +59,8 @@ _UNSUPPORTED = ("interrupt_before", "interrupt_after", "webhook")
 _SORTS = ("cron_id", "assistant_id", "thread_id", "next_run_date", "end_time", "created_at", "updated_at")
 #: The fields of a patch that change when the next tick is.
 _RESCHEDULE = ("schedule", "timezone", "enabled", "end_time")
-_RECORD = ("on_run_completed", "end_time", "enabled", "timezone", "schedule", "metadata")
+#: The payload's keys that are the cron's, not its runs'.
+_CRON_ONLY = ("schedule", "end_time", "enabled", "timezone", "on_run_completed")
 
 
 def tick_ids(cron_id: str, due_ms: int) -> tuple[str, str]:
@@ -113,6 +114,15 @@ def next_due_ms(rec: Mapping[str, Any], after_ms: int) -> int | None:
     return None if end is not None and due > end else due
 
 
+def _shown_due(rec: Mapping[str, Any], due_ms: int | None) -> int | None:
+    """The ``next_run_date`` a cron shows: its next tick; for a disabled one, the tick it would
+    have (as LangGraph shows it), from its last update."""
+    if due_ms is not None or rec.get("enabled", True):
+        return due_ms
+    updated = dt.datetime.fromisoformat(rec["updated_at"])
+    return next_due_ms({**rec, "enabled": True}, int(updated.timestamp() * 1000))
+
+
 class CronRoutes:
     """The cron routes of one app, and its ticker (``start`` / ``stop``)."""
 
@@ -129,7 +139,7 @@ class CronRoutes:
     # ---- the routes --------------------------------------------------------------------------------
 
     def out(self, cron: Cron) -> dict[str, Any]:
-        return {**cron.record, "next_run_date": shapes.iso(cron.due_ms)}
+        return {**cron.record, "next_run_date": shapes.iso(_shown_due(cron.record, cron.due_ms))}
 
     async def _need(self, cron_id: str) -> Cron:
         cron = await self.store.get(cron_id)
@@ -149,10 +159,8 @@ class CronRoutes:
             if body.get(name) is not None and not isinstance(body[name], dict):
                 raise HTTPException(422, f"{name} must be an object")
         _, resolved = await self.app.assistants.resolve(body)
-        payload = {k: v for k, v in body.items() if k not in ("schedule", "end_time", "enabled", "timezone",
-                                                               "on_run_completed")}  # fmt: skip
-        payload["assistant_id"] = resolved["assistant_id"]
-        return payload
+        # The body as given, as LangGraph keeps it (its schedule fields too: a tick leaves them out).
+        return {**body, "assistant_id": resolved["assistant_id"]}
 
     async def create(self, request: Request) -> Response:
         tid = request.path_params.get("tid")
@@ -176,7 +184,7 @@ class CronRoutes:
         payload["config"]["configurable"] = {**(payload["config"].get("configurable") or {}), "cron_id": cron_id}
         now = await self.store.now_ms()
         stamp = shapes.iso(now)
-        rec = {"cron_id": cron_id, "assistant_id": payload["assistant_id"], "thread_id": tid, "user_id": None,
+        rec = {"cron_id": cron_id, "assistant_id": payload["assistant_id"], "thread_id": tid, "user_id": "",
                "on_run_completed": None if tid is not None else (done or "delete"), "end_time": body.get("end_time"),
                "schedule": schedule, "timezone": body.get("timezone"), "created_at": stamp, "updated_at": stamp,
                "payload": payload, "metadata": body.get("metadata") or {}, "enabled": enabled}  # fmt: skip
@@ -212,13 +220,12 @@ class CronRoutes:
             rec["on_run_completed"] = body["on_run_completed"]
         if body.get("metadata") is not None:
             rec["metadata"] = {**(rec.get("metadata") or {}), **body["metadata"]}
-        changes = {k: v for k, v in body.items() if k not in _RECORD and v is not None}
-        if changes:
-            payload = {**rec["payload"], **changes, "assistant_id": rec["payload"]["assistant_id"]}
-            payload = await self._payload(payload)
-            conf = dict(payload.get("config") or {})
-            conf["configurable"] = {**(conf.get("configurable") or {}), "cron_id": cron.cron_id}
-            rec["payload"] = {**payload, "config": conf}
+        # The patch merged into the payload, shallowly, as LangGraph does (its assistant and cron id kept).
+        payload = {**rec["payload"], **{k: v for k, v in body.items() if v is not None}}
+        payload = await self._payload({**payload, "assistant_id": rec["payload"]["assistant_id"]})
+        conf = dict(payload.get("config") or {})
+        conf["configurable"] = {**(conf.get("configurable") or {}), "cron_id": cron.cron_id}
+        rec["payload"] = {**payload, "config": conf}
         now = await self.store.now_ms()
         rec["updated_at"] = shapes.iso(now)
         due: int | str | None = "keep"
@@ -226,7 +233,8 @@ class CronRoutes:
             due = next_due_ms(rec, await self.now_ms())
         if not await self.store.update(cron.cron_id, rec, due_ms=due):
             raise HTTPException(404, f"Cron '{cron.cron_id}' not found")
-        return _json({**rec, "next_run_date": shapes.iso(cron.due_ms if due == "keep" else due)})  # type: ignore[arg-type]
+        shown = cron.due_ms if due == "keep" else due
+        return _json({**rec, "next_run_date": shapes.iso(_shown_due(rec, shown))})  # type: ignore[arg-type]
 
     async def delete(self, request: Request) -> Response:
         cron = await self._need(request.path_params["cid"])
@@ -319,7 +327,7 @@ class CronRoutes:
         """Create the tick's run (idempotent: its id is the tick's); False to leave the tick due."""
         rec = cron.record
         run_id, thread_id = tick_ids(cron.cron_id, due)
-        body = dict(rec["payload"])
+        body = {k: v for k, v in rec["payload"].items() if k not in _CRON_ONLY}
         # The cron's metadata under the payload's, on each run (as LangGraph's scheduler does).
         body["metadata"] = {**(rec.get("metadata") or {}), **(body.get("metadata") or {})}
         if (end := _end_ms(rec.get("end_time"))) is not None and due > end:
