@@ -144,6 +144,7 @@ from .errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_SHARDS",
+    "CRON_KINDS",
     "KEY_TYPES",
     "LAYOUT_LEGACY",
     "LAYOUT_SLOTS",
@@ -201,6 +202,8 @@ KEY_TYPES = {
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
 }  # fmt: skip
+#: The kinds of the cron schedules' keys: all in shard 00 (a reshard keeps them there, as the limits registry).
+CRON_KINDS = frozenset({"cron", "crondue", "crons"})
 #: The kinds of a LangGraph store namespace (owned by its path; they move whole with it in a reshard).
 _STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv"}
 #: A shard's indexes of the LangGraph store, split by member (the namespace path) when the shard moves.
@@ -245,8 +248,6 @@ def describe_key(key: str) -> tuple[str | None, str | None, str | None]:
         return KEY_TYPES[kind], "store namespace", ident
     if kind in _LIMIT_KINDS:
         return KEY_TYPES[kind], "concurrency key", ident
-    if kind == "cron":
-        return KEY_TYPES[kind], "cron", ident
     return KEY_TYPES[kind], None, None
 
 
@@ -579,7 +580,7 @@ class Keys:
             return None
         if head + sep in self._live:
             return key
-        if rest == "limits":
+        if rest == "limits" or rest.partition(":")[0] in CRON_KINDS:
             return self._shard_prefixes[0] + rest
         _, _, owner = describe_key(key)
         if owner is None:

@@ -318,6 +318,23 @@ class TestCronStore:
         assert [c.cron_id for c in store.every()] == ["c1"] and store.get("c2") is None
         assert not store.advance("c2", now + MINUTE, None)
 
+    def test_a_reshard_keeps_the_crons_in_one_slot(self, backend: Any, namespace: str) -> None:
+        from redis_agentstate import CheckpointStore
+        from redis_agentstate.langgraph.crons import CronStore
+
+        store = CronStore(backend.sync_client(), namespace=namespace)
+        now = store.now_ms()
+        for i in range(12):
+            assert store.create(f"c{i}", {"n": i}, due_ms=now - i, created_ms=now + i)
+        report = CheckpointStore(backend.sync_client(), namespace=namespace).reshard(128)
+        assert report.unknown == 0
+        fresh = CronStore(backend.sync_client(), namespace=namespace)
+        assert [c.cron_id for c in fresh.every()] == [f"c{i}" for i in range(12)]
+        assert len(fresh.due(now)) == 12
+        assert store.advance("c3", now - 3, now + MINUTE)  # a store made before the reshard follows it
+        moved = fresh.get("c3")
+        assert moved is not None and moved.due_ms == now + MINUTE
+
     def test_a_run_created_twice_with_one_id_is_one_run(self, backend: Any, namespace: str) -> None:
         # What a tick fired again (a second ticker, or after a crash) relies on.
         from redis_agentstate import InvalidArgument
