@@ -319,19 +319,27 @@ class CronRoutes:
             cron = await self.store.get(cron_id)
             if cron is None or cron.due_ms != due:
                 continue  # deleted or moved since the index was read
-            if await self.fire(cron, due):
-                moved += await self.store.advance(cron_id, due, next_due_ms(cron.record, max(due, now)))
+            fired, drop = await self.fire(cron, due)
+            if fired and await self.store.advance(cron_id, due, next_due_ms(cron.record, max(due, now))):
+                moved += 1
+                if drop is not None:
+                    # Only once the tick is past: a tick fired again (after a crash) must find its
+                    # thread, and its run, where it left them.
+                    task = asyncio.create_task(self._drop_after(*drop))
+                    self._cleanups.add(task)
+                    task.add_done_callback(self._cleanups.discard)
         return moved
 
-    async def fire(self, cron: Cron, due: int) -> bool:
-        """Create the tick's run (idempotent: its id is the tick's); False to leave the tick due."""
+    async def fire(self, cron: Cron, due: int) -> tuple[bool, tuple[Any, str, str] | None]:
+        """Create the tick's run (idempotent: its id is the tick's): False to leave the tick due; and
+        what to delete when the run ends (a stateless cron's thread), if anything."""
         rec = cron.record
         run_id, thread_id = tick_ids(cron.cron_id, due)
         body = {k: v for k, v in rec["payload"].items() if k not in _CRON_ONLY}
         # The cron's metadata under the payload's, on each run (as LangGraph's scheduler does).
         body["metadata"] = {**(rec.get("metadata") or {}), **(body.get("metadata") or {})}
         if (end := _end_ms(rec.get("end_time"))) is not None and due > end:
-            return True  # past its end: moved to no tick
+            return True, None  # past its end: moved to no tick
         stateless = rec.get("thread_id") is None
         if stateless:
             body["if_not_exists"] = "create"
@@ -342,18 +350,15 @@ class CronRoutes:
             g, run, _ = await self.app._create(tid, body, run_id=run_id)
         except HTTPException as exc:
             log.warning("cron %s: the tick at %s made no run (%s: %s)", cron.cron_id, due, exc.status_code, exc.detail)
-            return True
+            return True, None
         except InvalidArgument as exc:
             log.warning("cron %s: the tick at %s made no run (%s)", cron.cron_id, due, exc)
-            return True
+            return True, None
         except AgentStateError:
             log.exception("cron %s: the tick at %s failed; it stays due", cron.cron_id, due)
-            return False
-        if stateless and rec.get("on_run_completed", "delete") == "delete":
-            task = asyncio.create_task(self._drop_after(g, run.run_id, tid))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-        return True
+            return False, None
+        drop = stateless and rec.get("on_run_completed", "delete") == "delete"
+        return True, ((g, run.run_id, tid) if drop else None)
 
     async def _drop_after(self, g: Any, run_id: str, tid: str) -> None:
         with contextlib.suppress(Exception):
