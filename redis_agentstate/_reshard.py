@@ -79,6 +79,7 @@ from ._ops import Call, Command, Op, Pipe
 from ._ops.layout import parse_layout
 from .errors import ConfigConflict, InvalidArgument
 from .keys import (
+    CRON_KINDS,
     DEFAULT_SHARDS,
     KEY_TYPES,
     LAYOUT_LEGACY,
@@ -97,6 +98,8 @@ __all__ = ["ReshardReport", "reshard"]
 
 #: The indexes a shard keeps of what it holds, split by member when the shard moves.
 _INDEXES = {"tasks", "ready", "parked", "pools", "kvkeys", "kvttl", "lgthreads", "lgruns", *STORE_INDEXES}
+#: A shard's own keys that move whole to the new shard of the same index (shard 00's stay in shard 00).
+_HOME_KINDS = {"gen", "counters", "limits", *CRON_KINDS}
 #: Keys read (DUMP) per round trip, and written per reshard_restore.lua call (or fewer, by bytes).
 _BATCH_KEYS = 256
 _BATCH_BYTES = 4 << 20
@@ -139,10 +142,11 @@ def check_target(current: int, target: object) -> int:
 def _owner(rest: bytes) -> bytes | None:
     """The owner id of a key (its part after the shard prefix), or None for a shard's own key.
 
-    A run's hash and events (``keys.RUN_KINDS``: ``<thread_id>\\0<run_id>``) belong to the thread."""
+    A run's hash and events (``keys.RUN_KINDS``: ``<thread_id>\\0<run_id>``) belong to the thread; a
+    cron's hash (``keys.CRON_KINDS``) to shard 00, with the cron indexes."""
     kind, sep, ident = rest.partition(b":")
-    if not sep:
-        return None
+    if not sep or kind.decode("utf-8", "replace") in CRON_KINDS:
+        return None  # a shard's own key; the crons are shard 00's (they stay in the new shard 00)
     if kind.decode("utf-8", "replace") in RUN_KINDS:
         return ident.partition(b"\0")[0]
     return ident
@@ -445,14 +449,14 @@ def _plan(mover: _Mover, children: list[str], every: list[bytes]) -> tuple[list[
         owner = _owner(rest)
         if rest in (b"moved", b"fence"):
             continue  # the shard's own bookkeeping: kept
-        if kind not in KEY_TYPES or (owner is None and kind not in _INDEXES | {"gen", "counters", "limits"}):
+        if kind not in KEY_TYPES or (owner is None and kind not in _INDEXES | _HOME_KINDS):
             unknown += 1  # not ours to move (nor to delete)
         elif owner is None and kind in _INDEXES:
             split.append((key, rest))
         elif rest == b"gen":
             gens.append(key)
         elif owner is None:
-            whole.append((key, mover.home() + rest))  # counters, and shard 0's limits registry
+            whole.append((key, mover.home() + rest))  # counters, and shard 0's limits registry and crons
         else:
             whole.append((key, mover.child(owner) + rest))
     dropped = [old for old, _ in whole] + [old for old, _ in split] + gens

@@ -37,6 +37,12 @@ lives in another slot than most of its tasks: _limits.py's protocol spans the tw
     ns:{ns#SS}:lwait:<ck>         zset   task ids claim_next put off because the key was full -> ms put off
     ns:{ns#00}:limits             hash   every limited key -> its limit (what ``agentstate stats`` lists)
 
+Cron schedules of ``agentstate serve`` (``langgraph/crons.py``; all in shard 00's slot)::
+
+    ns:{ns#00}:cron:<cron_id>     hash   body (the cron's JSON record), due (its next tick, ms), last (last fired)
+    ns:{ns#00}:crondue            zset   cron id -> due ms of its next tick (what a ticker fires)
+    ns:{ns#00}:crons              zset   cron id -> created ms (every cron)
+
 Key/value seam (``SS`` is the shard of the key)::
 
     ns:{ns#SS}:kv:<key>           string the value (PX when set with a TTL)
@@ -143,6 +149,7 @@ from .errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_SHARDS",
+    "CRON_KINDS",
     "KEY_TYPES",
     "LAYOUT_LEGACY",
     "LAYOUT_SLOTS",
@@ -198,10 +205,13 @@ KEY_TYPES = {
     "lgrq": "list", "lgrh": "zset", "lgr": "hash", "lgre": "stream", "lgrd": "stream", "lgrs": "stream",
     "lgrid": "string",
     "limit": "string", "holders": "zset", "lwait": "zset", "limits": "hash", "layout": "string",
+    "cron": "hash", "crondue": "zset", "crons": "zset",
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
     "lgsng": "zset", "lgse": "string",
 }  # fmt: skip
+#: The kinds of the cron schedules' keys: all in shard 00 (a reshard keeps them there, as the limits registry).
+CRON_KINDS = frozenset({"cron", "crondue", "crons"})
 #: The kinds of a LangGraph store namespace (owned by its path; they move whole with it in a reshard).
 _STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv", "lgse"}
 #: A shard's indexes of the LangGraph store, split by member (the namespace path) when the shard moves.
@@ -593,7 +603,7 @@ class Keys:
             return None
         if head + sep in self._live:
             return key
-        if rest == "limits":
+        if rest == "limits" or rest.partition(":")[0] in CRON_KINDS:
             return self._shard_prefixes[0] + rest
         _, _, owner = describe_key(key)
         if owner is None:
@@ -685,6 +695,12 @@ class Keys:
     def limits(self) -> str:
         """The namespace's registry of limited keys (shard 00's slot)."""
         return self._shard_prefixes[0] + "limits"
+
+    def crons(self, cron_id: str) -> tuple[str, str, str]:
+        """``(cron:<cron_id>, crondue, crons)``: a cron schedule's hash, the namespace's due index and
+        its index of every cron, all in shard 00's slot (``lua/cron_put.lua``)."""
+        p = self._shard_prefixes[0]
+        return p + "cron:" + cron_id, p + "crondue", p + "crons"
 
     def pool(self, pool_id: str) -> PoolKeys:
         p = self._prefix_of(pool_id)

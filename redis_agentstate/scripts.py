@@ -40,6 +40,10 @@ from .models import TERMINAL_STATUSES, AgentStatus
 __all__ = [
     "ACKNOWLEDGE_TERMINAL",
     "CHECKPOINT_SCRIPTS",
+    "CRON_ADVANCE",
+    "CRON_DELETE",
+    "CRON_PUT",
+    "CRON_SCRIPTS",
     "CLAIM",
     "CLAIM_NEXT",
     "COMMIT",
@@ -202,6 +206,12 @@ LGS_NAMESPACES = "lgs_namespaces"
 LGS_INDEX = "lgs_index"
 LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX)
 
+# Cron schedules of agentstate serve (redis_agentstate/langgraph/crons.py), one slot per namespace.
+CRON_PUT = "cron_put"
+CRON_ADVANCE = "cron_advance"
+CRON_DELETE = "cron_delete"
+CRON_SCRIPTS = (CRON_PUT, CRON_ADVANCE, CRON_DELETE)
+
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of
 #: these with ``WAIT`` (and ``WAITAOF``) in the same round trip; reads are sent as
@@ -220,6 +230,7 @@ WRITES = frozenset({
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
     *LG_RUN_SCRIPTS,
     LGS_PUT, LGS_GET, LGS_INDEX,
+    *CRON_SCRIPTS,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
 READS = frozenset(
@@ -237,6 +248,7 @@ PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_moved", "_lg") for name in LG_SCRIPTS},
     **{name: ("_base", "_moved", "_common", "_lgrun") for name in LG_RUN_SCRIPTS},
     **{name: ("_base", "_moved", "_lgs") for name in LGS_SCRIPTS},
+    **{name: ("_base", "_moved") for name in CRON_SCRIPTS},
 }
 
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),

@@ -377,6 +377,19 @@ def store_contract_flow(client: Any, namespace: str) -> None:
     assert store.sweep() == 0
 
 
+def cron_contract_flow(client: Any, namespace: str) -> None:
+    """Every cron script once: put (create, update), advance, delete."""
+    from redis_agentstate.langgraph.crons import CronStore
+
+    crons = CronStore(client, namespace=namespace + ".crons")
+    now = crons.now_ms()
+    assert crons.create("c1", {"schedule": "* * * * *"}, due_ms=now - 5, created_ms=now)
+    assert crons.update("c1", {"schedule": "*/5 * * * *"})
+    assert crons.advance("c1", now - 5, now + 60_000)
+    crons.delete("c1")
+    assert crons.get("c1") is None
+
+
 def test_every_script_header_matches_what_its_builder_sends(
     backend: Any, namespace: str, recorded: list[_ops.Call]
 ) -> None:
@@ -390,6 +403,7 @@ def test_every_script_header_matches_what_its_builder_sends(
     langgraph_contract_flow(backend.sync_client(), namespace)
     run_queue_contract_flow(backend.sync_client(), namespace)
     store_contract_flow(backend.sync_client(), namespace)
+    cron_contract_flow(backend.sync_client(), namespace)
     grown = CheckpointStore(backend.sync_client(), namespace=namespace + "-grown", shards=1)
     assert grown.create(Checkpoint("g"))
     assert grown.reshard(2).moved == 1

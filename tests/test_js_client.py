@@ -30,11 +30,7 @@ import js_client_check
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 #: check.mjs calls that pass on ``langgraph dev`` and fail on ours, with what is missing (issue 41).
-KNOWN_GAPS = {
-    "crons.createForThread": "crons are not served",
-    "crons.search": "crons are not served",
-    "crons.delete": "crons are not served",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _need(what: str, found: Any) -> Any:

@@ -1241,6 +1241,53 @@ def _lgs_index_unlist(env: Env) -> Any:
     return _st(env, "delete", ("u", "2"), "c")
 
 
+# ---- cron schedules (agentstate serve) ------------------------------------------------------------
+
+_T0 = 1_700_000_000_000
+
+
+def _crons(env: Env) -> None:
+    from redis_agentstate.langgraph.crons import AsyncCronStore, CronStore
+
+    env.state["crons"] = env.make(CronStore, AsyncCronStore)
+    for i in (1, 2):
+        env.wait(env.state["crons"].create(f"c{i}", {"schedule": "* * * * *", "n": i}, due_ms=_T0 + i * 60_000,
+                                           created_ms=_T0 + i))  # fmt: skip
+
+
+def observe_crons(env: Env) -> Any:
+    from redis_agentstate.langgraph.crons import CronStore
+
+    crons = CronStore(env.raw, env.namespace)
+    return {"crons": crons.every(), "due": crons.due(_T0 + 10 * 60_000)}
+
+
+@case("cron_put", setup=_crons, observe=observe_crons)
+def _cron_create(env: Env) -> Any:
+    return env.wait(env.state["crons"].create("c3", {"schedule": "0 * * * *"}, due_ms=_T0 + 3_600_000,
+                                              created_ms=_T0 + 3))  # fmt: skip
+
+
+@case("cron_put", id="cron_put-update", setup=_crons, observe=observe_crons)
+def _cron_update(env: Env) -> Any:
+    return env.wait(env.state["crons"].update("c1", {"schedule": "*/5 * * * *", "n": 1}, due_ms=_T0 + 300_000))
+
+
+@case("cron_advance", setup=_crons, observe=observe_crons)
+def _cron_advance(env: Env) -> Any:
+    return env.wait(env.state["crons"].advance("c1", _T0 + 60_000, _T0 + 120_000))
+
+
+@case("cron_advance", id="cron_advance-ended", setup=_crons, observe=observe_crons)
+def _cron_advance_ended(env: Env) -> Any:
+    return env.wait(env.state["crons"].advance("c2", _T0 + 120_000, None))
+
+
+@case("cron_delete", setup=_crons, observe=observe_crons)
+def _cron_delete(env: Env) -> Any:
+    return env.wait(env.state["crons"].delete("c1"))
+
+
 # ---- the test -----------------------------------------------------------------------------------
 
 

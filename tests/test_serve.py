@@ -828,8 +828,8 @@ class TestSecurity:
             for bad in ("a/b", "x" * 257, "t\n", 7):  # a "/" would put the thread's routes out of reach
                 assert h.post("/threads", json={"thread_id": bad}, headers=auth).status_code == 422, bad
             assert h.post("/threads/x/runs", json={"assistant_id": "steps"}, headers=auth).status_code == 404
-            r = h.post("/runs/crons", json={}, headers=auth)
-            assert r.status_code == 501 and "not served" in r.json()["detail"]
+            r = h.post("/runs/crons", json={}, headers=auth)  # served (tests/test_serve_crons.py): no schedule
+            assert r.status_code == 422 and "schedule" in r.json()["detail"]
             assert h.get("/no/such/route").status_code == 404
             assert h.get("/no/such/route").json()["detail"]
 

@@ -265,10 +265,13 @@ class RunCore:
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
+        run_id: str | None = None,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
         if not isinstance(subgraphs, bool):
             raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
+        # A caller-chosen id makes the create idempotent: sent again, it answers the run it made.
+        rid = str(uuid.uuid4()) if run_id is None else check_run_id(run_id)
         strategy = check_strategy(multitask_strategy)
         modes = check_modes(stream_mode)
         conf = _mapping(config, "config")
@@ -282,7 +285,8 @@ class RunCore:
         if len(body) > MAX_BODY_BYTES:
             raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
                                   f"over {MAX_BODY_BYTES}")  # fmt: skip
-        rid = str(uuid.uuid4())
+        if run_id is not None and (owner := (yield from self.thread_of(rid))) not in (None, tid):
+            raise InvalidArgument(f"run {rid!r} is a run of another thread ({owner!r})")
         keys = self.keys.runs(tid)
         run_hash, run_events = keys.run(rid)
         args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active]
@@ -427,7 +431,7 @@ class RunCore:
                 # Ended with its final event read (or trimmed, or the run rolled back meanwhile).
                 cur.done = True
                 return []
-            wait = self._wait_ms(cur, slice_ms)
+            wait = _wait_ms(cur, slice_ms)
             if wait is None:
                 cur.done = True
                 return []
@@ -440,17 +444,6 @@ class RunCore:
             if out[-1].event == "end":
                 cur.done = True
         return out
-
-    @staticmethod
-    def _wait_ms(cur: EventCursor, slice_ms: int | None) -> int | None:
-        """How long the next blocking read waits: a slice the client's read timeout allows (at most a
-        second, so a run that ends without a final event, rolled back, is noticed), within
-        ``block_ms`` of the last event; None once ``block_ms`` passed."""
-        slice_ms = _slice(slice_ms)
-        if cur.block_ms is None:
-            return slice_ms
-        left = cur.block_ms - int((time.monotonic() - cur.last_at) * 1000)
-        return None if left <= 0 else min(left, slice_ms)
 
     def join_step(self, cur: EventCursor, slice_ms: int | None, wait_ms: int | None) -> Op[Run | None]:
         """The run if it ended, else None after waiting (a slice, at most ``wait_ms``) for its end
@@ -656,6 +649,17 @@ def _xread_entries(reply: Any) -> list[Any]:
     if isinstance(reply, Mapping):  # redis-py's RESP3 parser: {stream: [entries]}
         return list(next(iter(reply.values()))[0])
     return list(reply[0][1])
+
+
+def _wait_ms(cur: EventCursor, slice_ms: int | None) -> int | None:
+    """How long the next blocking read of ``cur`` waits: a slice the client's read timeout allows (at
+    most a second, so a run that ends without a final event, rolled back, is noticed), within
+    ``block_ms`` of the last event; None once ``block_ms`` passed."""
+    slice_ms = _slice(slice_ms)
+    if cur.block_ms is None:
+        return slice_ms
+    left = cur.block_ms - int((time.monotonic() - cur.last_at) * 1000)
+    return None if left <= 0 else min(left, slice_ms)
 
 
 def _slice(slice_ms: int | None, limit_ms: int | None = None) -> int:

@@ -99,12 +99,15 @@ class RunQueue(_Queue, SyncShell[RunCore]):
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
+        run_id: str | None = None,
     ) -> Run:
         """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it. ``subgraphs``:
-        record the subgraphs' events too, each named ``<mode>|<namespace>`` (LangGraph's server's names)."""
+        record the subgraphs' events too, each named ``<mode>|<namespace>`` (LangGraph's server's names).
+        ``run_id``: the run's id (a new uuid4 by default); a run of that id that exists already is
+        answered as is, nothing created (an idempotent create: the same id sent twice makes one run)."""
         return self._run(self._core.create(thread_id, input, command=command, config=config,
                                            multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                           metadata=metadata, subgraphs=subgraphs))  # fmt: skip
+                                           metadata=metadata, subgraphs=subgraphs, run_id=run_id))  # fmt: skip
 
     def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""
@@ -165,11 +168,12 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
         stream_mode: str | Sequence[str] = "values",
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
+        run_id: str | None = None,
     ) -> Run:
         """A new pending run of ``thread_id`` (see ``RunQueue.create``)."""
         return await self._run(self._core.create(thread_id, input, command=command, config=config,
                                                  multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                                 metadata=metadata, subgraphs=subgraphs))  # fmt: skip
+                                                 metadata=metadata, subgraphs=subgraphs, run_id=run_id))  # fmt: skip
 
     async def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""

@@ -45,6 +45,7 @@ from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
 from ._batch import batch_route
+from ._crons import CronRoutes
 from ._dashboard_routes import DashboardRoutes
 from ._feeds import RunFeeds
 from ._http import read_body
@@ -56,10 +57,7 @@ from ._threads import ThreadRoutes
 __all__ = ["ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
-NOT_SERVED = (
-    "/runs/crons",
-    "/runs/crons/search", "/threads/{tid}/runs/crons",
-)  # fmt: skip
+NOT_SERVED: tuple[str, ...] = ()
 _READ_POSTS = ("/search", "/count", "/history", "/state/checkpoint", "/store/namespaces", "/versions")
 #: Open event streams at most (SSE: run streams, dashboard frames, pool tails); more answer 503.
 MAX_STREAMS = 256
@@ -183,6 +181,7 @@ class _App:
         self.store_routes = StoreRoutes(self.store, max_body_bytes)
         self.book = ThreadBook(AsyncKeyValueStore(client, namespace=f"{namespace}.threads"), self.graphs)
         self.threads = ThreadRoutes(self.book, self.graphs, max_body_bytes, lease_ms)
+        self.crons = CronRoutes(self, client, namespace, max_body_bytes)
         self.streams = asyncio.Semaphore(max_streams)
         #: One Redis read per followed run, shared by all its SSE clients.
         self.feeds = RunFeeds()
@@ -200,9 +199,11 @@ class _App:
         for g in self.graphs.values():
             for w in g.workers:
                 self._tasks.append(asyncio.create_task(w.arun(), name=f"agentstate-serve-worker-{g.name}"))
+        self.crons.start()
         try:
             yield
         finally:
+            await self.crons.stop()
             for g in self.graphs.values():
                 for w in g.workers:
                     w.stop()
@@ -245,7 +246,8 @@ class _App:
 
     # ---- runs ------------------------------------------------------------------------------------------
 
-    async def _create(self, tid: str | None, body: Mapping[str, Any]) -> tuple[ServedGraph, Run, bool]:
+    async def _create(self, tid: str | None, body: Mapping[str, Any],
+                      run_id: str | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
         g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
         for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
             if body.get(unsupported):
@@ -278,7 +280,7 @@ class _App:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
-                                       subgraphs=bool(body.get("stream_subgraphs")))  # fmt: skip
+                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id)  # fmt: skip
         except RunRejected as exc:
             raise HTTPException(409, str(exc)) from exc
         except InvalidArgument as exc:
@@ -485,7 +487,7 @@ class _App:
     async def info(self, request: Request) -> Response:
         from .. import __version__
 
-        return JSONResponse({"version": __version__, "flags": {"assistants": True, "crons": False}, "metadata": {}})
+        return JSONResponse({"version": __version__, "flags": {"assistants": True, "crons": True}, "metadata": {}})
 
     async def not_served(self, request: Request) -> Response:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
@@ -575,7 +577,7 @@ def create_app(
     thread leases (how long a crashed server's runs wait before another takes them over)."""
     app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
     a = app_state
-    d, s, st, t = a.dash, a.assistants, a.store_routes, a.threads
+    d, s, st, t, c = a.dash, a.assistants, a.store_routes, a.threads, a.crons
 
     def guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
@@ -636,6 +638,10 @@ def create_app(
         ("/store/items", st.put_item, ["PUT"]), ("/store/items", st.get_item, ["GET"]),
         ("/store/items", st.delete_item, ["DELETE"]), ("/store/items/search", st.search_items, ["POST"]),
         ("/store/namespaces", st.list_namespaces, ["POST"]),
+        ("/threads/{tid}/runs/crons", c.create, ["POST"]), ("/runs/crons", c.create, ["POST"]),
+        ("/runs/crons/search", c.search, ["POST"]), ("/runs/crons/count", c.count, ["POST"]),
+        ("/runs/crons/{cid}", c.get, ["GET"]), ("/runs/crons/{cid}", c.patch, ["PATCH"]),
+        ("/runs/crons/{cid}", c.delete, ["DELETE"]),
     ]  # fmt: skip
     routes = [Route(path, guard(fn), methods=methods) for path, fn, methods in r]
     routes += [
