@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ import fakeredis
 import httpx
 import pytest
 from conftest import free_port
+from serve_support import app_in_thread
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -44,26 +44,15 @@ def serve(backend: Any, namespace: str, graphs: dict[str, str] = GRAPHS) -> Iter
     if backend.kind == "fake":
         import importlib
 
-        import uvicorn
-
         from redis_agentstate.server import create_app
 
         loaded = {}
         for name, target in graphs.items():
             module, _, attr = target.partition(":")
             loaded[name] = getattr(importlib.import_module(module), attr)
-        port = free_port()
         client = fakeredis.FakeAsyncRedis(server=backend.server, max_connections=320)
-        app = create_app(loaded, client, namespace=namespace, token=TOKEN, workers=1)
-        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-        thread = threading.Thread(target=srv.run, daemon=True)
-        thread.start()
-        try:
-            _wait_up(f"http://127.0.0.1:{port}")
-            yield Served(f"http://127.0.0.1:{port}", TOKEN)
-        finally:
-            srv.should_exit = True
-            thread.join(20)
+        with app_in_thread(create_app(loaded, client, namespace=namespace, token=TOKEN, workers=1)) as url:
+            yield Served(url, TOKEN)
         return
     port = free_port()
     if backend.kind == "cluster":

@@ -8,7 +8,6 @@ so a test can look at what a graph's node went through (``lg_serve_graphs.EVENTS
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import httpx
 import lg_serve_graphs as graphs
 import pytest
 from conftest import free_port, require_real
+from serve_support import app_in_thread, langgraph_dev, langgraph_dev_cli, ok, until
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -41,38 +41,13 @@ on_fake_and_real = pytest.mark.parametrize("backend", [pytest.param("fake", mark
 
 @contextlib.contextmanager
 def _served(backend: Any, namespace: str, **kw: Any) -> Iterator[str]:
-    import uvicorn
-
     from redis_agentstate.server import create_app
 
-    port = free_port()
     client = backend.new_async_client(max_connections=320)
     app = create_app({n: getattr(graphs, n) for n in GRAPHS}, client, namespace=namespace, token=TOKEN,
                      workers=2, **kw)  # fmt: skip
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _until(lambda: _ok(url), 30)
+    with app_in_thread(app) as url:
         yield url
-    finally:
-        srv.should_exit = True
-        thread.join(20)
-
-
-def _ok(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url + "/ok", timeout=3).status_code == 200
-    return False
-
-
-def _until(cond: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -100,7 +75,7 @@ class TestCancelStopsAtOnce:
         c = get_sync_client(url=url, api_key=TOKEN)
         tid = c.threads.create()["thread_id"]
         run = c.runs.create(tid, graph, input={"log": []})
-        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        until(lambda: "started" in graphs.EVENTS.get(tid, []))
         t0 = time.monotonic()
         c.runs.cancel(tid, run["run_id"], wait=True)
         took = time.monotonic() - t0
@@ -120,7 +95,7 @@ class TestCancelStopsAtOnce:
         h = httpx.Client(base_url=url, headers={"x-api-key": TOKEN}, timeout=30)
         tid = h.post("/threads", json={}).json()["thread_id"]
         rid = h.post(f"/threads/{tid}/runs", json={"assistant_id": "long_async", "input": {"log": []}}).json()["run_id"]
-        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        until(lambda: "started" in graphs.EVENTS.get(tid, []))
         t0 = time.monotonic()
         r = h.post(f"/threads/{tid}/runs/{rid}/cancel", params={"wait": 1, "action": "rollback"})
         assert time.monotonic() - t0 < 1.0
@@ -170,10 +145,10 @@ class TestSubgraphsAndDisconnect:
             lines = r.iter_lines()  # kept: dropping the iterator closes the connection
             first = next(lines)
             assert first.startswith(("id:", "event:")), first
-            _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+            until(lambda: "started" in graphs.EVENTS.get(tid, []))
         # The client went away mid-run: the run is cancelled (its node too), not left to end.
         runs = h.get(f"/threads/{tid}/runs").json()
-        _until(lambda: h.get(f"/threads/{tid}/runs/{runs[0]['run_id']}").json()["status"] == "interrupted", 5)
+        until(lambda: h.get(f"/threads/{tid}/runs/{runs[0]['run_id']}").json()["status"] == "interrupted", 5)
         assert graphs.EVENTS[tid] == ["started", "cancelled"]
 
     def test_on_disconnect_cancel_on_wait_cancels_the_run(self, url: str) -> None:
@@ -183,7 +158,7 @@ class TestSubgraphsAndDisconnect:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and goes away
             h.post(f"/threads/{tid}/runs/wait", json=body, timeout=httpx.Timeout(30, read=1.0))
         rid = h.get(f"/threads/{tid}/runs").json()[0]["run_id"]
-        _until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "interrupted", 5)
+        until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "interrupted", 5)
         assert graphs.EVENTS[tid] == ["started", "cancelled"]
 
     def test_on_disconnect_continue_lets_the_run_end(self, url: str) -> None:
@@ -193,9 +168,9 @@ class TestSubgraphsAndDisconnect:
         with h.stream("POST", f"/threads/{tid}/runs/stream", json=body) as r:
             lines = r.iter_lines()
             next(lines)
-            _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+            until(lambda: "started" in graphs.EVENTS.get(tid, []))
         rid = h.get(f"/threads/{tid}/runs").json()[0]["run_id"]
-        _until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "success", 10)
+        until(lambda: h.get(f"/threads/{tid}/runs/{rid}").json()["status"] == "success", 10)
         assert h.post(f"/threads/{tid}/runs/stream", json={**body, "on_disconnect": "later"}).status_code == 422
 
 
@@ -241,7 +216,7 @@ class TestDoubleTexting:
         c = get_sync_client(url=url, api_key=TOKEN)
         tid = c.threads.create()["thread_id"]
         first = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0.5}})
-        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        until(lambda: "started" in graphs.EVENTS.get(tid, []))
         second = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0}})
         assert second["status"] == "pending" and second["multitask_strategy"] == "enqueue"
         c.runs.join(tid, second["run_id"])
@@ -253,7 +228,7 @@ class TestDoubleTexting:
         c = get_sync_client(url=url, api_key=TOKEN)
         tid = c.threads.create()["thread_id"]
         first = c.runs.create(tid, "long_async", input={"log": []})
-        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        until(lambda: "started" in graphs.EVENTS.get(tid, []))
         t0 = time.monotonic()
         second = c.runs.create(tid, "long_async", input={"log": []}, multitask_strategy=strategy,
                                config={"configurable": {"sleep": 0}})  # fmt: skip
@@ -285,16 +260,16 @@ def test_the_sync_driver_fences_a_cancelled_run_out_at_once(backend: Any, namesp
     try:
         tid = f"sync-{action}-{namespace}"
         run = q.create(tid, {"log": []})
-        _until(lambda: "started" in graphs.EVENTS.get(tid, []))
+        until(lambda: "started" in graphs.EVENTS.get(tid, []))
         t0 = time.monotonic()
         assert q.cancel(run.run_id, action=action)
         if action == "interrupt":
             assert q.join(run.run_id, timeout_s=5).status == "interrupted"
         else:
-            _until(lambda: q.get(run.run_id) is None, 5)
+            until(lambda: q.get(run.run_id) is None, 5)
         took = time.monotonic() - t0
         assert took < 1.0, f"the cancelled run ended {took:.2f} s later"
-        _until(lambda: graphs.EVENTS[tid] == ["started", "ended"], graphs.LONG_S + 5)  # the node ran on
+        until(lambda: graphs.EVENTS[tid] == ["started", "ended"], graphs.LONG_S + 5)  # the node ran on
         time.sleep(0.3)
         head = saver.get_tuple({"configurable": {"thread_id": tid}})
         logged = [] if head is None else head.checkpoint["channel_values"].get("log", [])
@@ -326,7 +301,7 @@ def _serve_cli(redis_url: str, namespace: str, *extra: str, graphs_: tuple[str, 
         proc = subprocess.Popen(args, env=_cli_env(), stdout=out, stderr=err)
         try:
             url = f"http://127.0.0.1:{port}"
-            _until(lambda: proc.poll() is not None or _ok(url), 30)
+            until(lambda: proc.poll() is not None or ok(url), 30)
             assert proc.poll() is None, f"agentstate serve exited {proc.returncode}: {_read(err)}"
             yield url, proc, err
         finally:
@@ -374,7 +349,7 @@ def _worker_cli(redis_url: str, *args: str) -> Iterator[Any]:
 
 def _status_becomes(c: Any, tid: str, rid: str, status: str, timeout: float) -> None:
     try:
-        _until(lambda: c.runs.get(tid, rid)["status"] == status, timeout)
+        until(lambda: c.runs.get(tid, rid)["status"] == status, timeout)
     except AssertionError:
         raise AssertionError(f"run {rid} is {c.runs.get(tid, rid)['status']}, not {status}") from None
 
@@ -404,7 +379,7 @@ class TestCliWorkerFleet:
                              f"{namespace}.long_async") as (worker, err):  # fmt: skip
                 tid = c.threads.create()["thread_id"]
                 run = c.runs.create(tid, "long_async", input={"log": []})
-                _until(lambda: c.threads.get_state(tid)["values"].get("log") == ["a"], 20)
+                until(lambda: c.threads.get_state(tid)["values"].get("log") == ["a"], 20)
                 time.sleep(0.3)  # inside its long node
                 t0 = time.monotonic()
                 c.runs.cancel(tid, run["run_id"], wait=True)
@@ -423,7 +398,7 @@ class TestCliWorkerFleet:
             c = get_sync_client(url=url, api_key=TOKEN)
             tid = c.threads.create()["thread_id"]
             run = c.runs.create(tid, "quick_async", input={"log": []})
-            _until(lambda: c.runs.get(tid, run["run_id"])["status"] not in ("pending", "running"), 20)
+            until(lambda: c.runs.get(tid, run["run_id"])["status"] not in ("pending", "running"), 20)
             got = c.runs.get(tid, run["run_id"])
             assert got["status"] == "success", (got, _read(err))  # not "No synchronous function provided"
 
@@ -452,40 +427,10 @@ class TestCliWorkerFleet:
 # `langgraph dev` to the servers below, so one run shows the two agree; without it, only ours runs.
 
 
-@contextlib.contextmanager
-def _langgraph_dev(cli: str) -> Iterator[str]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
-        spec = {"graphs": {n: f"{TESTS / 'lg_serve_graphs.py'}:{n}" for n in ("parent", "long_async")},
-                "dependencies": [str(TESTS)]}  # fmt: skip
-        (Path(d) / "langgraph.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _until(lambda: proc.poll() is not None or _ok(url), 90)
-            assert proc.poll() is None, _read(err)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture(params=["agentstate", "langgraph_dev"])
 def server_url(request: pytest.FixtureRequest, real_server: Any, namespace: str) -> Iterator[str]:
     if request.param == "langgraph_dev":
-        cli = os.environ.get("AGENTSTATE_LANGGRAPH_DEV")
-        if not cli:
-            why = "AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`, which .ci/run installs) not set"
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(why)
-            pytest.skip(why)
-        with _langgraph_dev(cli) as url:
+        with langgraph_dev(langgraph_dev_cli(), "lg_serve_graphs", ("parent", "long_async")) as url:
             yield url
         return
     with _serve_cli(require_real(real_server), namespace, "--workers", "2", graphs_=("parent", "long_async")) as (
@@ -514,7 +459,7 @@ class TestAsLangGraphDev:
         c = get_sync_client(url=server_url, api_key=TOKEN)
         tid = c.threads.create()["thread_id"]
         first = c.runs.create(tid, "long_async", input={"log": []})
-        _until(lambda: (c.threads.get_state(tid)["values"] or {}).get("log") == ["a"], 20)
+        until(lambda: (c.threads.get_state(tid)["values"] or {}).get("log") == ["a"], 20)
         time.sleep(0.3)  # inside its long node
         second = c.runs.create(tid, "long_async", input={"log": []}, config={"configurable": {"sleep": 0}})
         assert (second["status"], second["multitask_strategy"]) == ("pending", "enqueue")

@@ -14,21 +14,15 @@ a whole one. The expected values below are what ``langgraph dev`` 0.16.7 answers
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
-import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import fakeredis
-import httpx
 import lg_stream_graphs as graphs
 import pytest
-from conftest import Backend, free_port, require_real
+from conftest import Backend, require_real
+from serve_support import app_in_thread, langgraph_dev, langgraph_dev_cli
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -45,77 +39,21 @@ HI = {"messages": [{"role": "user", "content": "hi"}]}
 TOKENS = ["hello", " ", "there", " ", "friend"]
 
 
-def _ok(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url + "/ok", timeout=3).status_code == 200
-    return False
-
-
-def _until(cond: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
 @contextlib.contextmanager
 def _ours(backend: Backend, namespace: str) -> Iterator[str]:
     """``agentstate serve``'s app under uvicorn in a thread of this process."""
-    import uvicorn
-
     from redis_agentstate.server import create_app
 
-    port = free_port()
     app = create_app({n: getattr(graphs, n) for n in GRAPHS}, backend.new_async_client(max_connections=64),
                      namespace=namespace, token=TOKEN, workers=2)  # fmt: skip
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _until(lambda: _ok(url), 30)
+    with app_in_thread(app) as url:
         yield url
-    finally:
-        srv.should_exit = True
-        thread.join(20)
-
-
-@contextlib.contextmanager
-def _langgraph_dev(cli: str) -> Iterator[str]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
-        spec = {"graphs": {n: f"{TESTS / 'lg_stream_graphs.py'}:{n}" for n in GRAPHS}, "dependencies": [str(TESTS)]}
-        (Path(d) / "langgraph.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _until(lambda: proc.poll() is not None or _ok(url), 90)
-            if proc.poll() is not None:
-                err.seek(0)
-                raise AssertionError(err.read().decode(errors="replace")[-3000:])
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.fakeredis), "real", "langgraph_dev"])
 def server_url(request: pytest.FixtureRequest, real_server: Any, namespace: str) -> Iterator[str]:
     if request.param == "langgraph_dev":
-        cli = os.environ.get("AGENTSTATE_LANGGRAPH_DEV")
-        if not cli:
-            why = "AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`, which .ci/run installs) not set"
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(why)
-            pytest.skip(why)
-        with _langgraph_dev(cli) as url:
+        with langgraph_dev(langgraph_dev_cli(), "lg_stream_graphs", GRAPHS) as url:
             yield url
         return
     if request.param == "fake":

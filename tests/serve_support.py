@@ -1,0 +1,96 @@
+"""What the serve tests share: an app under uvicorn in a thread, ``langgraph dev`` beside it.
+
+``app_in_thread``: ``agentstate serve``'s app (``create_app``) in this process, so a test can
+freeze or patch what it runs. ``langgraph_dev``: LangChain's own server on the same graphs, the
+external judge (``$AGENTSTATE_LANGGRAPH_DEV`` names its ``langgraph`` command; ``.ci/run``
+installs it; ``langgraph_dev_cli`` fails under ``CI=true`` when it is missing, skips elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import free_port
+
+TESTS = Path(__file__).parent
+
+
+def ok(url: str) -> bool:
+    """Whether the server at ``url`` answers ``/ok`` with 200."""
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url + "/ok", timeout=3).status_code == 200
+    return False
+
+
+def until(cond: Callable[[], Any], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def app_in_thread(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on a free port in a thread of this process; its URL."""
+    import uvicorn
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        until(lambda: ok(url), 30)
+        yield url
+    finally:
+        srv.should_exit = True
+        thread.join(20)
+
+
+def langgraph_dev_cli() -> str:
+    """``$AGENTSTATE_LANGGRAPH_DEV``; a failure under ``CI=true`` without it, a skip elsewhere."""
+    cli = os.environ.get("AGENTSTATE_LANGGRAPH_DEV")
+    if not cli:
+        why = "AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`, which .ci/run installs) not set"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return cli
+
+
+@contextlib.contextmanager
+def langgraph_dev(cli: str, module: str, names: tuple[str, ...]) -> Iterator[str]:
+    """``langgraph dev`` serving graphs ``names`` of ``tests/<module>.py``; its URL."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
+        spec = {"graphs": {n: f"{TESTS / (module + '.py')}:{n}" for n in names}, "dependencies": [str(TESTS)]}
+        (Path(d) / "langgraph.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            until(lambda: proc.poll() is not None or ok(url), 90)
+            if proc.poll() is not None:
+                err.seek(0)
+                raise AssertionError(err.read().decode(errors="replace")[-3000:])
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
