@@ -23,7 +23,7 @@ import httpx
 import lg_serve_graphs as graphs
 import pytest
 from conftest import free_port, require_real
-from serve_support import app_in_thread, langgraph_dev, langgraph_dev_cli, ok, until
+from serve_support import app_in_thread, langgraph_dev, langgraph_dev_cli, needs_311, ok, ours_need_311, until
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -112,6 +112,7 @@ class TestSubgraphsAndDisconnect:
     LangGraph's server names them (``graph.stream(subgraphs=True)``'s namespace joined by ``|``), and
     ``on_disconnect="cancel"`` cancels the run when its streaming client goes away."""
 
+    @needs_311
     def test_stream_subgraphs_streams_the_subgraphs_events(self, url: str) -> None:
         c = get_sync_client(url=url, api_key=TOKEN)
         tid = c.threads.create()["thread_id"]
@@ -175,6 +176,7 @@ class TestSubgraphsAndDisconnect:
 
 
 @pytest.mark.parametrize("backend", [pytest.param("fake", marks=pytest.mark.fakeredis), "real"], indirect=True)
+@needs_311
 def test_run_queue_subgraphs_on_the_sync_and_asyncio_workers(backend: Any, namespace: str) -> None:
     """``RunQueue.create(subgraphs=True)``: both GraphWorker drivers record the subgraphs' events."""
     import asyncio
@@ -429,6 +431,8 @@ class TestCliWorkerFleet:
 
 @pytest.fixture(params=["agentstate", "langgraph_dev"])
 def server_url(request: pytest.FixtureRequest, real_server: Any, namespace: str) -> Iterator[str]:
+    if request.param != "langgraph_dev" and request.node.originalname == "test_subgraph_event_names":
+        ours_need_311(request)  # the subgraph's node reads its config
     if request.param == "langgraph_dev":
         with langgraph_dev(langgraph_dev_cli(), "lg_serve_graphs", ("parent", "long_async")) as url:
             yield url
