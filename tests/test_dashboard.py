@@ -186,8 +186,12 @@ class TestDashboard:
                 page.click("#threads tbody button")
                 page.wait_for_function("document.getElementById('run-events').textContent.includes('updates')",
                                        timeout=20_000)  # fmt: skip
+                # The run ended: once its stream closed, the log holds its events alone (the stream's
+                # own close, an "error" event without data, printed "error undefined" at the end).
+                page.wait_for_function("state.runEvents && state.runEvents.readyState === 2", timeout=20_000)
                 text = page.text_content("#run-events")
                 assert "metadata" in text and XSS.replace('"', '\\"') in text
+                assert "undefined" not in text and text.rstrip().splitlines()[-1].startswith("values ")
                 _shot(page, "run-events")
                 assert page.evaluate("window.__pwned") is None and dialogs == []
             finally:

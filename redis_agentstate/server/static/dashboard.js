@@ -197,6 +197,8 @@ function watchRun(thread, run) {
   const src = new EventSource("/threads/" + encodeURIComponent(thread) + "/runs/" + encodeURIComponent(run.run_id) + "/stream");
   for (const name of RUN_EVENTS) {
     src.addEventListener(name, (ev) => {
+      // "error" is also the EventSource's own event when the stream closes (no data): not a run's.
+      if (!(ev instanceof MessageEvent)) return;
       log.append(document.createTextNode(name + " " + ev.data + "\n"));
       log.scrollTop = log.scrollHeight;
     });
