@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import sys
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields, is_dataclass
 from enum import Enum
 from typing import Any, NoReturn
 
@@ -43,7 +43,9 @@ def jsonable(value: Any) -> Any:
         except UnicodeDecodeError:
             return {"$base64": base64.b64encode(value).decode()}
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: jsonable(v) for k, v in asdict(value).items()}
+        # Field by field, not dataclasses.asdict: its deep copy recursed on its own, past what Python
+        # 3.12 allows a 1,024-level value (a RecursionError in isinstance), whatever the limit here.
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
         return {str(jsonable(k)): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
