@@ -1,1 +1,1 @@
-redis_agentstate/lua
+redis_agentstate/wire/lua

@@ -4,7 +4,7 @@ The profiling report proposed two cuts to the hot path: build no tenacity
 ``Retrying`` object per request while nothing has failed, and send each
 script as one ``execute_command("EVALSHA", ...)`` instead of through
 ``Script.__call__`` (which rebuilds a keys+args tuple and imports ``Pipeline``
-on every call). The library took the first (``_ops.run_sync``
+on every call). The library took the first (``wire.run_sync``
 tries once outside tenacity). This driver does the second as well: the same
 core, validation, scripts, ARGV and reply parsing, so ``agentstate_lean``
 next to ``agentstate`` in the same rounds prices what the remaining cut would

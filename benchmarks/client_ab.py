@@ -67,11 +67,11 @@ def load_base(commit: str) -> tuple[ModuleType, str]:
         tar.extractall(tmp)  # our own repository's tree
     pkg = Path(tmp) / "agentstate_base"
     (Path(tmp) / "redis_agentstate").rename(pkg)
-    scripts = pkg / "scripts.py"
+    scripts = pkg / "wire/scripts.py"
     text = scripts.read_text("utf-8")
     needle = 'resources.files("redis_agentstate")'
     if text.count(needle) != 1:
-        raise SystemExit(f"{commit}: scripts.py does not read its Lua the way this tool knows ({needle})")
+        raise SystemExit(f"{commit}: wire/scripts.py does not read its Lua the way this tool knows ({needle})")
     scripts.write_text(text.replace(needle, "resources.files(__package__)"), "utf-8")
     sys.path.insert(0, tmp)
     return importlib.import_module("agentstate_base"), tmp

@@ -261,7 +261,7 @@ def overhead(url: str, fleet: Fleet, rounds: int, runs: int) -> dict[str, Any]:
         assert done.status == "success", done
 
     paths: dict[str, Callable[[], None]] = {"invoke": invoke, "queue": through_queue}
-    drivers = redis_agentstate._ops.drivers
+    drivers = redis_agentstate.wire.drivers
     send = drivers._send_sync
     sent = count_requests(redis_agentstate)  # the client's requests and the in-process worker's
     out: dict[str, Any] = {"rounds": []}

@@ -7,7 +7,7 @@ claim + commit of a 1 KiB shared_state on its own task:
 * ``no_hook``: the call path without the telemetry hook (``_run`` drives the
   operation directly, as before ``redis_agentstate.telemetry`` existed): the baseline;
 * ``off``: a plain store with telemetry off. The extra not installed and not
-  enabled are the same code path (``_ops.TELEMETRY is None``: one global read and
+  enabled are the same code path (``wire.TELEMETRY is None``: one global read and
   compare; tests/test_telemetry.py ``TestDisabled`` checks nothing of
   OpenTelemetry is imported then);
 * ``metrics``: ``instrument(traces=False)`` with the SDK's MeterProvider and an
@@ -24,7 +24,7 @@ import random
 from typing import Any, TypeVar
 
 from redis_agentstate import CheckpointStore, telemetry
-from redis_agentstate._ops import Op
+from redis_agentstate.wire import Op
 
 from ._util import Settings, latency_summary, make_state, percentile, summary, time_batch
 from .single import STATE_BYTES, AgentCycle

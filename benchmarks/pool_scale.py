@@ -27,8 +27,9 @@ import threading
 import time
 from typing import Any
 
-from redis_agentstate import cli, scripts
-from redis_agentstate._pool_core import POOL_SCRIPTS, _member_map, _message_map, _receipt_map
+from redis_agentstate import cli
+from redis_agentstate.wire import scripts
+from redis_agentstate.core.pool import POOL_SCRIPTS, _member_map, _message_map, _receipt_map
 from redis_agentstate.codec import encode
 from redis_agentstate.keys import Keys
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate import scripts as S
+from redis_agentstate.wire import scripts as S
 from redis_agentstate.embedded import start_embedded
 
 from . import report

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate._ops import RetryPolicy, new_nonce
+from redis_agentstate.wire import RetryPolicy, new_nonce
 from redis_agentstate.codec import encode
 from redis_agentstate.keys import Keys
 from redis_agentstate.testing import finish, first_call, internals
@@ -244,7 +244,7 @@ def _counter_cost(client: redis.Redis, ns: str, n: int, rounds: int) -> dict[str
     The counters-off store runs the very same scripts with the counter statement
     replaced by a no-op; rounds alternate so drift hits both alike.
     """
-    from redis_agentstate import scripts as S
+    from redis_agentstate.wire import scripts as S
 
     on = CheckpointStore(client, namespace=ns)
     off = CheckpointStore(client, namespace=ns)

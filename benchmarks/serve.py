@@ -268,7 +268,7 @@ def dashboard(url: str, base: str, namespace: str, probes: int) -> dict[str, Any
 def _command_name(command: Any) -> str:
     words = command.decode("utf-8", "replace").split() if isinstance(command, bytes) else str(command).split()
     if words and words[0].upper() == "EVALSHA" and len(words) > 1:
-        from redis_agentstate import scripts
+        from redis_agentstate.wire import scripts
 
         for name in (n for n in dir(scripts) if n.endswith("_SCRIPTS")):  # the script's name, by its sha
             for op in getattr(scripts, name):

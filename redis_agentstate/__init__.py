@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ._ops import RetryPolicy
-from ._reshard import ReshardReport
 from .checkpoint import AsyncCheckpointStore, CheckpointStore
 from .codec import FORMAT_VERSION
+from .core.reshard import ReshardReport
 from .errors import (
     AgentStateError,
     AlreadyClaimed,
@@ -52,6 +51,7 @@ from .pool_models import (
 from .pools import AsyncPoolStore, PoolStore
 from .runner import AsyncCycle, AsyncRunner, Cycle, Runner, RunnerStats, StepResult, current_lease
 from .spec import StoreSpec
+from .wire import RetryPolicy
 
 __version__ = "0.1.0"
 """The package version."""

@@ -6,16 +6,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import scripts
-from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
-from ._limits import LimitState
-from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
-from ._reshard import ReshardReport, reshard
-from ._waker import AsyncWaker, SyncWaker
 from .clients import RedisClient
+from .core.checkpoint import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
+from .core.lease import CLAIM_SENT, DEFAULT_LEASE_MS
+from .core.limits import LimitState
+from .core.reshard import ReshardReport, reshard
 from .errors import TaskCancelled
 from .models import Checkpoint
+from .wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell, scripts
+from .wire.waker import AsyncWaker, SyncWaker
 
 # The stores build leases (``lease()``), so lease.py imports this module for types only and takes
 # CLAIM_SENT and DEFAULT_LEASE_MS from _lease_core, below both: no import circle.

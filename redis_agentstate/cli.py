@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ._cli_common import CliError, esc, namespace_arg
-from ._cli_common import Parser as _Parser
-from ._cli_common import dump as _dump
-from ._cli_common import positive as _positive
-from ._cli_common import whole as _whole
+from .commands.common import CliError, esc, namespace_arg
+from .commands.common import Parser as _Parser
+from .commands.common import dump as _dump
+from .commands.common import positive as _positive
+from .commands.common import whole as _whole
 from .errors import AgentStateError, BackendUnavailable, InvalidArgument, TaskNotFound
 from .fleet import cli as fleet_cli
 from .keys import Keys
@@ -450,7 +450,7 @@ def pool_sizes(
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from . import _stats_view
+    from .commands import stats_view as _stats_view
 
     store = _store(args)
     eviction = _stats_view.eviction_report(store.client)  # first: it is printed here, not logged by the store

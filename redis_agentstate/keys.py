@@ -13,7 +13,7 @@ Layout, for namespace ``ns`` (no braces allowed in it)::
     ns:{ns#SS}:gen                string history-epoch counter of shard SS
     ns:{ns#SS}:counters           hash   claims, commits, takeovers of shard SS (``agentstate stats --watch``)
     ns:{ns#SS}:due                channel (sharded pub/sub, not a key): "a task of shard SS is due"
-                                  (_common.lua's notify_due publishes, _waker.py listens)
+                                  (_common.lua's notify_due publishes, wire/waker.py listens)
 
 Agent pools (``SS`` is the shard of the pool id)::
 
@@ -30,7 +30,7 @@ Agent pools (``SS`` is the shard of the pool id)::
     ns:{ns#SS}:pools                          zset   every pool id of shard SS (score 0)
 
 Per-key concurrency limits (``SS`` is the shard of the concurrency key ``<ck>``, so a limiter
-lives in another slot than most of its tasks: _limits.py's protocol spans the two)::
+lives in another slot than most of its tasks: core/limits.py's protocol spans the two)::
 
     ns:{ns#SS}:limit:<ck>         string the key's limit (absent: unlimited)
     ns:{ns#SS}:holders:<ck>       zset   "<task_id>\0<token>" -> ms its place expires (a live lease's place)
@@ -104,7 +104,7 @@ share the slot of every task in it: each script then updates state and index ato
 single node or on Redis Cluster (where a script may only touch one slot).
 
 Layouts. How many shards a namespace has and how their tags are made is its *layout*, part of the
-on-disk format, stored with the namespace so every client agrees (``_ops/layout.py``)::
+on-disk format, stored with the namespace so every client agrees (``wire/layout.py``)::
 
     ns:{ns#layout}:layout         string "<layout> <shards>": "slots 64", or "legacy 64"
 
@@ -116,7 +116,7 @@ on a Cluster each primary's contiguous slot range holds its share of them, round
 held data before it had a record. No two layouts (counts) share a tag.
 
 Resharding. A live namespace grows from ``n`` shards to a multiple ``target`` of them
-(``_reshard.py``), one old shard at a time; meanwhile the record says how far it got::
+(``core/reshard.py``), one old shard at a time; meanwhile the record says how far it got::
 
     ns:{ns#layout}:layout         string "<layout> <n> <target> <k>": the first k old shards moved
     ns:{ns#SS}:moved              string the seal of an old shard: "sealed" while it is copied,
@@ -590,7 +590,7 @@ class Keys:
             listener()
 
     def record(self) -> str:
-        """The layout record this configuration stands for (``_ops/layout.py`` parses it)."""
+        """The layout record this configuration stands for (``wire/layout.py`` parses it)."""
         if self.target:
             return f"{self.layout} {self.count} {self.target} {self.moved}"
         return f"{self.layout} {self.count}"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from ._kv_core import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
-from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from .clients import RedisClient
+from .core.kv import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, KV_SCRIPTS, KvCore
+from .wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 
 __all__ = ["AsyncKeyValueStore", "KeyValueStore"]
 

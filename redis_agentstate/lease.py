@@ -13,7 +13,7 @@
 
 How loss is decided (the same rules for both shells, in :class:`LeaseState`,
 which does no I/O and reads no clock of its own; it, the timing knobs, the
-clock and everything else the two shells share live in ``_lease_core.py``,
+clock and everything else the two shells share live in ``core/lease.py``,
 so the classes here only carry out its steps, blocking or awaited):
 
 * The lease is counted from the moment the claim (or the last confirmed
@@ -53,7 +53,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._lease_core import (
+from .core.lease import (
     CLAIM_SENT,
     DEFAULT_LEASE_MS,
     JITTER_FACTOR,

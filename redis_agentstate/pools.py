@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
-from ._pool_core import DEFAULT_MAX_RECORD_BYTES, DEFAULT_PAGE_SIZE, POOL_SCRIPTS, PoolCore
 from .clients import RedisClient
+from .core.pool import DEFAULT_MAX_RECORD_BYTES, DEFAULT_PAGE_SIZE, POOL_SCRIPTS, PoolCore
 from .pool_models import (
     Cursor,
     MessageReceipt,
@@ -19,6 +18,7 @@ from .pool_models import (
     WakeCondition,
     WakeRegistration,
 )
+from .wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 
 __all__ = ["AsyncPoolStore", "PoolStore"]
 

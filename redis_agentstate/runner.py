@@ -81,8 +81,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._lease_core import failure_reason
-from ._validate import check_int
+from .core.lease import failure_reason
+from .core.validate import check_int
 from .errors import AgentStateError, BackendError, InvalidArgument, LeaseLost
 from .lease import DEFAULT_LEASE_MS, AsyncLease, Lease, LeaseTiming
 from .models import Checkpoint
@@ -351,7 +351,7 @@ class _RunnerBase(Generic[S, H]):
         """How long one ``claim_next`` blocks while idle: ``idle_max_ms``, so a stop is seen that soon.
 
         Blocking costs the server nothing while no work becomes due (the store's one subscription
-        wakes a blocked worker when a task is due; see ``_waker``), so idle workers no longer poll.
+        wakes a blocked worker when a task is due; see ``wire.waker``), so idle workers no longer poll.
         A ``stop_when_idle`` run does not block (None) unless a retry it waits for is pending: then
         until that retry is due (and ``RETRY_MARGIN_MS``), at most ``idle_max_ms``.
         """

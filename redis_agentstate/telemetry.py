@@ -10,7 +10,7 @@
 
 Off until :func:`instrument` is called: the library never imports OpenTelemetry
 by itself, and a store operation then pays one global read and compare
-(``_ops.shells.TELEMETRY is None``; benchmarks/README.md measures it). Once on, every
+(``wire.shells.TELEMETRY is None``; benchmarks/README.md measures it). Once on, every
 store operation (checkpoint, pool, key/value, LangGraph saver) goes through one
 wrapper (``StoreShell._run``), which:
 
@@ -67,16 +67,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import scripts as S
-from ._ops import Batch, Call, Op, Request, request_keys, shells
 from .keys import describe_key
-from .scripts import Reply
+from .wire import Batch, Call, Op, Request, request_keys, shells
+from .wire import scripts as S
+from .wire.scripts import Reply
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
     from opentelemetry.trace import Span, TracerProvider
 
-    from ._ops import AsyncShell, StoreShell, SyncShell, Watch
+    from .wire import AsyncShell, StoreShell, SyncShell, Watch
 
 __all__ = [
     "COUNTERS",

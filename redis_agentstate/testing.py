@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from ._ops import C, Call, Command, Op, RetryPolicy, StoreShell, SyncShell, T
+from .wire import C, Call, Command, Op, RetryPolicy, StoreShell, SyncShell, T
 
 __all__ = ["Call", "Command", "Op", "StoreInternals", "finish", "first_call", "internals"]
 

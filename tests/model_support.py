@@ -28,7 +28,7 @@ from redis_agentstate import (
     NotDue,
     NotRunnable,
 )
-from redis_agentstate._validate import LIMIT_SKEW_MS
+from redis_agentstate.core.validate import LIMIT_SKEW_MS
 
 LONG_MS = 3_600_000  # an hour: never reached within a run
 TERMINAL = {"completed", "failed", "max_cycles", "cancelled"}

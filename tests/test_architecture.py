@@ -164,15 +164,15 @@ def test_no_class_over_400_lines() -> None:
 def test_the_graph_sees_the_imports() -> None:
     """Not vacuous: module-level, relative, subpackage and function-level imports are all edges."""
     graph = import_graph()
-    assert "redis_agentstate._checkpoint_core" in graph["redis_agentstate.checkpoint"]
-    assert {"redis_agentstate._ops", "redis_agentstate._ops.shells"} <= graph["redis_agentstate.telemetry"]
-    assert "redis_agentstate._ops.requests" in graph["redis_agentstate._ops.drivers"]
+    assert "redis_agentstate.core.checkpoint" in graph["redis_agentstate.checkpoint"]
+    assert {"redis_agentstate.wire", "redis_agentstate.wire.shells"} <= graph["redis_agentstate.telemetry"]
+    assert "redis_agentstate.wire.requests" in graph["redis_agentstate.wire.drivers"]
     # CheckpointStore.lease() imports lease.py inside the method; lease.py imports checkpoint.py
     # only under TYPE_CHECKING, which is no edge.
     assert "redis_agentstate.lease" in graph["redis_agentstate.checkpoint"]
     assert "redis_agentstate.checkpoint" not in graph["redis_agentstate.lease"]
     sizes = class_sizes()
-    assert sizes["redis_agentstate._checkpoint_core.CheckpointCore"] > 10
+    assert sizes["redis_agentstate.core.checkpoint.CheckpointCore"] > 10
 
 
 # ---- the analysis itself, on small packages ----------------------------------------------------

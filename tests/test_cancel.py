@@ -31,8 +31,8 @@ from redis_agentstate import (
     current_lease,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate import scripts as S
 from redis_agentstate.keys import Keys
+from redis_agentstate.wire import scripts as S
 
 LONG_MS = 30_000
 

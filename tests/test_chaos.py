@@ -78,11 +78,11 @@ from redis_agentstate import (
     NotWaiting,
     RetryPolicy,
 )
-from redis_agentstate._validate import LIMIT_SKEW_MS
+from redis_agentstate.core.validate import LIMIT_SKEW_MS
 from redis_agentstate.keys import Keys
 from redis_agentstate.pool_models import Cursor, PoolConfig, StoredMessage
 from redis_agentstate.pools import PoolStore
-from redis_agentstate.scripts import script_text
+from redis_agentstate.wire.scripts import script_text
 
 WORKER = Path(__file__).parent / "faults" / "chaos_worker.py"
 LEASE_MS = 1000

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore, _ops
-from redis_agentstate.scripts import SAVE
+from redis_agentstate import AlreadyClaimed, AsyncCheckpointStore, Checkpoint, CheckpointStore
+from redis_agentstate import wire as _ops
+from redis_agentstate.wire.scripts import SAVE
 
 LEASE = 60_000
 

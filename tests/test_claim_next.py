@@ -32,8 +32,8 @@ from redis_agentstate import (
     CycleConflict,
     InvalidArgument,
 )
-from redis_agentstate import scripts as S
 from redis_agentstate.keys import SHARDS, Keys, shard_of
+from redis_agentstate.wire import scripts as S
 
 LEASE = 30_000
 
@@ -465,7 +465,7 @@ def test_claim_next_on_redis_cluster(redis_cluster: Any, twin_loop: Any) -> None
 
 
 def test_announced_candidates_are_served_in_announcement_order_behind_peeked_ones() -> None:
-    from redis_agentstate._claim_next import _Candidates
+    from redis_agentstate.core.claim_next import _Candidates
 
     c = _Candidates(max_age_s=60)
     c.reset([("old", 100.0)])
@@ -475,7 +475,7 @@ def test_announced_candidates_are_served_in_announcement_order_behind_peeked_one
 
 
 def test_an_announcement_after_a_busy_peek_aged_out_waits_for_the_next_peek() -> None:
-    from redis_agentstate._claim_next import _Candidates
+    from redis_agentstate.core.claim_next import _Candidates
 
     busy = _Candidates(max_age_s=0)
     busy.reset([])

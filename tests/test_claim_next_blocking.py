@@ -361,7 +361,7 @@ def test_lost_subscription_wakes_callers_and_comes_back(backend: Any, namespace:
     """The server drops the subscriber: blocked callers poll, the next one resubscribes, nothing is missed."""
     if backend.kind != "real":
         pytest.skip("CLIENT KILL needs a real server")
-    from redis_agentstate import _waker
+    from redis_agentstate.wire import waker as _waker
 
     store = CheckpointStore(backend.sync_client(), namespace=namespace)
     peer = other(backend, namespace)
@@ -387,7 +387,7 @@ class TestWakeState:
     """The decisions of the waker, without I/O."""
 
     def test_one_announcement_wakes_one_caller_in_order(self) -> None:
-        from redis_agentstate._waker import Waiter, WakeState
+        from redis_agentstate.wire.waker import Waiter, WakeState
 
         state = WakeState(subscribed=True)
         a, b = Waiter(None), Waiter(None)
@@ -398,7 +398,7 @@ class TestWakeState:
         assert state.announced(0, 0.0) == []  # nobody left to wake: the next call attempts first anyway
 
     def test_an_unused_wakeup_is_passed_on(self) -> None:
-        from redis_agentstate._waker import Waiter, WakeState
+        from redis_agentstate.wire.waker import Waiter, WakeState
 
         state = WakeState(subscribed=True)
         a, b = Waiter(None), Waiter(None)
@@ -410,8 +410,8 @@ class TestWakeState:
         assert state.leave(b, used=True) == []
 
     def test_a_later_due_time_arms_the_timer_and_one_caller_takes_it(self) -> None:
-        from redis_agentstate._checkpoint_core import ClaimNextFound
-        from redis_agentstate._waker import Waiter, WakeState
+        from redis_agentstate.core.checkpoint import ClaimNextFound
+        from redis_agentstate.wire.waker import Waiter, WakeState
 
         state = WakeState(subscribed=True)
         a = Waiter(None)
@@ -427,7 +427,7 @@ class TestWakeState:
         assert state.wait_s(deadline=60.0, now=11.0) == pytest.approx(2.0)
 
     def test_only_the_first_caller_sleeps_until_the_timer_and_hands_it_on(self) -> None:
-        from redis_agentstate._waker import Waiter, WakeState
+        from redis_agentstate.wire.waker import Waiter, WakeState
 
         state = WakeState(subscribed=True)
         a, b = Waiter(None), Waiter(None)
@@ -440,8 +440,8 @@ class TestWakeState:
         assert state.wait_s(deadline=20.0, now=10.0, waiter=b) == pytest.approx(0.5)  # b holds the timer now
 
     def test_known_empty_until_an_announcement_a_timer_or_a_second(self) -> None:
-        from redis_agentstate._checkpoint_core import ClaimNextFound
-        from redis_agentstate._waker import KNOWN_EMPTY_S, WakeState
+        from redis_agentstate.core.checkpoint import ClaimNextFound
+        from redis_agentstate.wire.waker import KNOWN_EMPTY_S, WakeState
 
         state = WakeState(subscribed=True)
         seq = state.seq
@@ -458,7 +458,7 @@ class TestWakeState:
         assert not state.known_empty(7.1)  # unsubscribed: every call attempts
 
     def test_a_lost_subscription_wakes_everyone_and_they_poll(self) -> None:
-        from redis_agentstate._waker import POLL_S, Waiter, WakeState
+        from redis_agentstate.wire.waker import POLL_S, Waiter, WakeState
 
         state = WakeState(subscribed=True)
         waiters = [Waiter(None) for _ in range(3)]

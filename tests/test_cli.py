@@ -573,12 +573,12 @@ def test_the_two_clis_import_no_circle() -> None:
     from pathlib import Path
 
     package = Path(cli_mod.__file__).parent
-    for path in (package / "fleet" / "cli.py", package / "_cli_common.py"):
+    for path in (package / "fleet" / "cli.py", package / "commands/common.py"):
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, ast.ImportFrom):
                 absolute = "redis_agentstate." * bool(node.level) + (node.module or "")
                 assert not (node.level and node.module == "cli") and absolute != "redis_agentstate.cli", path
-                assert not (path.name == "_cli_common.py" and "fleet" in (node.module or "")), path
+                assert not (path.name == "commands/common.py" and "fleet" in (node.module or "")), path
 
 
 HOSTILE = "evil\nforged-task  completed  9  9  \x1b[31mred\x1b[0m\u202eexe.txt\x9b2J"

@@ -25,7 +25,7 @@ from redis_agentstate import (
     InvalidArgument,
     RetryPolicy,
 )
-from redis_agentstate._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE
+from redis_agentstate.core.validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE
 from redis_agentstate.keys import Keys
 
 LEASE = 30_000
@@ -259,7 +259,7 @@ def test_ring_push_keeps_whole_identities_within_its_bound(raw: Any) -> None:
     """The write ring's trim (a byte scan since issue 11) is the old pattern trim: whole identities, newest first."""
     import random
 
-    from redis_agentstate import scripts
+    from redis_agentstate.wire import scripts
 
     prelude = scripts.constants_prelude() + scripts._read("_base") + scripts._read("_common")
     sha = raw.script_load(prelude + "\nreturn ring_push(ARGV[1] ~= '' and ARGV[1] or nil, ARGV[2])")

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore, LeaseLost, scripts
+from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore, LeaseLost
 from redis_agentstate.lease import AsyncLease, Lease
 from redis_agentstate.runner import DEFAULT_MAX_CONSECUTIVE_CYCLES, AsyncRunner, Runner, StepResult
+from redis_agentstate.wire import scripts
 
 
 def count_scripts(store: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

@@ -23,16 +23,19 @@ from typing import Any
 import pytest
 from flows import kv_flow, pool_flow
 
-from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, NotDue, _lease_core, _ops, scripts
-from redis_agentstate._checkpoint_core import ACK_REMEMBER_MS
-from redis_agentstate._validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
+from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, NotDue
+from redis_agentstate import wire as _ops
 from redis_agentstate.codec import decode, encode
+from redis_agentstate.core import lease as _lease_core
+from redis_agentstate.core.checkpoint import ACK_REMEMBER_MS
+from redis_agentstate.core.validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
 from redis_agentstate.keys import Keys
 from redis_agentstate.kv import KeyValueStore
 from redis_agentstate.models import TERMINAL_STATUSES, AgentStatus
 from redis_agentstate.pools import PoolStore
+from redis_agentstate.wire import scripts
 
-LUA = resources.files("redis_agentstate").joinpath("lua")
+LUA = resources.files("redis_agentstate.wire").joinpath("lua")
 TOKEN = "tok-contract"
 NEXT_TOKEN = "tok-contract-next"
 LEASE_MS = 4321
@@ -109,7 +112,7 @@ def lua_sources() -> dict[str, str]:
 @pytest.mark.parametrize(
     "pattern, what",
     [
-        (r"4294967295|9007199254740|2\s*\^\s*53", "a numeric limit (rendered from _validate.py)"),
+        (r"4294967295|9007199254740|2\s*\^\s*53", "a numeric limit (rendered from core/validate.py)"),
         (r"'completed'|'max_cycles'|'wait_user'", "a status list (rendered from models.py)"),
         (r"return\s*-?\d\b|\{\s*-?\d+\s*[,}]|table\.insert\(out,\s*1,\s*-?\d\)", "a bare reply code (scripts.Reply)"),
         (r"local function (fmt|server_now_ms|now_ms|corrupt)\b", "a _base.lua helper defined again"),
@@ -129,7 +132,7 @@ def test_no_script_spells_out_what_python_renders(pattern: str, what: str) -> No
 
 
 def test_lease_uses_the_python_max_cycle() -> None:
-    for module in ("lease.py", "_lease_core.py"):
+    for module in ("lease.py", "core/lease.py"):
         source = resources.files("redis_agentstate").joinpath(module).read_text("utf-8")
         assert "2**32" not in source and "4294967295" not in source, module
     assert _lease_core.MAX_CYCLE == MAX_CYCLE
@@ -515,7 +518,7 @@ class TestSummaries:
 
 
 def test_one_name_per_meaning() -> None:
-    from redis_agentstate import _checkpoint_core
+    from redis_agentstate.core import checkpoint as _checkpoint_core
     from redis_agentstate.lease import Lease
 
     lua = "\n".join(lua_sources().values())
@@ -538,11 +541,12 @@ def test_demo_keys_are_built_in_keys_py() -> None:
 
 
 def test_history_cache_has_its_own_module() -> None:
-    from redis_agentstate import _checkpoint_core, _history
+    from redis_agentstate.core import checkpoint as _checkpoint_core
+    from redis_agentstate.core import history as _history
 
     assert _checkpoint_core.HistoryCache is _history.HistoryCache
-    assert _history.HistoryCache.__module__ == "redis_agentstate._history"
-    source = resources.files("redis_agentstate").joinpath("_checkpoint_core.py").read_text("utf-8")
+    assert _history.HistoryCache.__module__ == "redis_agentstate.core.history"
+    source = resources.files("redis_agentstate").joinpath("core/checkpoint.py").read_text("utf-8")
     assert "class HistoryCache" not in source and "class History" not in source
 
 

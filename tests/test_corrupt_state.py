@@ -476,7 +476,7 @@ class TestPoolConfigArguments:
 
     def test_the_deepest_config_allowed_reopens_with_equal_values(self, make: Callable[..., Any]) -> None:
         """Configs compare as JSON values (1 == 1.0) when their bytes differ: that walk must fit the stack too."""
-        from redis_agentstate._pool_records import MAX_CONFIG_DEPTH
+        from redis_agentstate.core.pool_records import MAX_CONFIG_DEPTH
 
         def config(leaf: Any) -> PoolConfig:
             policy = _nested(MAX_CONFIG_DEPTH - 1)

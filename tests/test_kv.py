@@ -15,13 +15,14 @@ import redis
 from conftest import require_real
 from redis.crc import key_slot
 
-from redis_agentstate import InvalidArgument, _kv_core
-from redis_agentstate._kv_core import KvCore
-from redis_agentstate._ops import Batch, Call, Command, Pipe
+from redis_agentstate import InvalidArgument
+from redis_agentstate.core import kv as _kv_core
+from redis_agentstate.core.kv import KvCore
 from redis_agentstate.keys import LAYOUT_SLOTS, SHARDS, Keys, shard_of
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import PoolConfig
 from redis_agentstate.pools import PoolStore
+from redis_agentstate.wire import Batch, Call, Command, Pipe
 
 MIB = 2**20
 HOSTILE = ["a", "a:b", "{a}", "}{", "*", "ns:{ns#01}:kv:x", "with space", "new\nline", "ünï©ødé 🎉", "x" * 512]

@@ -19,8 +19,6 @@ import pytest
 import redis.exceptions as rex
 from faults.replies import lose_first_reply
 
-from redis_agentstate import scripts as S
-from redis_agentstate._ops import pipelines
 from redis_agentstate.langgraph import (
     AgentStateSaver,
     AsyncAgentStateSaver,
@@ -31,6 +29,8 @@ from redis_agentstate.langgraph import (
     RunRejected,
     _runs_core,
 )
+from redis_agentstate.wire import pipelines
+from redis_agentstate.wire import scripts as S
 
 
 @pytest.fixture

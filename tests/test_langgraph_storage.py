@@ -362,6 +362,6 @@ def test_a_read_that_loses_a_long_value_under_it_reads_again(
 
 def test_the_deferral_threshold_is_the_scripts_own() -> None:
     """What the saver stores apart for another serializer is exactly what the scripts name, not copy."""
-    lua = resources.files("redis_agentstate").joinpath("lua", "_lg.lua").read_text()
+    lua = resources.files("redis_agentstate.wire").joinpath("lua", "_lg.lua").read_text()
     m = re.search(r"^local DEFER_BYTES = (\d+)$", lua, re.M)
     assert m is not None and int(m.group(1)) == DEFER_BYTES == SHARE_BYTES_OTHER_SERDE - 1

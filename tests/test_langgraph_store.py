@@ -19,7 +19,7 @@ from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
 from redis.crc import key_slot
 
-from redis_agentstate import CorruptState, InvalidArgument, scripts
+from redis_agentstate import CorruptState, InvalidArgument
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import (
     AgentStateSaver,
@@ -31,6 +31,7 @@ from redis_agentstate.langgraph import (
     _store_index,
     _store_rank,
 )
+from redis_agentstate.wire import scripts
 
 SEP = "\0"
 
@@ -191,7 +192,7 @@ def _indexes(raw: Any, namespace: str) -> dict[str, set[str]]:
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every script call a store's batch sends from now on (a pipeline's calls one by one)."""
-    from redis_agentstate._ops import Batch, Call
+    from redis_agentstate.wire import Batch, Call
 
     sent: list[Any] = []
     execute = _store_core.StoreCore.execute

@@ -30,7 +30,6 @@ from redis_agentstate import (
     PoolStore,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate._ops.layout import parse_layout
 from redis_agentstate.keys import (
     DEFAULT_SHARDS,
     LAYOUT_LEGACY,
@@ -43,6 +42,7 @@ from redis_agentstate.keys import (
     shard_tags,
 )
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver
+from redis_agentstate.wire.layout import parse_layout
 
 NAMESPACES = ["agentstate", "tenant-42", "a", "ünï:cödé ✓", "x" * 128]
 

@@ -29,7 +29,7 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
-from redis_agentstate._lease_core import LOST, RENEW, STOP, WAIT
+from redis_agentstate.core.lease import LOST, RENEW, STOP, WAIT
 from redis_agentstate.lease import AsyncLease, Clock, Lease, LeaseState, LeaseTiming
 
 # ---- timing knobs (validated like Kubernetes leader election) ----------------------------------
@@ -73,12 +73,12 @@ class TestLeaseTiming:
 
 
 def test_the_lease_logic_lives_once_without_io() -> None:
-    """The timing, the state machine and the clock sit in ``_lease_core`` with no I/O; the twins in
+    """The timing, the state machine and the clock sit in ``core.lease`` with no I/O; the twins in
     ``lease.py`` share every decision through it instead of each carrying a copy."""
     import ast
     import inspect
 
-    import redis_agentstate._lease_core as core
+    import redis_agentstate.core.lease as core
     import redis_agentstate.lease as twins
 
     def imported(module: Any) -> set[str]:

@@ -32,8 +32,8 @@ from redis_agentstate import (
     TaskNotFound,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate import scripts as S
 from redis_agentstate.keys import Keys
+from redis_agentstate.wire import scripts as S
 
 LONG_MS = 30_000
 DELAY_MS = 400

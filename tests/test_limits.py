@@ -33,7 +33,7 @@ from redis_agentstate import (
     StepResult,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate._validate import LIMIT_SKEW_MS, MAX_CONCURRENCY_LIMIT
+from redis_agentstate.core.validate import LIMIT_SKEW_MS, MAX_CONCURRENCY_LIMIT
 from redis_agentstate.keys import Keys, shard_of
 
 LONG_MS = 30_000

@@ -78,7 +78,7 @@ from redis_agentstate import (
     NotWaiting,
     TaskNotFound,
 )
-from redis_agentstate._validate import LIMIT_SKEW_MS
+from redis_agentstate.core.validate import LIMIT_SKEW_MS
 from redis_agentstate.lease import AsyncLease, Lease
 
 MODEL_SEED = 38

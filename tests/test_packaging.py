@@ -15,10 +15,10 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import redis_agentstate
-from redis_agentstate import scripts
+from redis_agentstate.wire import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-LUA = resources.files("redis_agentstate").joinpath("lua")
+LUA = resources.files("redis_agentstate.wire").joinpath("lua")
 
 
 def lua_files() -> list[str]:
@@ -73,7 +73,7 @@ def test_wheel_ships_scripts_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "redis_agentstate/py.typed" in names
     for lua in lua_files():
-        assert f"redis_agentstate/lua/{lua}" in names
+        assert f"redis_agentstate/wire/lua/{lua}" in names
     assert redis_agentstate.__version__ in wheel.name
 
 

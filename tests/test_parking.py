@@ -36,8 +36,8 @@ from redis_agentstate import (
     WriteNotReplicated,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate import scripts as S
 from redis_agentstate.keys import Keys
+from redis_agentstate.wire import scripts as S
 
 #: A lease short enough to lapse in a test, long enough for a loaded 2-core machine to claim under.
 SHORT_MS = 150

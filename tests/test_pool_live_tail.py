@@ -24,9 +24,9 @@ import redis
 import redis.asyncio as aioredis
 from conftest import later, require_real
 
-from redis_agentstate._ops import block_slice_ms, effective_socket_timeout
 from redis_agentstate.pool_models import Cursor, PoolConfig, PoolMember
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
+from redis_agentstate.wire import block_slice_ms, effective_socket_timeout
 
 SHORT = 0.3  # seconds: the hidden read timeout of the fast tests
 

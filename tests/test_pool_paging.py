@@ -14,16 +14,9 @@ import pytest
 import redis
 from conftest import require_real
 
-from redis_agentstate import CursorExpired, NotAMember, scripts
-from redis_agentstate._ops import Call
-from redis_agentstate._pool_core import (
-    POOL_SNAPSHOT,
-    PoolCore,
-    _member_map,
-    _message_map,
-    _receipt_map,
-)
+from redis_agentstate import CursorExpired, NotAMember
 from redis_agentstate.codec import encode as _encode
+from redis_agentstate.core.pool import POOL_SNAPSHOT, PoolCore, _member_map, _message_map, _receipt_map
 from redis_agentstate.keys import LAYOUT_SLOTS, Keys
 from redis_agentstate.pool_models import (
     Cursor,
@@ -38,7 +31,8 @@ from redis_agentstate.pool_models import (
     WakeRegistration,
 )
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
-from redis_agentstate.scripts import POOL_WATCH
+from redis_agentstate.wire import Call, scripts
+from redis_agentstate.wire.scripts import POOL_WATCH
 
 CONFIG = PoolConfig(message_policy={"route": "topic"})
 

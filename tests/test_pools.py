@@ -20,7 +20,6 @@ from faults.replies import lose_first_reply
 from redis.crc import key_slot
 
 from redis_agentstate import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember, PoolNotOpen
-from redis_agentstate._ops import Call, Command, Pipe
 from redis_agentstate.keys import LAYOUT_SLOTS, Keys
 from redis_agentstate.pool_models import (
     Cursor,
@@ -36,6 +35,7 @@ from redis_agentstate.pool_models import (
     WakeRegistration,
 )
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
+from redis_agentstate.wire import Call, Command, Pipe
 
 CONFIG = PoolConfig(message_policy={"route": "topic", "max": 3}, wake_policy={"on": ["message"]}, policy_refs=["p1"])
 
@@ -637,7 +637,7 @@ class TestRequests:
         return sent
 
     def test_every_operation_is_one_request_in_one_slot(self) -> None:
-        from redis_agentstate._pool_core import PoolCore
+        from redis_agentstate.core.pool import PoolCore
 
         core = PoolCore("ns", max_records=None, max_record_bytes=2**20)
         core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads
@@ -665,7 +665,7 @@ class TestRequests:
             assert len({key_slot(k.encode()) for k in keys}) == 1, keys
 
     def test_blocking_watch_is_xread_block_in_slices(self) -> None:
-        from redis_agentstate._pool_core import PoolCore
+        from redis_agentstate.core.pool import PoolCore
 
         core = PoolCore("ns", max_records=None, max_record_bytes=2**20)
         core.keys.configure(64, LAYOUT_SLOTS)  # what a store's first operation reads

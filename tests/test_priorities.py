@@ -23,8 +23,8 @@ from redis_agentstate import (
     Runner,
     StepResult,
 )
-from redis_agentstate._stats_core import due_head
-from redis_agentstate._validate import PRIORITY_BAND_MS
+from redis_agentstate.core.stats import due_head
+from redis_agentstate.core.validate import PRIORITY_BAND_MS
 from redis_agentstate.keys import Keys
 
 LONG_MS = 30_000

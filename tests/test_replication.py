@@ -40,11 +40,10 @@ from redis_agentstate import (
     PoolStore,
     ReplicationUnsafe,
     WriteNotReplicated,
-    scripts,
 )
-from redis_agentstate._ops import DEFAULT_WAIT_TIMEOUT_MS
 from redis_agentstate.errors import AgentStateError
 from redis_agentstate.keys import Keys
+from redis_agentstate.wire import DEFAULT_WAIT_TIMEOUT_MS, scripts
 
 STORES = {"checkpoint": (CheckpointStore, AsyncCheckpointStore), "pool": (PoolStore, AsyncPoolStore),
           "kv": (KeyValueStore, AsyncKeyValueStore)}  # fmt: skip
@@ -53,11 +52,11 @@ STORES = {"checkpoint": (CheckpointStore, AsyncCheckpointStore), "pool": (PoolSt
 
 
 def _lua(name: str) -> str:
-    return (Path(redis_agentstate.__file__).parent / "lua" / f"{name}.lua").read_text()
+    return (Path(redis_agentstate.__file__).parent / "wire" / "lua" / f"{name}.lua").read_text()
 
 
 def test_every_script_is_declared_a_write_or_a_read_exactly_once() -> None:
-    every = {p.stem for p in (Path(redis_agentstate.__file__).parent / "lua").glob("*.lua")} - set(
+    every = {p.stem for p in (Path(redis_agentstate.__file__).parent / "wire" / "lua").glob("*.lua")} - set(
         p for names in scripts.PRELUDES.values() for p in names
     )
     assert every == scripts.WRITES | scripts.READS

@@ -41,13 +41,7 @@ import pytest
 from conftest import Twin
 from faults.replies import ReplyLoss, lose_reply
 
-from redis_agentstate import (
-    AgentStatus,
-    AsyncCheckpointStore,
-    Checkpoint,
-    CheckpointStore,
-    scripts,
-)
+from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import (
     MessageReceipt,
@@ -58,13 +52,14 @@ from redis_agentstate.pool_models import (
     WakeRegistration,
 )
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
+from redis_agentstate.wire import scripts
 
 LEASE = 30_000
 
 
 def shipped_scripts() -> list[str]:
     """Every script the package ships: each non-underscore file of its ``lua`` directory."""
-    lua = resources.files("redis_agentstate").joinpath("lua")
+    lua = resources.files("redis_agentstate.wire").joinpath("lua")
     return sorted(
         p.name[: -len(".lua")] for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_")
     )
@@ -1296,7 +1291,7 @@ def test_every_shipped_script_has_a_case() -> None:
     shipped = shipped_scripts()
     assert shipped, "no scripts found in the package"
     assert sorted({c.script for c in CASES.values()}) == shipped
-    # Every script is declared a read or a write (scripts.py), and each case knows which it is.
+    # Every script is declared a read or a write (wire/scripts.py), and each case knows which it is.
     assert sorted(scripts.READS | scripts.WRITES) == shipped
     assert not scripts.READS & scripts.WRITES
 

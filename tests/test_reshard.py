@@ -35,9 +35,9 @@ from redis_agentstate import (
     PoolStore,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate._ops import Command, relocation
 from redis_agentstate.keys import Keys, key_slot
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
+from redis_agentstate.wire import Command, relocation
 
 
 def _record(raw: Any, namespace: str) -> bytes | None:
@@ -428,7 +428,7 @@ def _watched(
 
 
 def _hooked_reshard(store: Any, target: int, **hooks: Any) -> Any:
-    from redis_agentstate._reshard import reshard
+    from redis_agentstate.core.reshard import reshard
 
     return store._reshard(lambda keys, cluster: _watched(reshard(keys, target, cluster=cluster), **hooks))
 
@@ -524,7 +524,7 @@ class TestFencedMover:
     def test_a_rerun_finishes_a_drop_that_was_begun(
         self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from redis_agentstate import _reshard
+        from redis_agentstate.core import reshard as _reshard
 
         monkeypatch.setattr(_reshard, "_BATCH_KEYS", 4)
         store, tids = self._tasks(make)
@@ -587,7 +587,7 @@ def _lose_reply_of(name: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     the library's retry sends it again. Returns one entry per call of it."""
     from redis.commands.core import AsyncScript, Script
 
-    from redis_agentstate import scripts
+    from redis_agentstate.wire import scripts
 
     text = scripts.script_text(name)
     calls: list[int] = []
@@ -627,7 +627,7 @@ class TestReshardResend:
     def test_a_lost_reply_is_sent_again_to_the_same_end(
         self, make: Callable[..., Any], raw: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, script: str
     ) -> None:
-        from redis_agentstate import scripts
+        from redis_agentstate.wire import scripts
 
         assert set(scripts.RESHARD_SCRIPTS) == {
             "reshard_lease", "reshard_fence", "reshard_seal", "reshard_restore", "reshard_drop", "reshard_record"

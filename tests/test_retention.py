@@ -27,7 +27,7 @@ from redis_agentstate import (
     PoolStore,
     RunMessage,
 )
-from redis_agentstate._checkpoint_core import ACK_REMEMBER_MS
+from redis_agentstate.core.checkpoint import ACK_REMEMBER_MS
 from redis_agentstate.keys import Keys, TaskKeys, describe_key
 
 LEASE = 30_000

@@ -52,7 +52,7 @@ from redis_agentstate import (
     CheckpointStore,
     RetryPolicy,
 )
-from redis_agentstate.scripts import script_text
+from redis_agentstate.wire.scripts import script_text
 
 pytestmark = pytest.mark.real
 
@@ -408,7 +408,7 @@ def _attempt_starts(
     On a fake clock: under a loaded CI the gap between tenacity's stop decision and the
     attempt's first line is the scheduler's, not the policy's, and a wall-clock bound on it flakes.
     """
-    from redis_agentstate._ops import retry as retry_module
+    from redis_agentstate.wire import retry as retry_module
 
     clock = _Clock()
     monkeypatch.setattr(retry_module, "time", clock)

@@ -106,14 +106,14 @@ def commands_in_code(is_command: Callable[[str], bool]) -> set[str]:
     ones the server knows as commands (not ``"COUNT"``, ``"BLOCK"``, type vars).
     """
     found: set[str] = set()
-    for lua in (_PKG / "lua").glob("*.lua"):
+    for lua in _PKG.rglob("*.lua"):
         found |= {c.lower() for c in re.findall(r"redis\.p?call\(\s*['\"]([A-Z]+)['\"]", lua.read_text())}
-    for py in _PKG.rglob("*.py"):  # every subpackage: _ops/, langgraph/, fleet/
+    for py in _PKG.rglob("*.py"):  # every subpackage: wire/, langgraph/, fleet/
         found |= {c.lower() for c in re.findall(r"[(\[]\s*\"([A-Z]+)\"", py.read_text()) if is_command(c)}
     # MEMORY is sent as MEMORY USAGE only (agentstate stats), and granted so: not MEMORY PURGE.
     if "memory" in found:
         found = (found - {"memory"}) | {"memory|usage"}
-    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT; its PubSub.ssubscribe (_waker.py).
+    # redis-py's Script: EVALSHA, and SCRIPT LOAD after a NOSCRIPT; its PubSub.ssubscribe (wire/waker.py).
     return found | {"evalsha", "script|load", "ssubscribe"}
 
 

@@ -24,8 +24,8 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
-from redis_agentstate._steps import MAX_STEP_NAME_BYTES
 from redis_agentstate.codec import encode
+from redis_agentstate.core.steps import MAX_STEP_NAME_BYTES
 from redis_agentstate.keys import Keys
 from redis_agentstate.lease import Clock, Lease
 from redis_agentstate.runner import AsyncCycle, AsyncRunner, Cycle, Runner, StepResult, takes_cycle

@@ -46,9 +46,9 @@ from redis_agentstate import (
     PoolConfig,
     PoolStore,
     TaskParked,
-    _ops,
     telemetry,
 )
+from redis_agentstate import wire as _ops
 from redis_agentstate.runner import AsyncRunner, Runner, StepResult
 
 SHORT_MS = 150  # a lease short enough to lapse in a test (test_parking's)

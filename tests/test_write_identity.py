@@ -24,7 +24,7 @@ from redis_agentstate import (
     InvalidArgument,
     RetryPolicy,
 )
-from redis_agentstate._validate import MAX_CLAIM_FROM_REVISION, MAX_REVISION, MAX_STORED_REVISION
+from redis_agentstate.core.validate import MAX_CLAIM_FROM_REVISION, MAX_REVISION, MAX_STORED_REVISION
 
 LEASE = 30_000
 

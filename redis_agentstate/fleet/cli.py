@@ -13,9 +13,9 @@ import shlex
 import sys
 from typing import Any
 
-from .._cli_common import CliError, Parser, esc, namespace_arg
-from .._cli_common import dump as _dump
-from .._cli_common import positive as _positive
+from ..commands.common import CliError, Parser, esc, namespace_arg
+from ..commands.common import dump as _dump
+from ..commands.common import positive as _positive
 from ..spec import redact
 
 __all__ = ["DEMO_WORKER", "add_demo", "cmd_demo", "cmd_demo_worker", "demo_worker_parser"]

@@ -23,11 +23,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from .._ops import corrupt_state
-from .._validate import check_id
+from ..core.validate import check_id
 from ..errors import CorruptState, InvalidArgument, LeaseLost, ThreadBusy
 from ..keys import MAX_ID_BYTES, Keys, ThreadKeys
-from ..scripts import Reply
+from ..wire import corrupt_state
+from ..wire.scripts import Reply
 from ._compact import COMPACT, SHARE_BYTES, SHARE_BYTES_OTHER_SERDE, expand_record
 from ._records import SEP, _reads_and_body, _Remembered, _text
 

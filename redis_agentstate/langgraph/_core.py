@@ -16,7 +16,7 @@ anchor (so a read walks at most ``TAIL_CHAIN - 1`` small tails, then anchors), a
 only every ``TAIL_CHAIN``-th anchor is a full copy. Each item is thus stored about
 twice, and a read follows at most ``2 * TAIL_CHAIN`` links.
 
-The sync and async savers are shells over this class (``_ops.run_sync`` /
+The sync and async savers are shells over this class (``wire.run_sync`` /
 ``run_async``); nothing here touches Redis or a clock.
 
 ``SaverCore`` composes one module per concern: ``_base`` (state, caller-input
@@ -29,7 +29,7 @@ helper objects, so a hot call resolves its methods as one class would.
 
 from __future__ import annotations
 
-from ..scripts import LG_SCRIPTS
+from ..wire.scripts import LG_SCRIPTS
 from ._base import _ident, thread_of
 from ._leases import ThreadLeases
 from ._lister import Lister, Listing

@@ -7,10 +7,10 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
-from .._ops import Call, Command, Op
-from .._validate import MAX_LEASE_MS, check_int
+from ..core.validate import MAX_LEASE_MS, check_int
 from ..errors import ThreadBusy
-from ..scripts import LG_LEASE, LG_RELEASE, LG_RENEW, Reply
+from ..wire import Call, Command, Op
+from ..wire.scripts import LG_LEASE, LG_RELEASE, LG_RENEW, Reply
 from ._base import SaverBase, _ident
 
 __all__ = ["ThreadLeases"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._ops import Call, Command, Op, Pipe, corrupt_state, member_id, restart
 from ..errors import InvalidArgument
-from ..scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
+from ..wire import Call, Command, Op, Pipe, corrupt_state, member_id, restart
+from ..wire.scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
 from ._base import SaverBase, _ident
 from ._records import SEP, _entry_member, _held_writes, _reads_and_body, _stored_id, _stored_member, _unpack_writes
 

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._ops import corrupt_state
 from ..keys import MAX_ID_BYTES
+from ..wire import corrupt_state
 
 SEP = "\0"
 

@@ -32,13 +32,13 @@ from typing import Any, Literal
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from .. import scripts as S
-from .._checkpoint_core import CheckpointCore
-from .._ops import Batch, Call, Command, Op, Pipe
-from .._validate import check_int
+from ..core.checkpoint import CheckpointCore
+from ..core.validate import check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost, RunNotFound, RunRejected
 from ..models import TERMINAL_STATUSES, Checkpoint
-from ..scripts import Reply
+from ..wire import Batch, Call, Command, Op, Pipe
+from ..wire import scripts as S
+from ..wire.scripts import Reply
 from ._base import _ident
 
 __all__ = [

@@ -64,10 +64,10 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
-from .._ops import Batch, Call, Op, corrupt_state, new_nonce, restart
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
+from ..wire import Batch, Call, Op, corrupt_state, new_nonce, restart
+from ..wire.scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
 from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors

@@ -16,7 +16,7 @@ of P's own items; each other path is then read in its own shard (lgs_search). A 
 paths of other shards in their own (lgs_namespaces with paths: whether every item of one expired is
 known there). A search of the root reads every shard's index, keeping each path from its own shard.
 A reshard sends each listed path to the new shard of each of its prefixes the old shard held
-(``_reshard.py``, ``keys.STORE_PREFIX_INDEXES``).
+(``core/reshard.py``, ``keys.STORE_PREFIX_INDEXES``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._ops import Batch, Call, Op, Pipe, member_id, restart, restartable
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_INDEX, LGS_NAMESPACES, LGS_PREFIX, LGS_SEARCH
+from ..wire import Batch, Call, Op, Pipe, member_id, restart, restartable
+from ..wire.scripts import LGS_INDEX, LGS_NAMESPACES, LGS_PREFIX, LGS_SEARCH
 
 __all__ = ["NS_PAGE", "PAGE", "SEP", "WINDOW", "StoreIndex"]
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._cli_common import CliError, esc
-from .._cli_common import dump as _dump
+from ..commands.common import CliError, esc
+from ..commands.common import dump as _dump
 
 __all__ = ["cmd_cancel", "cmd_runs", "cmd_tail", "cmd_worker", "load_graph", "queue_namespace_of", "worker_names"]
 

@@ -20,13 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import scripts as S
-from .._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, Call, Command, Op, Pipe, RetryPolicy, StoreShell, SyncShell
-from .._validate import check_id, check_int
 from ..clients import RedisClient
+from ..core.validate import check_id, check_int
 from ..errors import CorruptState, InvalidArgument
 from ..keys import Keys
-from ..scripts import Reply
+from ..wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, Call, Command, Op, Pipe, RetryPolicy, StoreShell, SyncShell
+from ..wire import scripts as S
+from ..wire.scripts import Reply
 
 __all__ = ["AsyncCronStore", "Cron", "CronCore", "CronStore"]
 

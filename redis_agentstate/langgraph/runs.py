@@ -22,12 +22,12 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
-from .._ops.replicas import DEFAULT_WAIT_TIMEOUT_MS
 from ..checkpoint import AsyncCheckpointStore, CheckpointStore
 from ..clients import RedisClient
 from ..keys import validate_namespace
-from ..scripts import CHECKPOINT_SCRIPTS, LG_RUN_SCRIPTS
+from ..wire import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from ..wire.replicas import DEFAULT_WAIT_TIMEOUT_MS
+from ..wire.scripts import CHECKPOINT_SCRIPTS, LG_RUN_SCRIPTS
 from ._runs_core import (
     DEFAULT_MAX_ACTIVE,
     DEFAULT_MAX_EVENTS,

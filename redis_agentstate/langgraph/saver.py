@@ -22,12 +22,12 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
-from .._lease_core import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
-from .._ops import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ..clients import RedisClient
+from ..core.lease import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
 from ..errors import LeaseLost
 from ..lease import CancelOnLoss
 from ..spec import StoreSpec
+from ..wire import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ._core import LG_SCRIPTS, SaverCore, _ident
 
 __all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "ThreadLease"]

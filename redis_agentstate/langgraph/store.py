@@ -15,9 +15,9 @@ from typing import Any
 from langgraph.store.base import BaseStore, IndexConfig, PutOp, Result, TTLConfig
 from langgraph.store.base import Op as StoreOp
 
-from .._ops import AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ..clients import RedisClient
 from ..spec import StoreSpec
+from ..wire import AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._store_core import LGS_SCRIPTS, Plan, StoreCore
 
 __all__ = ["AgentStateStore", "AsyncAgentStateStore"]

@@ -42,10 +42,10 @@ from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_me
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
-from .._ops.shells import cancels, check_cancel
 from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
 from ..lease import AsyncLease, Lease
 from ..models import AgentStatus, Checkpoint
+from ..wire.shells import cancels, check_cancel
 from ._runs_core import Begun, Run, RunLost
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver

@@ -18,9 +18,9 @@ import time
 from collections import deque
 from typing import Any
 
-from .._stats_core import COUNTER_FIELDS, counters, due_head, parked_tasks, status_counts
-from .._stats_view import limit_rows
 from ..checkpoint import AsyncCheckpointStore
+from ..commands.stats_view import limit_rows
+from ..core.stats import COUNTER_FIELDS, counters, due_head, parked_tasks, status_counts
 from ..errors import AgentStateError
 
 __all__ = ["Collector"]

@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any
 
-from .._cli_common import CliError
+from ..commands.common import CliError
 
 __all__ = ["cmd_serve", "loopback"]
 

@@ -63,11 +63,11 @@ def _script_names() -> dict[str, str]:
     import hashlib
     from importlib import resources
 
-    from redis_agentstate import scripts
+    from redis_agentstate.wire import scripts
 
     names = [
         p.name[: -len(".lua")]
-        for p in resources.files("redis_agentstate").joinpath("lua").iterdir()
+        for p in resources.files("redis_agentstate.wire").joinpath("lua").iterdir()
         if p.name.endswith(".lua") and not p.name.startswith("_")
     ]
     return {hashlib.sha1(scripts.script_text(n).encode()).hexdigest(): n for n in names}
@@ -151,7 +151,7 @@ def lose_reply(
     call and right after it ran its re-send (``ReplyLoss``)."""
     from redis.commands.core import AsyncScript, Script
 
-    from redis_agentstate._ops import pipelines
+    from redis_agentstate.wire import pipelines
 
     loss = ReplyLoss(name, nth, snapshot)
     if name not in loss.by_sha.values():

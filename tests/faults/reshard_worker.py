@@ -25,8 +25,9 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from redis_agentstate import CheckpointStore, ConfigConflict, _reshard
-from redis_agentstate._reshard import reshard
+from redis_agentstate import CheckpointStore, ConfigConflict
+from redis_agentstate.core import reshard as _reshard
+from redis_agentstate.core.reshard import reshard
 
 
 def _client(target: str) -> Any:
