@@ -51,10 +51,12 @@ from .commands.common import Parser as _Parser
 from .commands.common import dump as _dump
 from .commands.common import positive as _positive
 from .commands.common import whole as _whole
+from .core.stats import limit_rows
 from .errors import AgentStateError, BackendUnavailable, InvalidArgument, TaskNotFound
 from .fleet import cli as fleet_cli
 from .keys import Keys
 from .spec import StoreSpec, redact
+from .wire.shells import internals
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -478,13 +480,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if PoolStore is not None:
         pool_store = PoolStore(store.client, namespace=store.namespace)
         pool_ids = pool_store.list()
-        pools, corrupt_pools = pool_sizes(store.client, pool_store._core.keys, pool_ids)
+        pools, corrupt_pools = pool_sizes(store.client, internals(pool_store).core.keys, pool_ids)
     data = {
         "namespace": store.namespace,
         "shards": store.shards,
-        "layout": store._core.keys.layout,
+        "layout": (keys := internals(store).core.keys).layout,
         # A reshard under way (agentstate reshard): the count it grows to and the old shards moved so far.
-        "resharding": None if not (keys := store._core.keys).target else {"to": keys.target, "moved": keys.moved},
+        "resharding": None if not keys.target else {"to": keys.target, "moved": keys.moved},
         "server_time_ms": now,
         "tasks": len(rows),
         "by_status": dict(sorted(by_status.items())),
@@ -495,7 +497,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "pools": pools,
         "corrupt_tasks": {r["task_id"]: r["corrupt"] for r in rows if r["status"] == "corrupt"},
         "corrupt_pools": corrupt_pools,
-        "concurrency_limits": _stats_view.limit_rows(store.concurrency_limits()),
+        "concurrency_limits": limit_rows(store.concurrency_limits()),
         "memory": _stats_view.memory_report(store, args.memory_sample),
         "eviction": eviction,
     }

@@ -18,9 +18,9 @@ Every exception the library raises on purpose derives from one root::
     ├── NotWaiting               the task is not waiting for a person (resume)
     ├── LeaseLost                a lease keeper could not keep its lease
     ├── TaskCancelled            the task was cancelled (a cancelled lease's LeaseLost.__cause__)
-    ├── ThreadBusy               another writer holds the LangGraph thread's lease
-    ├── RunRejected              a LangGraph run refused by its thread's multitask check (reject)
-    ├── RunNotFound              (also a KeyError) no such LangGraph run
+    ├── ThreadBusy               another writer holds the LangGraph thread's lease  ┐ the LangGraph
+    ├── RunRejected              a LangGraph run refused by its multitask check     │ integration's,
+    ├── RunNotFound              (also a KeyError) no such LangGraph run            ┘ langgraph/errors.py
     ├── CursorExpired            retention trimmed the log past a watch cursor
     ├── PoolNotOpen              the pool was never opened
     ├── ConfigConflict           a pool open with another config; a namespace of another shard count
@@ -29,6 +29,10 @@ Every exception the library raises on purpose derives from one root::
     └── BackendError             Redis answered with an error we did not expect
         ├── BackendUnavailable   Redis could not be reached (after bounded retries)
         └── WriteNotReplicated   a write too few replicas acknowledged in time (wait_replicas)
+
+An integration defines its errors in its own package, under this root (``ThreadBusy``,
+``RunRejected`` and ``RunNotFound`` in ``redis_agentstate.langgraph.errors``); this module hands
+them out by their old path too, importing the integration only when one is asked for.
 
 Errors from redis-py are translated where the library calls Redis and chained
 (``raise ... from exc``), so the original is always in ``__cause__``.
@@ -59,10 +63,7 @@ __all__ = [
     "TaskCancelled",
     "TaskNotFound",
     "TaskParked",
-    "ThreadBusy",
     "ReplicationUnsafe",
-    "RunNotFound",
-    "RunRejected",
     "WriteNotReplicated",
 ]
 
@@ -215,32 +216,6 @@ class TaskCancelled(AgentStateError):
         self.reason = reason
 
 
-class ThreadBusy(AgentStateError):
-    """Another writer holds the lease on this LangGraph thread (``task_id`` names the thread);
-    nothing was written."""
-
-
-class RunRejected(AgentStateError):
-    """The thread has a pending or running run, and the new run's strategy is ``reject``."""
-
-    def __init__(self, message: str, *, thread_id: str, run_id: str | None = None) -> None:
-        super().__init__(message, task_id=thread_id)
-        self.thread_id = thread_id
-        #: The active run that made the new one rejected.
-        self.run_id = run_id
-
-
-class RunNotFound(AgentStateError, KeyError):
-    """No such run (never created, rolled back, or expired after it ended)."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run {run_id!r}")
-        self.run_id = run_id
-
-    def __str__(self) -> str:  # KeyError quotes its argument; say it plainly
-        return f"no run {self.run_id!r}"
-
-
 class CursorExpired(AgentStateError):
     """Retention trimmed the record log past the cursor being watched."""
 
@@ -300,3 +275,15 @@ class ReplicationUnsafe(AgentStateError):
     the primary has fewer than n replicas online, the server is a replica, or the client has no
     ``WAIT`` (fakeredis). Raised by the store's first write, before anything is written;
     every write would otherwise time out."""
+
+
+#: Errors an integration defines, still reachable here by name: name -> the module defining it.
+_ELSEWHERE = dict.fromkeys(("ThreadBusy", "RunRejected", "RunNotFound"), "redis_agentstate.langgraph.errors")
+
+
+def __getattr__(name: str) -> type[AgentStateError]:
+    if name in _ELSEWHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)  # type: ignore[no-any-return]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -118,7 +118,6 @@ LEASES_HELD = ("agentstate.leases.held", "{lease}", "Leases the runner holds now
 #: most operations here take well under a millisecond on a local network.
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-_STORES = {"CheckpointCore": "checkpoint", "PoolCore": "pool", "KvCore": "kv", "SaverCore": "langgraph"}
 #: Core generators whose name is not the shell method's.
 _OP_NAMES = {"keys_list": "keys", "next_page": "list"}
 _OWNER_ATTRS = {"task": "agentstate.task_id", "pool": "agentstate.pool_id", "thread": "agentstate.thread_id"}
@@ -187,13 +186,6 @@ def _acknowledge_events(reply: Any) -> Sequence[str]:
     return ("fenced_writes",) if _code(reply) == Reply.REFUSED else ()
 
 
-def _lg_write_events(reply: Any) -> Sequence[str]:
-    # REFUSED 'busy' / 'lost': the thread's lease refused it; 'base' is a missing parent, not the fence.
-    if _code(reply) == Reply.REFUSED and len(reply) > 1 and reply[1] in (b"busy", b"lost", "busy", "lost"):
-        return ("fenced_writes",)
-    return ()
-
-
 #: Script name -> what its reply says happened (counter keys).
 REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {
     S.CLAIM: _claim_events,
@@ -206,8 +198,6 @@ REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {
     S.FINALIZE: _commit_events,
     S.COMMIT_AND_CLAIM: _commit_and_claim_events,
     S.ACKNOWLEDGE_TERMINAL: _acknowledge_events,
-    "lg_put": _lg_write_events,
-    "lg_put_writes": _lg_write_events,
 }
 
 
@@ -229,7 +219,7 @@ class _Operation:
         self.attrs: dict[str, Any] = {
             "db.system.name": "redis",
             "db.operation.name": self.name,
-            "agentstate.store": _STORES.get(type(shell._core).__name__, "other"),
+            "agentstate.store": shell.telemetry_store,
             "agentstate.namespace": self.namespace,
         }
         self.owners: set[tuple[str, str]] = set()
@@ -276,7 +266,7 @@ class _Operation:
             keys = request_keys(req)
             self._owner(keys[0] if len(keys) == 1 else None)
         for call, answer in calls:
-            events = REPLY_EVENTS.get(call.script)
+            events = REPLY_EVENTS.get(call.script) or S.REPLY_EVENTS.get(call.script)
             if events is not None:
                 for event in events(answer):
                     self.telemetry.count(event, self.namespace, self.name)

@@ -22,44 +22,12 @@ not at all), and parse the reply with the library's code::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any
 
-from .wire import C, Call, Command, Op, RetryPolicy, StoreShell, SyncShell, T
+from .wire import Call, Command, Op, T
+from .wire.shells import StoreInternals, internals
 
 __all__ = ["Call", "Command", "Op", "StoreInternals", "finish", "first_call", "internals"]
-
-
-@dataclass(frozen=True)
-class StoreInternals(Generic[C]):
-    """The inside of one store (see :func:`internals`)."""
-
-    #: The sans-I/O core: ``CheckpointCore``, ``PoolCore`` or ``KvCore``. Its ``keys`` builds every key.
-    core: C
-    #: redis-py ``Script`` objects (``AsyncScript`` for an asyncio store) by operation name; each has
-    #: ``.sha`` and ``.script`` and is called as ``script(keys=..., args=..., client=...)``.
-    scripts: Mapping[str, Any]
-    #: The client the store was built with.
-    client: Any
-    #: The store's retry policy for connection errors.
-    retry: RetryPolicy
-    #: Drives an operation to completion the way the store's methods do (a coroutine function for
-    #: an asyncio store).
-    run: Callable[[Op[Any]], Any]
-
-
-def internals(store: StoreShell[C]) -> StoreInternals[C]:
-    """The core, registered scripts, client, retry policy and driver of ``store`` (any of the stores).
-
-    A sync store reads its namespace's layout here if no operation did yet, so the core's ``keys``
-    build keys at once; an asyncio store's core builds them after the store's first operation."""
-    if not isinstance(store, StoreShell):
-        raise TypeError(f"expected a store of redis_agentstate, got {type(store).__name__}")
-    if isinstance(store, SyncShell):
-        store._layout()
-    run: Callable[[Op[Any]], Any] = store._run  # type: ignore[attr-defined]
-    return StoreInternals(store._core, store._scripts, store._client, store._retry, run)
 
 
 def first_call(op: Op[Any]) -> Call:

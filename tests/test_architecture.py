@@ -44,15 +44,16 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(nodes: list[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: at any depth, but not under ``if TYPE_CHECKING:``."""
+def _imports(nodes: list[ast.AST], *, type_only: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run, at any depth; under ``if TYPE_CHECKING:`` too when
+    ``type_only`` (an import a type checker follows still ties the two modules together)."""
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _type_checking(node):
+        elif isinstance(node, ast.If) and _type_checking(node) and not type_only:
             yield from _imports(list(node.orelse))
         else:
-            yield from _imports(list(ast.iter_child_nodes(node)))
+            yield from _imports(list(ast.iter_child_nodes(node)), type_only=type_only)
 
 
 def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
@@ -83,14 +84,15 @@ def _targets(name: str, is_package: bool, node: ast.Import | ast.ImportFrom, kno
     return out
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (see the module docstring for what counts)."""
+def import_graph(root: Path = PACKAGE, *, type_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (see the module docstring for what counts; with
+    ``type_only``, the imports under ``if TYPE_CHECKING:`` too)."""
     found = modules(root)
     known = set(found)
     graph: dict[str, set[str]] = {name: set() for name in found}
     for name, (path, is_package) in found.items():
         tree = ast.parse(path.read_text("utf-8"), str(path))
-        for node in _imports(list(tree.body)):
+        for node in _imports(list(tree.body), type_only=type_only):
             graph[name] |= _targets(name, is_package, node, known)
     return graph
 
@@ -153,6 +155,75 @@ def test_no_import_circle() -> None:
     graph = import_graph()
     found = cycles(graph)
     assert not found, "import circles: " + " | ".join(_describe(graph, c) for c in found)
+
+
+def test_no_import_circle_even_through_type_only_imports() -> None:
+    graph = import_graph(type_only=True)
+    found = cycles(graph)
+    assert not found, "import circles (type-only imports counted): " + " | ".join(_describe(graph, c) for c in found)
+
+
+# ---- the tiers: the core names no integration; only a store reaches into a store ------------------
+
+#: The integrations and tools, each a folder (or module) on top of the core.
+INTEGRATIONS = ("langgraph", "server", "fleet", "cli", "commands", "embedded")
+#: The core: the I/O-free cores, the I/O floor, and the public modules of the package root that the
+#: stores are made of (every root module but the tools' entry points).
+ROOT_TOOLS = {"cli", "embedded", "__main__"}
+
+
+def core_modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for name, found in modules().items():
+        rel = name.split(".")[1:]
+        if not rel or rel[0] in ("core", "wire") or (len(rel) == 1 and rel[0] not in ROOT_TOOLS | set(INTEGRATIONS)):
+            out[name] = found
+    return out
+
+
+def test_the_core_names_no_integration() -> None:
+    """No module of the core imports an integration or a tool (type-only imports counted), nor names
+    one's module in a string (an import by name); an integration plugs in instead (its script family,
+    its errors, its telemetry: ``wire/scripts.py``'s ``register_family``)."""
+    graph = import_graph(type_only=True)
+    banned = tuple(f"{PACKAGE.name}.{i}" for i in INTEGRATIONS)
+    core = core_modules()
+    assert {"redis_agentstate.core.checkpoint", "redis_agentstate.wire.scripts", "redis_agentstate.checkpoint"} <= set(core)
+    def integration(target: str) -> bool:
+        return any(target == b or target.startswith(b + ".") for b in banned)
+
+    wrong = {name: sorted(t for t in graph[name] if integration(t)) for name in core}
+    assert not {k: v for k, v in wrong.items() if v}, wrong
+    for name, (path, _) in core.items():
+        if name == "redis_agentstate.errors":
+            continue  # hands out an integration's errors by their old path, importing it only when asked
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert not integration(node.value), f"{name} names {node.value!r}"
+
+
+def _defines_a_store(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.ClassDef)
+        and any(isinstance(b, ast.Subscript) and getattr(b.value, "id", "").endswith("Shell") for b in node.bases)
+        for node in tree.body
+    )
+
+
+def test_only_a_store_reaches_into_a_store() -> None:
+    """``x._run(...)`` and ``x._core`` on anything but ``self`` only in a module that defines a store
+    (its own lease and helper classes) and in ``wire/shells.py``, whose ``internals`` is the one
+    documented way in for the library's own tools (the CLI, the dashboard, the worker, the server)."""
+    found = []
+    for name, (path, _) in modules().items():
+        tree = ast.parse(path.read_text("utf-8"))
+        if name == "redis_agentstate.wire.shells" or _defines_a_store(tree):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("_run", "_core"):
+                if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    found.append(f"{name}:{node.lineno} .{node.attr}")
+    assert not found, found
 
 
 def test_no_class_over_400_lines() -> None:

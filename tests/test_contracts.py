@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from flows import kv_flow, pool_flow
 
+import redis_agentstate.langgraph  # noqa: F401 - registers its scripts with the loader
 from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, NotDue
 from redis_agentstate import wire as _ops
 from redis_agentstate.codec import decode, encode
@@ -35,7 +36,6 @@ from redis_agentstate.models import TERMINAL_STATUSES, AgentStatus
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.wire import scripts
 
-LUA = resources.files("redis_agentstate.wire").joinpath("lua")
 TOKEN = "tok-contract"
 NEXT_TOKEN = "tok-contract-next"
 LEASE_MS = 4321
@@ -49,7 +49,7 @@ STATUS_VALUES = {s.value for s in AgentStatus}
 
 
 def lua_text(name: str) -> str:
-    return LUA.joinpath(f"{name}.lua").read_text("utf-8")
+    return scripts.source(name)
 
 
 # ---- constants: one source, rendered --------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_every_script_is_built_from_the_rendered_constants_and_its_preludes(name
 
 
 def lua_sources() -> dict[str, str]:
-    return {p.name: p.read_text("utf-8") for p in LUA.iterdir() if p.name.endswith(".lua")}
+    return {name: f.read_text("utf-8") for name, f in scripts.lua_files().items()}
 
 
 @pytest.mark.parametrize(

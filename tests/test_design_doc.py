@@ -29,7 +29,7 @@ def architecture() -> str:
 def package_modules() -> set[str]:
     """Every module of the package as the table names it: ``x.py``; a subpackage ``x/`` (its
     ``__init__.py``) and its modules ``x/y.py``; and the ``lua/`` folder."""
-    found = {"lua/"}
+    found = {"lua/", "langgraph/lua/"}
     for path in PACKAGE.rglob("*.py"):
         name = path.relative_to(PACKAGE).as_posix()
         if "__pycache__" in name:

@@ -11,7 +11,6 @@ import asyncio
 import random
 import re
 import uuid
-from importlib import resources
 from typing import Any, TypedDict
 
 import msgpack
@@ -36,6 +35,7 @@ from redis_agentstate.langgraph._compact import DEFER_BYTES, SHARE_BYTES_OTHER_S
 from redis_agentstate.langgraph._put import SaverWrites
 from redis_agentstate.langgraph._reads import SaverReads
 from redis_agentstate.langgraph._records import _held_writes, _reads_and_body, _unpack_writes
+from redis_agentstate.wire import scripts
 
 saver = test_langgraph.saver  # the fixture, shared with the saver's other tests
 BIG = "B" * 1024
@@ -362,6 +362,6 @@ def test_a_read_that_loses_a_long_value_under_it_reads_again(
 
 def test_the_deferral_threshold_is_the_scripts_own() -> None:
     """What the saver stores apart for another serializer is exactly what the scripts name, not copy."""
-    lua = resources.files("redis_agentstate.wire").joinpath("lua", "_lg.lua").read_text()
+    lua = scripts.source("_lg")
     m = re.search(r"^local DEFER_BYTES = (\d+)$", lua, re.M)
     assert m is not None and int(m.group(1)) == DEFER_BYTES == SHARE_BYTES_OTHER_SERDE - 1

@@ -8,26 +8,25 @@ import subprocess
 import sys
 import zipfile
 from email.parser import HeaderParser
-from importlib import resources
 from pathlib import Path
 
 import pytest
 from packaging.specifiers import SpecifierSet
 
 import redis_agentstate
+import redis_agentstate.langgraph
 from redis_agentstate.wire import scripts
 
 ROOT = Path(__file__).resolve().parent.parent
-LUA = resources.files("redis_agentstate.wire").joinpath("lua")
 
 
 def lua_files() -> list[str]:
-    return sorted(p.name for p in LUA.iterdir() if p.name.endswith(".lua"))
+    return sorted(scripts.lua_files())
 
 
 @pytest.mark.parametrize("name", [n for n in lua_files() if not n.startswith("_")])
 def test_each_operation_file_opens_with_its_contract(name: str) -> None:
-    text = LUA.joinpath(name).read_text("utf-8")
+    text = scripts.lua_files()[name].read_text("utf-8")
     first = text.splitlines()[0]
     assert first.startswith(f"-- {name}:"), f"{name} must open with '-- {name}: <what it does>'"
     header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
@@ -73,7 +72,8 @@ def test_wheel_ships_scripts_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "redis_agentstate/py.typed" in names
     for lua in lua_files():
-        assert f"redis_agentstate/wire/lua/{lua}" in names
+        path = Path(str(scripts.lua_files()[lua])).relative_to(Path(redis_agentstate.__file__).parent.parent)
+        assert path.as_posix() in names
     assert redis_agentstate.__version__ in wheel.name
 
 
@@ -180,3 +180,11 @@ def test_only_the_langgraph_subpackage_imports_langgraph() -> None:
     probe = "import sys, redis_agentstate; print(sorted(m for m in sys.modules if m.startswith('lang')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_lua_folder_of_the_package_is_a_registered_family() -> None:
+    """The loader finds a script in its family's ``lua/`` folder: a folder no family registered would
+    ship scripts nothing can load (and that every contract test here would miss)."""
+    package = Path(redis_agentstate.__file__).parent
+    on_disk = {p.name for p in package.rglob("lua/*.lua")}
+    assert on_disk == set(scripts.lua_files())

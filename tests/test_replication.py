@@ -16,7 +16,6 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -28,6 +27,7 @@ from flows import checkpoint_flow, kv_flow, pool_flow
 from replication_support import Replicated, online_replicas, wait_until
 
 import redis_agentstate
+import redis_agentstate.langgraph
 from redis_agentstate import (
     AsyncCheckpointStore,
     AsyncKeyValueStore,
@@ -52,11 +52,11 @@ STORES = {"checkpoint": (CheckpointStore, AsyncCheckpointStore), "pool": (PoolSt
 
 
 def _lua(name: str) -> str:
-    return (Path(redis_agentstate.__file__).parent / "wire" / "lua" / f"{name}.lua").read_text()
+    return scripts.source(name)
 
 
 def test_every_script_is_declared_a_write_or_a_read_exactly_once() -> None:
-    every = {p.stem for p in (Path(redis_agentstate.__file__).parent / "wire" / "lua").glob("*.lua")} - set(
+    every = {name[: -len(".lua")] for name in scripts.lua_files()} - set(
         p for names in scripts.PRELUDES.values() for p in names
     )
     assert every == scripts.WRITES | scripts.READS

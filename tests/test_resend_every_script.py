@@ -34,13 +34,13 @@ import random
 import re
 import time
 from collections.abc import Callable
-from importlib import resources
 from typing import Any
 
 import pytest
 from conftest import Twin
 from faults.replies import ReplyLoss, lose_reply
 
+import redis_agentstate.langgraph  # noqa: F401 - registers its scripts with the loader
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import (
@@ -59,10 +59,7 @@ LEASE = 30_000
 
 def shipped_scripts() -> list[str]:
     """Every script the package ships: each non-underscore file of its ``lua`` directory."""
-    lua = resources.files("redis_agentstate.wire").joinpath("lua")
-    return sorted(
-        p.name[: -len(".lua")] for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_")
-    )
+    return sorted(name[: -len(".lua")] for name in scripts.lua_files() if not name.startswith("_"))
 
 
 # ---- what is compared ---------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from ..core.stats import COUNTER_FIELDS, counters, due_head, memory_estimate, parked_tasks, status_counts
+from ..core.stats import COUNTER_FIELDS, counters, due_head, limit_rows, memory_estimate, parked_tasks, status_counts
 from ..wire import eviction as _eviction
+from ..wire.shells import internals
 
 __all__ = ["CLEAR", "eviction_report", "memory_report", "memory_lines", "watch"]
 
@@ -38,7 +39,8 @@ _KIND_NAMES = {"tasks": "tasks", "pools": "agent pools", "kv": "key/value keys",
 
 def memory_report(store: Any, sample: int) -> dict[str, Any]:
     """The namespace's memory estimate as ``stats --json`` shows it."""
-    est = store._run(memory_estimate(store._core.keys, sample))
+    inside = internals(store)
+    est = inside.run(memory_estimate(inside.core.keys, sample))
     return {
         "estimate_bytes": est.bytes,
         "estimated": True,
@@ -82,11 +84,12 @@ def eviction_report(client: Any) -> dict[str, Any]:
 def _frame(
     store: Any, previous: tuple[int, dict[str, int]] | None
 ) -> tuple[dict[str, Any], tuple[int, dict[str, int]]]:
-    keys = store._core.keys
-    counts = store._run(status_counts(store._core))
-    now, totals = store._run(counters(keys))
-    _, due, oldest = store._run(due_head(keys))
-    parked = store._run(parked_tasks(store._core))
+    inside = internals(store)
+    core, run = inside.core, inside.run
+    counts = run(status_counts(core))
+    now, totals = run(counters(core.keys))
+    _, due, oldest = run(due_head(core.keys))
+    parked = run(parked_tasks(core))
     rates: dict[str, float | None] = dict.fromkeys(COUNTER_FIELDS)
     if previous is not None and now > previous[0]:
         seconds = (now - previous[0]) / 1000
@@ -105,14 +108,9 @@ def _frame(
         "parked_tasks": [_parked_row(r) for r in parked.first],
         "due_now": due,
         "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
-        "concurrency_limits": limit_rows(store._run(store._core.concurrency_limits())),
+        "concurrency_limits": limit_rows(run(core.concurrency_limits())),
     }
     return frame, (now, totals)
-
-
-def limit_rows(limits: list[Any]) -> list[dict[str, Any]]:
-    """The limited keys (``LimitState``) as ``stats`` reports them: key, live leases, limit."""
-    return [{"key": s.key, "live": s.live, "limit": s.limit} for s in limits]
 
 
 def limit_lines(rows: list[dict[str, Any]]) -> list[str]:

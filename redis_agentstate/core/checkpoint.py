@@ -16,7 +16,7 @@ resolves its methods as one class would.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import TaskCancelled
 from ..models import Checkpoint
@@ -40,6 +40,9 @@ ACK_REMEMBER_MS = 3_600_000
 
 class CheckpointCore(CheckpointWrites, ClaimScheduling, Lifecycle, CheckpointListing, DurableSteps):
     """Validation, request building and reply parsing for one namespace."""
+
+    #: The ``agentstate.store`` attribute of its operations' spans and metrics (telemetry).
+    telemetry_store: ClassVar[str] = "checkpoint"
 
     def __init__(
         self,

@@ -35,7 +35,7 @@ one ``EVALSHA`` of ``kv_set.lua`` per shard (per chunk) for ``set_many``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import InvalidArgument
 from ..keys import Keys
@@ -57,6 +57,9 @@ _KEYS_PAGE = 1000
 
 class KvCore:
     """Validation, request building and reply parsing for one namespace's key/value seam."""
+
+    #: The ``agentstate.store`` attribute of its operations' spans and metrics (telemetry).
+    telemetry_store: ClassVar[str] = "kv"
 
     def __init__(self, namespace: str, *, max_key_bytes: int, max_value_bytes: int) -> None:
         self.keys = Keys.unresolved(namespace)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..codec import encode
 from ..errors import ConfigConflict, CorruptState, CursorExpired, InvalidArgument, NotAMember
@@ -121,6 +121,9 @@ class _Page:
 
 class PoolCore(PoolLog):
     """Validation, request building and reply parsing for the pools of one namespace."""
+
+    #: The ``agentstate.store`` attribute of its operations' spans and metrics (telemetry).
+    telemetry_store: ClassVar[str] = "pool"
 
     def __init__(
         self,

@@ -301,3 +301,8 @@ def memory_estimate(
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def limit_rows(limits: list[Any]) -> list[dict[str, Any]]:
+    """The limited keys (``LimitState``) as ``stats`` reports them: key, live leases, limit."""
+    return [{"key": s.key, "live": s.live, "limit": s.limit} for s in limits]

@@ -21,8 +21,9 @@ statuses and double-texting strategies, resumable event streams), ``GraphWorker`
 
 from __future__ import annotations
 
-from ..errors import LeaseLost, RunNotFound, RunRejected, ThreadBusy
+from ..errors import LeaseLost
 from ._runs_core import Run, RunEvent
+from .errors import RunNotFound, RunRejected, ThreadBusy
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver, AsyncThreadLease, ThreadLease
 from .store import AgentStateStore, AsyncAgentStateStore

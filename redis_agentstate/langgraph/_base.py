@@ -24,12 +24,13 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from ..core.validate import check_id
-from ..errors import CorruptState, InvalidArgument, LeaseLost, ThreadBusy
+from ..errors import CorruptState, InvalidArgument, LeaseLost
 from ..keys import MAX_ID_BYTES, Keys, ThreadKeys
 from ..wire import corrupt_state
 from ..wire.scripts import Reply
 from ._compact import COMPACT, SHARE_BYTES, SHARE_BYTES_OTHER_SERDE, expand_record
 from ._records import SEP, _reads_and_body, _Remembered, _text
+from .errors import ThreadBusy
 
 __all__ = ["SaverBase", "thread_of"]
 

@@ -29,15 +29,20 @@ helper objects, so a hot call resolves its methods as one class would.
 
 from __future__ import annotations
 
-from ..wire.scripts import LG_SCRIPTS
+from typing import ClassVar
+
 from ._base import _ident, thread_of
 from ._leases import ThreadLeases
 from ._lister import Lister, Listing
 from ._maintenance import ThreadMaintenance
 from ._put import SaverWrites
+from .scripts import LG_SCRIPTS
 
 __all__ = ["LG_SCRIPTS", "Lister", "SaverCore", "_ident", "thread_of"]
 
 
 class SaverCore(SaverWrites, Listing, ThreadMaintenance, ThreadLeases):
     """Validation, request building and reply parsing for both savers."""
+
+    #: The ``agentstate.store`` attribute of its operations' spans and metrics (telemetry).
+    telemetry_store: ClassVar[str] = "langgraph"

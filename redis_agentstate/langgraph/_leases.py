@@ -8,10 +8,11 @@ Nothing here does I/O.
 from __future__ import annotations
 
 from ..core.validate import MAX_LEASE_MS, check_int
-from ..errors import ThreadBusy
 from ..wire import Call, Command, Op
-from ..wire.scripts import LG_LEASE, LG_RELEASE, LG_RENEW, Reply
+from ..wire.scripts import Reply
 from ._base import SaverBase, _ident
+from .errors import ThreadBusy
+from .scripts import LG_LEASE, LG_RELEASE, LG_RENEW
 
 __all__ = ["ThreadLeases"]
 

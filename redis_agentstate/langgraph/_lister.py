@@ -13,10 +13,10 @@ from langgraph.checkpoint.base import CheckpointTuple
 
 from ..errors import CorruptState, InvalidArgument
 from ..wire import Call, Command, Op, Pipe, list_indexes, restartable
-from ..wire.scripts import LG_LIST
 from ._base import _configurable, _ident, _ns, thread_of
 from ._reads import READ_TRIES, SaverReads
 from ._records import SEP, _entry_member, _foreign_id, _stored_id, _stored_member, _stored_text
+from .scripts import LG_LIST
 
 __all__ = ["LIST_BYTES", "LIST_PAGE", "Lister", "Listing"]
 

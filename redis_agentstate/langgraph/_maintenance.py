@@ -11,9 +11,10 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..wire import Call, Command, Op, Pipe, corrupt_state, member_id, restart
-from ..wire.scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE, Reply
+from ..wire.scripts import Reply
 from ._base import SaverBase, _ident
 from ._records import SEP, _entry_member, _held_writes, _reads_and_body, _stored_id, _stored_member, _unpack_writes
+from .scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PRUNE
 
 __all__ = ["ThreadMaintenance"]
 

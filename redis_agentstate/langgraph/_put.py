@@ -25,10 +25,11 @@ from langgraph.checkpoint.base import (
 
 from ..errors import InvalidArgument
 from ..wire import Call, Op
-from ..wire.scripts import LG_PUT, LG_PUT_WRITES, Reply
+from ..wire.scripts import Reply
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
 from ._compact import REF, SHARED_PREFIX, compact_record, pack_write, share_field, write_key
 from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
+from .scripts import LG_PUT, LG_PUT_WRITES
 
 __all__ = ["SaverWrites"]
 

@@ -14,10 +14,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, writes_sort_key
 
 from ..wire import Call, Command, Op, corrupt_state
-from ..wire.scripts import LG_GET
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
 from ._compact import SHARED_PREFIX, task_of_key, unpack_write
 from ._records import _EMPTY, _FULL, _TAIL, SEP, _length_at, _stored_member, _stored_text, _unpack_writes
+from .scripts import LG_GET
 
 __all__ = ["READ_TRIES", "SaverReads"]
 

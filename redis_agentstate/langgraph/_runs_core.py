@@ -34,12 +34,13 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..core.checkpoint import CheckpointCore
 from ..core.validate import check_int
-from ..errors import AgentStateError, InvalidArgument, LeaseLost, RunNotFound, RunRejected
+from ..errors import AgentStateError, InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Checkpoint
 from ..wire import Batch, Call, Command, Op, Pipe
-from ..wire import scripts as S
 from ..wire.scripts import Reply
+from . import scripts as S
 from ._base import _ident
+from .errors import RunNotFound, RunRejected
 
 __all__ = [
     "FINAL_STATUSES",

@@ -67,10 +67,10 @@ from langgraph.store.base.embed import get_text_at_path, tokenize_path
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..wire import Batch, Call, Op, corrupt_state, new_nonce, restart
-from ..wire.scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
 from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors
+from .scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..wire import Batch, Call, Op, Pipe, member_id, restart, restartable
-from ..wire.scripts import LGS_INDEX, LGS_NAMESPACES, LGS_PREFIX, LGS_SEARCH
+from .scripts import LGS_INDEX, LGS_NAMESPACES, LGS_PREFIX, LGS_SEARCH
 
 __all__ = ["NS_PAGE", "PAGE", "SEP", "WINDOW", "StoreIndex"]
 

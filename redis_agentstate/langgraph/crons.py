@@ -25,8 +25,8 @@ from ..core.validate import check_id, check_int
 from ..errors import CorruptState, InvalidArgument
 from ..keys import Keys
 from ..wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, Call, Command, Op, Pipe, RetryPolicy, StoreShell, SyncShell
-from ..wire import scripts as S
 from ..wire.scripts import Reply
+from . import scripts as S
 
 __all__ = ["AsyncCronStore", "Cron", "CronCore", "CronStore"]
 

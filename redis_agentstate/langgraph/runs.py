@@ -27,7 +27,7 @@ from ..clients import RedisClient
 from ..keys import validate_namespace
 from ..wire import AsyncShell, RetryPolicy, StoreShell, SyncShell, block_slice_ms
 from ..wire.replicas import DEFAULT_WAIT_TIMEOUT_MS
-from ..wire.scripts import CHECKPOINT_SCRIPTS, LG_RUN_SCRIPTS
+from ..wire.scripts import CHECKPOINT_SCRIPTS
 from ._runs_core import (
     DEFAULT_MAX_ACTIVE,
     DEFAULT_MAX_EVENTS,
@@ -37,6 +37,7 @@ from ._runs_core import (
     RunEvent,
     check_timeout_s,
 )
+from .scripts import LG_RUN_SCRIPTS
 
 __all__ = ["AsyncRunQueue", "RunQueue", "queue_namespace"]
 

@@ -42,11 +42,12 @@ from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_me
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
 
-from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost, ThreadBusy
+from ..errors import BackendError, BackendUnavailable, InvalidArgument, LeaseLost
 from ..lease import AsyncLease, Lease
 from ..models import AgentStatus, Checkpoint
-from ..wire.shells import cancels, check_cancel
-from ._runs_core import Begun, Run, RunLost
+from ..wire.shells import StoreInternals, cancels, check_cancel, internals
+from ._runs_core import Begun, Run, RunCore, RunLost
+from .errors import ThreadBusy
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver
 
@@ -252,7 +253,7 @@ class _StopWatch:
         stop = ""
         while not stop and not self.done:
             try:
-                stop = w.queue._run(w.queue._core.stop_asked(run, w.queue._slice))
+                stop = w._q.run(w._q.core.stop_asked(run, w.queue._slice))
             except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
                 time.sleep(0.5)
         with self.lock:
@@ -263,7 +264,7 @@ class _StopWatch:
                     w.saver.delete_for_runs([run.run_id])
                 self.thread_lease.revoke()
                 self.a.fenced = True
-                w.queue._run(w.queue._core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
+                w._q.run(w._q.core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
             except Exception as exc:  # taken over meanwhile, or Redis failing: its boundaries decide
                 log.warning("graph worker %s: could not stop run %s at once: %s", w.name, run.run_id, exc)
                 return
@@ -350,6 +351,9 @@ class GraphWorker:
         self.graph = graph.copy(update=update)
         self.store: Any = store
         self.queue: Any = queue
+        #: The queue's core and driver: the worker drives the run operations one by one (begin, emit,
+        #: finish, wake, the stop watch), as the queue's own methods do.
+        self._q: StoreInternals[RunCore] = internals(queue, resolve=False)
         self.saver: Any = saver
         self.concurrency = concurrency
         self.lease_ms = lease_ms
@@ -448,16 +452,16 @@ class GraphWorker:
         return True
 
     def _turn(self, lease: Lease) -> None:
-        core, tid = self.queue._core, lease.task_id
-        begun: Begun | None = self.queue._run(core.begin(tid, lease.token, self.name, self.max_attempts))
+        core, tid = self._q.core, lease.task_id
+        begun: Begun | None = self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
         remaining = 0
         if begun is not None and begun.rollback:
             with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
                 self.saver.delete_for_runs([begun.run.run_id])
-            self.queue._run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+            self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
             remaining = 1  # look again at once: the thread may have a run behind it
         elif begun is not None and (wrong := self._wrong_graph(begun.run)):
-            remaining = self.queue._run(core.finish(begun.run, lease.token, "error", wrong))
+            remaining = self._q.run(core.finish(begun.run, lease.token, "error", wrong))
             self._count("error")
         elif begun is not None:
             left = self._execute(_Attempt(self, begun, lease.token), lease)
@@ -471,29 +475,29 @@ class GraphWorker:
             return
         if not remaining:
             # A run created while the task was ours did not wake it (it was not waiting): look again.
-            self.queue._run(core.wake(tid))
+            self._q.run(core.wake(tid))
 
     def _execute(self, a: _Attempt, lease: Lease) -> int | None:
         """Run the graph for one attempt; the thread's active runs left, or None if the run is not ours
         any more (lost) or was handed back (stop, Redis failing)."""
-        core, run = self.queue._core, a.run
+        core, run = self._q.core, a.run
         try:
             with self.saver.lease(run.thread_id, **a.lease_args) as thread_lease:
                 # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
-                stop = self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
+                stop = self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
                     watch = _StopWatch(self, a, thread_lease)
                     chunks = self._chunks(a, last)
                     try:
                         for chunk in chunks:
-                            stop = self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
+                            stop = self._q.run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
                             if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
                         raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
                     except Exception as exc:
-                        self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
+                        self._q.run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
                         watch.close()
                         chunks.close()
@@ -510,15 +514,15 @@ class GraphWorker:
             if isinstance(exc, BackendError):
                 self._redis_failed(run, exc)
             with contextlib.suppress(Exception):
-                self.queue._run(core.finish(run, a.token, "pending"))
+                self._q.run(core.finish(run, a.token, "pending"))
                 lease.release(reason=f"{type(exc).__name__}")
             return None
         back, status, error, gone = a.ending()
         if back:
-            self.queue._run(core.finish(run, a.token, "pending"))
+            self._q.run(core.finish(run, a.token, "pending"))
             lease.release()
             return None
-        left: int = self.queue._run(core.finish(run, a.token, status, error, gone=gone))
+        left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left
 
@@ -584,16 +588,16 @@ class GraphWorker:
         return None if claim.cancelled() else claim.result()
 
     async def _aturn(self, lease: AsyncLease) -> None:
-        core, tid = self.queue._core, lease.task_id
-        begun: Begun | None = await self.queue._run(core.begin(tid, lease.token, self.name, self.max_attempts))
+        core, tid = self._q.core, lease.task_id
+        begun: Begun | None = await self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
         remaining = 0
         if begun is not None and begun.rollback:
             async with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
                 await self.saver.adelete_for_runs([begun.run.run_id])
-            await self.queue._run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+            await self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
             remaining = 1
         elif begun is not None and (wrong := self._wrong_graph(begun.run)):
-            remaining = await self.queue._run(core.finish(begun.run, lease.token, "error", wrong))
+            remaining = await self._q.run(core.finish(begun.run, lease.token, "error", wrong))
             self._count("error")
         elif begun is not None:
             left = await self._aexecute(_Attempt(self, begun, lease.token), lease)
@@ -606,7 +610,7 @@ class GraphWorker:
             log.warning("graph worker %s: lost thread %r before putting it back", self.name, tid)
             return
         if not remaining:
-            await self.queue._run(core.wake(tid))
+            await self._q.run(core.wake(tid))
 
     async def _astream_until_stopped(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
         """Run the graph beside a watch on the run's stop signal: a cancel stops the graph at once
@@ -628,10 +632,10 @@ class GraphWorker:
             body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
 
     async def _await_stop(self, run: Run) -> str:
-        core, baseline = self.queue._core, cancels()
+        core, baseline = self._q.core, cancels()
         while True:
             try:
-                stop: str = await self.queue._run(core.stop_asked(run, self.queue._slice))
+                stop: str = await self._q.run(core.stop_asked(run, self.queue._slice))
             except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
                 await asyncio.sleep(0.5)
                 continue
@@ -641,7 +645,7 @@ class GraphWorker:
                 return stop
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
-        core, run = self.queue._core, a.run
+        core, run = self._q.core, a.run
         kw = {"stream_mode": a.asked, "subgraphs": run.subgraphs}
         if a.astream_events:
             chunks = self.graph.astream_events(a.input(last), a.config, version="v2", **kw)
@@ -649,22 +653,22 @@ class GraphWorker:
             chunks = self.graph.astream(a.input(last), a.config, **kw)
         try:
             async for chunk in chunks:
-                stop = await self.queue._run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
+                stop = await self._q.run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
                 if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                     break
         except (RunLost, LeaseLost, BackendError):
             raise
         except Exception as exc:
-            await self.queue._run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
+            await self._q.run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
         finally:
             await chunks.aclose()
 
     async def _aexecute(self, a: _Attempt, lease: AsyncLease) -> int | None:
         """The asyncio twin of ``_execute`` (``graph.astream``)."""
-        core, run = self.queue._core, a.run
+        core, run = self._q.core, a.run
         try:
             async with self.saver.lease(run.thread_id, **a.lease_args):
-                stop = await self.queue._run(core.emit(run, a.token, [], seq=a.seq()))
+                stop = await self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
                     await self._astream_until_stopped(a, lease, last)
@@ -677,14 +681,14 @@ class GraphWorker:
             if isinstance(exc, BackendError):
                 self._redis_failed(run, exc)
             with contextlib.suppress(Exception):
-                await self.queue._run(core.finish(run, a.token, "pending"))
+                await self._q.run(core.finish(run, a.token, "pending"))
                 await lease.release(reason=f"{type(exc).__name__}")
             return None
         back, status, error, gone = a.ending()
         if back:
-            await self.queue._run(core.finish(run, a.token, "pending"))
+            await self._q.run(core.finish(run, a.token, "pending"))
             await lease.release()
             return None
-        left: int = await self.queue._run(core.finish(run, a.token, status, error, gone=gone))
+        left: int = await self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left

@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
+from ..wire.shells import internals
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
@@ -421,7 +422,7 @@ class _App:
                 delete: bool = False, cancel_on_disconnect: bool = False) -> StreamingResponse:  # fmt: skip
         if self.streams.locked():
             raise HTTPException(503, "too many open event streams")
-        g.queue._core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
+        internals(g.queue).core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
 
         async def body() -> AsyncIterator[bytes]:
             ended = False

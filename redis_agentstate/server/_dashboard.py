@@ -19,9 +19,9 @@ from collections import deque
 from typing import Any
 
 from ..checkpoint import AsyncCheckpointStore
-from ..commands.stats_view import limit_rows
-from ..core.stats import COUNTER_FIELDS, counters, due_head, parked_tasks, status_counts
+from ..core.stats import COUNTER_FIELDS, counters, due_head, limit_rows, parked_tasks, status_counts
 from ..errors import AgentStateError
+from ..wire.shells import internals
 
 __all__ = ["Collector"]
 
@@ -94,12 +94,12 @@ class Collector:
             await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - started)))
 
     async def _frame(self) -> dict[str, Any]:
-        store = self.store
-        core, keys = store._core, store._core.keys
-        now, totals = await store._run(counters(keys))
-        _, due, oldest = await store._run(due_head(keys))
-        parked = await store._run(parked_tasks(core, KEEP))
-        limits = limit_rows(await store._run(core.concurrency_limits()))
+        inside = internals(self.store)
+        core, run, keys = inside.core, inside.run, inside.core.keys
+        now, totals = await run(counters(keys))
+        _, due, oldest = await run(due_head(keys))
+        parked = await run(parked_tasks(core, KEEP))
+        limits = limit_rows(await run(core.concurrency_limits()))
         rates: dict[str, float | None] = dict.fromkeys(COUNTER_FIELDS)
         if self._previous is not None and now > self._previous[0]:
             seconds = (now - self._previous[0]) / 1000
@@ -109,7 +109,7 @@ class Collector:
         # Half a beat of slack: a sweep due before the next frame is made now, not a beat late.
         if time.monotonic() - self._swept_at >= self.sweep_every_s - self.interval_s / 2:
             began = time.monotonic()
-            counts = await store._run(status_counts(core, keep=KEEP))
+            counts = await run(status_counts(core, keep=KEEP))
             self.sweep_every_s = max(self.interval_s, DUTY * (time.monotonic() - began))
             self._sweep = {
                 "swept_at_ms": counts.now_ms,
@@ -125,7 +125,7 @@ class Collector:
             }
             self._swept_at = began
         return {
-            "namespace": store.namespace,
+            "namespace": self.store.namespace,
             "server_time_ms": now,
             **self._sweep,
             "counters": totals,

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import RunNotFound
+from ..langgraph.errors import RunNotFound
 from ._shapes import sse
 
 if TYPE_CHECKING:

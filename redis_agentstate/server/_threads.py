@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import RunNotFound, ThreadBusy
+from ..langgraph.errors import RunNotFound, ThreadBusy
 from . import _shapes as shapes
 from ._http import page_of, read_body
 from ._shapes import json_response as _json

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
     from ..clients import RedisClient
 
 from ..core.validate import (
@@ -40,10 +44,6 @@ from ..models import TERMINAL_STATUSES, AgentStatus
 __all__ = [
     "ACKNOWLEDGE_TERMINAL",
     "CHECKPOINT_SCRIPTS",
-    "CRON_ADVANCE",
-    "CRON_DELETE",
-    "CRON_PUT",
-    "CRON_SCRIPTS",
     "CLAIM",
     "CLAIM_NEXT",
     "COMMIT",
@@ -57,7 +57,6 @@ __all__ = [
     "LIMIT_REGISTER",
     "LIMIT_RELEASE",
     "LAYOUT_INIT",
-    "LGS_SCRIPTS",
     "LAYOUT_SCRIPTS",
     "RESHARD_DROP",
     "RESHARD_FENCE",
@@ -85,9 +84,14 @@ __all__ = [
     "STEP_RECORD",
     "SUMMARY",
     "Reply",
+    "ScriptFamily",
     "WRITES",
     "constants_prelude",
     "register",
+    "register_family",
+    "REPLY_EVENTS",
+    "source",
+    "lua_files",
     "script_text",
 ]
 
@@ -162,81 +166,25 @@ POOL_SCRIPTS = (
     POOL_RECORD_MESSAGE, POOL_RECORD_WAKE, POOL_NEXT_EVENT_SEQUENCE, POOL_WATCH, POOL_GET,
 )  # fmt: skip
 
-#: The LangGraph saver's scripts (``redis_agentstate.langgraph``; declared here with the
-#: rest, but only that extra's module registers them).
-LG_PUT = "lg_put"
-LG_PUT_WRITES = "lg_put_writes"
-LG_GET = "lg_get"
-LG_LIST = "lg_list"
-LG_DELETE_THREAD = "lg_delete_thread"
-LG_DELETE_RUNS = "lg_delete_runs"
-LG_PRUNE = "lg_prune"
-LG_DUMP = "lg_dump"
-LG_IMPORT = "lg_import"
-LG_LEASE = "lg_lease"
-LG_RENEW = "lg_renew"
-LG_RELEASE = "lg_release"
-LG_SCRIPTS = (
-    LG_PUT, LG_PUT_WRITES, LG_GET, LG_LIST, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE,
-    LG_DUMP, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
-)  # fmt: skip
-
-#: The LangGraph run queue's scripts (``redis_agentstate.langgraph.RunQueue``): each takes one
-#: thread's run keys (``keys.RunKeys``), and create and wake the thread's task keys before them.
-LG_RUN_CREATE = "lg_run_create"
-LG_RUN_BEGIN = "lg_run_begin"
-LG_RUN_EMIT = "lg_run_emit"
-LG_RUN_FINISH = "lg_run_finish"
-LG_RUN_CANCEL = "lg_run_cancel"
-LG_RUN_WAKE = "lg_run_wake"
-LG_RUN_INDEX = "lg_run_index"
-LG_RUN_DELETE = "lg_run_delete"
-LG_RUN_SCRIPTS = (
-    LG_RUN_CREATE, LG_RUN_BEGIN, LG_RUN_EMIT, LG_RUN_FINISH, LG_RUN_CANCEL, LG_RUN_WAKE, LG_RUN_INDEX, LG_RUN_DELETE,
-)  # fmt: skip
-
-#: The LangGraph store's scripts (``redis_agentstate.langgraph.AgentStateStore``): each takes one
-#: store namespace's keys and its shard's indexes (``keys.StoreKeys``), lgs_namespaces and lgs_index a
-#: shard's indexes.
-LGS_PUT = "lgs_put"
-LGS_GET = "lgs_get"
-LGS_SEARCH = "lgs_search"
-LGS_PREFIX = "lgs_prefix"
-LGS_NAMESPACES = "lgs_namespaces"
-LGS_INDEX = "lgs_index"
-LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX)
-
-# Cron schedules of agentstate serve (redis_agentstate/langgraph/crons.py), one slot per namespace.
-CRON_PUT = "cron_put"
-CRON_ADVANCE = "cron_advance"
-CRON_DELETE = "cron_delete"
-CRON_SCRIPTS = (CRON_PUT, CRON_ADVANCE, CRON_DELETE)
-
 #: The scripts that change state a caller relies on: the one place that says which
 #: requests are writes. A store with ``wait_replicas`` follows each call of one of
 #: these with ``WAIT`` (and ``WAITAOF``) in the same round trip; reads are sent as
 #: they are. Every script is in exactly one of ``WRITES`` and ``READS``
-#: (tests/test_replication.py checks it, so a new script must be declared here).
+#: (tests/test_replication.py checks it, so a new script must be declared here, or in its
+#: integration's ``ScriptFamily``: ``register_family`` adds a family's names to both sets).
 #: kv_keys/kv_count drop index entries of expired keys (housekeeping the next
 #: read redoes), so they count as reads. Plain commands (``wire.Pipe``,
 #: ``wire.Command``) are reads only: every write is a script.
-WRITES = frozenset({
+WRITES = {
     CREATE, SAVE, CLAIM, CLAIM_NEXT, COMMIT, COMMIT_AND_CLAIM, RENEW, FINALIZE, ACKNOWLEDGE_TERMINAL, DELETE,
     RELEASE, REQUEUE, PRUNE, STEP_RECORD, CANCEL, RESUME, LIMIT_WAKE,
     LIMIT_ACQUIRE, LIMIT_RELEASE, LIMIT_SET, LIMIT_REGISTER, LAYOUT_INIT, *RESHARD_SCRIPTS,
     KV_SET, KV_DELETE, KV_SWAP,
     POOL_OPEN, POOL_RECORD_CREATED, POOL_JOIN, POOL_LEAVE, POOL_RECORD_MESSAGE, POOL_RECORD_WAKE,
     POOL_NEXT_EVENT_SEQUENCE,
-    LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
-    *LG_RUN_SCRIPTS,
-    LGS_PUT, LGS_GET, LGS_INDEX,
-    *CRON_SCRIPTS,
-})  # fmt: skip
+}  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
-READS = frozenset(
-    {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP}
-    | {LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES}
-)
+READS = {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET}
 
 #: The preludes each script is built on, in order (after the rendered constants).
 PRELUDES: dict[str, tuple[str, ...]] = {
@@ -245,10 +193,6 @@ PRELUDES: dict[str, tuple[str, ...]] = {
     **{name: ("_base", "_moved", "_limit") for name in LIMIT_SCRIPTS},
     **{name: ("_base",) for name in LAYOUT_SCRIPTS + RESHARD_SCRIPTS},
     **{name: ("_base", "_moved", "_pool") for name in POOL_SCRIPTS},
-    **{name: ("_base", "_moved", "_lg") for name in LG_SCRIPTS},
-    **{name: ("_base", "_moved", "_common", "_lgrun") for name in LG_RUN_SCRIPTS},
-    **{name: ("_base", "_moved", "_lgs") for name in LGS_SCRIPTS},
-    **{name: ("_base", "_moved") for name in CRON_SCRIPTS},
 }
 
 #: The scalar fields of a checkpoint hash (``KEYS[1]`` of a checkpoint script),
@@ -368,8 +312,66 @@ def constants_prelude() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _read(name: str) -> str:
-    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
+@dataclass(frozen=True)
+class ScriptFamily:
+    """An integration's scripts, plugged into the loader: where their Lua lives, what each is built
+    on, which write, and what their replies count (telemetry)."""
+
+    #: The package whose ``lua/`` folder holds the family's scripts and its own preludes (the core's
+    #: preludes, ``_base``, ``_moved``, ``_common``..., are found in this package's ``lua/``).
+    package: str
+    #: Each script of the family, with the preludes it is built on, in order.
+    preludes: Mapping[str, tuple[str, ...]]
+    #: The family's scripts that write (see ``WRITES``); the others only read.
+    writes: frozenset[str]
+    #: Script name -> the counter keys its reply says happened (``telemetry.REPLY_EVENTS``'s kind).
+    events: Mapping[str, Callable[[Any], Sequence[str]]] = field(default_factory=dict)
+
+
+#: Where a script's or prelude's file lives when it is not in this package: name -> package.
+_HOMES: dict[str, str] = {}
+#: What the integrations' scripts' replies count, by script (the core's are in ``telemetry``).
+REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {}
+
+
+def register_family(family: ScriptFamily) -> None:
+    """Plug an integration's scripts in: each one's preludes, its place in ``WRITES`` or ``READS``,
+    its file's folder and its reply events. Done once, when the integration is imported; names
+    must not clash with another family's."""
+    clash = [name for name in family.preludes if name in PRELUDES and _HOMES.get(name) != family.package]
+    if clash:
+        raise ValueError(f"script names already taken: {', '.join(sorted(clash))}")
+    if not family.writes <= family.preludes.keys():
+        raise ValueError("a family's writes must be among its scripts")
+    PRELUDES.update(family.preludes)
+    WRITES.update(family.writes)
+    READS.update(family.preludes.keys() - family.writes)
+    for name, preludes in family.preludes.items():
+        _HOMES[name] = family.package
+        for prelude in preludes:
+            if resources.files(family.package).joinpath("lua").joinpath(f"{prelude}.lua").is_file():
+                _HOMES[prelude] = family.package
+    REPLY_EVENTS.update(family.events)
+    script_text.cache_clear()
+
+
+def source(name: str) -> str:
+    """The text of ``<name>.lua`` (a script or a prelude), from the folder of its family."""
+    return resources.files(_HOMES.get(name, __package__)).joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
+
+
+_read = source
+
+
+def lua_files() -> dict[str, Traversable]:
+    """Every ``.lua`` file of the core and of each family registered so far, by file name."""
+    packages = dict.fromkeys([__package__, *_HOMES.values()])
+    return {
+        f.name: f
+        for package in packages
+        for f in sorted(resources.files(package).joinpath("lua").iterdir(), key=lambda f: f.name)
+        if f.name.endswith(".lua")
+    }
 
 
 _TOP_DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*=)")

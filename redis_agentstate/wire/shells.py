@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from ..clients import AsyncClient, RedisClient, SyncClient
@@ -20,7 +21,19 @@ from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from .requests import Op, T
 from .retry import RetryPolicy
 
-__all__ = ["C", "TELEMETRY", "AsyncShell", "Observer", "StoreShell", "SyncShell", "Watch", "cancels", "check_cancel"]
+__all__ = [
+    "C",
+    "TELEMETRY",
+    "AsyncShell",
+    "Observer",
+    "StoreInternals",
+    "StoreShell",
+    "SyncShell",
+    "Watch",
+    "cancels",
+    "check_cancel",
+    "internals",
+]
 
 
 class _Core(Protocol):
@@ -101,6 +114,11 @@ class StoreShell(Generic[C]):
         if self._core.keys.resolved:
             self._core.keys.configure(report.to_shards, LAYOUT_SLOTS)
         return report
+
+    @property
+    def telemetry_store(self) -> str:
+        """The ``agentstate.store`` attribute of this store's spans and metrics (its core's kind)."""
+        return getattr(self._core, "telemetry_store", "other")
 
     @property
     def client(self) -> Any:
@@ -244,3 +262,40 @@ class Observer(Protocol):
 
 #: The installed observer; None: telemetry is off.
 TELEMETRY: Observer | None = None
+
+
+@dataclass(frozen=True)
+class StoreInternals(Generic[C]):
+    """The inside of one store (see :func:`internals`)."""
+
+    #: The sans-I/O core: ``CheckpointCore``, ``PoolCore`` or ``KvCore``. Its ``keys`` builds every key.
+    core: C
+    #: redis-py ``Script`` objects (``AsyncScript`` for an asyncio store) by operation name; each has
+    #: ``.sha`` and ``.script`` and is called as ``script(keys=..., args=..., client=...)``.
+    scripts: Mapping[str, Any]
+    #: The client the store was built with.
+    client: Any
+    #: The store's retry policy for connection errors.
+    retry: RetryPolicy
+    #: Drives an operation to completion the way the store's methods do (a coroutine function for
+    #: an asyncio store).
+    run: Callable[[Op[Any]], Any]
+
+
+def internals(store: StoreShell[C], *, resolve: bool = True) -> StoreInternals[C]:
+    """The core, registered scripts, client, retry policy and driver of ``store`` (any of the stores).
+
+    The one way into a store from outside its module: the library's own tools (the ``agentstate``
+    commands, the dashboard, the LangGraph worker and server) build operations on ``core`` and drive
+    them with ``run``, exactly as the store's methods do; benchmarks and tests reach it through
+    :mod:`redis_agentstate.testing`. Not for application code: its shape follows the internals.
+
+    A sync store reads its namespace's layout here if no operation did yet (unless ``resolve`` is
+    False), so the core's ``keys`` build keys at once; an asyncio store's core builds them after the
+    store's first operation. ``run`` resolves the layout before the first operation it drives."""
+    if not isinstance(store, StoreShell):
+        raise TypeError(f"expected a store of redis_agentstate, got {type(store).__name__}")
+    if resolve and isinstance(store, SyncShell) and not store._core.keys.resolved:
+        store._layout()
+    run: Callable[[Op[Any]], Any] = store._run  # type: ignore[attr-defined]
+    return StoreInternals(store._core, store._scripts, store._client, store._retry, run)

@@ -61,15 +61,11 @@ def lose_first_reply(
 def _script_names() -> dict[str, str]:
     """SHA -> script name, for every script the package ships (the SHA redis-py computes)."""
     import hashlib
-    from importlib import resources
 
+    import redis_agentstate.langgraph  # noqa: F401 - registers its scripts
     from redis_agentstate.wire import scripts
 
-    names = [
-        p.name[: -len(".lua")]
-        for p in resources.files("redis_agentstate.wire").joinpath("lua").iterdir()
-        if p.name.endswith(".lua") and not p.name.startswith("_")
-    ]
+    names = [name[: -len(".lua")] for name in scripts.lua_files() if not name.startswith("_")]
     return {hashlib.sha1(scripts.script_text(n).encode()).hexdigest(): n for n in names}
 
 
