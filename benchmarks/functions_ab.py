@@ -22,9 +22,9 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate.wire import scripts as S
 from redis_agentstate.embedded import start_embedded
 from redis_agentstate.testing import internals
+from redis_agentstate.wire import scripts as S
 
 from . import report
 from ._util import command_line, run_meta

@@ -28,13 +28,13 @@ import time
 from typing import Any
 
 from redis_agentstate import cli
-from redis_agentstate.wire import scripts
-from redis_agentstate.core.pool import POOL_SCRIPTS, _member_map, _message_map, _receipt_map
 from redis_agentstate.codec import encode
+from redis_agentstate.core.pool import POOL_SCRIPTS, _member_map, _message_map, _receipt_map
 from redis_agentstate.keys import Keys
 from redis_agentstate.pool_models import Cursor, MessageReceipt, PoolConfig, PoolMember, RunMessage
 from redis_agentstate.pools import PoolStore
 from redis_agentstate.testing import internals
+from redis_agentstate.wire import scripts
 
 from ._util import Settings
 

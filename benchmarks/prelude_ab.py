@@ -25,8 +25,8 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate.wire import scripts as S
 from redis_agentstate.embedded import start_embedded
+from redis_agentstate.wire import scripts as S
 
 from . import report
 from ._util import command_line, run_meta

@@ -21,10 +21,10 @@ from typing import Any
 import redis
 
 from redis_agentstate import Checkpoint, CheckpointStore
-from redis_agentstate.wire import RetryPolicy, new_nonce
 from redis_agentstate.codec import encode
 from redis_agentstate.keys import Keys
 from redis_agentstate.testing import finish, first_call, internals
+from redis_agentstate.wire import RetryPolicy, new_nonce
 
 from ._util import Settings, make_message, make_state, micro
 
