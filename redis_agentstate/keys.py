@@ -108,11 +108,11 @@ on-disk format, stored with the namespace so every client agrees (``wire/layout.
 
     ns:{ns#layout}:layout         string "<layout> <shards>": "slots 64", or "legacy 64"
 
-``slots`` (every namespace first used by 0.3 or later): shard ``s`` of ``n`` has the tag
+``slots`` (every namespace that had a layout record from its first use): shard ``s`` of ``n`` has the tag
 ``ns#<s>/<n>.<6 letters of h..o>``, the letters steered (``steer``) so that the tag lands in slot
 ``offset + s * 16384 // n`` (``shard_slots``): the shards are evenly spaced round the slot space, so
 on a Cluster each primary's contiguous slot range holds its share of them, rounded. ``legacy``:
-0.2's tags ``ns#00`` .. ``ns#63``, which fall wherever CRC16 puts them; kept for a namespace that
+the fixed tags ``ns#00`` .. ``ns#63``, which fall wherever CRC16 puts them; kept for a namespace that
 held data before it had a record. No two layouts (counts) share a tag.
 
 Resharding. A live namespace grows from ``n`` shards to a multiple ``target`` of them
@@ -155,7 +155,6 @@ __all__ = [
     "LAYOUT_SLOTS",
     "MAX_ID_BYTES",
     "MAX_SHARDS",
-    "SHARDS",
     "SLOTS",
     "Keys",
     "LimiterKeys",
@@ -178,15 +177,13 @@ __all__ = [
     "validate_namespace",
 ]
 
-#: A new namespace's shard count (``shards=None``), and the only count of a 0.2 namespace.
+#: A new namespace's shard count (``shards=None``), and the only count of a namespace on the fixed (legacy) tags.
 DEFAULT_SHARDS = 64
-#: The old name of DEFAULT_SHARDS (the fixed count before the shard count became a setting).
-SHARDS = DEFAULT_SHARDS
 #: Redis Cluster's hash slots; a shard is one slot, so a namespace has at most this many.
 SLOTS = 16384
 MAX_SHARDS = SLOTS
-#: The layouts a namespace's record names: slot-aware tags (every namespace first used by 0.3 or
-#: later), and 0.2's ``{ns#SS}`` tags (64 shards), kept for a namespace that held data before.
+#: The layouts a namespace's record names: slot-aware tags (every namespace with a record from
+#: its first use), and the fixed ``{ns#SS}`` tags (64 shards), kept for a namespace whose data predates its record.
 LAYOUT_SLOTS = "slots"
 LAYOUT_LEGACY = "legacy"
 MAX_ID_BYTES = 1024

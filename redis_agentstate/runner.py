@@ -351,7 +351,7 @@ class _RunnerBase(Generic[S, H]):
         """How long one ``claim_next`` blocks while idle: ``idle_max_ms``, so a stop is seen that soon.
 
         Blocking costs the server nothing while no work becomes due (the store's one subscription
-        wakes a blocked worker when a task is due; see ``wire.waker``), so idle workers no longer poll.
+        wakes a blocked worker when a task is due; see ``wire.waker``), so idle workers do not poll.
         A ``stop_when_idle`` run does not block (None) unless a retry it waits for is pending: then
         until that retry is due (and ``RETRY_MARGIN_MS``), at most ``idle_max_ms``.
         """

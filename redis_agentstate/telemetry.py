@@ -68,8 +68,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .keys import describe_key
-from .wire import Batch, Call, Op, Request, request_keys, shells
-from .wire import scripts as S
+from .wire import Batch, Call, Op, Request, request_keys, scripts, shells
 from .wire.scripts import Reply
 
 if TYPE_CHECKING:
@@ -188,16 +187,16 @@ def _acknowledge_events(reply: Any) -> Sequence[str]:
 
 #: Script name -> what its reply says happened (counter keys).
 REPLY_EVENTS: dict[str, Callable[[Any], Sequence[str]]] = {
-    S.CLAIM: _claim_events,
-    S.CLAIM_NEXT: _claim_next_events,
-    S.RELEASE: _release_events,
-    S.REQUEUE: _requeue_events,
-    S.CANCEL: _cancel_events,
-    S.RESUME: _resume_events,
-    S.COMMIT: _commit_events,
-    S.FINALIZE: _commit_events,
-    S.COMMIT_AND_CLAIM: _commit_and_claim_events,
-    S.ACKNOWLEDGE_TERMINAL: _acknowledge_events,
+    scripts.CLAIM: _claim_events,
+    scripts.CLAIM_NEXT: _claim_next_events,
+    scripts.RELEASE: _release_events,
+    scripts.REQUEUE: _requeue_events,
+    scripts.CANCEL: _cancel_events,
+    scripts.RESUME: _resume_events,
+    scripts.COMMIT: _commit_events,
+    scripts.FINALIZE: _commit_events,
+    scripts.COMMIT_AND_CLAIM: _commit_and_claim_events,
+    scripts.ACKNOWLEDGE_TERMINAL: _acknowledge_events,
 }
 
 
@@ -266,7 +265,7 @@ class _Operation:
             keys = request_keys(req)
             self._owner(keys[0] if len(keys) == 1 else None)
         for call, answer in calls:
-            events = REPLY_EVENTS.get(call.script) or S.REPLY_EVENTS.get(call.script)
+            events = REPLY_EVENTS.get(call.script) or scripts.REPLY_EVENTS.get(call.script)
             if events is not None:
                 for event in events(answer):
                     self.telemetry.count(event, self.namespace, self.name)

@@ -32,7 +32,7 @@ from redis_agentstate import (
     CycleConflict,
     InvalidArgument,
 )
-from redis_agentstate.keys import SHARDS, Keys, shard_of
+from redis_agentstate.keys import DEFAULT_SHARDS, Keys, shard_of
 from redis_agentstate.wire import scripts as S
 
 LEASE = 30_000
@@ -224,7 +224,7 @@ def assert_index_matches_state(raw: Any, namespace: str) -> None:
     states, now = _expected_index(raw, namespace)
     indexed_tasks: set[str] = set()
     ready: dict[str, float] = {}
-    for shard in range(SHARDS):
+    for shard in range(DEFAULT_SHARDS):
         indexed_tasks |= {m.decode() for m in raw.zrange(keys.shard_tasks(shard), 0, -1)}
         for member, score in raw.zrange(keys.shard_ready(shard), 0, -1, withscores=True):
             tid = member.decode()
@@ -446,7 +446,7 @@ def test_claim_next_on_redis_cluster(redis_cluster: Any, twin_loop: Any) -> None
         CheckpointStore(redis_cluster.sync_client(), namespace=ns),
         Twin(AsyncCheckpointStore(redis_cluster.async_client(), namespace=ns), twin_loop),
     ]
-    tids = ids_in_distinct_shards(ns, SHARDS)
+    tids = ids_in_distinct_shards(ns, DEFAULT_SHARDS)
     for tid in tids:
         assert stores[0].create(Checkpoint(tid))
     for cycle in (1, 2):

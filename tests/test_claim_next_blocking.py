@@ -15,7 +15,7 @@ import pytest
 from conftest import later
 
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore, InvalidArgument
-from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.keys import DEFAULT_SHARDS, Keys
 
 LONG = 20_000  # a block no test waits out: a claim before it ends was woken, not timed out
 
@@ -253,7 +253,7 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
         for b, d in zip(before, during, strict=True):
             assert d - b <= 1
         keys = Keys(namespace)
-        for s in range(SHARDS):
+        for s in range(DEFAULT_SHARDS):
             channel = keys.shard_due(s)
             owner = cluster.sync_client().get_node_from_key(channel)
             numsub = owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)
@@ -286,7 +286,7 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
     for b, d in zip(before, during, strict=True):
         assert d - b <= 1
     keys = Keys(namespace + "-sync")
-    for s in range(SHARDS):
+    for s in range(DEFAULT_SHARDS):
         channel = keys.shard_due(s)
         owner = cluster.sync_client().get_node_from_key(channel)
         assert int(owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1]) == 1, channel

@@ -34,7 +34,7 @@ from redis_agentstate import (
     Checkpoint,
     CheckpointStore,
 )
-from redis_agentstate.keys import SHARDS, Keys
+from redis_agentstate.keys import DEFAULT_SHARDS, Keys
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pools import AsyncPoolStore, PoolStore
 
@@ -50,13 +50,13 @@ def test_every_task_key_set_is_in_one_slot() -> None:
     for tid in [*HOSTILE_IDS, *ids_on_every_shard(keys)]:
         slots = {key_slot(k.encode()) for k in keys.task(tid).as_list()}
         assert len(slots) == 1, (tid, slots)
-    shard_slots = {key_slot(keys.shard_tasks(s).encode()) for s in range(SHARDS)}
-    assert len(shard_slots) == SHARDS  # 64 distinct slots: the namespace spreads over the cluster
+    shard_slots = {key_slot(keys.shard_tasks(s).encode()) for s in range(DEFAULT_SHARDS)}
+    assert len(shard_slots) == DEFAULT_SHARDS  # 64 distinct slots: the namespace spreads over the cluster
 
 
 def test_shards_cover_every_primary(redis_cluster: LocalCluster) -> None:  # noqa: F811
     keys = Keys(ns())
-    owners = {redis_cluster.owner_of_slot(key_slot(keys.shard_tasks(s).encode())).port for s in range(SHARDS)}
+    owners = {redis_cluster.owner_of_slot(key_slot(keys.shard_tasks(s).encode())).port for s in range(DEFAULT_SHARDS)}
     assert owners == {n.port for n in redis_cluster.nodes}
 
 

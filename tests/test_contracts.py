@@ -518,14 +518,8 @@ class TestSummaries:
 
 
 def test_one_name_per_meaning() -> None:
-    from redis_agentstate.core import checkpoint as _checkpoint_core
     from redis_agentstate.lease import Lease
 
-    lua = "\n".join(lua_sources().values())
-    # The write ring of _common.lua is ring_has/ring_push; "remember" named it and a SET PX before.
-    assert not re.search(r"\b(remember|was_applied)\(", lua)
-    # _write_args named both the core's ARGV builder and the lease's commit keywords.
-    assert not hasattr(_checkpoint_core.CheckpointCore, "_write_args")
     # Lease.finalize (a fenced commit under the claim) and CheckpointStore.finalize (no claim) keep
     # their public names; each docstring points at the other.
     assert "CheckpointStore.finalize" in (Lease.finalize.__doc__ or "")

@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from redis_agentstate import InvalidArgument
 from redis_agentstate.core import kv as _kv_core
 from redis_agentstate.core.kv import KvCore
-from redis_agentstate.keys import LAYOUT_SLOTS, SHARDS, Keys, shard_of
+from redis_agentstate.keys import DEFAULT_SHARDS, LAYOUT_SLOTS, Keys, shard_of
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
 from redis_agentstate.pool_models import PoolConfig
 from redis_agentstate.pools import PoolStore
@@ -144,12 +144,12 @@ class TestBatches:
         req = next(op)
         assert isinstance(req, Batch)
         # One script call (EVALSHA) per shard (and chunk); every call's keys share one slot.
-        assert len(req.calls) == SHARDS
+        assert len(req.calls) == DEFAULT_SHARDS
         for call in req.calls:
             assert call.script == "kv_set"
             assert len({key_slot(k.encode()) for k in call.keys}) == 1
         with pytest.raises(StopIteration):
-            op.send([1] * SHARDS)
+            op.send([1] * DEFAULT_SHARDS)
         op = core.get_many([f"k{i}" for i in range(1000)])
         req = next(op)
         assert isinstance(req, Pipe) and len(req.commands) == 1000

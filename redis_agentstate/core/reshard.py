@@ -90,8 +90,7 @@ from ..keys import (
     key_slot,
     live_prefixes,
 )
-from ..wire import Call, Command, Op, Pipe
-from ..wire import scripts as S
+from ..wire import Call, Command, Op, Pipe, scripts
 from ..wire.layout import parse_layout
 
 __all__ = ["ReshardReport", "reshard"]
@@ -194,7 +193,7 @@ class _Holder:
     def take(self) -> Op[None]:
         """The lease, or ``ConfigConflict`` naming the live holder and when its lease ends."""
         granted, gen, holder, expires, now = yield Call(
-            S.RESHARD_LEASE, [self.lease, self.fence], ["take", self.token, self.holder, LEASE_MS]
+            scripts.RESHARD_LEASE, [self.lease, self.fence], ["take", self.token, self.holder, LEASE_MS]
         )
         if not int(granted):
             raise ConfigConflict(
@@ -212,18 +211,18 @@ class _Holder:
         if every is not None and time.monotonic() - self.renewed < every:
             return
         granted, gen, holder, _, _ = yield Call(
-            S.RESHARD_LEASE, [self.lease, self.fence], ["renew", self.token, self.holder, LEASE_MS]
+            scripts.RESHARD_LEASE, [self.lease, self.fence], ["renew", self.token, self.holder, LEASE_MS]
         )
         if not int(granted):
             raise self.fenced_out(f"its lease was taken over by {_text(holder)} (generation {int(gen)})")
         self.renewed = time.monotonic()
 
     def release(self) -> Op[None]:
-        yield Call(S.RESHARD_LEASE, [self.lease, self.fence], ["release", self.token, self.holder, LEASE_MS])
+        yield Call(scripts.RESHARD_LEASE, [self.lease, self.fence], ["release", self.token, self.holder, LEASE_MS])
 
     def claim(self, prefix: bytes) -> Op[None]:
         """Write this generation into the fence of ``prefix``'s slot (refused when a newer one is there)."""
-        stored = yield Call(S.RESHARD_FENCE, [prefix + b"fence"], [self.gen])
+        stored = yield Call(scripts.RESHARD_FENCE, [prefix + b"fence"], [self.gen])
         if int(stored) != self.gen:
             raise self.fenced_out(f"generation {int(stored)} claimed {prefix.decode()!r}")
 
@@ -260,7 +259,7 @@ def reshard(
                 f"namespace {keys.namespace!r} does not exist (no layout record {record_key!r}, no data): "
                 "nothing to reshard, nothing was written; is the name right?"
             )
-        raw = yield Call(S.LAYOUT_INIT, [record_key], [f"{LAYOUT_LEGACY} {DEFAULT_SHARDS}"])
+        raw = yield Call(scripts.LAYOUT_INIT, [record_key], [f"{LAYOUT_LEGACY} {DEFAULT_SHARDS}"])
     layout, n, to, moved = parse_layout(raw, record_key)
     keys.configure(n, layout, to, moved)
     if not to:
@@ -353,13 +352,13 @@ def _probe(keys: Keys, hold: _Holder, cluster: bool) -> Op[None]:
     (now,) = yield Pipe([("TIME",)])
     expires = int(now[0]) * 1000 + int(now[1]) // 1000 + 1000
     probe = record.removesuffix("layout") + "reshard-probe"
-    written = yield Call(S.RESHARD_RESTORE, [hold.fence, probe], [hold.gen, "r", 2, expires, payload])
+    written = yield Call(scripts.RESHARD_RESTORE, [hold.fence, probe], [hold.gen, "r", 2, expires, payload])
     if _text(written) == "fenced":
         raise hold.fenced_out("another generation holds the layout record")
 
 
 def _record(hold: _Holder, expect: str, write: str) -> Op[None]:
-    status, stored = yield Call(S.RESHARD_RECORD, [hold.record, hold.fence], [hold.gen, expect, write])
+    status, stored = yield Call(scripts.RESHARD_RECORD, [hold.record, hold.fence], [hold.gen, expect, write])
     if _text(status) == "fenced":
         raise hold.fenced_out(f"another generation holds the layout record, which says {_text(stored)!r}")
     if _text(status) != "ok":
@@ -413,7 +412,7 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder
     began the drop, so every copy was made) has what is left of it deleted."""
     seal = mover.old + b"moved"
     fence = mover.old + b"fence"
-    state = _text((yield Call(S.RESHARD_SEAL, [fence, seal], [hold.gen])))
+    state = _text((yield Call(scripts.RESHARD_SEAL, [fence, seal], [hold.gen])))
     if state == "fenced":
         raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
     copy = state != "moved"
@@ -428,7 +427,7 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder
         due = mover.old + b"due"
         for i in range(0, len(dropped), _BATCH_KEYS):
             yield from hold.renew(every=LEASE_MS / 3000)
-            gone = yield Call(S.RESHARD_DROP, [fence, seal, *dropped[i : i + _BATCH_KEYS]], [hold.gen, due])
+            gone = yield Call(scripts.RESHARD_DROP, [fence, seal, *dropped[i : i + _BATCH_KEYS]], [hold.gen, due])
             if _text(gone) == "fenced":
                 raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
         done += len(dropped)
@@ -509,6 +508,6 @@ def _copy(mover: _Mover, plan: list[Any], dropped: list[bytes], hold: _Holder) -
 
 def _restore(child: bytes, call_keys: list[bytes], args: list[Any], hold: _Holder) -> Op[None]:
     yield from hold.renew(every=LEASE_MS / 3000)
-    written = yield Call(S.RESHARD_RESTORE, [child + b"fence", *call_keys], [hold.gen, *args])
+    written = yield Call(scripts.RESHARD_RESTORE, [child + b"fence", *call_keys], [hold.gen, *args])
     if _text(written) == "fenced":
         raise hold.fenced_out(f"another generation holds {child.decode()!r}")

@@ -19,7 +19,6 @@ __all__ = [
     "check_concurrency_key",
     "check_id",
     "check_int",
-    "check_optional_id",
 ]
 
 MAX_CYCLE = 2**32 - 1
@@ -79,10 +78,6 @@ def check_id(value: object, what: str, *, max_bytes: int = MAX_ID_BYTES) -> str:
     if size > max_bytes:
         raise InvalidArgument(f"{what} is {size} bytes, over the limit of {max_bytes}")
     return value
-
-
-def check_optional_id(value: object, what: str) -> str | None:
-    return None if value is None else check_id(value, what)
 
 
 def check_int(value: object, what: str, lo: int, hi: int) -> int:

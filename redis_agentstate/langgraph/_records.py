@@ -97,11 +97,6 @@ def _reads_and_body(stored: bytes, key: str) -> tuple[list[bytes], bytes]:
     return fields, body
 
 
-def _record_body(stored: bytes, key: str) -> bytes:
-    """The msgpack record of a stored checkpoint, after its '<n>:' + n bytes list of blob fields."""
-    return _reads_and_body(stored, key)[1]
-
-
 def _stored_text(value: Any, key: str, what: str) -> str:
     """An id or field name read from ``key``: UTF-8, as every one the library stores."""
     try:

@@ -1,13 +1,13 @@
 """One Redis read per followed run, however many clients follow it.
 
-Each SSE client of a run used to run its own ``AsyncRunQueue.stream``: one blocking ``XREAD``, so one
-pooled connection, per client. A hundred clients on one run took the whole pool (redis-py's default
-is 100 connections), and the server's own graph workers, which share the client, then failed with
-"Too many connections" and streams broke mid-run. Here the first follower of a run starts a reader
-that reads the run's stream once, from its start, into a list; every follower walks that list at its
-own pace (a slow one delays nobody) and skips what it has seen (``Last-Event-ID``). The reader stops
-and the list is dropped when the last follower leaves, so memory is bounded by the runs being
-followed and each run's event cap (``AsyncRunQueue(max_events=...)``).
+Were each SSE client of a run to run its own ``AsyncRunQueue.stream`` (one blocking ``XREAD``, so
+one pooled connection, per client), a hundred clients on one run would take the whole pool
+(redis-py's default is 100 connections), and the server's own graph workers, which share the client, would
+fail with "Too many connections" and break streams mid-run. Here the first follower of a run starts
+a reader that reads the run's stream once, from its start, into a list; every follower walks that
+list at its own pace (a slow one delays nobody) and skips what it has seen (``Last-Event-ID``). The
+reader stops and the list is dropped when the last follower leaves, so memory is bounded by the runs
+being followed and each run's event cap (``AsyncRunQueue(max_events=...)``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ that finds another count refuses (``ConfigConflict``) before anything is written
 takes whatever is stored.
 
 A namespace without a record either is new (it gets slot-aware tags and ``shards`` or 64 of them)
-or held data written by 0.2, which knew only 64 shards tagged ``{ns#SS}``: when any of that
-layout's indexes exists, the record says ``legacy 64`` and the data stays where it is.
+or holds data written before namespaces had a record, on the fixed layout of 64 shards tagged
+``{ns#SS}``: when any of that layout's indexes exists, the record says ``legacy 64`` and the data stays where it is.
 Nothing here does I/O.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import ConfigConflict, CorruptState
 from ..keys import DEFAULT_SHARDS, LAYOUT_LEGACY, LAYOUT_SLOTS, MAX_SHARDS, Keys
-from . import scripts as S
+from . import scripts
 from .requests import Call, Op, Pipe
 
 __all__ = ["parse_layout", "refresh_layout", "resolve_layout"]
@@ -56,7 +56,7 @@ def resolve_layout(keys: Keys, requested: int | None) -> Op[None]:
             want = f"{LAYOUT_LEGACY} {DEFAULT_SHARDS}"
         else:
             want = f"{LAYOUT_SLOTS} {requested or DEFAULT_SHARDS}"
-        raw = yield Call(S.LAYOUT_INIT, [record], [want])
+        raw = yield Call(scripts.LAYOUT_INIT, [record], [want])
     layout, shards, target, moved = parse_layout(raw, record)
     if requested is not None and requested not in (shards, target):
         raise ConfigConflict(
