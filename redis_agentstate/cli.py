@@ -51,6 +51,7 @@ from .commands.common import Parser as _Parser
 from .commands.common import dump as _dump
 from .commands.common import positive as _positive
 from .commands.common import whole as _whole
+from .core.replies import lenient_text
 from .core.stats import limit_rows
 from .errors import AgentStateError, BackendUnavailable, InvalidArgument, TaskNotFound
 from .fleet import cli as fleet_cli
@@ -414,10 +415,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 _POOL_BATCH = 500
 
 
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
 def pool_sizes(
     client: redis.Redis | RedisCluster, keys: Keys, pool_ids: Sequence[str]
 ) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
@@ -443,7 +440,7 @@ def pool_sizes(
             failed = next((r for r in (members, messages, wakes, seq) if isinstance(r, Exception)), None)
             if failed is not None:
                 corrupt[pool_id] = f"a key of agent pool {pool_id!r} is not data redis_agentstate wrote: {failed}"
-            elif seq is not None and not _DIGITS.fullmatch(_text(seq)):
+            elif seq is not None and not _DIGITS.fullmatch(lenient_text(seq)):
                 corrupt[pool_id] = f"agent pool {pool_id!r} holds a malformed seq {seq!r}"
             else:
                 sizes[pool_id] = {"members": int(members), "messages": int(messages), "wakes": int(wakes),

@@ -74,7 +74,6 @@ from .pool_records import (
     _receipt_of,
     _registration_map,
     _registration_of,
-    _s,
     _same,
     _split_seq,
     _stored_message_of,
@@ -84,6 +83,7 @@ from .pool_records import (
     check_message,
     check_wake,
 )
+from .replies import text
 from .validate import check_id, check_int
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DEFAULT_PAGE_SIZE", "POOL_SCRIPTS", "PoolCore"]
@@ -171,7 +171,7 @@ class PoolCore(PoolLog):
             cursors: list[str] = []
             items: list[list[tuple[bytes, Any]]] = []
             for _ in range(3):
-                cursor, n = _s(reply[pos]), int(reply[pos + 1])
+                cursor, n = text(reply[pos]), int(reply[pos + 1])
                 flat = list(reply[pos + 2 : pos + 2 + n])
                 if len(flat) != n or n % 2:
                     raise ValueError(f"section of {n} items holds {len(flat)}")

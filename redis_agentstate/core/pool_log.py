@@ -18,7 +18,8 @@ from ..keys import Keys, PoolKeys
 from ..pool_models import Cursor, PoolRecord, PoolRecordKind, RecordPayload
 from ..wire import Call, Command, Op
 from ..wire.scripts import POOL_WATCH, PoolReply
-from .pool_records import _check_type, _config_of, _member_of, _read, _s, _stored_message_of, _stored_wake_of
+from .pool_records import _check_type, _config_of, _member_of, _read, _stored_message_of, _stored_wake_of
+from .replies import text
 from .validate import MAX_REVISION, check_id, check_int
 
 __all__ = ["MAX_BLOCK_MS", "MAX_WATCH_COUNT", "PoolLog"]
@@ -106,7 +107,7 @@ class PoolLog:
         for seq_raw, kind_raw, blob in entries:
             try:
                 seq = int(seq_raw)
-                kind = _KINDS[_s(kind_raw)]
+                kind = _KINDS[text(kind_raw)]
             except (ValueError, KeyError, UnicodeDecodeError) as exc:
                 raise CorruptState(
                     f"record {seq_raw!r} of pool {pid!r} at {keys.log!r} is malformed", key=keys.log

@@ -29,10 +29,6 @@ from .validate import check_id
 T = TypeVar("T")
 
 
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 # ---- canonical encoding (configs compare by their bytes in Lua) -----------
 
 

@@ -92,6 +92,7 @@ from ..keys import (
 )
 from ..wire import Call, Command, Op, Pipe, scripts
 from ..wire.layout import parse_layout
+from .replies import lenient_text
 
 __all__ = ["ReshardReport", "reshard"]
 
@@ -197,7 +198,7 @@ class _Holder:
         )
         if not int(granted):
             raise ConfigConflict(
-                f"namespace {self.namespace!r} is being resharded by {_text(holder)} (generation {int(gen)}), "
+                f"namespace {self.namespace!r} is being resharded by {lenient_text(holder)} (generation {int(gen)}), "
                 f"whose lease runs {(int(expires) - int(now)) / 1000:.1f} s more (to server time {int(expires)} ms): "
                 "nothing was written; wait for it to finish, or, should it have stopped, run this again once "
                 "its lease lapsed: that reshard takes it over and finishes it",
@@ -214,7 +215,7 @@ class _Holder:
             scripts.RESHARD_LEASE, [self.lease, self.fence], ["renew", self.token, self.holder, LEASE_MS]
         )
         if not int(granted):
-            raise self.fenced_out(f"its lease was taken over by {_text(holder)} (generation {int(gen)})")
+            raise self.fenced_out(f"its lease was taken over by {lenient_text(holder)} (generation {int(gen)})")
         self.renewed = time.monotonic()
 
     def release(self) -> Op[None]:
@@ -232,10 +233,6 @@ class _Holder:
             "it wrote nothing after that, and the newer reshard finishes the move",
             key=self.lease,
         )
-
-
-def _text(raw: object) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def reshard(
@@ -353,17 +350,17 @@ def _probe(keys: Keys, hold: _Holder, cluster: bool) -> Op[None]:
     expires = int(now[0]) * 1000 + int(now[1]) // 1000 + 1000
     probe = record.removesuffix("layout") + "reshard-probe"
     written = yield Call(scripts.RESHARD_RESTORE, [hold.fence, probe], [hold.gen, "r", 2, expires, payload])
-    if _text(written) == "fenced":
+    if lenient_text(written) == "fenced":
         raise hold.fenced_out("another generation holds the layout record")
 
 
 def _record(hold: _Holder, expect: str, write: str) -> Op[None]:
     status, stored = yield Call(scripts.RESHARD_RECORD, [hold.record, hold.fence], [hold.gen, expect, write])
-    if _text(status) == "fenced":
-        raise hold.fenced_out(f"another generation holds the layout record, which says {_text(stored)!r}")
-    if _text(status) != "ok":
+    if lenient_text(status) == "fenced":
+        raise hold.fenced_out(f"another generation holds the layout record, which says {lenient_text(stored)!r}")
+    if lenient_text(status) != "ok":
         raise ConfigConflict(
-            f"layout record {hold.record!r} holds {_text(stored)!r}, not {expect!r}: nothing was written",
+            f"layout record {hold.record!r} holds {lenient_text(stored)!r}, not {expect!r}: nothing was written",
             key=hold.record,
         )
 
@@ -412,7 +409,7 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder
     began the drop, so every copy was made) has what is left of it deleted."""
     seal = mover.old + b"moved"
     fence = mover.old + b"fence"
-    state = _text((yield Call(scripts.RESHARD_SEAL, [fence, seal], [hold.gen])))
+    state = lenient_text((yield Call(scripts.RESHARD_SEAL, [fence, seal], [hold.gen])))
     if state == "fenced":
         raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
     copy = state != "moved"
@@ -428,7 +425,7 @@ def _move_shard(mover: _Mover, children: list[str], cluster: bool, hold: _Holder
         for i in range(0, len(dropped), _BATCH_KEYS):
             yield from hold.renew(every=LEASE_MS / 3000)
             gone = yield Call(scripts.RESHARD_DROP, [fence, seal, *dropped[i : i + _BATCH_KEYS]], [hold.gen, due])
-            if _text(gone) == "fenced":
+            if lenient_text(gone) == "fenced":
                 raise hold.fenced_out(f"another generation holds {mover.old.decode()!r}")
         done += len(dropped)
         if not cluster:
@@ -509,5 +506,5 @@ def _copy(mover: _Mover, plan: list[Any], dropped: list[bytes], hold: _Holder) -
 def _restore(child: bytes, call_keys: list[bytes], args: list[Any], hold: _Holder) -> Op[None]:
     yield from hold.renew(every=LEASE_MS / 3000)
     written = yield Call(scripts.RESHARD_RESTORE, [child + b"fence", *call_keys], [hold.gen, *args])
-    if _text(written) == "fenced":
+    if lenient_text(written) == "fenced":
         raise hold.fenced_out(f"another generation holds {child.decode()!r}")

@@ -31,6 +31,7 @@ from ..keys import Keys
 from ..wire import Op, Pipe, ShardMoved, member_id, restartable
 from .checkpoint import CheckpointCore
 from .checkpoint_base import _time_ms, _zset_entries
+from .replies import lenient_text
 from .validate import MAX_PRIORITY, PRIORITY_BAND_MS
 
 __all__ = [
@@ -122,7 +123,7 @@ def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
     totals = dict.fromkeys(COUNTER_FIELDS, 0)
     for values in replies[1:]:
         for name, value in zip(COUNTER_FIELDS, values, strict=True):
-            if value is not None and (text := _text(value)).isdigit():
+            if value is not None and (text := lenient_text(value)).isdigit():
                 totals[name] += int(text)
     return _time_ms(replies[0]), totals
 
@@ -297,10 +298,6 @@ def memory_estimate(
         table[kind] = {"count": counted[kind], "sampled": len(got), "mean_bytes": mean}
         total += counted[kind] * mean
     return MemoryEstimate(total, table, shard_bytes, len(measure))
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def limit_rows(limits: list[Any]) -> list[dict[str, Any]]:

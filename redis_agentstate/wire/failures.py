@@ -7,6 +7,7 @@ from typing import Any
 
 import redis.exceptions as rex
 
+from ..core.replies import lenient_text
 from ..errors import BackendError, BackendUnavailable, CorruptState
 from ..keys import describe_key
 from .requests import Batch, Call, Command, Op, Pipe, Request
@@ -51,32 +52,28 @@ class _PipeCommandError(rex.ResponseError):
         self.error = error
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _command_keys(args: Sequence[Any]) -> list[str]:
     """The keys of one of the commands this library sends (the ACL list in the README is all of them)."""
-    name = _text(args[0]).upper()
+    name = lenient_text(args[0]).upper()
     if name == "EVALSHA":  # never EVAL: scripts go by SHA (and SCRIPT LOAD after a NOSCRIPT)
-        return [_text(k) for k in args[3 : 3 + int(args[2])]]
+        return [lenient_text(k) for k in args[3 : 3 + int(args[2])]]
     if name == "XREAD":
-        streams = [_text(a).upper() for a in args].index("STREAMS")
+        streams = [lenient_text(a).upper() for a in args].index("STREAMS")
         rest = args[streams + 1 :]
-        return [_text(k) for k in rest[: len(rest) // 2]]
+        return [lenient_text(k) for k in rest[: len(rest) // 2]]
     if name in ("TIME", "TYPE") or len(args) < 2:
         return []
-    return [_text(args[1])]
+    return [lenient_text(args[1])]
 
 
 def request_keys(req: Request) -> list[str]:
     """Every key ``req`` touches."""
     if isinstance(req, Call):
-        return [_text(k) for k in req.keys]
+        return [lenient_text(k) for k in req.keys]
     if isinstance(req, Command):
         return _command_keys(req.args)
     if isinstance(req, Batch):
-        return [_text(k) for call in req.calls for k in call.keys]
+        return [lenient_text(k) for call in req.calls for k in call.keys]
     return [k for cmd in req.commands for k in _command_keys(cmd)]
 
 
@@ -115,6 +112,8 @@ def _explain(req: Request, exc: rex.RedisError) -> Op[BackendError | CorruptStat
             found = yield Pipe([("TYPE", k) for k in keys])
             for key, kind in zip(keys, found, strict=True):
                 expected = describe_key(key)[0]
-                if expected is not None and _text(kind) not in ("none", expected):
-                    return corrupt_state(key, keys, f"is a Redis {_text(kind)} where the library keeps a {expected}")
+                if expected is not None and lenient_text(kind) not in ("none", expected):
+                    return corrupt_state(
+                        key, keys, f"is a Redis {lenient_text(kind)} where the library keeps a {expected}"
+                    )
     return _translate(exc)

@@ -28,9 +28,10 @@ from typing import Any, ParamSpec
 
 import redis.exceptions as rex
 
+from ..core.replies import lenient_text
 from ..errors import BackendUnavailable
 from ..keys import Keys
-from .failures import _command_keys, _PipeCommandError, _text, request_keys
+from .failures import _command_keys, _PipeCommandError, request_keys
 from .requests import Batch, Call, Command, Op, Pipe, Request, T
 
 __all__ = [
@@ -110,7 +111,7 @@ def sealed_too_long(keys: Keys, what: str) -> Op[BackendUnavailable]:
         return BackendUnavailable(
             f"{head}: a reshard stopped half-way? `agentstate reshard --shards N` with the same N finishes it"
         )
-    who = f"a reshard by {_text(holder)} (generation {_text(gen)})"
+    who = f"a reshard by {lenient_text(holder)} (generation {lenient_text(gen)})"
     left = (int(expires) - now_ms) / 1000
     if left > 0:
         return BackendUnavailable(
@@ -154,12 +155,12 @@ class Relocation:
         (``MOVED_REPLY``) when a shard it read was moved (or, for ``by_record``, the layout changed)."""
         if isinstance(req, Pipe) and req.by_record:
             record = reply[-1]
-            if record is None or _text(record) != self.keys.record():
+            if record is None or lenient_text(record) != self.keys.record():
                 raise rex.ResponseError(f"{MOVED_REPLY} layout")
             return reply[:-1]
         # A sealed shard's data is whole and current (nothing writes it, nothing is deleted before
         # it is marked moved, and the seal was read after the data): only a moved one is followed.
-        if any(m is not None and _text(m) == "moved" for m in reply[len(reply) - seals :]):
+        if any(m is not None and lenient_text(m) == "moved" for m in reply[len(reply) - seals :]):
             raise rex.ResponseError(f"{MOVED_REPLY} moved")
         data = reply[: len(reply) - seals]
         return data[0] if isinstance(req, Command) else data
@@ -199,12 +200,12 @@ class Relocation:
             if not keys or not any(k.startswith(self.own) for k in keys):
                 out.append(cmd)
                 continue
-            if len(keys) != 1 or _text(cmd[0]).upper() == "XREAD":
+            if len(keys) != 1 or lenient_text(cmd[0]).upper() == "XREAD":
                 moved = self._call_keys(keys)
                 if moved is None:
                     return None
-                if _text(cmd[0]).upper() == "XREAD":
-                    at = [_text(a).upper() for a in cmd].index("STREAMS") + 1
+                if lenient_text(cmd[0]).upper() == "XREAD":
+                    at = [lenient_text(a).upper() for a in cmd].index("STREAMS") + 1
                     out.append([*cmd[:at], *moved, *cmd[at + len(moved) :]])
                     continue
                 return None  # pragma: no cover - every multi-key command we send is an XREAD
@@ -219,7 +220,7 @@ class Relocation:
     def _call_keys(self, keys: Sequence[str | bytes]) -> list[str] | None:
         """The keys of one script call (one slot: one shard) at the owner's shard now; None when
         the call names no owner, or owners now in different shards (a chunk of a split shard)."""
-        texts = [_text(k) for k in keys]
+        texts = [lenient_text(k) for k in keys]
         own = [k for k in texts if k.startswith(self.own)]
         if not own:
             return texts

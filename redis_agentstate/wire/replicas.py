@@ -8,11 +8,12 @@ from typing import Any, cast
 import redis.exceptions as rex
 
 from ..clients import AsyncClient, SyncClient, is_cluster
+from ..core.replies import lenient_text
 from ..errors import InvalidArgument, ReplicationUnsafe, WriteNotReplicated
 from ..keys import describe_key
 from . import scripts
 from .client_checks import effective_socket_timeout
-from .failures import _OWNER_LABELS, _text
+from .failures import _OWNER_LABELS
 from .requests import Batch, Call, Request
 
 __all__ = ["DEFAULT_WAIT_TIMEOUT_MS", "ReplicaAck"]
@@ -42,7 +43,7 @@ _WAITAOF_SINCE = (7, 2)
 
 def _version(text: Any) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in _text(text).split(".")[:2])
+        return tuple(int(part) for part in lenient_text(text).split(".")[:2])
     except ValueError:
         return (0,)
 
@@ -86,7 +87,7 @@ class ReplicaAck:
             raise ReplicationUnsafe(f"wait_replicas={self.replicas}: the client knows no primary to check")
         aof = True
         for node, info in infos.items():
-            role = _text(info.get("role", "?"))
+            role = lenient_text(info.get("role", "?"))
             if role != "master":
                 raise ReplicationUnsafe(
                     f"wait_replicas={self.replicas}: {node} is a {role}, not a primary; nothing was written"
@@ -94,7 +95,9 @@ class ReplicaAck:
             online = sum(
                 1
                 for name, value in info.items()
-                if _text(name).startswith("slave") and isinstance(value, dict) and _text(value.get("state")) == "online"
+                if lenient_text(name).startswith("slave")
+                and isinstance(value, dict)
+                and lenient_text(value.get("state")) == "online"
             )
             if online < self.replicas:
                 raise ReplicationUnsafe(
@@ -156,7 +159,7 @@ class ReplicaAck:
                     acknowledged = 0
         if acknowledged >= self.replicas:
             return
-        key = _text(calls[0].keys[0]) if calls and calls[0].keys else None
+        key = lenient_text(calls[0].keys[0]) if calls and calls[0].keys else None
         kind, ident = describe_key(key)[1:] if key is not None else (None, None)
         what = f"{_OWNER_LABELS[kind]} {ident!r}" if kind is not None and ident is not None else "a write"
         raise WriteNotReplicated(
