@@ -29,8 +29,8 @@ from redis_agentstate.langgraph import (
     RunRejected,
     _runs_core,
 )
+from redis_agentstate.langgraph import scripts as S
 from redis_agentstate.wire import pipelines
-from redis_agentstate.wire import scripts as S
 
 
 @pytest.fixture

@@ -40,9 +40,9 @@ import pytest
 from conftest import Twin
 from faults.replies import ReplyLoss, lose_reply
 
-import redis_agentstate.langgraph  # noqa: F401 - registers its scripts with the loader
 from redis_agentstate import AgentStatus, AsyncCheckpointStore, Checkpoint, CheckpointStore
 from redis_agentstate.kv import AsyncKeyValueStore, KeyValueStore
+from redis_agentstate.langgraph import scripts as lg_scripts
 from redis_agentstate.pool_models import (
     MessageReceipt,
     PoolConfig,
@@ -1120,11 +1120,11 @@ def _worker_turn(env: Env) -> Any:
     return {"ran": env.wait(turn), "finished": worker.finished}
 
 
-for _name in (scripts.LG_RUN_BEGIN, scripts.LG_RUN_EMIT, scripts.LG_RUN_FINISH, scripts.LG_RUN_WAKE):
+for _name in (lg_scripts.LG_RUN_BEGIN, lg_scripts.LG_RUN_EMIT, lg_scripts.LG_RUN_FINISH, lg_scripts.LG_RUN_WAKE):
     case(_name, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(_worker_turn)
 # A node's events, not the run's first (its metadata, sent by begin's worker before the graph runs).
 for _n in (2, 3):
-    case(scripts.LG_RUN_EMIT, id=f"lg_run_emit-{_n}", nth=_n, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(
+    case(lg_scripts.LG_RUN_EMIT, id=f"lg_run_emit-{_n}", nth=_n, setup=_runs(1), opaque=rb"^NS:\{NS#[0-9]+\}:lg", **R)(
         _worker_turn
     )
 

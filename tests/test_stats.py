@@ -28,7 +28,7 @@ from redis_agentstate import (
     TaskParked,
 )
 from redis_agentstate import cli as cli_mod
-from redis_agentstate.cli import stats_view as _stats_view
+from redis_agentstate.commands import stats_view as _stats_view
 from redis_agentstate.core.stats import counters, due_head, memory_estimate, parked_tasks, status_counts
 from redis_agentstate.keys import Keys
 from redis_agentstate.wire import eviction as _eviction
