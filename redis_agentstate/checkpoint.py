@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import scripts
 from ._checkpoint_core import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from ._lease_core import CLAIM_SENT, DEFAULT_LEASE_MS
+from ._lease_core import DEFAULT_LEASE_MS, stamp_claim_sent
 from ._limits import LimitState
 from ._ops import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell
 from ._reshard import ReshardReport, reshard
@@ -18,7 +18,7 @@ from .errors import TaskCancelled
 from .models import Checkpoint
 
 # The stores build leases (``lease()``), so lease.py imports this module for types only and takes
-# CLAIM_SENT and DEFAULT_LEASE_MS from _lease_core, below both: no import circle.
+# stamp_claim_sent and DEFAULT_LEASE_MS from _lease_core, below both: no import circle.
 if TYPE_CHECKING:
     from .lease import AsyncLease, Lease
 
@@ -124,15 +124,14 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            CLAIM_SENT.set(time.monotonic())
-            return self._run(self._core.claim_next(token=tok, lease_ms=lease))
+            sent = time.monotonic()
+            return stamp_claim_sent(self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent)
         self._layout()  # the waker subscribes to every shard's channel: it needs the shard count
         waker = self._wakes()
         # One call however many wake-ups it probes at: one operation to telemetry (one span).
         with self._operation("claim_next") as run:
             found, sent = waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
-        CLAIM_SENT.set(sent)
-        return found.checkpoint
+        return stamp_claim_sent(found.checkpoint, sent)
 
     def lease(
         self,
@@ -328,14 +327,13 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         """Claim the next cycle of any runnable task, waiting ``block_ms`` (:meth:`CheckpointStore.claim_next`)."""
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            CLAIM_SENT.set(time.monotonic())
-            return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
+            sent = time.monotonic()
+            return stamp_claim_sent(await self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent)
         await self._layout()
         waker = self._wakes()
         with self._operation("claim_next") as run:  # one operation to telemetry (see the sync twin)
             found, sent = await waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
-        CLAIM_SENT.set(sent)
-        return found.checkpoint
+        return stamp_claim_sent(found.checkpoint, sent)
 
     def lease(
         self,

@@ -384,7 +384,7 @@ def test_a_crashing_keeper_thread_is_a_lost_lease(sync_store: CheckpointStore, m
     monkeypatch.setattr(threading, "excepthook", crashes.append)
     with sync_store.lease("t", 1, lease_ms=200) as lease:
         monkeypatch.setattr(lease._state, "next_step", lambda now: 1 / 0)
-        lease._stop.set()  # wake the keeper now
+        lease._keeper.wake()  # wake the keeper now
         assert lease.lost_event.wait(1.0)
         assert "crashed" in (lease.lost_reason or "")
         with pytest.raises(LeaseLost, match="crashed"):
