@@ -14,7 +14,9 @@
 How loss is decided (the same rules for both shells, in :class:`LeaseState`,
 which does no I/O and reads no clock of its own; it, the timing knobs, the
 clock and everything else the two shells share live in ``_lease_core.py``,
-so the classes here only carry out its steps, blocking or awaited):
+and the renewals are sent by the one keeper, ``_lease_keeper.py``, on a thread
+or a task, which also keeps the LangGraph saver's thread leases; the classes
+here only claim, write and release):
 
 * The lease is counted from the moment the claim (or the last confirmed
   renewal) was *sent*, on the local monotonic clock (``CLOCK_BOOTTIME`` where
@@ -23,7 +25,8 @@ so the classes here only carry out its steps, blocking or awaited):
   can only end early, never late, whatever the wall clocks say.
 * The keeper renews every ``renew_interval_ms`` and gives up at
   ``renew_deadline_ms`` after the last confirmed send: from then on the lease
-  is lost even if Redis would still honour it. ``lease_ms -
+  is lost even if Redis would still honour it, and a renewal still in flight
+  then is not waited for. ``lease_ms -
   renew_deadline_ms`` is the safety margin for clock-rate differences and for
   the work to notice. A renewal that Redis refuses (another worker holds the
   task, or the checkpoint moved on) loses the lease at once; a renewal that

@@ -94,6 +94,15 @@ def test_the_lease_logic_lives_once_without_io() -> None:
     source = inspect.getsource(twins)
     for rule in (".next_step(", ".renewed(", ".renew_failed(", "LeaseTiming("):
         assert rule not in source, rule
+    # Nor in the one keeper, which both these and LangGraph's thread leases run, nor in the thread leases.
+    import redis_agentstate._lease_keeper as keeper
+    import redis_agentstate.langgraph.saver as saver
+
+    assert issubclass(core.LeaseBase, core.KeptLease) and issubclass(saver.ThreadLease, core.KeptLease)
+    for module in (keeper, saver):
+        source = inspect.getsource(module)
+        for rule in (".next_step(", ".renewed(", ".renew_failed("):
+            assert rule not in source, (module.__name__, rule)
 
 
 class TestLeaseState:
