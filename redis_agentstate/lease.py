@@ -65,7 +65,8 @@ from ._lease_core import (
     log,
     monotonic,
 )
-from ._lease_keeper import RECANCEL_S, CancelOnLoss, TaskKeeper, ThreadKeeper
+from ._lease_keeper import RECANCEL_S as RECANCEL_S  # documented here: the async keeper's re-cancel period
+from ._lease_keeper import CancelOnLoss, TaskKeeper, ThreadKeeper
 from .errors import TaskCancelled
 from .models import Checkpoint
 
@@ -77,9 +78,7 @@ T = TypeVar("T")
 __all__ = [
     "DEFAULT_LEASE_MS",
     "JITTER_FACTOR",
-    "RECANCEL_S",
     "AsyncLease",
-    "CancelOnLoss",
     "Clock",
     "Lease",
     "LeaseState",

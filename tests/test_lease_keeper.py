@@ -11,6 +11,7 @@ the renewals themselves go to Redis (fakeredis and a real server).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,9 +20,9 @@ from typing import Any
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from redis_agentstate import LeaseLost
+from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore, LeaseLost
 from redis_agentstate.langgraph import AgentStateSaver, AsyncAgentStateSaver, AsyncThreadLease, ThreadBusy, ThreadLease
-from redis_agentstate.lease import Clock
+from redis_agentstate.lease import AsyncLease, Clock, Lease
 
 LEASE_MS = 30_000  # Redis's own lease runs on real time: long enough for any load
 
@@ -147,7 +148,7 @@ def test_a_thread_lease_renews_on_its_clock_at_each_interval(backend: Any, names
             clock.advance(interval - 0.01)
             time.sleep(0.05)
             assert lease.renewals == n - 1  # not due yet on the lease's clock
-            clock.advance(0.01)
+            clock.advance(0.01 + 1e-6)  # past the interval, whatever the float rounding
             wait_for(lambda n=n: lease.renewals == n, f"renewal {n}")  # type: ignore[misc]
             lease.check()
             assert not lease.lost and lease.remaining_s() == pytest.approx(lease.timing.deadline_s)
@@ -222,7 +223,7 @@ async def test_an_async_thread_lease_renews_on_its_clock_at_each_interval(backen
                 clock.advance(interval - 0.01)
                 await asyncio.sleep(0.05)
                 assert lease.renewals == n - 1
-                clock.advance(0.01)
+                clock.advance(0.01 + 1e-6)  # past the interval, whatever the float rounding
                 await await_for(lambda n=n: lease.renewals == n, f"renewal {n}")  # type: ignore[misc]
                 lease.check()
                 assert not lease.lost and lease.remaining_s() == pytest.approx(lease.timing.deadline_s)
@@ -313,3 +314,84 @@ def test_a_thread_lease_taken_after_a_wait_counts_from_its_last_attempt(backend:
         time.sleep(1.3)
     t.join(30)
     assert len(got) == 1 and not got[0].lost
+
+
+# ---- the claim's send time, returned with the claim ------------------------------------------------
+
+
+class Recording(CheckpointStore):
+    """Overrides claim_next, as a store that records its claims: the claim's send time still reaches
+    the lease, with the reply of ``super().claim_next``."""
+
+    def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        return super().claim_next(token=token, lease_ms=lease_ms, block_ms=block_ms)
+
+
+class Copying(CheckpointStore):
+    """Hands out a copy of the claim built field by field: a reply that carries no send time."""
+
+    def claim_next(self, *, token: str, lease_ms: int, block_ms: int | None = None) -> Checkpoint | None:
+        cp = super().claim_next(token=token, lease_ms=lease_ms, block_ms=block_ms)
+        return None if cp is None else dataclasses.replace(cp)
+
+
+@pytest.mark.parametrize("store_class", [CheckpointStore, Recording, Copying])
+def test_a_lease_from_a_blocked_claim_next_counts_from_the_attempt_that_claimed(
+    backend: Any, namespace: str, store_class: type[CheckpointStore]
+) -> None:
+    store = store_class(backend.sync_client(), namespace=namespace)
+    creator = CheckpointStore(backend.sync_client(), namespace=namespace)
+    waited = 1.2
+    created: list[float] = []
+
+    def create() -> None:
+        created.append(time.monotonic())
+        creator.create(Checkpoint("t"))
+
+    timer = threading.Timer(waited, create)
+    timer.start()
+    lease = Lease.next(store, lease_ms=LEASE_MS, block_ms=20_000)
+    age = lease.age_s() if lease is not None else 0.0
+    since_created = time.monotonic() - created[0]
+    timer.join()
+    assert lease is not None and lease.task_id == "t"
+    try:
+        if store_class is Copying:  # no send time with the reply: counted from the call's start (earlier)
+            assert age >= waited
+        else:  # counted from the attempt that claimed, which was sent after the task was created
+            assert age <= since_created
+    finally:
+        with lease:
+            lease.release()
+    store._waker.close()  # type: ignore[union-attr]
+
+
+async def test_an_async_lease_from_a_blocked_claim_next_counts_from_the_attempt_that_claimed(
+    backend: Any, namespace: str
+) -> None:
+    store = AsyncCheckpointStore(backend.new_async_client(), namespace=namespace)
+    creator = AsyncCheckpointStore(backend.new_async_client(), namespace=namespace)
+    waited = 1.2
+
+    created: list[float] = []
+
+    async def create() -> None:
+        await asyncio.sleep(waited)
+        created.append(time.monotonic())
+        await creator.create(Checkpoint("t"))
+
+    task = asyncio.create_task(create())
+    try:
+        lease = await AsyncLease.next(store, lease_ms=LEASE_MS, block_ms=20_000)
+        age = lease.age_s() if lease is not None else 0.0
+        since_created = time.monotonic() - created[0]
+        await task
+        assert lease is not None and lease.task_id == "t"
+        assert age <= since_created  # counted from the attempt that claimed, sent after the create
+        async with lease:
+            await lease.release()
+    finally:
+        if store._waker is not None:
+            await store._waker.aclose()
+        await store.client.aclose()
+        await creator.client.aclose()
