@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .clients import RedisClient
 from .core.checkpoint import DEFAULT_MAX_PAYLOAD_BYTES, CheckpointCore
-from .core.lease import CLAIM_SENT, DEFAULT_LEASE_MS
+from .core.lease import DEFAULT_LEASE_MS, stamp_claim_sent
 from .core.limits import LimitState
 from .core.reshard import ReshardReport, reshard
 from .errors import TaskCancelled
@@ -16,8 +16,8 @@ from .models import Checkpoint
 from .wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, RetryPolicy, StoreShell, SyncShell, scripts
 from .wire.waker import AsyncWaker, SyncWaker
 
-# The stores build leases (``lease()``), so lease.py imports this module for types only and takes
-# CLAIM_SENT and DEFAULT_LEASE_MS from _lease_core, below both: no import circle.
+# The stores build leases (``lease()``); lease.py names its store by a protocol (``LeaseStore``) and
+# both take stamp_claim_sent and DEFAULT_LEASE_MS from core/lease.py, below both: no import circle.
 if TYPE_CHECKING:
     from .lease import AsyncLease, Lease
 
@@ -123,15 +123,14 @@ class CheckpointStore(_Checkpoints, SyncShell[CheckpointCore]):
         """
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            CLAIM_SENT.set(time.monotonic())
-            return self._run(self._core.claim_next(token=tok, lease_ms=lease))
+            sent = time.monotonic()
+            return stamp_claim_sent(self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent)
         self._layout()  # the waker subscribes to every shard's channel: it needs the shard count
         waker = self._wakes()
         # One call however many wake-ups it probes at: one operation to telemetry (one span).
         with self._operation("claim_next") as run:
             found, sent = waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
-        CLAIM_SENT.set(sent)
-        return found.checkpoint
+        return stamp_claim_sent(found.checkpoint, sent)
 
     def lease(
         self,
@@ -327,14 +326,13 @@ class AsyncCheckpointStore(_Checkpoints, AsyncShell[CheckpointCore]):
         """Claim the next cycle of any runnable task, waiting ``block_ms`` (:meth:`CheckpointStore.claim_next`)."""
         tok, lease, block = self._claim_args(token, lease_ms, block_ms)
         if block is None:
-            CLAIM_SENT.set(time.monotonic())
-            return await self._run(self._core.claim_next(token=tok, lease_ms=lease))
+            sent = time.monotonic()
+            return stamp_claim_sent(await self._run(self._core.claim_next(token=tok, lease_ms=lease)), sent)
         await self._layout()
         waker = self._wakes()
         with self._operation("claim_next") as run:  # one operation to telemetry (see the sync twin)
             found, sent = await waker.claim(lambda: run(self._core.claim_next_probe(tok, lease)), block, time.monotonic)
-        CLAIM_SENT.set(sent)
-        return found.checkpoint
+        return stamp_claim_sent(found.checkpoint, sent)
 
     def lease(
         self,

@@ -14,7 +14,9 @@
 How loss is decided (the same rules for both shells, in :class:`LeaseState`,
 which does no I/O and reads no clock of its own; it, the timing knobs, the
 clock and everything else the two shells share live in ``core/lease.py``,
-so the classes here only carry out its steps, blocking or awaited):
+and the renewals are sent by the one keeper, ``wire/keeper.py``, on a thread
+or a task, which also keeps the LangGraph saver's thread leases; the classes
+here only claim, write and release):
 
 * The lease is counted from the moment the claim (or the last confirmed
   renewal) was *sent*, on the local monotonic clock (``CLOCK_BOOTTIME`` where
@@ -23,7 +25,8 @@ so the classes here only carry out its steps, blocking or awaited):
   can only end early, never late, whatever the wall clocks say.
 * The keeper renews every ``renew_interval_ms`` and gives up at
   ``renew_deadline_ms`` after the last confirmed send: from then on the lease
-  is lost even if Redis would still honour it. ``lease_ms -
+  is lost even if Redis would still honour it, and a renewal still in flight
+  then is not waited for. ``lease_ms -
   renew_deadline_ms`` is the safety margin for clock-rate differences and for
   the work to notice. A renewal that Redis refuses (another worker holds the
   task, or the checkpoint moved on) loses the lease at once; a renewal that
@@ -44,35 +47,65 @@ that ignores all of this can never overwrite a newer claim.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .core.lease import (
-    CLAIM_SENT,
     DEFAULT_LEASE_MS,
     JITTER_FACTOR,
-    LOST,
-    STOP,
     SYSTEM_CLOCK,
-    WAIT,
     Clock,
     LeaseBase,
     LeaseState,
     LeaseTiming,
+    claim_sent,
     log,
     monotonic,
 )
-from .errors import LeaseLost, TaskCancelled
+from .errors import TaskCancelled
 from .models import Checkpoint
+from .wire.keeper import RECANCEL_S as RECANCEL_S  # documented here: the async keeper's re-cancel period
+from .wire.keeper import CancelOnLoss, TaskKeeper, ThreadKeeper
 
-if TYPE_CHECKING:
-    from .checkpoint import AsyncCheckpointStore, CheckpointStore
+
+class LeaseStore(Protocol):
+    """What a :class:`Lease` calls on its store: ``redis_agentstate.CheckpointStore`` (a protocol, as
+    that store builds leases with ``lease()`` and so imports this module; the calls' arguments are
+    the store's own, checked where it defines them)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    def claim(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    def claim_next(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    def commit(self, *args: Any, **kwargs: Any) -> bool: ...
+    def commit_and_claim(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    def cancel(self, *args: Any, **kwargs: Any) -> bool: ...
+    def _lease_renew(self, *args: Any, **kwargs: Any) -> tuple[int | None, TaskCancelled | None]: ...
+    def _release(self, *args: Any, **kwargs: Any) -> str | None: ...
+    def _step_load(self, *args: Any, **kwargs: Any) -> tuple[bool, Any] | None: ...
+    def _step_record(self, *args: Any, **kwargs: Any) -> tuple[bool, Any]: ...
+
+
+class AsyncLeaseStore(Protocol):
+    """What an :class:`AsyncLease` awaits on its store: ``redis_agentstate.AsyncCheckpointStore``."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    async def claim_next(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    async def commit(self, *args: Any, **kwargs: Any) -> bool: ...
+    async def commit_and_claim(self, *args: Any, **kwargs: Any) -> Checkpoint | None: ...
+    async def cancel(self, *args: Any, **kwargs: Any) -> bool: ...
+    async def _lease_renew(self, *args: Any, **kwargs: Any) -> tuple[int | None, TaskCancelled | None]: ...
+    async def _release(self, *args: Any, **kwargs: Any) -> str | None: ...
+    async def _step_load(self, *args: Any, **kwargs: Any) -> tuple[bool, Any] | None: ...
+    async def _step_record(self, *args: Any, **kwargs: Any) -> tuple[bool, Any]: ...
+
 
 T = TypeVar("T")
 
@@ -80,45 +113,29 @@ __all__ = [
     "DEFAULT_LEASE_MS",
     "JITTER_FACTOR",
     "AsyncLease",
+    "AsyncLeaseStore",
     "Clock",
     "Lease",
+    "LeaseStore",
     "LeaseState",
     "LeaseTiming",
     "monotonic",
 ]
 
 
-class _Call:
-    """Runs one blocking call on a daemon thread so the keeper can stop waiting at its deadline."""
+def _sent(cp: Checkpoint, before: float, mono: float) -> float:
+    """When (on the lease's clock) the claim ``cp`` that ``claim_next`` just returned was sent.
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self._fn = fn
-        threading.Thread(target=self._run, name="agentstate-lease-renew", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:  # handed to the keeper, which decides
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-def _sent(before: float, mono: float) -> float:
-    """When (on the lease's clock) the claim that ``claim_next`` just returned was sent.
-
-    ``before``/``mono``: the lease clock and ``time.monotonic()`` read before the call. A
-    claim_next that blocked claimed on its last attempt, which it reports (``CLAIM_SENT``); a
-    store that does not report counts from the call's start (earlier: the lease looks shorter).
+    ``before``/``mono``: the lease clock and ``time.monotonic()`` read before the call. A claim_next
+    that blocked claimed on its last attempt, whose send time its reply carries (``claim_sent``); a
+    reply that carries none (a store that does not report it) counts from the call's start (earlier:
+    the lease looks shorter).
     """
-    sent = CLAIM_SENT.get()
+    sent = claim_sent(cp)
     return before if sent is None else before + max(0.0, sent - mono)
 
 
-class Lease(LeaseBase["CheckpointStore"]):
+class Lease(LeaseBase[LeaseStore]):
     """A claimed cycle kept alive by a background thread (see :mod:`redis_agentstate.lease`).
 
     Build it with :meth:`CheckpointStore.lease` (claims on ``__enter__``) or
@@ -133,7 +150,7 @@ class Lease(LeaseBase["CheckpointStore"]):
 
     def __init__(
         self,
-        store: CheckpointStore,
+        store: LeaseStore,
         task_id: str,
         cycle_index: int,
         *,
@@ -150,13 +167,12 @@ class Lease(LeaseBase["CheckpointStore"]):
             renew_deadline_ms=renew_deadline_ms, on_lost=on_lost, release_on_exit=release_on_exit, clock=clock,
         )  # fmt: skip
         self.lost_event = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._keeper = ThreadKeeper(self, self._renewal, f"agentstate-lease-{self.task_id[:40]}")
 
     @classmethod
     def next(
         cls,
-        store: CheckpointStore,
+        store: LeaseStore,
         *,
         token: str | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -175,14 +191,13 @@ class Lease(LeaseBase["CheckpointStore"]):
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
         clock = clock or SYSTEM_CLOCK
         before, mono = clock.now(), time.monotonic()
-        CLAIM_SENT.set(None)
         if block_ms is None:  # a store subclass may override claim_next without block_ms
             cp = store.claim_next(token=token, lease_ms=granted)
         else:
             cp = store.claim_next(token=token, lease_ms=granted, block_ms=block_ms)
-        sent = _sent(before, mono)
         if cp is None:
             return None
+        sent = _sent(cp, before, mono)
         lease = cls(
             store, cp.task_id, cp.claimed_cycle or 0, token=token, lease_ms=lease_ms,
             renew_interval_ms=renew_interval_ms, renew_deadline_ms=renew_deadline_ms, on_lost=on_lost,
@@ -198,11 +213,7 @@ class Lease(LeaseBase["CheckpointStore"]):
                 self._store.claim(self.task_id, self.cycle_index, token=self.token, lease_ms=self.timing.lease_ms),
                 sent,
             )
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._keep, name=f"agentstate-lease-{self.task_id[:40]}", daemon=True
-            )
-            self._thread.start()
+        self._keeper.start()
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
@@ -222,15 +233,14 @@ class Lease(LeaseBase["CheckpointStore"]):
         finally:
             with self._lock:
                 self._state.end("closed")
-            self._stop.set()
-            if self._thread is not None and self._thread is not threading.current_thread():
-                self._thread.join(timeout=5)
+            self._keeper.wake()
+            self._keeper.join(timeout=5)
 
     def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
         first = super()._lose(reason, fenced=fenced, cancel=cancel)
         if first:
             self.lost_event.set()
-        self._stop.set()
+        self._keeper.wake()
         return first
 
     def commit(self, cp: Checkpoint, *, replace_history: bool = False, delay_ms: int | None = None) -> None:
@@ -258,7 +268,7 @@ class Lease(LeaseBase["CheckpointStore"]):
         self._check_write(cp, final=final)
         with self._fenced_write("finalized" if final else "committed") as out:
             out.applied = self._store.commit(cp, **self._write_args(replace_history, delay_ms))
-        self._stop.set()
+        self._keeper.wake()
 
     def commit_and_claim(
         self, cp: Checkpoint, *, replace_history: bool = False, next_token: str | None = None
@@ -279,7 +289,7 @@ class Lease(LeaseBase["CheckpointStore"]):
         sent = self._clock.now()
         with self._fenced_write("committed", continuing=True) as out:
             out.next = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-        self._stop.set()
+        self._keeper.wake()
         return self._continued(out.next, sent)
 
     def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -320,57 +330,23 @@ class Lease(LeaseBase["CheckpointStore"]):
         args = self._begin_release(after_ms, reason)
         if args is None:
             return False
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            # A renewal in flight lands first (it takes at most what was left of the deadline).
-            self._thread.join(timeout=self._require().time_left(self._clock.now()))
+        self._keeper.wake()
+        # A renewal in flight lands first (it takes at most what was left of the deadline).
+        self._keeper.join(timeout=self._require().time_left(self._clock.now()))
         return self._released(self._store._release(self.task_id, **args))
 
-    def _on_cancel_heard(self) -> None:
-        if self._cancel_heard():
-            self._stop.set()  # wakes the keeper, which renews now (see _keep)
-
-    def _keep(self) -> None:
-        state = self._require()
-        unwatch = self._watch_cancels(self._on_cancel_heard)
-        try:
-            while True:
-                # ``_stop`` only wakes the keeper; what it does next is the state's decision, made
-                # after the clear, so a wake-up set from here on is never missed.
-                self._stop.clear()
-                step, delay = self._next_step()
-                if step in (STOP, LOST):
-                    return
-                if step == WAIT:
-                    self._clock.wait(self._stop, delay)
-                    continue
-                sent = self._clock.now()
-                call = _Call(functools.partial(self._store._lease_renew, self.task_id, **self._renew_args()))
-                if not self._clock.wait(call.done, state.time_left(sent)):
-                    self._renew_timed_out()
-                    return
-                if call.error is not None:
-                    if not self._on_renew_error(call.error):
-                        return
-                elif not self._on_renew_reply(sent, call.result):
-                    return
-        except BaseException as exc:
-            # A keeper that dies must not leave a lease that looks alive.
-            self._lose(f"lease keeper thread crashed: {exc!r}")
-            raise
-        finally:
-            if unwatch is not None:
-                unwatch()
+    def _renewal(self) -> tuple[int | None, TaskCancelled | None]:
+        return self._store._lease_renew(self.task_id, **self._renew_args())
 
 
-class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
+class AsyncLease(LeaseBase[AsyncLeaseStore]):
     """The asyncio twin of :class:`Lease`: the keeper is a task, and losing the
     lease cancels the task that entered ``async with`` (it sees ``LeaseLost``),
     again every :data:`RECANCEL_S` until it has left the block (:class:`CancelOnLoss`)."""
 
     def __init__(
         self,
-        store: AsyncCheckpointStore,
+        store: AsyncLeaseStore,
         task_id: str,
         cycle_index: int,
         *,
@@ -381,20 +357,20 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         on_lost: Callable[[AsyncLease], None] | None = None,
         release_on_exit: bool = True,
         cancel_on_loss: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(
             store, task_id, cycle_index, token=token, lease_ms=lease_ms, renew_interval_ms=renew_interval_ms,
-            renew_deadline_ms=renew_deadline_ms, on_lost=on_lost, release_on_exit=release_on_exit,
+            renew_deadline_ms=renew_deadline_ms, on_lost=on_lost, release_on_exit=release_on_exit, clock=clock,
         )  # fmt: skip
         self._cancel_on_loss = cancel_on_loss
-        self._stop: asyncio.Event | None = None
-        self._keeper: asyncio.Task[None] | None = None
+        self._keeper = TaskKeeper(self, self._renewal, f"agentstate-lease-{self.task_id}")
         self._body = CancelOnLoss()
 
     @classmethod
     async def next(
         cls,
-        store: AsyncCheckpointStore,
+        store: AsyncLeaseStore,
         *,
         token: str | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -403,23 +379,24 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         on_lost: Callable[[AsyncLease], None] | None = None,
         release_on_exit: bool = True,
         cancel_on_loss: bool = True,
+        clock: Clock | None = None,
         block_ms: int | None = None,
     ) -> AsyncLease | None:
         """Claim the next runnable cycle of any task; None when nothing is due (see :meth:`Lease.next`)."""
         token, granted = cls._next_args(token, lease_ms, renew_deadline_ms, renew_interval_ms)
-        before, mono = SYSTEM_CLOCK.now(), time.monotonic()
-        CLAIM_SENT.set(None)
+        clock = clock or SYSTEM_CLOCK
+        before, mono = clock.now(), time.monotonic()
         if block_ms is None:
             cp = await store.claim_next(token=token, lease_ms=granted)
         else:
             cp = await store.claim_next(token=token, lease_ms=granted, block_ms=block_ms)
-        sent = _sent(before, mono)
         if cp is None:
             return None
+        sent = _sent(cp, before, mono)
         lease = cls(
             store, cp.task_id, cp.claimed_cycle or 0, token=token, lease_ms=lease_ms,
             renew_interval_ms=renew_interval_ms, renew_deadline_ms=renew_deadline_ms, on_lost=on_lost,
-            release_on_exit=release_on_exit, cancel_on_loss=cancel_on_loss,
+            release_on_exit=release_on_exit, cancel_on_loss=cancel_on_loss, clock=clock,
         )  # fmt: skip
         lease._adopt(cp, sent)
         return lease
@@ -431,11 +408,8 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
                 self.task_id, self.cycle_index, token=self.token, lease_ms=self.timing.lease_ms
             )
             self._adopt(cp, sent)
-        self._stop = asyncio.Event()
         self._body.enter()
-        self._keeper = asyncio.get_running_loop().create_task(
-            self._body.keeping(self._keep), name=f"agentstate-lease-{self.task_id}"
-        )
+        self._keeper.start(self._body.keeping)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -459,20 +433,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         finally:
             with self._lock:
                 self._state.end("closed")
-            await self._stop_keeper()
-
-    async def _stop_keeper(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-        keeper = self._keeper
-        if keeper is not None and keeper is not asyncio.current_task() and not keeper.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(keeper), timeout=5)
-            except asyncio.TimeoutError:
-                keeper.cancel()
-            except asyncio.CancelledError:
-                keeper.cancel()
-                raise
+            await self._keeper.stop()
 
     def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
         first = super()._lose(reason, fenced=fenced, cancel=cancel)
@@ -492,8 +453,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         self._check_write(cp, final=final)
         with self._fenced_write("finalized" if final else "committed") as out:
             out.applied = await self._store.commit(cp, **self._write_args(replace_history, delay_ms))
-        if self._stop is not None:
-            self._stop.set()
+        self._keeper.wake()
 
     async def commit_and_claim(
         self, cp: Checkpoint, *, replace_history: bool = False, next_token: str | None = None
@@ -506,8 +466,7 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
         sent = self._clock.now()
         with self._fenced_write("committed", continuing=True) as out:
             out.next = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
-        if self._stop is not None:
-            self._stop.set()
+        self._keeper.wake()
         return self._continued(out.next, sent)
 
     async def step(self, name: str, fn: Callable[..., Awaitable[T] | T], /, *args: Any, **kwargs: Any) -> T:
@@ -527,142 +486,16 @@ class AsyncLease(LeaseBase["AsyncCheckpointStore"]):
 
     def _successor(self, nxt: Checkpoint) -> AsyncLease:
         return AsyncLease(self._store, self.task_id, nxt.claimed_cycle or 0, token=nxt.claim_token,
-                          cancel_on_loss=self._cancel_on_loss, **self._successor_options())  # fmt: skip
+                          cancel_on_loss=self._cancel_on_loss, clock=self._clock,
+                          **self._successor_options())  # fmt: skip
 
     async def release(self, *, after_ms: int = 1, reason: str | None = None) -> bool:
         """Give the cycle up: claimable again after ``after_ms`` (``reason``: see :meth:`Lease.release`)."""
         args = self._begin_release(after_ms, reason)
         if args is None:
             return False
-        await self._stop_keeper()  # a renewal in flight lands first
+        await self._keeper.stop()  # a renewal in flight lands first
         return self._released(await self._store._release(self.task_id, **args))
 
-    def _on_cancel_heard(self) -> None:
-        if self._cancel_heard() and self._stop is not None:
-            self._stop.set()  # wakes the keeper, which renews now (see _keep)
-
-    async def _keep(self) -> None:
-        state = self._require()
-        stop = self._stop
-        assert stop is not None
-        unwatch = self._watch_cancels(self._on_cancel_heard)
-        try:
-            while True:
-                stop.clear()  # as the sync keeper: a wake-up, then the state decides
-                step, delay = self._next_step()
-                if step in (STOP, LOST):
-                    return
-                if step == WAIT:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=delay)
-                    continue
-                sent = self._clock.now()
-                try:
-                    reply = await asyncio.wait_for(
-                        self._store._lease_renew(self.task_id, **self._renew_args()), timeout=state.time_left(sent)
-                    )
-                except asyncio.TimeoutError:
-                    self._renew_timed_out()
-                    return
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    if not self._on_renew_error(exc):
-                        return
-                    continue
-                if not self._on_renew_reply(sent, reply):
-                    return
-        except asyncio.CancelledError:
-            if state.ended is None and state.lost_reason is None:
-                self._lose("lease keeper task was cancelled")
-            raise
-        except Exception as exc:
-            # Logged (with the traceback) and turned into a lost lease, which cancels the work.
-            log.error("%s", self._describe("lease keeper task crashed"), exc_info=exc)
-            self._lose(f"lease keeper task crashed: {exc!r}")
-        finally:
-            if unwatch is not None:
-                unwatch()
-
-
-#: How long the async keeper waits for the body to leave the block after cancelling it before it
-#: cancels again: a cancel can be swallowed on the way (Python < 3.12's ``asyncio.wait_for``, which
-#: redis-py awaits on every command sent with a ``socket_timeout``, 5 s by default in redis-py 8,
-#: returns the result of an inner call that completed in the same loop iteration as the cancel and
-#: drops the cancel).
-RECANCEL_S = 0.2
-
-
-class CancelOnLoss:
-    """The task inside an async lease's ``async with``, which losing the lease cancels.
-
-    Shared by :class:`AsyncLease` and the LangGraph saver's ``AsyncThreadLease``: ``enter`` in
-    ``__aenter__``; ``cancel`` when the lease is lost; the keeper task runs ``keeping(renewals)``,
-    which once the renewals have ended cancels the body again every :data:`RECANCEL_S` until it
-    has left the block (a swallowed cancel must not let it run on); ``exit`` in ``__aexit__``.
-    """
-
-    def __init__(self) -> None:
-        self._work: asyncio.Task[Any] | None = None
-        self._left: asyncio.Event | None = None
-        self._message = ""
-        #: Cancels sent to the body, delivered or swallowed: ``exit`` takes each back.
-        self._sent = 0
-        self.cancelled = False
-
-    def enter(self) -> None:
-        self._work = asyncio.current_task()
-        self._left = asyncio.Event()
-
-    def cancel(self, message: str) -> None:
-        """Cancel the body, unless it has left the block (or there is none)."""
-        work = self._work
-        if work is not None and not work.done():
-            self.cancelled = True
-            self._message = message
-            self._sent += 1
-            work.cancel(message)
-
-    async def keeping(self, renewals: Callable[[], Awaitable[None]]) -> None:
-        """The keeper task: ``renewals()`` (until the lease is lost or over), then the re-cancels."""
-        await renewals()
-        left = self._left
-        while self.cancelled and left is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(left.wait(), timeout=RECANCEL_S)
-            work = self._work
-            if work is None or work.done():
-                return
-            self._sent += 1
-            work.cancel(f"{self._message} (cancelled again: the body has not left the block)")
-
-    async def exit(
-        self, close: Callable[[], Awaitable[Any]], exc: BaseException | None, lost: Callable[[], LeaseLost]
-    ) -> None:
-        """Leave the ``async with``: from here on a loss cancels nothing; ``close()``, then turn our own
-        cancellation into ``lost()`` and let anyone else's through. Every cancel we sent is taken back
-        (``uncancel``), so the task's ``cancelling()`` count is what it was (``asyncio.timeout`` reads it)."""
-        self._work = None
-        if self._left is not None:
-            self._left.set()
-        delivered = isinstance(exc, asyncio.CancelledError)
-        try:
-            await close()
-            if self.cancelled and not delivered:
-                # Our cancel may still be pending if the body finished without awaiting: take it here.
-                await asyncio.sleep(0)
-        except asyncio.CancelledError as cancel:
-            if not self.cancelled or delivered:
-                raise
-            delivered = True
-            exc = exc or cancel
-        if not self.cancelled:
-            return
-        task = asyncio.current_task()
-        if task is not None and hasattr(task, "uncancel"):
-            for _ in range(self._sent):
-                task.uncancel()
-        if exc is None or isinstance(exc, asyncio.CancelledError):
-            error = lost()
-            # A cancelled task's LeaseLost keeps the TaskCancelled as its cause (``LeaseLost.cancelled``).
-            raise error from (error.__cause__ or exc)
+    async def _renewal(self) -> tuple[int | None, TaskCancelled | None]:
+        return await self._store._lease_renew(self.task_id, **self._renew_args())

@@ -303,3 +303,58 @@ def test_every_kind_of_key_built_is_one_the_package_knows() -> None:
     built = set(re.findall(r'\+ "([a-z-]+):"', (PACKAGE / "keys.py").read_text()))
     assert len(built) > 30
     assert built - set(KEY_TYPES) == set()
+
+
+# ---- one lease keeper ------------------------------------------------------------------------------
+
+#: What a lease renewal loop calls on each turn: the keeper state machine's next step, or the
+#: recording of a renewal's outcome (``LeaseState``'s methods and the leases' wrappers of them).
+_RENEWAL_STEPS = frozenset(
+    {"next_step", "_next_step", "renewed", "renew_failed", "_on_renew_reply", "_on_renew_error", "_renew_outcome"}
+)
+
+
+def renewal_loops(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> its functions that run a lease renewal loop: a loop whose body takes a step of the
+    keeper's state machine, or any function named ``_keep`` (what a hand-written keeper is called)."""
+    found: dict[str, set[str]] = {}
+    for name, (path, _) in modules(root).items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            loops = [n for n in ast.walk(fn) if isinstance(n, (ast.While, ast.For, ast.AsyncFor))]
+            steps = {
+                c.func.attr
+                for loop in loops
+                for c in ast.walk(loop)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+            }
+            if fn.name == "_keep" or steps & _RENEWAL_STEPS:
+                found.setdefault(name, set()).add(fn.name)
+    return found
+
+
+def test_one_module_keeps_leases() -> None:
+    """The store's leases and LangGraph's thread leases are renewed by the one keeper (a thread and a task
+    twin), so they share its deadline-bounded renewal, its lost-lease handling and its clock: a second
+    renewal loop anywhere else is a second keeper, which would drift from the first."""
+    from redis_agentstate.wire import keeper as _lease_keeper
+
+    assert renewal_loops() == {_lease_keeper.__name__: {"_run"}}
+    assert {"ThreadKeeper", "TaskKeeper"} <= set(dir(_lease_keeper))
+
+
+@pytest.mark.parametrize(
+    ("source", "keeper"),
+    [
+        # A thread lease's own keeper, renewing inline: what the rule exists to refuse.
+        ("class L:\n    def _keep(self):\n        while True:\n            step, d = self._next_step()\n", True),
+        ("async def run(s):\n    while s:\n        if not lease._on_renew_reply(1, r):\n            return\n", True),
+        ("def renew_all(ls):\n    for x in ls:\n        x.state.renewed(1, 2, 3)\n", True),
+        ("def _keep(self):\n    pass\n", True),  # by its name alone
+        ("def f(ls):\n    for x in ls:\n        x.renew()\n    return ls.next_step(1)\n", False),  # not in a loop
+    ],
+)
+def test_the_renewal_loop_finder(tmp_path: Path, source: str, keeper: bool) -> None:
+    found = renewal_loops(_package(tmp_path, {"a.py": source}))
+    assert ("pkg.a" in found) is keeper

@@ -94,6 +94,16 @@ def test_the_lease_logic_lives_once_without_io() -> None:
     source = inspect.getsource(twins)
     for rule in (".next_step(", ".renewed(", ".renew_failed(", "LeaseTiming("):
         assert rule not in source, rule
+    # Nor in the one keeper, which both these and LangGraph's thread leases run, nor in the thread leases.
+    import redis_agentstate._lease_keeper as keeper
+
+    import redis_agentstate.langgraph.saver as saver
+
+    assert issubclass(core.LeaseBase, core.KeptLease) and issubclass(saver.ThreadLease, core.KeptLease)
+    for module in (keeper, saver):
+        source = inspect.getsource(module)
+        for rule in (".next_step(", ".renewed(", ".renew_failed("):
+            assert rule not in source, (module.__name__, rule)
 
 
 class TestLeaseState:
@@ -384,7 +394,7 @@ def test_a_crashing_keeper_thread_is_a_lost_lease(sync_store: CheckpointStore, m
     monkeypatch.setattr(threading, "excepthook", crashes.append)
     with sync_store.lease("t", 1, lease_ms=200) as lease:
         monkeypatch.setattr(lease._state, "next_step", lambda now: 1 / 0)
-        lease._stop.set()  # wake the keeper now
+        lease._keeper.wake()  # wake the keeper now
         assert lease.lost_event.wait(1.0)
         assert "crashed" in (lease.lost_reason or "")
         with pytest.raises(LeaseLost, match="crashed"):

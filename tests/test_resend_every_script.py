@@ -70,7 +70,7 @@ _HEX = re.compile(rb"(?<![0-9a-zA-Z])[0-9a-f]{16,}(?![0-9a-zA-Z])")
 _MS = re.compile(rb"(?<![0-9])-?[0-9]{13,15}(?![0-9])")
 _ISO = re.compile(rb"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]+(?:\+00:00|Z)?")
 _TAG = re.compile(rb"\{NS(\.runs)?#([0-9]+)(?:/[0-9]+)?[^}]*\}")
-# A lease token as the library draws one (_lease_core.new_token: pid, random hex).
+# A lease token as the library draws one (core.lease.new_token: pid, random hex).
 _TOKEN = re.compile(rb"(?<![0-9A-Za-z])[0-9]+-[0-9a-f]{12}(?![0-9A-Za-z])")
 # A stream entry's sequence within its millisecond depends on timing.
 _STREAM_SEQ = re.compile(rb"<ms>-[0-9]+")

@@ -84,7 +84,7 @@ def test_a_step_survives_a_lapsed_lease_taken_over_by_another_worker(sync_store:
     dead = Lease(sync_store, "t", 1, token="dead", lease_ms=300, release_on_exit=False)
     with dead:
         assert dead.step("llm", llm, "a") == {"answer": "A", "pair": [1, 2]}
-        dead._stop.set()  # the worker dies: no renewal, no release
+        dead._keeper.wake()  # the worker dies: no renewal, no release
     time.sleep(0.45)
     with sync_store.lease("t", 1, token="next", lease_ms=5_000) as lease:
         assert lease.step("llm", llm, "a") == {"answer": "A", "pair": [1, 2]}

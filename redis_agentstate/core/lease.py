@@ -2,11 +2,13 @@
 
 :class:`LeaseTiming` validates the knobs, :class:`LeaseState` makes every
 decision (renew, wait, lost, stop) from times it is given, :class:`Clock` is
-where a keeper reads the time and waits, and :class:`LeaseBase` holds what the
+where a keeper reads the time and waits, :class:`KeptLease` is what the one
+keeper (``wire/keeper.py``, a thread and a task twin) asks of any lease it
+keeps, a store's or a LangGraph thread's, and :class:`LeaseBase` holds what the
 thread (:class:`~redis_agentstate.lease.Lease`) and task
-(:class:`~redis_agentstate.lease.AsyncLease`) shells share, so the twins in
-``lease.py`` only carry out its steps with blocking or awaited calls. The rules
-are described in ``lease.py``'s module docstring.
+(:class:`~redis_agentstate.lease.AsyncLease`) shells of a store's lease share,
+so the twins in ``lease.py`` only carry out its steps with blocking or awaited
+calls. The rules are described in ``lease.py``'s module docstring.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -28,7 +29,6 @@ from .steps import check_step_name, step_key
 from .validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_LEASE_MS, check_int
 
 __all__ = [
-    "CLAIM_SENT",
     "DEFAULT_LEASE_MS",
     "JITTER_FACTOR",
     "LOST",
@@ -37,23 +37,42 @@ __all__ = [
     "SYSTEM_CLOCK",
     "WAIT",
     "Clock",
+    "KeptLease",
+    "Renewed",
+    "claim_sent",
     "failure_reason",
     "LeaseBase",
     "LeaseState",
     "LeaseTiming",
     "monotonic",
     "new_token",
+    "stamp_claim_sent",
 ]
 
 log = logging.getLogger("redis_agentstate.lease")  # the name users configure, wherever the code lives
 
 DEFAULT_LEASE_MS = 30_000
 
-#: ``time.monotonic()`` when the request of the caller's last ``claim_next`` that claimed was
-#: sent (after a block, that is its last attempt, not its start): ``Lease.next`` counts the lease
-#: from it. A context variable so that a subclass overriding ``claim_next`` (recording it, say)
-#: still reaches the lease through ``super()``.
-CLAIM_SENT: ContextVar[float | None] = ContextVar("agentstate_claim_sent", default=None)
+#: Where a claim returned by ``claim_next`` carries when its request was sent: an instance
+#: attribute, not a dataclass field, so it is in no ``repr``, comparison or serialized form.
+_CLAIM_SENT_ATTR = "_agentstate_claim_sent"
+
+
+def stamp_claim_sent(cp: Checkpoint | None, sent: float) -> Checkpoint | None:
+    """``cp`` (a claim just returned), marked with ``sent``: the ``time.monotonic()`` at which the request
+    that claimed it was sent (after a block, its last attempt, not its start). ``Lease.next`` counts the
+    lease from it; the mark travels with the reply, so a store subclass overriding ``claim_next``
+    (recording it, say) still hands it to the lease through ``super()``."""
+    if cp is not None:
+        cp.__dict__[_CLAIM_SENT_ATTR] = sent
+    return cp
+
+
+def claim_sent(cp: Checkpoint) -> float | None:
+    """The send time :func:`stamp_claim_sent` put on ``cp``; None for a claim that carries none."""
+    sent = cp.__dict__.get(_CLAIM_SENT_ATTR)
+    return sent if isinstance(sent, float) else None
+
 
 #: As in Kubernetes leader election: the renew deadline must exceed the renew interval by this factor.
 JITTER_FACTOR = 1.2
@@ -81,6 +100,15 @@ class Clock:
     def wait(self, event: threading.Event, timeout: float) -> bool:
         """Wait until ``event`` is set or ``timeout`` seconds passed on this clock; True if set."""
         return event.wait(timeout)
+
+    async def wait_async(self, wait: Callable[[float], Awaitable[bool]], timeout: float) -> bool:
+        """The task keeper's wait: ``timeout`` seconds on this clock, through ``wait(seconds)``, which awaits
+        what the keeper waits for (an event, a renewal) that many real seconds and says whether it came.
+
+        A clock whose time runs otherwise (a test's) calls ``wait`` in short slices until its own
+        time has passed ``timeout``, as its ``wait`` does with the event.
+        """
+        return await wait(timeout)
 
 
 SYSTEM_CLOCK = Clock()
@@ -263,6 +291,133 @@ class LeaseState:
             self.ended = how
 
 
+#: What a renewal answered: the new expiry (server ms; None: refused) and, for a store's lease, the
+#: cancel that refused it (None otherwise).
+Renewed = tuple[int | None, TaskCancelled | None]
+
+
+class KeptLease:
+    """What the one lease keeper (``wire.keeper``: a thread and a task twin) asks of the lease it keeps,
+    the same for a store's lease and a LangGraph thread lease: each decision, taken on this lease's
+    clock and state, without I/O. The keeper only sends the renewals and waits.
+
+    A subclass says who it is (``_describe``), where it logs (``_log``), what a loss does besides
+    being recorded and logged (``_announce_lost``), and may watch for cancels (``_watch_cancels``).
+    """
+
+    _log: logging.Logger = log
+
+    def __init__(self, timing: LeaseTiming, clock: Clock | None) -> None:
+        self.timing = timing
+        self._clock = clock or SYSTEM_CLOCK
+        self._state: LeaseState | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def clock(self) -> Clock:
+        """Where this lease's keeper reads the time and waits."""
+        return self._clock
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is lost (also when the deadline passed and the keeper has not woken yet)."""
+        return self._state is not None and self._state.is_lost(self._clock.now())
+
+    @property
+    def lost_reason(self) -> str | None:
+        return None if self._state is None else self._state.loss_reason(self._clock.now())
+
+    def remaining_s(self) -> float:
+        """Seconds left before the keeper's deadline, on the lease's clock (0 before the claim)."""
+        return 0.0 if self._state is None else self._state.time_left(self._clock.now())
+
+    def _describe(self, what: str) -> str:
+        raise NotImplementedError
+
+    def _require(self) -> LeaseState:
+        if self._state is None:
+            raise RuntimeError("the lease is not claimed yet: enter it with `with` / `async with`")
+        return self._state
+
+    def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
+        """Mark lost, log, announce; True only for the call that did it."""
+        with self._lock:
+            first = self._require().lose(reason, fenced=fenced, cancel=cancel)
+        if first:
+            # A cancel is someone's decision, no fault of the worker's: a warning, not an error.
+            level = logging.ERROR if cancel is None else logging.WARNING
+            self._log.log(level, "%s", self._describe(f"lease lost: {reason}"))
+            self._announce_lost(fenced)
+        return first
+
+    def _announce_lost(self, fenced: bool) -> None:
+        """What a loss does besides being recorded and logged (once, on the call that lost it)."""
+
+    # ---- the keeper's loop, step by step ----------------------------------------
+
+    def _next_step(self) -> tuple[str, float]:
+        """What the keeper does now; a passed deadline is declared lost here, so LOST and STOP both mean return."""
+        state = self._require()
+        with self._lock:
+            step, delay = state.next_step(self._clock.now())
+        if step == LOST:
+            self._lose(state.loss_reason(self._clock.now()) or "lease deadline passed")
+        return step, delay
+
+    def _on_renew_reply(self, sent_at: float, reply: Renewed) -> bool:
+        """Apply a renewal reply; False when the keeper must stop (lost)."""
+        expires_at_ms, cancel = reply
+        state = self._require()
+        if cancel is not None:
+            self._lose(f"the task was cancelled ({cancel.reason})", cancel=cancel)
+            return False
+        with self._lock:
+            reason = state.renewed(sent_at, self._clock.now(), expires_at_ms)
+        if reason is not None:
+            self._lose(reason)
+            return False
+        return True
+
+    def _on_renew_error(self, exc: BaseException) -> bool:
+        """Apply a renewal that raised; False when the keeper must stop (lost), True to retry later."""
+        state = self._require()
+        with self._lock:
+            reason = state.renew_failed(self._clock.now(), exc)
+        if reason is not None:
+            self._lose(reason)
+            return False
+        self._log.warning("%s", self._describe(f"renewal could not reach Redis, retrying: {exc}"))
+        return True
+
+    def _renew_timed_out(self) -> None:
+        self._lose("no renewal confirmed before the lease deadline (Redis did not answer in time)")
+
+    def _keeper_crashed(self, keeper: str, exc: BaseException) -> None:
+        """The keeper (``thread`` or ``task``) died of ``exc``: a keeper that dies must not leave a lease
+        that looks alive."""
+        self._lose(f"lease keeper {keeper} crashed: {exc!r}")
+
+    def _keeper_cancelled(self) -> None:
+        """The keeper's task was cancelled by someone else than the lease's own end."""
+        state = self._require()
+        if state.ended is None and state.lost_reason is None:
+            self._lose("lease keeper task was cancelled")
+
+    def _cancel_heard(self) -> bool:
+        """A cancel of this lease's task was announced: True if the keeper must wake and renew now (the
+        renewal's refusal says whether the task was really cancelled, see renew.lua)."""
+        state = self._state
+        if state is None:
+            return False
+        with self._lock:
+            return state.renew_now()
+
+    def _watch_cancels(self, heard: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``heard`` on a cancel announcement of this lease's task while the keeper runs; the unwatch
+        (None: nothing is watched)."""
+        return None
+
+
 @dataclass
 class Written:
     """What a fenced write's I/O reported: whether it applied, and the next cycle's claim if any."""
@@ -275,8 +430,8 @@ S = TypeVar("S")
 L = TypeVar("L", bound="LeaseBase[Any]")
 
 
-class LeaseBase(Generic[S]):
-    """State and rules shared by the thread and the task shells (no I/O here)."""
+class LeaseBase(KeptLease, Generic[S]):
+    """State and rules shared by the thread and the task shells of a store's lease (no I/O here)."""
 
     def __init__(
         self,
@@ -292,18 +447,15 @@ class LeaseBase(Generic[S]):
         release_on_exit: bool,
         clock: Clock | None = None,
     ) -> None:
-        self.timing = LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms)
-        self._clock = clock or SYSTEM_CLOCK
+        super().__init__(LeaseTiming(lease_ms, renew_deadline_ms, renew_interval_ms), clock)
         self.task_id = task_id
         self.cycle_index = check_int(cycle_index, "cycle_index", 1, MAX_CYCLE)
         self.token = token if token is not None else new_token()
         self._store = store
         self._on_lost = on_lost
         self._release_on_exit = release_on_exit
-        self._state: LeaseState | None = None
         self._checkpoint: Checkpoint | None = None
         self._sent_at = 0.0
-        self._lock = threading.Lock()
         self._parked = False
         #: The failure that ended the ``with`` block, released with the claim (``close``).
         self._exit_reason: str | None = None
@@ -332,15 +484,6 @@ class LeaseBase(Generic[S]):
         return 0 if self._state is None else self._state.renewals
 
     @property
-    def lost(self) -> bool:
-        """True once the lease is lost (also when the deadline passed and the keeper has not woken yet)."""
-        return self._state is not None and self._state.is_lost(self._clock.now())
-
-    @property
-    def lost_reason(self) -> str | None:
-        return None if self._state is None else self._state.loss_reason(self._clock.now())
-
-    @property
     def parked(self) -> bool:
         """True once :meth:`release` with a reason parked the task (it was attempt ``max_attempts``)."""
         return self._parked
@@ -353,10 +496,6 @@ class LeaseBase(Generic[S]):
     def age_s(self) -> float:
         """Seconds since the claim of this cycle was sent, on the local monotonic clock (0 before it)."""
         return 0.0 if self._state is None else max(0.0, self._clock.now() - self._sent_at)
-
-    def remaining_s(self) -> float:
-        """Seconds left before the keeper's deadline, on the local monotonic clock."""
-        return 0.0 if self._state is None else self._state.time_left(self._clock.now())
 
     @property
     def cancelled(self) -> TaskCancelled | None:
@@ -420,11 +559,6 @@ class LeaseBase(Generic[S]):
         rev = self._checkpoint.revision if self._checkpoint is not None else "?"
         return f"{what} [task={self.task_id} cycle={self.cycle_index} revision={rev} token={self.token}]"
 
-    def _require(self) -> LeaseState:
-        if self._state is None:
-            raise RuntimeError("the lease is not claimed yet: enter it with `with` / `async with`")
-        return self._state
-
     def _adopt(self, cp: Checkpoint | None, sent_at: float) -> None:
         if cp is None:
             raise ClaimRejected(f"no checkpoint for task {self.task_id!r}", task_id=self.task_id)
@@ -440,23 +574,16 @@ class LeaseBase(Generic[S]):
         exc.__cause__ = self.cancelled
         return exc
 
-    def _lose(self, reason: str, *, fenced: bool = False, cancel: TaskCancelled | None = None) -> bool:
-        """Mark lost, log, run ``on_lost``; True only for the call that did it."""
-        with self._lock:
-            first = self._require().lose(reason, fenced=fenced, cancel=cancel)
-        if not first:
-            return False
+    def _announce_lost(self, fenced: bool) -> None:
+        """Count the loss, then run ``on_lost``."""
         observer = shells.TELEMETRY
         if observer is not None:
             observer.lease_lost(getattr(self._store, "namespace", ""), fenced=fenced)
-        # A cancel is someone's decision, no fault of the worker's: a warning, not an error.
-        log.log(logging.ERROR if cancel is None else logging.WARNING, "%s", self._describe(f"lease lost: {reason}"))
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
                 log.exception("%s", self._describe("on_lost callback failed"))
-        return True
 
     def _check_write(self, cp: Checkpoint, *, final: bool) -> None:
         self.check()
@@ -566,32 +693,9 @@ class LeaseBase(Generic[S]):
         self._lose("Redis rejected the write: the claim's revision is no longer current (fenced out)", fenced=True)
         raise self._lost_error(f"write rejected by the fence, nothing was {how}")
 
-    def _on_renew_reply(self, sent_at: float, reply: tuple[int | None, TaskCancelled | None]) -> bool:
-        """Apply a renewal reply (``store._lease_renew``'s); False when the keeper must stop (lost)."""
-        expires_at_ms, cancel = reply
-        state = self._require()
-        if cancel is not None:
-            self._lose(f"the task was cancelled ({cancel.reason})", cancel=cancel)
-            return False
-        with self._lock:
-            reason = state.renewed(sent_at, self._clock.now(), expires_at_ms)
-        if reason is not None:
-            self._lose(reason)
-            return False
-        return True
-
-    def _cancel_heard(self) -> bool:
-        """A cancel of this task was announced: True if the keeper must wake and renew now (the
-        renewal's refusal says whether the task was really cancelled, see renew.lua)."""
-        state = self._state
-        if state is None:
-            return False
-        with self._lock:
-            return state.renew_now()
-
     def _watch_cancels(self, heard: Callable[[], None]) -> Callable[[], None] | None:
-        """Call ``heard`` (the shell's: ``_cancel_heard``, then wake the keeper) on a cancel announcement
-        of this task, while the keeper runs; returns the unwatch."""
+        """Call ``heard`` (the keeper's: ``_cancel_heard``, then wake) on a cancel announcement of this task,
+        through the store's cancel subscription, while the keeper runs; returns the unwatch."""
         watch = getattr(self._store, "_watch_cancel", None)
         if watch is None:
             return None
@@ -600,16 +704,6 @@ class LeaseBase(Generic[S]):
         except Exception:  # the hint is optional: the renewals find the cancel anyway
             log.debug("%s", self._describe("cancel announcements unavailable"), exc_info=True)
             return None
-
-    def _on_renew_error(self, exc: BaseException) -> bool:
-        state = self._require()
-        with self._lock:
-            reason = state.renew_failed(self._clock.now(), exc)
-        if reason is not None:
-            self._lose(reason)
-            return False
-        log.warning("%s", self._describe(f"renewal could not reach Redis, retrying: {exc}"))
-        return True
 
     def _release_args(self, after_ms: int, reason: str | None) -> dict[str, Any]:
         after_ms = check_int(after_ms, "after_ms", 1, MAX_LEASE_MS)
@@ -628,23 +722,11 @@ class LeaseBase(Generic[S]):
             state.end("released")  # the keeper sends no further renewal
         return args
 
-    # ---- the keeper's loop, step by step ----------------------------------------
-
-    def _next_step(self) -> tuple[str, float]:
-        """What the keeper does now; a passed deadline is declared lost here, so LOST and STOP both mean return."""
-        state = self._require()
-        with self._lock:
-            step, delay = state.next_step(self._clock.now())
-        if step == LOST:
-            self._lose(state.loss_reason(self._clock.now()) or "lease deadline passed")
-        return step, delay
+    # ---- what the keeper sends ------------------------------------------------------
 
     def _renew_args(self) -> dict[str, Any]:
         """One renewal: this claim's token, fenced by its revision, for a full lease."""
         return {"token": self.token, "expected_revision": self.revision, "lease_ms": self.timing.lease_ms}
-
-    def _renew_timed_out(self) -> None:
-        self._lose("no renewal confirmed before the lease deadline (Redis did not answer in time)")
 
     @staticmethod
     def _next_args(

@@ -7,6 +7,10 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..core.lease import monotonic
 from ..core.validate import MAX_LEASE_MS, check_int
 from ..wire import Call, Command, Op
 from ..wire.scripts import Reply
@@ -14,14 +18,31 @@ from ._base import SaverBase, _ident
 from .errors import ThreadBusy
 from .scripts import LG_LEASE, LG_RELEASE, LG_RENEW
 
-__all__ = ["ThreadLeases"]
+__all__ = ["Acquired", "ThreadLeases"]
+
+
+class Acquired(NamedTuple):
+    """What a thread lease's claim answered: the lease's expiry (server ms), and when (on the caller's
+    clock) the attempt that claimed it was sent, from which the holder counts its renew deadline."""
+
+    expires_at_ms: int
+    sent_at: float
 
 
 class ThreadLeases(SaverBase):
     """Claiming, renewing and releasing a thread for one writer."""
 
-    def acquire(self, thread_id: str, token: str, lease_ms: int, wait_ms: int, slice_ms: int | None) -> Op[int]:
-        """Claim ``thread_id`` for ``token``; returns the lease's expiry (server ms).
+    def acquire(
+        self,
+        thread_id: str,
+        token: str,
+        lease_ms: int,
+        wait_ms: int,
+        slice_ms: int | None,
+        now: Callable[[], float] = monotonic,
+    ) -> Op[Acquired]:
+        """Claim ``thread_id`` for ``token``; returns the lease's expiry and the send time of the attempt that
+        claimed it, read from ``now`` (the lease's clock) just before it: after a wait, the last attempt's.
 
         While it is held by another, waits on the thread's release list (``BLPOP``): woken by
         the holder's release, or at the holder's expiry, whichever is first; ``wait_ms`` is
@@ -34,20 +55,21 @@ class ThreadLeases(SaverBase):
         keys = self.thread_keys(tid)
         deadline: int | None = None
         while True:
+            sent = now()
             reply = yield Call(LG_LEASE, keys, [token, lease_ms])
-            code, expires, now = int(reply[0]), int(reply[1]), int(reply[2])
+            code, expires, server_ms = int(reply[0]), int(reply[1]), int(reply[2])
             if code == Reply.DONE:
                 self.tokens[tid] = token
-                return expires
+                return Acquired(expires, sent)
             if deadline is None:
-                deadline = now + wait_ms
-            if now >= deadline:
+                deadline = server_ms + wait_ms
+            if server_ms >= deadline:
                 raise ThreadBusy(
                     f"thread {thread_id!r} is leased by another writer (until server time {expires} ms)"
                     + (f"; waited {wait_ms} ms" if wait_ms else ""),
                     task_id=tid,
                 )
-            block = max(1, min(deadline, expires) - now)
+            block = max(1, min(deadline, expires) - server_ms)
             if slice_ms is not None:
                 block = min(block, slice_ms)
             yield Command(["BLPOP", self.thread_key_set(tid).released, f"{block / 1000:.3f}"])

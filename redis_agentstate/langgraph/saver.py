@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import threading
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -23,12 +22,13 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol, maybe_add_typed_methods
 
 from ..clients import RedisClient
-from ..core.lease import LOST, STOP, WAIT, LeaseState, LeaseTiming, monotonic, new_token
+from ..core.lease import Clock, KeptLease, LeaseState, LeaseTiming, Renewed, new_token
 from ..errors import LeaseLost
-from ..lease import CancelOnLoss
 from ..spec import StoreSpec
 from ..wire import AsyncShell, Op, RetryPolicy, StoreShell, SyncShell, block_slice_ms
+from ..wire.keeper import CancelOnLoss, TaskKeeper, ThreadKeeper
 from ._core import LG_SCRIPTS, SaverCore, _ident
+from ._leases import Acquired
 
 __all__ = ["AgentStateSaver", "AsyncAgentStateSaver", "AsyncThreadLease", "ThreadLease"]
 
@@ -231,108 +231,98 @@ class AgentStateSaver(_Savers, SyncShell[SaverCore]):
 
     # ---- one writer per thread -------------------------------------------
 
-    def lease(self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0) -> ThreadLease:
+    def lease(
+        self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0, clock: Clock | None = None
+    ) -> ThreadLease:
         """Claim ``thread_id`` for this saver (``with saver.lease(tid): graph.invoke(...)``).
 
         While held, this saver's writes to the thread are fenced in Redis (``LeaseLost``
         once another holder took over) and every other writer's are refused
         (``ThreadBusy``). A held thread makes this raise ``ThreadBusy`` after ``wait_ms``
-        (0: at once); a waiter is woken by the release, not by polling.
+        (0: at once); a waiter is woken by the release, not by polling. The lease is kept by
+        the store leases' keeper (:mod:`redis_agentstate.lease`'s rules; ``clock``: its
+        :class:`~redis_agentstate.lease.Clock`, for tests).
         """
-        return ThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+        return ThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms, clock=clock)
 
 
 S = TypeVar("S", bound=_Savers)
 
 
-class _ThreadLeaseBase(Generic[S]):
-    """What both thread leases share, with no I/O: the checks, the acquire/renew/release
-    steps, the keeper's decisions and the lease state; the shells only block or await them."""
+class _ThreadLeaseBase(KeptLease, Generic[S]):
+    """What both thread leases share, with no I/O: the checks, the acquire/renew/release steps and
+    the lease state. The keeper (``wire.keeper``, the store leases' own) asks it, through
+    :class:`KeptLease`, for every decision; the shells only block or await."""
 
-    def __init__(self, saver: S, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
+    _log = log
+
+    def __init__(self, saver: S, thread_id: object, *, lease_ms: int, wait_ms: int, clock: Clock | None) -> None:
         # The id as every write stores it (an int or UUID thread id is its str): the token the
         # lease leaves on the core must be the one the saver's writes look up, and release
         # must find the same keys.
         self.thread_id = _ident(thread_id, "thread_id")
-        self.timing = LeaseTiming(lease_ms)
+        super().__init__(LeaseTiming(lease_ms), clock)
         self.wait_ms = wait_ms
         self.token = new_token()
         self._saver = saver
-        self._state: LeaseState | None = None
         #: Ended by ``revoke``: the token stays on the saver until the release that ends the block.
         self._revoked = False
-
-    @property
-    def lost(self) -> bool:
-        return self._state is not None and self._state.is_lost(monotonic())
 
     def check(self) -> None:
         """Raise ``LeaseLost`` if the keeper could not keep the lease."""
         state = self._state
-        if state is not None and (reason := state.loss_reason(monotonic())) is not None:
+        if state is not None and (reason := state.loss_reason(self._clock.now())) is not None:
             raise LeaseLost(f"lease on thread {self.thread_id!r} lost: {reason}", task_id=self.thread_id)
 
-    def _acquire_op(self) -> Op[int]:
+    @property
+    def renewals(self) -> int:
+        """Renewals confirmed so far."""
+        return 0 if self._state is None else self._state.renewals
+
+    def _describe(self, what: str) -> str:
+        return f"{what} [thread={self.thread_id!r} token={self.token}]"
+
+    def _acquire_op(self) -> Op[Acquired]:
         return self._saver._core.acquire(
-            self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms()
+            self.thread_id, self.token, self.timing.lease_ms, self.wait_ms, self._saver._slice_ms(), self._clock.now
         )
 
-    def _acquired(self, sent: float, expires: int | None) -> None:
-        self._state = LeaseState(self.timing, sent_at=sent, expires_at_ms=expires)
+    def _acquired(self, got: Acquired) -> None:
+        """Hold the lease the claim answered, counted from when its attempt was sent."""
+        self._state = LeaseState(self.timing, sent_at=got.sent_at, expires_at_ms=got.expires_at_ms)
 
     def _begin_release(self) -> LeaseState | None:
         """End the lease as released; its state, or None if it had already ended (nothing to release)."""
         state = self._state
-        if state is None or state.ended is not None:
+        if state is None:
             return None
-        state.end("released")
+        with self._lock:
+            if state.ended is not None:
+                return None
+            state.end("released")  # the keeper sends no further renewal
         return state
 
     def _release_op(self) -> Op[bool]:
         return self._saver._core.release(self.thread_id, self.token)
 
+    def _revoke_op(self) -> Op[bool]:
+        return self._saver._core.revoke(self.thread_id, self.token)
+
     def _renew_op(self) -> Op[int | None]:
         return self._saver._core.renew(self.thread_id, self.token, self.timing.lease_ms)
-
-    def _next_step(self) -> tuple[str, float]:
-        """The keeper's next step (``STOP``, ``LOST``, ``WAIT`` or renew) and how long to wait first."""
-        state = self._state
-        assert state is not None
-        step, delay = state.next_step(monotonic())
-        if step == LOST:
-            reason = state.loss_reason(monotonic()) or "renew deadline passed"
-            if state.lose(reason):
-                self._lost(reason)
-        return step, delay
-
-    def _renew_outcome(self, sent: float, outcome: int | Exception | None) -> None:
-        """Record what a renewal sent at ``sent`` gave: the new expiry, None (refused) or the error it raised."""
-        state = self._state
-        assert state is not None
-        if isinstance(outcome, Exception):
-            reason = state.renew_failed(monotonic(), outcome)
-        else:
-            reason = state.renewed(sent, monotonic(), outcome)
-        if reason is not None and state.lose(reason):
-            self._lost(reason)
-
-    def _lost(self, reason: str) -> None:
-        """The lease was just lost (once): say so loudly."""
-        log.error("lease on thread %r lost: %s", self.thread_id, reason)
 
 
 class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
     """A claimed thread, kept alive by a background thread until the ``with`` block ends."""
 
-    def __init__(self, saver: AgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
-        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
+    def __init__(
+        self, saver: AgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int, clock: Clock | None = None
+    ) -> None:
+        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms, clock=clock)
+        self._keeper = ThreadKeeper(self, self._renewal, f"lease-{self.thread_id}")
 
     def __enter__(self) -> ThreadLease:
-        sent = monotonic()
-        self._acquired(sent, self._saver._run(self._acquire_op()))
-        self._keeper = threading.Thread(target=self._keep, name=f"lease-{self.thread_id}", daemon=True)
+        self._acquired(self._saver._run(self._acquire_op()))
         self._keeper.start()
         return self
 
@@ -342,13 +332,15 @@ class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
     def revoke(self) -> bool:
         """End the lease now, from any thread (the run under it was cancelled): released in Redis, its
         token kept on the saver, so a checkpoint write still under way with it is refused (a lost
-        lease), never written unfenced; the release that ends the ``with`` block forgets the token."""
+        lease), never written unfenced; the release that ends the ``with`` block forgets the token.
+        A renewal in flight is not waited for: its reply finds the lease ended, and Redis refuses it
+        once the release has landed."""
         state = self._begin_release()
         if state is None:
             return False
         self._revoked = True
-        self._stop.set()
-        return bool(self._saver._run(self._saver._core.revoke(self.thread_id, self.token)))
+        self._keeper.wake()
+        return bool(self._saver._run(self._revoke_op()))
 
     def release(self) -> bool:
         """Give the thread up and wake one waiter; False if it was not ours any more."""
@@ -357,25 +349,13 @@ class ThreadLease(_ThreadLeaseBase["AgentStateSaver"]):
             if self._revoked:
                 self._saver._core.forget(self.thread_id, self.token)
             return False
-        self._stop.set()
-        if self._keeper is not None and self._keeper is not threading.current_thread():
-            self._keeper.join(timeout=state.time_left(monotonic()))
+        self._keeper.wake()
+        # A renewal in flight lands first (it takes at most what was left of the deadline).
+        self._keeper.join(timeout=state.time_left(self._clock.now()))
         return self._saver._run(self._release_op())
 
-    def _keep(self) -> None:
-        while True:
-            step, delay = self._next_step()
-            if step in (STOP, LOST):
-                return
-            if step == WAIT:
-                self._stop.wait(delay)
-                continue
-            sent = monotonic()
-            try:
-                outcome: int | Exception | None = self._saver._run(self._renew_op())
-            except Exception as exc:
-                outcome = exc
-            self._renew_outcome(sent, outcome)
+    def _renewal(self) -> Renewed:
+        return self._saver._run(self._renew_op()), None
 
 
 class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
@@ -553,9 +533,11 @@ class AsyncAgentStateSaver(_Savers, AsyncShell[SaverCore]):
 
     # ---- one writer per thread -------------------------------------------
 
-    def lease(self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0) -> AsyncThreadLease:
+    def lease(
+        self, thread_id: str | int, *, lease_ms: int = 30_000, wait_ms: int = 0, clock: Clock | None = None
+    ) -> AsyncThreadLease:
         """``async with saver.lease(tid): await graph.ainvoke(...)``: see :meth:`AgentStateSaver.lease`."""
-        return AsyncThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
+        return AsyncThreadLease(self, thread_id, lease_ms=lease_ms, wait_ms=wait_ms, clock=clock)
 
 
 class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
@@ -567,64 +549,55 @@ class AsyncThreadLease(_ThreadLeaseBase["AsyncAgentStateSaver"]):
     Redis command) must not let the graph run on.
     """
 
-    def __init__(self, saver: AsyncAgentStateSaver, thread_id: object, *, lease_ms: int, wait_ms: int) -> None:
-        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms)
-        self._stop: asyncio.Event | None = None
-        self._keeper: asyncio.Task[None] | None = None
+    def __init__(
+        self,
+        saver: AsyncAgentStateSaver,
+        thread_id: object,
+        *,
+        lease_ms: int,
+        wait_ms: int,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(saver, thread_id, lease_ms=lease_ms, wait_ms=wait_ms, clock=clock)
+        self._keeper = TaskKeeper(self, self._renewal, f"lease-{self.thread_id}")
         self._body = CancelOnLoss()
 
     async def __aenter__(self) -> AsyncThreadLease:
         self._saver._bind()
-        sent = monotonic()
-        self._acquired(sent, await self._saver._run(self._acquire_op()))
-        self._stop = asyncio.Event()
+        self._acquired(await self._saver._run(self._acquire_op()))
         self._body.enter()
-        self._keeper = asyncio.get_running_loop().create_task(self._body.keeping(self._keep))
+        self._keeper.start(self._body.keeping)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         await self._body.exit(self.release, exc, self._lost_error)
 
     def _lost_error(self) -> LeaseLost:
-        state = self._state
-        reason = (state.loss_reason(monotonic()) if state is not None else None) or "lease lost"
+        reason = self.lost_reason or "lease lost"
         return LeaseLost(f"lease on thread {self.thread_id!r} lost, work cancelled: {reason}", task_id=self.thread_id)
+
+    async def revoke(self) -> bool:
+        """End the lease now (see :meth:`ThreadLease.revoke`): released in Redis, its token kept on the
+        saver until the release that ends the ``async with`` block; the body is not cancelled."""
+        state = self._begin_release()
+        if state is None:
+            return False
+        self._revoked = True
+        self._keeper.wake()
+        return bool(await self._saver._run(self._revoke_op()))
 
     async def release(self) -> bool:
         """Give the thread up and wake one waiter; False if it was not ours any more."""
         state = self._begin_release()
         if state is None:
+            if self._revoked:
+                self._saver._core.forget(self.thread_id, self.token)
             return False
-        if self._stop is not None:
-            self._stop.set()
-        keeper = self._keeper
-        if keeper is not None and keeper is not asyncio.current_task():
-            if self._body.cancelled:
-                keeper.cancel()  # only re-cancelling the body, which has stopped
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(keeper, timeout=state.time_left(monotonic()))
+        await self._keeper.stop()  # a renewal in flight lands first
         return await self._saver._run(self._release_op())
 
-    def _lost(self, reason: str) -> None:
-        super()._lost(reason)
-        self._body.cancel(f"lease on thread {self.thread_id!r} lost: {reason}")
+    def _announce_lost(self, fenced: bool) -> None:
+        self._body.cancel(self._describe("lease lost, work cancelled"))
 
-    async def _keep(self) -> None:
-        stop = self._stop
-        assert stop is not None
-        while True:
-            step, delay = self._next_step()
-            if step in (STOP, LOST):
-                break
-            if step == WAIT:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                continue
-            sent = monotonic()
-            try:
-                outcome: int | Exception | None = await self._saver._run(self._renew_op())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                outcome = exc
-            self._renew_outcome(sent, outcome)
+    async def _renewal(self) -> Renewed:
+        return await self._saver._run(self._renew_op()), None
