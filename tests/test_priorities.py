@@ -163,7 +163,7 @@ def test_a_shard_of_held_higher_priorities_is_read_to_its_end_once(
 ) -> None:
     """Nothing due behind a shard's held priority 5 tasks: one extra read finds the index's end, and
     claim_next answers None after it (not a read per lower priority)."""
-    from redis_agentstate import _ops
+    from redis_agentstate import wire as _ops
 
     store = sync_store
     store._core.claim_next_candidate_age_s = 0
