@@ -70,6 +70,7 @@ class CheckpointListing:
     """summaries, list, live and prune: what operators read, a part of the checkpoint core."""
 
     def __init__(self, state: CheckpointState) -> None:
+        self.state = state
         self.keys = state.keys
         self.task_keys = state.task_keys
 

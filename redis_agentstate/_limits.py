@@ -72,9 +72,10 @@ def _holder(task_id: str, token: str) -> str:
 class ConcurrencyLimits:
     """Taking, keeping and giving back limiter places; the limits themselves."""
 
-    __slots__ = ("keys", "permits", "wire_keys")
+    __slots__ = ("keys", "permits", "state", "wire_keys")
 
     def __init__(self, state: CheckpointState) -> None:
+        self.state = state
         self.keys = state.keys
         self.wire_keys = state.wire_keys
         #: (task id, token) -> the concurrency key whose limiter place that lease holds through this
