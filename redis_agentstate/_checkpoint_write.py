@@ -159,8 +159,6 @@ def store_argv(
 class CheckpointWrites:
     """Building, identifying and reading back the checkpoint writes (a part of the checkpoint core)."""
 
-    __slots__ = ("history", "limits", "state")
-
     def __init__(self, state: CheckpointState, limits: ConcurrencyLimits) -> None:
         self.state = state
         self.history = state.history

@@ -17,7 +17,7 @@ cannot turn into an excess, nor into a leak longer than one lease:
    ended gives its place back: a write that applied, or one whose refusal shows the token holds
    no live lease of the task (taken over, lapsed, the task gone or terminal). A refusal of a
    lease that stays live (a stale revision or cycle) carries how long it still runs, and its
-   place is kept (``_refused_write``): else the key would have more live leases than its limit.
+   place is kept (``refused_write``): else the key would have more live leases than its limit.
 
 A client that dies after 1 leaks the place until it expires (one lease); one that dies after
 2 holds a lease whose place lives as long. A renewal moves the place first, then the lease.
@@ -71,8 +71,6 @@ def _holder(task_id: str, token: str) -> str:
 
 class ConcurrencyLimits:
     """Taking, keeping and giving back limiter places; the limits themselves."""
-
-    __slots__ = ("keys", "permits", "state", "wire_keys")
 
     def __init__(self, state: CheckpointState) -> None:
         self.state = state

@@ -1,4 +1,6 @@
-"""The shape of the package: no import circle between its modules, no class over 400 lines.
+"""The shape of the package: no import circle between its modules, no class over 400 lines, no
+class whose MRO spans more than three of the package's files (a core holds its parts instead of
+inheriting them), and commit_and_claim's path within three of the checkpoint core's files.
 
 Imports are read from the source (``ast``), not by importing it. Counted: every
 ``import``/``from ... import`` of a ``redis_agentstate`` module, at module level
