@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from . import scripts as S
 from ._checkpoint_base import (
@@ -38,25 +38,18 @@ from .errors import ClaimRejected, InvalidArgument
 from .models import AgentStatus, Checkpoint
 from .scripts import Reply
 
-__all__ = ["CheckpointWrites", "CommitArgv", "FencedWrite", "FinalizeArgv", "NextClaim", "store_argv"]
+__all__ = ["CheckpointWrites", "CommitArgv", "FinalizeArgv", "NextClaim", "Part", "store_argv"]
 
 
-class FencedWrite(NamedTuple):
-    """What every fenced write script's ARGV carries (commit.lua, finalize.lua, commit_and_claim.lua):
-    the write's identity and fence, the checkpoint's scalars and body, and the history it sends."""
-
-    identity: str
-    token: str
-    expected: int
-    cp: Checkpoint
-    body: bytes
-    part: tuple[list[Any], list[bytes], list[bytes]]  #: ``CheckpointState.history_part``
-    replace: bool
+#: The history part a fenced write sends: its header (epoch, base_m, base_c), then the message and
+#: cycle blobs (``CheckpointState.history_part``).
+Part: TypeAlias = tuple[list[Any], list[bytes], list[bytes]]
 
 
 @dataclass(slots=True)
 class CommitArgv:
-    """commit.lua's contract: what it takes beyond a ``FencedWrite``, and its ARGV in header order."""
+    """commit.lua's contract: what it takes beyond what every fenced write sends (its identity and
+    fence, the checkpoint's scalars and body, the history ``Part``), and its ARGV in header order."""
 
     script: ClassVar[str] = S.COMMIT
     kind: ClassVar[str] = "commit"  #: the first field of the write's identity
@@ -66,12 +59,14 @@ class CommitArgv:
     def identity_extra(self) -> tuple[Any, ...]:
         return (self.delay_ms,) if self.delay_ms else ()
 
-    def argv(self, w: FencedWrite) -> list[Any]:
-        cp, ((epoch, base_m, base_c), blobs_m, blobs_c) = w.cp, w.part
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
         return [
-            w.identity, w.token, w.expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), w.body,
+            identity, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body,
             self.ttl_ms, self.delay_ms, int(cp.priority), cp.concurrency_key or "",
-            "1" if w.replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
 
@@ -86,11 +81,13 @@ class FinalizeArgv:
     def identity_extra(self) -> tuple[Any, ...]:
         return ()
 
-    def argv(self, w: FencedWrite) -> list[Any]:
-        cp, ((epoch, base_m, base_c), blobs_m, blobs_c) = w.cp, w.part
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
         return [
-            w.identity, w.expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), w.body, self.ttl_ms,
-            "1" if w.replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+            identity, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body, self.ttl_ms,
+            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
 
@@ -110,12 +107,14 @@ class NextClaim:
     def identity_extra(self) -> tuple[Any, ...]:
         return (self.next_token,)
 
-    def argv(self, w: FencedWrite) -> list[Any]:
-        cp, ((epoch, base_m, base_c), blobs_m, blobs_c) = w.cp, w.part
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
         return [
-            w.identity, w.token, w.expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), w.body,
+            identity, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body,
             self.next_token, self.lease_ms, self.max_attempts, int(cp.priority), cp.concurrency_key or "",
-            self.permit_cap, "1" if w.replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+            self.permit_cap, "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
         ]  # fmt: skip
 
 
@@ -447,7 +446,7 @@ class CheckpointWrites:
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
             identity = self.write_id(argv.kind, cp, token, expected, replace, body, upto, hash_m, hash_c, extra)
-            args = argv.argv(FencedWrite(identity, token, expected, cp, body, part, replace))
+            args = argv.argv(identity, token, expected, cp, body, part, replace)
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)
