@@ -149,7 +149,7 @@ def _micro(store: CheckpointStore, client: redis.Redis, quick: bool) -> dict[str
     def write_identity() -> None:
         hm = prefix.copy()
         hm.update(blob)
-        core._write_id("commit", cp, "w", cp.revision, False, blob, (1, 0), hm, prefix)
+        core.writes.write_id("commit", cp, "w", cp.revision, False, blob, (1, 0), hm, prefix)
 
     out["write identity: digest of a commit, 1 KiB body (per commit)"] = micro(write_identity, n)
     out["validate(cp) (per commit)"] = micro(lambda: core.validate(cp), n)

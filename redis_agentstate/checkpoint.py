@@ -55,8 +55,7 @@ class _Checkpoints(StoreShell[CheckpointCore]):
         self._waker: Any = None
 
     def _claim_args(self, token: object, lease_ms: object, block_ms: object) -> tuple[str, int, int | None]:
-        core = self._core
-        return core._token(token), core._lease(lease_ms), None if block_ms is None else core.check_block_ms(block_ms)
+        return self._core.claim_args(token, lease_ms, block_ms)
 
     @property
     def terminal_ttl_ms(self) -> int | None:

@@ -1,4 +1,6 @@
-"""The shape of the package: no import circle between its modules, no class over 400 lines.
+"""The shape of the package: no import circle between its modules, no class over 400 lines, no
+class whose MRO spans more than three of the package's files (a core holds its parts instead of
+inheriting them), and commit_and_claim's path within three of the checkpoint core's files.
 
 Imports are read from the source (``ast``), not by importing it. Counted: every
 ``import``/``from ... import`` of a ``redis_agentstate`` module, at module level
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -358,3 +361,121 @@ def test_one_module_keeps_leases() -> None:
 def test_the_renewal_loop_finder(tmp_path: Path, source: str, keeper: bool) -> None:
     found = renewal_loops(_package(tmp_path, {"a.py": source}))
     assert ("pkg.a" in found) is keeper
+
+
+# ---- composed cores: short class chains, short operation paths ------------------------------------
+
+#: The most files of the package one class's MRO may span (the class's own module included).
+MAX_CHAIN_FILES = 3
+#: The most modules of the checkpoint core (the core's, its state's and its parts') one operation's
+#: Python runs, from the shell's call down to the script call that names its Lua.
+MAX_PATH_FILES = 3
+
+
+def class_chains() -> dict[str, list[str]]:
+    """``module.Class`` -> the package files its MRO is defined in, for every class of every module.
+
+    Modules are imported (an MRO is only known then); ``__main__`` runs the command line when
+    imported, so it is read instead, and must define no class."""
+    import importlib
+    import inspect
+
+    out: dict[str, list[str]] = {}
+    for name, (path, _) in modules().items():
+        if name.rsplit(".", 1)[-1] == "__main__":
+            tree = ast.parse(path.read_text("utf-8"), str(path))
+            assert not any(isinstance(n, ast.ClassDef) for n in ast.walk(tree)), f"{name} defines a class"
+            continue
+        module = importlib.import_module(name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and obj.__module__ == name:
+                files = {
+                    str(Path(inspect.getfile(c)).relative_to(PACKAGE))
+                    for c in obj.__mro__
+                    if c.__module__.split(".")[0] == PACKAGE.name
+                }
+                out[f"{name}.{obj.__qualname__}"] = sorted(files)
+    return out
+
+
+def test_no_class_chain_spans_more_than_three_files() -> None:
+    chains = class_chains()
+    # Not vacuous: the stores' classes are seen, over their shells' module.
+    assert chains["redis_agentstate.checkpoint.CheckpointStore"] == ["checkpoint.py", "wire/shells.py"]
+    over = {name: files for name, files in chains.items() if len(files) > MAX_CHAIN_FILES}
+    assert not over, f"class chains over {MAX_CHAIN_FILES} files: {over}"
+
+
+def _core_modules(core: object) -> set[str]:
+    """The files of the checkpoint core: its own class's, its state's and each part's (every attribute
+    holding that same state)."""
+    import inspect
+
+    state = core.state  # type: ignore[attr-defined]
+    held = [core, state, *(v for v in vars(core).values() if getattr(v, "state", None) is state)]
+    return {str(Path(inspect.getfile(type(v))).relative_to(PACKAGE)) for v in held}
+
+
+def _traced(run: Any) -> tuple[Any, set[str]]:
+    """``run()``'s result and the package files whose Python ran in it (this thread)."""
+    import sys
+
+    seen: set[str] = set()
+    root = str(PACKAGE) + "/"
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            seen.add(frame.f_code.co_filename[len(root) :])
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return result, seen
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_commit_and_claims_path_is_three_files(make: Any, limited: bool) -> None:
+    """A reader finds commit_and_claim's whole path, Python down to the script call, in at most three
+    of the checkpoint core's files (a limited task's included: it takes a place first); the Lua it
+    calls is one script of that name (its preludes are shared by every checkpoint script)."""
+    from dataclasses import replace
+
+    from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore
+    from redis_agentstate import scripts as S
+
+    store = make(CheckpointStore, AsyncCheckpointStore)
+    inner = getattr(store, "wrapped", store)
+    key = "k" if limited else None
+    if limited:
+        store.set_concurrency_limit("k", 2)
+    store.create(Checkpoint("t", concurrency_key=key))
+    cp = store.claim("t", 1, token="w", lease_ms=30_000)
+    sent: list[str] = []
+    commit_and_claim = inner._core.commit_and_claim
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        op = commit_and_claim(*args, **kw)
+        reply = None
+        try:
+            while True:
+                call = op.send(reply)
+                sent.append(call.script)
+                reply = yield call
+        except StopIteration as stop:
+            return stop.value
+
+    inner._core.commit_and_claim = recorded
+    try:
+        got, seen = _traced(lambda: store.commit_and_claim(replace(cp, cycle_index=1), token="w",
+                                                           expected_revision=cp.revision, lease_ms=30_000))  # fmt: skip
+    finally:
+        inner._core.commit_and_claim = commit_and_claim
+    assert got is not None and got.claimed_cycle == 2
+    assert sent[-1] == S.COMMIT_AND_CLAIM and (PACKAGE / "lua" / f"{S.COMMIT_AND_CLAIM}.lua").is_file()
+    if limited:
+        assert S.LIMIT_ACQUIRE in sent  # the limited path was taken
+    path = seen & _core_modules(inner._core)
+    assert "core/writes.py" in path  # not vacuous: the tracer saw the core's Python
+    assert len(path) <= MAX_PATH_FILES, f"commit_and_claim runs {sorted(path)}"

@@ -504,7 +504,7 @@ def test_rewritten_old_entry_is_not_what_this_client_reads_back() -> None:
     Redis does (the script appends only the new entries), but the writing
     store caches the caller's list, so its own later ``load`` returns the
     rewritten entry while every other client reads the stored one. Fixed in
-    ``core.checkpoint._fenced_write``: it caches ``known[:base] + new`` unless
+    ``core.writes.CheckpointWrites._fenced_write``: it caches ``known[:base] + new`` unless
     the caller's list is the one the store handed out (and drops the entry when
     the full lists were sent).
     """

@@ -95,9 +95,8 @@ def test_the_lease_logic_lives_once_without_io() -> None:
     for rule in (".next_step(", ".renewed(", ".renew_failed(", "LeaseTiming("):
         assert rule not in source, rule
     # Nor in the one keeper, which both these and LangGraph's thread leases run, nor in the thread leases.
-    import redis_agentstate.wire.keeper as keeper
-
     import redis_agentstate.langgraph.saver as saver
+    import redis_agentstate.wire.keeper as keeper
 
     assert issubclass(core.LeaseBase, core.KeptLease) and issubclass(saver.ThreadLease, core.KeptLease)
     for module in (keeper, saver):

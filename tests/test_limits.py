@@ -407,13 +407,13 @@ class TestFencedOutWrites:
         says so): A's lease goes on, and so does its place."""
         store, a, b, cp = one_place_held(make)
         core = getattr(store, "wrapped", store)._core
-        take = core._take_place
+        take = core.limits.take_place
 
         def run_out(*args: Any, **kw: Any) -> Any:
             got, full = yield from take(*args, **kw)
             return (None if got is None else 1), full  # a permit that expired long ago
 
-        monkeypatch.setattr(core, "_take_place", run_out)
+        monkeypatch.setattr(core.limits, "take_place", run_out)
         with pytest.raises(ConcurrencyLimited):
             store.commit_and_claim(replace(cp, cycle_index=1), token="A", expected_revision=cp.revision,
                                    lease_ms=1_000, next_token=next_token)  # fmt: skip

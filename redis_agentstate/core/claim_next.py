@@ -24,7 +24,7 @@ from ..models import Checkpoint
 from ..wire import Call, Op, Pipe, corrupt_state, member_id, restartable
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import _CLAIMED, _s, _time_ms, _zset_entries
+from .checkpoint_base import _CLAIMED, CheckpointState, _s, _time_ms, _zset_entries, check_lease, check_token
 from .limits import ConcurrencyLimits
 from .validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 
@@ -184,11 +184,14 @@ class ClaimNextFound:
     more_due: bool
 
 
-class ClaimScheduling(ConcurrencyLimits):
-    """``claim_next`` and its candidates (the scheduling state of one store)."""
+class ClaimScheduling:
+    """``claim_next`` and its candidates: the checkpoint core's part that holds the scheduling state of
+    one store (what a peek saw, and the corrupt data already logged)."""
 
-    def _init_scheduling(self) -> None:
-        """The scheduling state: what a peek saw, and the corrupt data already logged."""
+    def __init__(self, state: CheckpointState, limits: ConcurrencyLimits) -> None:
+        self.state = state
+        self.keys = state.keys
+        self.limits = limits
         self._corrupt_logged: set[str] = set()
         self._candidates = _Candidates()
         #: ``time.monotonic()`` when the earliest not-yet-due entry the last peek saw falls due (None:
@@ -216,8 +219,8 @@ class ClaimScheduling(ConcurrencyLimits):
         subscription announced are candidates: while under a second old, the
         store's next calls claim the oldest of them in one script, without a peek.
         """
-        token = self._token(token)
-        lease_ms = self._lease(lease_ms)
+        token = check_token(token)
+        lease_ms = check_lease(lease_ms)
         found = yield from self.claim_next_probe(token, lease_ms)
         return found.checkpoint
 
@@ -233,20 +236,21 @@ class ClaimScheduling(ConcurrencyLimits):
     def _claim_next_call(
         self, tid: str, token: str, lease_ms: int, have: list[Any], permit: tuple[str, int, int] = ("", 0, 0)
     ) -> Call:
-        return Call(S.CLAIM_NEXT, self._wire_keys(tid).counted, [token, lease_ms, *have, self.max_attempts, *permit])
+        state = self.state
+        return Call(S.CLAIM_NEXT, state.wire_keys(tid).counted, [token, lease_ms, *have, state.max_attempts, *permit])
 
     def _limited_candidate(self, tid: str, token: str, lease_ms: int, have: list[Any], ckey: str) -> Op[Any]:
         """claim_next met ``tid``, claimable but limited by concurrency key ``ckey`` (``Reply.LIMITED``):
         take a place and claim it, or, when the key is full, put it off until the key's earliest place
         expires (the limiter records it, so a place given back sooner wakes it). Returns the
         claim_next.lua reply that stands for the candidate: a claim, or a lost race."""
-        took = self._permit(tid, token) is None
-        cap, full = yield from self._take_place(tid, token, ckey, lease_ms, waiter=tid)
+        took = self.limits.permit(tid, token) is None
+        cap, full = yield from self.limits.take_place(tid, token, ckey, lease_ms, waiter=tid)
         if full is None:
             assert cap is not None
             reply = yield self._claim_next_call(tid, token, lease_ms, have, (ckey, cap, 0))
             if reply[0] not in _CLAIMED and took:
-                yield from self._give_back(tid, token)
+                yield from self.limits.give_back(tid, token)
         else:
             self.limited_skips += 1
             reply = yield self._claim_next_call(tid, token, lease_ms, have, (ckey, 0, full.retry_at_ms or 0))
@@ -262,8 +266,8 @@ class ClaimScheduling(ConcurrencyLimits):
             tid = self._candidates.take()
             if tid is None:
                 return None
-            keys = self._task_keys(tid)
-            cached, have = self._cached(tid)
+            keys = self.state.task_keys(tid)
+            cached, have = self.state.cached(tid)
             try:
                 reply = yield self._claim_next_call(tid, token, lease_ms, have)
                 if reply[0] == Reply.LIMITED:
@@ -272,7 +276,7 @@ class ClaimScheduling(ConcurrencyLimits):
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
             if code in _CLAIMED:
-                return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
+                return self.state.checkpoint(tid, keys, reply, 1, cached, claim=True)
             if code not in _LOST_RACE:
                 raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
             if len(reply) >= 4 and _time_of(float(reply[3]), int(reply[1])) <= int(reply[1]):
@@ -407,9 +411,9 @@ class ClaimScheduling(ConcurrencyLimits):
             for _ in range(self.CLAIM_NEXT_TRIES_PER_SHARD):
                 if tid is None:
                     break
-                keys = self._task_keys(tid)
+                keys = self.state.task_keys(tid)
                 try:
-                    cached, have = self._cached(tid)
+                    cached, have = self.state.cached(tid)
                     reply = yield self._claim_next_call(tid, token, lease_ms, have)
                     if reply[0] == Reply.LIMITED:
                         reply = yield from self._limited_candidate(tid, token, lease_ms, have, _s(reply[2]))
@@ -417,7 +421,7 @@ class ClaimScheduling(ConcurrencyLimits):
                     if code in _CLAIMED:
                         for other, score in due[i + 1 :]:
                             self._candidates.add(other, score)  # heads not tried: candidates of the next calls
-                        return self._checkpoint(tid, keys, reply, 1, cached, claim=True)
+                        return self.state.checkpoint(tid, keys, reply, 1, cached, claim=True)
                     if code not in _LOST_RACE:
                         raise CorruptState(f"unexpected claim_next reply {reply[:2]!r} for task {tid!r}", task_id=tid)
                 except CorruptState as exc:

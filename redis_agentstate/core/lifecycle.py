@@ -15,14 +15,19 @@ from ..errors import CorruptState, InvalidArgument, NotWaiting, TaskNotFound
 from ..wire import Call, Op, new_nonce
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import _s
-from .release import Releases
+from .checkpoint_base import CheckpointState, _s
+from .release import failure_reason
 
 __all__ = ["Lifecycle"]
 
 
-class Lifecycle(Releases):
-    """cancel and resume (a release's reason rules, ``_reason``, apply to a cancel's reason)."""
+class Lifecycle:
+    """cancel and resume, a part of the checkpoint core (a release's reason rules, ``failure_reason``,
+    apply to a cancel's reason)."""
+
+    def __init__(self, state: CheckpointState) -> None:
+        self.state = state
+        self.keys = state.keys
 
     def cancel(self, task_id: str, *, reason: str | None = None) -> Op[bool]:
         """End the task at once, status ``cancelled`` (cancel.lua): True, or False if it was terminal already.
@@ -33,13 +38,13 @@ class Lifecycle(Releases):
         when there is no such task. A re-send after a lost reply is recognised by its nonce and
         answers True, as the first did.
         """
-        tid, keys = self._task(task_id)
-        # "" is no reason, as None: _reason would record it as a failure with no reason ("failed ...").
-        why = "cancelled (no reason given)" if reason is None or reason == "" else self._reason(reason)
-        reply = yield Call(S.CANCEL, keys.stepped(), [new_nonce(), why, self.terminal_ttl_ms or 0])
+        tid, keys = self.state.task(task_id)
+        # "" is no reason, as None: failure_reason would record it as a failure with no reason ("failed ...").
+        why = "cancelled (no reason given)" if reason is None or reason == "" else failure_reason(reason)
+        reply = yield Call(S.CANCEL, keys.stepped(), [new_nonce(), why, self.state.terminal_ttl_ms or 0])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
-            self.history.drop(tid)
+            self.state.history.drop(tid)
             return True
         if code == Reply.TERMINAL:
             return False
@@ -49,9 +54,10 @@ class Lifecycle(Releases):
 
     def _message_blob(self, tid: str, message: Any) -> bytes:
         blob = encode(message, what=lambda: f"resume message of task {tid!r}")
-        if len(blob) > self.max_payload_bytes:
+        if len(blob) > self.state.max_payload_bytes:
             raise InvalidArgument(
-                f"resume message of task {tid!r} is {len(blob)} bytes, over max_payload_bytes={self.max_payload_bytes}",
+                f"resume message of task {tid!r} is {len(blob)} bytes, over max_payload_bytes="
+                f"{self.state.max_payload_bytes}",
                 task_id=tid,
             )
         return blob
@@ -62,7 +68,7 @@ class Lifecycle(Releases):
         True, as the first did). Raises TaskNotFound (no such task) or NotWaiting (its status is not
         ``wait_user``: running, terminal, ...); nothing is written then. A worker holding the task
         (handling the wait's deadline) is fenced out: the answer wins over the timeout."""
-        tid, keys = self._task(task_id)
+        tid, keys = self.state.task(task_id)
         args: list[Any] = (
             [new_nonce(), "0", b""] if message is None else [new_nonce(), "1", self._message_blob(tid, message)]
         )
@@ -70,7 +76,7 @@ class Lifecycle(Releases):
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             # The messages grew and the revision moved on: the next read fetches them.
-            self.history.drop(tid)
+            self.state.history.drop(tid)
             return True
         if code == Reply.REFUSED:
             raise TaskNotFound(f"no task {tid!r} in namespace {self.keys.namespace!r}", task_id=tid)

@@ -17,13 +17,14 @@ cannot turn into an excess, nor into a leak longer than one lease:
    ended gives its place back: a write that applied, or one whose refusal shows the token holds
    no live lease of the task (taken over, lapsed, the task gone or terminal). A refusal of a
    lease that stays live (a stale revision or cycle) carries how long it still runs, and its
-   place is kept (``_refused_write``): else the key would have more live leases than its limit.
+   place is kept (``refused_write``): else the key would have more live leases than its limit.
 
 A client that dies after 1 leaks the place until it expires (one lease); one that dies after
 2 holds a lease whose place lives as long. A renewal moves the place first, then the lease.
 ``claim_next`` that meets a limited candidate whose key is full puts it off in its shard until
 the earliest place of the key expires, and records it in the limiter so that the release of a
-place makes it due at once. Nothing here does I/O.
+place makes it due at once. ``ConcurrencyLimits`` is the checkpoint core's part that holds the
+places (``permits``); the writes, claims and releases call it by name. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..errors import ConcurrencyLimited, CorruptState
 from ..wire import Call, Op, Pipe
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import CheckpointBase, _s
+from .checkpoint_base import CheckpointState, _s
 from .validate import LIMIT_SKEW_MS, MAX_CONCURRENCY_LIMIT, check_concurrency_key, check_int
 
 __all__ = ["MAX_PERMITS", "WAKE_ON_SET", "WAKE_TRIES", "ConcurrencyLimits", "LimitState"]
@@ -68,8 +69,17 @@ def _holder(task_id: str, token: str) -> str:
     return f"{task_id}\0{token}"
 
 
-class ConcurrencyLimits(CheckpointBase):
+class ConcurrencyLimits:
     """Taking, keeping and giving back limiter places; the limits themselves."""
+
+    def __init__(self, state: CheckpointState) -> None:
+        self.state = state
+        self.keys = state.keys
+        self.wire_keys = state.wire_keys
+        #: (task id, token) -> the concurrency key whose limiter place that lease holds through this
+        #: core: given back when the lease ends. Empty while no task is limited (the writes test it
+        #: before calling here, so the unlimited path makes no call).
+        self.permits: dict[tuple[str, str], str] = {}
 
     def set_concurrency_limit(self, key: str, limit: int | None) -> Op[None]:
         """At most ``limit`` live leases of tasks with concurrency key ``key`` (None: no limit).
@@ -82,7 +92,7 @@ class ConcurrencyLimits(CheckpointBase):
         arg = "" if limit is None else str(check_int(limit, "limit", 1, MAX_CONCURRENCY_LIMIT))
         reply = yield Call(S.LIMIT_SET, self.keys.limiter(ckey).as_list(), [arg, WAKE_ON_SET])
         yield Call(S.LIMIT_REGISTER, [self.keys.limits()], [ckey, arg])
-        yield from self._woke_one(ckey, reply[1:])
+        yield from self.woke_one(ckey, reply[1:])
         return None
 
     def concurrency_limits(self) -> Op[list[LimitState]]:
@@ -108,7 +118,7 @@ class ConcurrencyLimits(CheckpointBase):
 
     # ---- places -------------------------------------------------------------------
 
-    def _take_place(
+    def take_place(
         self, tid: str, token: str, ckey: str, lease_ms: int, *, replaces: str = "", waiter: str = ""
     ) -> Op[tuple[int | None, ConcurrencyLimited | None]]:
         """Take (or keep) the place of lease ``token`` of ``tid`` in ``ckey``'s limiter: ``(its expiry,
@@ -118,11 +128,11 @@ class ConcurrencyLimits(CheckpointBase):
         limiter = self.keys.limiter(ckey).as_list()
         reply = yield Call(S.LIMIT_ACQUIRE, limiter, [_holder(tid, token), lease_ms + LIMIT_SKEW_MS, old, waiter])
         if reply[0] == Reply.DONE:
-            if len(self._permits) >= MAX_PERMITS:
-                del self._permits[next(iter(self._permits))]
-            self._permits[(tid, token)] = ckey
+            if len(self.permits) >= MAX_PERMITS:
+                del self.permits[next(iter(self.permits))]
+            self.permits[(tid, token)] = ckey
             if replaces and replaces != token:
-                self._permits.pop((tid, replaces), None)
+                self.permits.pop((tid, replaces), None)
             return int(reply[1]), None
         retry_at, live, limit = (int(x) for x in reply[1:4])
         return None, ConcurrencyLimited(
@@ -135,26 +145,26 @@ class ConcurrencyLimits(CheckpointBase):
             retry_at_ms=retry_at,
         )
 
-    def _give_back(self, tid: str, token: str, ckey: str | None = None) -> Op[None]:
+    def give_back(self, tid: str, token: str, ckey: str | None = None) -> Op[None]:
         """Give back the place lease ``token`` of ``tid`` holds, if this core took one (or its place in
-        ``ckey``'s limiter), and wake a task put off for it. Callers check ``self._permits`` first: the
+        ``ckey``'s limiter), and wake a task put off for it. Callers check ``self.permits`` first: the
         unlimited path makes no call."""
         if ckey is None:
-            ckey = self._permits.pop((tid, token), None)
-        elif self._permits.get((tid, token)) == ckey:
-            del self._permits[(tid, token)]
+            ckey = self.permits.pop((tid, token), None)
+        elif self.permits.get((tid, token)) == ckey:
+            del self.permits[(tid, token)]
         if ckey is None:
             return None
         limiter = self.keys.limiter(ckey).as_list()
         holder = _holder(tid, token)
         for _ in range(WAKE_TRIES):
             reply = yield Call(S.LIMIT_RELEASE, limiter, [holder, 1])
-            if not (yield from self._woke_one(ckey, reply[1:])):
+            if not (yield from self.woke_one(ckey, reply[1:])):
                 return None
         return None
 
     @staticmethod
-    def _lease_left(reply: Sequence[Any], token: str | None) -> int | None:
+    def lease_left(reply: Sequence[Any], token: str | None) -> int | None:
         """How long (ms) the lease ``token`` still runs, from the reply of a write or renewal of it that
         was refused; None when the reply shows it has no live lease of the task (or applied: its lease
         ended). Only a lease that ended gives its place back: a stale write of a live lease must not
@@ -168,33 +178,33 @@ class ConcurrencyLimits(CheckpointBase):
             return int(reply[2])
         return None
 
-    def _refused_write(self, tid: str, token: str | None, reply: Sequence[Any], *, moved: bool = False) -> Op[None]:
+    def refused_write(self, tid: str, token: str | None, reply: Sequence[Any], *, moved: bool = False) -> Op[None]:
         """After a fenced write or renewal sent with ``token`` that did not renew: give back its place
         when its lease ended (applied, or the reply shows no live lease of ``token``); else the lease
         goes on, and so does its place. ``moved``: the place was moved on for a renewal that was then
         refused, maybe to a shorter lease than is left: it is moved past the lease's end again."""
-        if not self._permits or token is None:
+        if not self.permits or token is None:
             return None
-        left = self._lease_left(reply, token)
+        left = self.lease_left(reply, token)
         if left is None:
-            yield from self._give_back(tid, token)
+            yield from self.give_back(tid, token)
             return None
-        ckey = self._permits.get((tid, token))
+        ckey = self.permits.get((tid, token))
         if moved and ckey is not None:
-            yield from self._take_place(tid, token, ckey, left)
+            yield from self.take_place(tid, token, ckey, left)
         return None
 
-    def _woke_one(self, ckey: str, waiters: Sequence[Any]) -> Op[bool]:
+    def woke_one(self, ckey: str, waiters: Sequence[Any]) -> Op[bool]:
         """Wake the put-off tasks ``waiters`` (task id, ms put off, ...); True when there was one and it
         was stale (finished or claimed since: try the next)."""
         if not waiters:
             return False
         stale = False
         for tid, since in zip(waiters[::2], waiters[1::2], strict=True):
-            woken = yield Call(S.LIMIT_WAKE, self._wire_keys(_s(tid)).listed, [ckey, int(float(since))])
+            woken = yield Call(S.LIMIT_WAKE, self.wire_keys(_s(tid)).listed, [ckey, int(float(since))])
             stale = stale or woken != Reply.DONE
         return stale
 
-    def _permit(self, tid: str, token: str) -> str | None:
+    def permit(self, tid: str, token: str) -> str | None:
         """The concurrency key of the place lease ``token`` of ``tid`` holds through this core, if any."""
-        return self._permits.get((tid, token)) if self._permits else None
+        return self.permits.get((tid, token)) if self.permits else None

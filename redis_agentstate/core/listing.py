@@ -14,7 +14,7 @@ from typing import Any
 
 from ..wire import Batch, Call, Op, Pipe, list_indexes, restart
 from ..wire import scripts as S
-from .checkpoint_base import CheckpointBase, _s, _time_ms
+from .checkpoint_base import CheckpointState, _s, _time_ms
 from .validate import check_id
 
 __all__ = ["CheckpointListing"]
@@ -66,8 +66,13 @@ def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | N
     }
 
 
-class CheckpointListing(CheckpointBase):
-    """summaries, list, live and prune."""
+class CheckpointListing:
+    """summaries, list, live and prune: what operators read, a part of the checkpoint core."""
+
+    def __init__(self, state: CheckpointState) -> None:
+        self.state = state
+        self.keys = state.keys
+        self.task_keys = state.task_keys
 
     #: Tasks per summary.lua call (one call per shard and chunk, all in one pipeline).
     SUMMARY_CHUNK = 500
@@ -93,7 +98,7 @@ class CheckpointListing(CheckpointBase):
         chunks = [
             idx[j : j + self.SUMMARY_CHUNK] for idx in by_shard.values() for j in range(0, len(idx), self.SUMMARY_CHUNK)
         ]
-        calls = [Call(S.SUMMARY, [self._task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
+        calls = [Call(S.SUMMARY, [self.task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
         if not calls:
             (reply,) = yield Pipe([("TIME",)])
             return _time_ms(reply), []
@@ -131,7 +136,7 @@ class CheckpointListing(CheckpointBase):
         step = self.LIST_CHECK_CHUNK
         for j in range(0, len(ids), step):
             page = ids[j : j + step]
-            found = yield Pipe([("EXISTS", self._task_keys(tid).checkpoint) for tid in page])
+            found = yield Pipe([("EXISTS", self.task_keys(tid).checkpoint) for tid in page])
             for tid, n in zip(page, found, strict=True):
                 (out if int(n) else missing).append(tid)
         yield from self.prune(missing)
@@ -150,7 +155,7 @@ class CheckpointListing(CheckpointBase):
         step = self.LIST_CHECK_CHUNK
         calls = [
             Call(S.PRUNE, [self.keys.shard_tasks(s), self.keys.shard_ready(s), self.keys.shard_parked(s),
-                           *(self._task_keys(t).checkpoint for t in tids[j : j + step])], [])
+                           *(self.task_keys(t).checkpoint for t in tids[j : j + step])], [])
             for s, tids in by_shard.items()
             for j in range(0, len(tids), step)
         ]  # fmt: skip

@@ -13,41 +13,46 @@ from ..errors import CorruptState, InvalidArgument, NotParked, TaskNotFound
 from ..wire import Call, Op, list_indexes, new_nonce, restart
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import _s
+from .checkpoint_base import CheckpointState, _s, check_lease, check_revision, check_token
 from .limits import ConcurrencyLimits
 from .validate import check_id
 
-__all__ = ["MAX_REASON_BYTES", "Releases"]
+__all__ = ["MAX_REASON_BYTES", "Releases", "failure_reason"]
 
 #: The longest failure reason a release sends (release.lua keeps what it is sent).
 MAX_REASON_BYTES = 1024
 
 
-class Releases(ConcurrencyLimits):
-    """release, requeue and the parked tasks' listing."""
+def failure_reason(reason: object) -> str:
+    """A failure reason as release.lua stores it: '' for none, else at most MAX_REASON_BYTES of UTF-8.
 
-    @staticmethod
-    def _reason(reason: object) -> str:
-        """A failure reason as release.lua stores it: '' for none, else at most MAX_REASON_BYTES of UTF-8.
+    Too long a reason is cut, not refused, and what UTF-8 cannot carry is escaped
+    (``'\\ud800'``): a release must never fail for its message.
+    """
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise InvalidArgument(f"reason must be a str or None, got {type(reason).__name__}")
+    # Only the head can be kept: a longer one need not be encoded whole (each char is 1+ bytes).
+    reason = reason[: MAX_REASON_BYTES + 1]
+    # A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8 form: sent as it
+    # is, the client's encoding raised and the claim was left to lapse. It is stored escaped.
+    raw = reason.encode("utf-8", "backslashreplace")
+    if len(raw) > MAX_REASON_BYTES:
+        reason = raw[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+    else:
+        reason = raw.decode("utf-8")
+    # An empty reason would read as "no failure" (release.lua gives the attempt back).
+    return reason if reason else "failed (no reason given)"
 
-        Too long a reason is cut, not refused, and what UTF-8 cannot carry is escaped
-        (``'\\ud800'``): a release must never fail for its message.
-        """
-        if reason is None:
-            return ""
-        if not isinstance(reason, str):
-            raise InvalidArgument(f"reason must be a str or None, got {type(reason).__name__}")
-        # Only the head can be kept: a longer one need not be encoded whole (each char is 1+ bytes).
-        reason = reason[: MAX_REASON_BYTES + 1]
-        # A lone surrogate (os.fsdecode of a non-UTF-8 file name) has no UTF-8 form: sent as it
-        # is, the client's encoding raised and the claim was left to lapse. It is stored escaped.
-        raw = reason.encode("utf-8", "backslashreplace")
-        if len(raw) > MAX_REASON_BYTES:
-            reason = raw[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
-        else:
-            reason = raw.decode("utf-8")
-        # An empty reason would read as "no failure" (release.lua gives the attempt back).
-        return reason if reason else "failed (no reason given)"
+
+class Releases:
+    """release, requeue and the parked tasks' listing: a part of the checkpoint core."""
+
+    def __init__(self, state: CheckpointState, limits: ConcurrencyLimits) -> None:
+        self.state = state
+        self.keys = state.keys
+        self.limits = limits
 
     def release(
         self, task_id: str, *, token: str, expected_revision: int, after_ms: int, reason: str | None = None
@@ -57,17 +62,17 @@ class Releases(ConcurrencyLimits):
         With ``reason`` the attempt is recorded as failed (and parks the task if it was attempt
         ``max_attempts``); without, it is given back (a shutdown is no failure).
         """
-        tid, token = check_id(task_id, "task_id"), self._token(token)
-        args = [token, self._revision(expected_revision), self._lease(after_ms), self._reason(reason)]
-        reply = yield Call(S.RELEASE, self._wire_keys(tid).parked, [*args, self.max_attempts])
-        if self._permits:
+        tid, token = check_id(task_id, "task_id"), check_token(token)
+        args = [token, check_revision(expected_revision), check_lease(after_ms), failure_reason(reason)]
+        reply = yield Call(S.RELEASE, self.state.wire_keys(tid).parked, [*args, self.state.max_attempts])
+        if self.limits.permits:
             # The claim is given up: so is its limiter place. A stale release of a live lease keeps it.
-            yield from self._refused_write(tid, token, reply)
+            yield from self.limits.refused_write(tid, token, reply)
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return "released"
         if code == Reply.PARKED:
-            self.history.drop(tid)
+            self.state.history.drop(tid)
             return "parked"
         return None
 
@@ -77,7 +82,7 @@ class Releases(ConcurrencyLimits):
         Raises TaskNotFound (no such task) or NotParked (nothing to do); nothing is written then.
         A re-send after a lost reply is recognised by its nonce and succeeds.
         """
-        tid, keys = self._task(task_id)
+        tid, keys = self.state.task(task_id)
         reply = yield Call(S.REQUEUE, keys.with_parked(), [new_nonce()])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):

@@ -18,7 +18,7 @@ from ..errors import InvalidArgument
 from ..wire import Call, Op
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import CheckpointBase
+from .checkpoint_base import CheckpointState, check_revision, check_token
 from .validate import MAX_CYCLE, check_id, check_int
 
 __all__ = ["MAX_STEP_NAME_BYTES", "DurableSteps", "check_step_name", "step_key"]
@@ -54,13 +54,18 @@ def step_key(namespace: str, task_id: str, cycle_index: int, name: str) -> str:
     return "agentstate-step-" + hashlib.blake2b(head, digest_size=16).hexdigest()
 
 
-class DurableSteps(CheckpointBase):
-    """step_load and step_record: a durable step's result, fenced by the lease that holds the cycle."""
+class DurableSteps:
+    """step_load and step_record: a durable step's result, fenced by the lease that holds the cycle
+    (a part of the checkpoint core)."""
 
-    def _step_argv(self, token: str, expected_revision: int, cycle_index: int, name: str) -> list[Any]:
+    def __init__(self, state: CheckpointState) -> None:
+        self.state = state
+
+    @staticmethod
+    def _step_argv(token: str, expected_revision: int, cycle_index: int, name: str) -> list[Any]:
         return [
-            self._token(token),
-            self._revision(expected_revision),
+            check_token(token),
+            check_revision(expected_revision),
             check_int(cycle_index, "cycle_index", 1, MAX_CYCLE),
             check_step_name(name),
         ]
@@ -71,7 +76,7 @@ class DurableSteps(CheckpointBase):
         """``(True, result)`` stored, ``(False, None)`` not stored; None: the lease is not current
         (another holder, a later revision, or lapsed on the server clock)."""
         tid = check_id(task_id, "task_id")
-        keys = self._task_keys(tid)
+        keys = self.state.task_keys(tid)
         reply = yield Call(S.STEP_LOAD, keys.for_steps(), self._step_argv(token, expected_revision, cycle_index, name))
         if reply[0] != Reply.DONE:
             return None
@@ -88,13 +93,13 @@ class DurableSteps(CheckpointBase):
         ``max_payload_bytes``.
         """
         tid = check_id(task_id, "task_id")
-        keys = self._task_keys(tid)
+        keys = self.state.task_keys(tid)
         argv = self._step_argv(token, expected_revision, cycle_index, name)
         blob = encode(result, what=lambda: f"result of step {name!r}")
-        if len(blob) > self.max_payload_bytes:
+        if len(blob) > self.state.max_payload_bytes:
             raise InvalidArgument(
                 f"result of step {name!r} is {len(blob)} bytes encoded, over max_payload_bytes="
-                f"{self.max_payload_bytes} (nothing was recorded)",
+                f"{self.state.max_payload_bytes} (nothing was recorded)",
                 task_id=tid,
             )
         reply = yield Call(S.STEP_RECORD, keys.for_steps(), [*argv, blob])

@@ -1,9 +1,13 @@
 """The checkpoint writes: create and save, and the fenced writes (commit, finalize, commit_and_claim).
 
-A fenced write is named by its identity (``_write_id``: a digest of everything
+A fenced write is named by its identity (``write_id``: a digest of everything
 it writes, whoever sends it), so a re-send after a lost reply is recognised by
 the script and answered as applied; it sends only the history entries added
-since what the client knows is stored (``core.history``). Nothing here does I/O.
+since what the client knows is stored (``core.history``). Each fenced script's ARGV
+is a named contract (``CommitArgv``, ``FinalizeArgv``, ``NextClaim``) that lists
+it in the order of the script's header. ``CheckpointWrites`` is the checkpoint
+core's part for all of them: it holds the core's state and its limits part
+(a limited task's place). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, TypeAlias
 
 from ..codec import decode, encode
 from ..errors import ClaimRejected, InvalidArgument
@@ -19,21 +23,107 @@ from ..models import AgentStatus, Checkpoint
 from ..wire import Call, Op, new_nonce
 from ..wire import scripts as S
 from ..wire.scripts import Reply
-from .checkpoint_base import _STATUS_VALUE
+from .checkpoint_base import (
+    _STATUS_VALUE,
+    CheckpointState,
+    check_delay,
+    check_lease,
+    check_revision,
+    check_token,
+    encode_body,
+    raise_claim_refused,
+    validate,
+)
 from .history import History, committed, hashed
 from .limits import ConcurrencyLimits
 from .validate import MAX_CLAIM_FROM_REVISION, MAX_CYCLE, MAX_REVISION
 
-__all__ = ["CheckpointWrites"]
+__all__ = ["CheckpointWrites", "CommitArgv", "FinalizeArgv", "NextClaim", "Part", "store_argv"]
 
 
-class NextClaim(NamedTuple):
-    """What commit_and_claim writes beside the commit: the next cycle's claim (its ARGV after the token)."""
+#: The history part a fenced write sends: its header (epoch, base_m, base_c), then the message and
+#: cycle blobs (``CheckpointState.history_part``).
+Part: TypeAlias = tuple[list[Any], list[bytes], list[bytes]]
 
+
+@dataclass(slots=True)
+class CommitArgv:
+    """commit.lua's contract: what it takes beyond what every fenced write sends (its identity and
+    fence, the checkpoint's scalars and body, the history ``Part``), and its ARGV in header order."""
+
+    script: ClassVar[str] = S.COMMIT
+    kind: ClassVar[str] = "commit"  #: the first field of the write's identity
+    ttl_ms: int  #: the store's terminal_ttl_ms (0: none); not part of the identity
+    delay_ms: int  #: the next cycle's delay (0: none); part of the identity when set
+
+    def identity_extra(self) -> tuple[Any, ...]:
+        return (self.delay_ms,) if self.delay_ms else ()
+
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
+        return [
+            identity, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body,
+            self.ttl_ms, self.delay_ms, int(cp.priority), cp.concurrency_key or "",
+            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+        ]  # fmt: skip
+
+
+@dataclass(slots=True)
+class FinalizeArgv:
+    """finalize.lua's contract: no token (it ends the task whoever holds it), and its ARGV in header order."""
+
+    script: ClassVar[str] = S.FINALIZE
+    kind: ClassVar[str] = "finalize"
+    ttl_ms: int  #: the store's terminal_ttl_ms (0: none); not part of the identity
+
+    def identity_extra(self) -> tuple[Any, ...]:
+        return ()
+
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
+        return [
+            identity, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body, self.ttl_ms,
+            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+        ]  # fmt: skip
+
+
+@dataclass(slots=True)
+class NextClaim:
+    """commit_and_claim.lua's contract: the next cycle's claim written beside the commit, and its ARGV in
+    header order. The next token is part of the write's identity; the lease is not, so a re-send with
+    another lease is still this write."""
+
+    script: ClassVar[str] = S.COMMIT_AND_CLAIM
+    kind: ClassVar[str] = "commit_and_claim"
     next_token: str
     lease_ms: int
     max_attempts: int
     permit_cap: int  #: the expiry (server ms) of the place taken in its concurrency key (0: none)
+
+    def identity_extra(self) -> tuple[Any, ...]:
+        return (self.next_token,)
+
+    def argv(
+        self, identity: str, token: str, expected: int, cp: Checkpoint, body: bytes, part: Part, replace: bool
+    ) -> list[Any]:
+        (epoch, base_m, base_c), blobs_m, blobs_c = part
+        return [
+            identity, token, expected, int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp), body,
+            self.next_token, self.lease_ms, self.max_attempts, int(cp.priority), cp.concurrency_key or "",
+            self.permit_cap, "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
+        ]  # fmt: skip
+
+
+#: The contract of a fenced write script.
+FencedArgv: TypeAlias = CommitArgv | FinalizeArgv | NextClaim
+
+
+def _term(cp: Checkpoint) -> str:
+    return "0" if cp.terminal_result is None else "1"
 
 
 @dataclass(slots=True)
@@ -52,57 +142,29 @@ class _Written:
         return bool(self.reply[0] in (Reply.DONE, Reply.DONE_BEFORE))
 
 
-class CheckpointWrites(ConcurrencyLimits):
-    """Building, identifying and reading back the checkpoint writes."""
+def store_argv(
+    cp: Checkpoint, nonce: str, body: bytes, blobs_m: list[bytes], blobs_c: list[bytes], delay_ms: int = 0
+) -> list[Any]:
+    """ARGV of create.lua and save.lua (their headers give the layout)."""
+    claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
+    lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
+    return [
+        nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], _term(cp),
+        body, claimed, lease, delay_ms, int(cp.priority), cp.concurrency_key or "", len(blobs_m), *blobs_m,
+        *blobs_c,
+    ]  # fmt: skip
+
+
+class CheckpointWrites:
+    """Building, identifying and reading back the checkpoint writes (a part of the checkpoint core)."""
+
+    def __init__(self, state: CheckpointState, limits: ConcurrencyLimits) -> None:
+        self.state = state
+        self.history = state.history
+        self.limits = limits
 
     @staticmethod
-    def _store_argv(
-        cp: Checkpoint, nonce: str, body: bytes, blobs_m: list[bytes], blobs_c: list[bytes], delay_ms: int = 0
-    ) -> list[Any]:
-        """ARGV of create.lua and save.lua (their headers give the layout)."""
-        term = "0" if cp.terminal_result is None else "1"
-        claimed = "" if cp.claimed_cycle is None else str(int(cp.claimed_cycle))
-        lease = "" if cp.lease_expires_at_ms is None else str(int(cp.lease_expires_at_ms))
-        return [
-            nonce, cp.claim_token or "", int(cp.revision), int(cp.cycle_index), _STATUS_VALUE[cp.status], term,
-            body, claimed, lease, delay_ms, int(cp.priority), cp.concurrency_key or "", len(blobs_m), *blobs_m,
-            *blobs_c,
-        ]  # fmt: skip
-
-    @staticmethod
-    def _fenced_argv(
-        script: str,
-        cp: Checkpoint,
-        identity: str,
-        token: str,
-        expected: int,
-        body: bytes,
-        part: tuple[list[Any], list[bytes], list[bytes]],
-        replace: bool,
-        claim: NextClaim | None = None,
-        ttl_ms: int = 0,
-        delay_ms: int = 0,
-    ) -> list[Any]:
-        """ARGV of commit.lua, finalize.lua (which takes no token) or commit_and_claim.lua (``claim``:
-        its next_token and lease_ms): their headers give the layout. ``ttl_ms``: the ttl_ms slot of
-        commit.lua and finalize.lua (terminal_ttl_ms, 0 for none); ``delay_ms``: commit.lua's."""
-        (epoch, base_m, base_c), blobs_m, blobs_c = part
-        head = [identity] if script == S.FINALIZE else [identity, token]
-        term = "0" if cp.terminal_result is None else "1"
-        if claim is not None:  # commit_and_claim; the permit's cap goes after the key
-            extra: tuple[Any, ...] = (claim.next_token, claim.lease_ms, claim.max_attempts, int(cp.priority),
-                                      cp.concurrency_key or "", claim.permit_cap)  # fmt: skip
-        elif script == S.COMMIT:
-            extra = (ttl_ms, delay_ms, int(cp.priority), cp.concurrency_key or "")
-        else:
-            extra = (ttl_ms,)
-        return [
-            *head, int(expected), int(cp.cycle_index), _STATUS_VALUE[cp.status], term, body, *extra,
-            "1" if replace else "0", epoch, base_m, base_c, len(blobs_m), *blobs_m, *blobs_c,
-        ]  # fmt: skip
-
-    @staticmethod
-    def _write_id(
+    def write_id(
         kind: str,
         cp: Checkpoint,
         token: str,
@@ -139,19 +201,19 @@ class CheckpointWrites(ConcurrencyLimits):
         """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins.
         ``delay_ms``: the first cycle is not claimable before that long from now (server clock)."""
         # A generator of its own (not _store's), so telemetry names the operation "create".
-        return (yield from self._store(S.CREATE, cp, self._delay(delay_ms, cp)))
+        return (yield from self._store(S.CREATE, cp, check_delay(delay_ms, cp)))
 
     def save(self, cp: Checkpoint) -> Op[None]:
         yield from self._store(S.SAVE, cp)
         return None
 
     def _store(self, script: str, cp: Checkpoint, delay_ms: int = 0) -> Op[bool]:
-        self.validate(cp)
-        keys = self._task_keys(cp.task_id)
+        validate(cp)
+        keys = self.state.task_keys(cp.task_id)
         messages, cycles = list(cp.messages), list(cp.cycles)  # exactly what this write sends
-        body = self._body(cp)
-        _, blobs_m, blobs_c = self._history_part(cp, None, (len(messages), len(cycles)), body)
-        args = self._store_argv(cp, new_nonce(), body, blobs_m, blobs_c, delay_ms)
+        body = encode_body(cp)
+        _, blobs_m, blobs_c = self.state.history_part(cp, None, (len(messages), len(cycles)), body)
+        args = store_argv(cp, new_nonce(), body, blobs_m, blobs_c, delay_ms)
         # A save replaces a parked task too: it takes the parked index to take the task out of it, and
         # drops the durable steps' results (KEYS[10]) with the rest of what the task held.
         reply = yield Call(script, keys.stepped() if script == S.SAVE else keys.as_list(), args)
@@ -175,26 +237,27 @@ class CheckpointWrites(ConcurrencyLimits):
         replace_history: bool = False,
         delay_ms: int | None = None,
     ) -> Op[bool]:
-        self.validate(cp, stores_revision=False)
-        delay = self._delay(delay_ms, cp)
-        token = self._token(token)
-        expected = self._revision(expected_revision, bumped=True)
-        written = yield from self._fenced_write("commit", S.COMMIT, cp, token, expected, replace_history,
-                                                delay_ms=delay)  # fmt: skip
-        if self._permits:
+        validate(cp, stores_revision=False)
+        delay = check_delay(delay_ms, cp)
+        token = check_token(token)
+        expected = check_revision(expected_revision, bumped=True)
+        argv = CommitArgv(self.state.terminal_ttl_ms or 0, delay)
+        written = yield from self._fenced_write(argv, cp, token, expected, replace_history)
+        if self.limits.permits:
             # The cycle is over (or the lease was): its place too. A stale write of a live lease keeps it.
-            yield from self._refused_write(cp.task_id, token, written.reply)
+            yield from self.limits.refused_write(cp.task_id, token, written.reply)
         return written.applied
 
     def finalize(self, cp: Checkpoint, *, expected_revision: int, replace_history: bool = False) -> Op[bool]:
-        self.validate(cp, stores_revision=False)
+        validate(cp, stores_revision=False)
         if cp.terminal_result is None:
             raise InvalidArgument("finalized checkpoint must include terminal_result", task_id=cp.task_id)
-        expected = self._revision(expected_revision, bumped=True)
-        written = yield from self._fenced_write("finalize", S.FINALIZE, cp, "", expected, replace_history)
-        if self._permits and cp.claim_token is not None:
+        expected = check_revision(expected_revision, bumped=True)
+        argv = FinalizeArgv(self.state.terminal_ttl_ms or 0)
+        written = yield from self._fenced_write(argv, cp, "", expected, replace_history)
+        if self.limits.permits and cp.claim_token is not None:
             # Applied: nobody held a claim. Refused while cp's own claim is live: its place stays.
-            yield from self._refused_write(cp.task_id, cp.claim_token, written.reply)
+            yield from self.limits.refused_write(cp.task_id, cp.claim_token, written.reply)
         return written.applied
 
     def commit_and_claim(
@@ -217,7 +280,7 @@ class CheckpointWrites(ConcurrencyLimits):
         subclass from Redis means a re-send (after a lost reply) whose commit
         had applied but whose claim another worker has taken since.
         """
-        self.validate(cp, stores_revision=False)
+        validate(cp, stores_revision=False)
         tid = cp.task_id
         if cp.status != AgentStatus.RUNNING or cp.terminal_result is not None:
             raise InvalidArgument(
@@ -227,10 +290,10 @@ class CheckpointWrites(ConcurrencyLimits):
             )
         if cp.cycle_index >= MAX_CYCLE:
             raise InvalidArgument(f"cycle {cp.cycle_index} is the last one: use commit", task_id=tid)
-        token = self._token(token)
-        next_token = token if next_token is None else self._token(next_token)
-        lease_ms = self._lease(lease_ms)
-        expected = self._revision(expected_revision, bumped=True)
+        token = check_token(token)
+        next_token = token if next_token is None else check_token(next_token)
+        lease_ms = check_lease(lease_ms)
+        expected = check_revision(expected_revision, bumped=True)
         if expected + 1 > MAX_CLAIM_FROM_REVISION:
             raise ClaimRejected(
                 f"checkpoint of task {tid!r} would be at revision {expected + 1}: a claim and its commit would "
@@ -238,45 +301,43 @@ class CheckpointWrites(ConcurrencyLimits):
                 task_id=tid,
                 revision=expected + 1,
             )
+        limits = self.limits
         ckey, cap = cp.concurrency_key, 0
-        old = self._permit(tid, token)
+        old = limits.permit(tid, token)
         if ckey is not None:
             # The next cycle's lease takes the committed one's place (the limits note in _common.lua).
-            got, full = yield from self._take_place(
+            got, full = yield from limits.take_place(
                 tid, next_token, ckey, lease_ms, replaces=token if old == ckey else ""
             )
             if full is not None:
                 raise full
             assert got is not None
             cap = got
-        w = yield from self._fenced_write(
-            "commit_and_claim", S.COMMIT_AND_CLAIM, cp, token, expected, replace_history,
-            NextClaim(next_token, lease_ms, self.max_attempts, cap), claim_revision=expected + 2,
-        )  # fmt: skip
+        argv = NextClaim(next_token, lease_ms, self.state.max_attempts, cap)
+        w = yield from self._fenced_write(argv, cp, token, expected, replace_history, claim_revision=expected + 2)
         reply, code = w.reply, w.reply[0]
-        if self._permits:
-            left = None if code in (Reply.DONE, Reply.DONE_BEFORE) else self._lease_left(reply, token)
+        if limits.permits:
+            left = None if code in (Reply.DONE, Reply.DONE_BEFORE) else limits.lease_left(reply, token)
             if left is not None:
                 # Fenced out while token's lease goes on: it keeps (or gets back) its place.
                 yield from self._keep_place(tid, token, next_token, old, ckey, left)
             else:
                 if old is not None and old != ckey:
-                    yield from self._give_back(tid, token, old)  # the key changed (or went): the old place too
+                    yield from limits.give_back(tid, token, old)  # the key changed (or went): the old place too
                 if code not in (Reply.DONE, Reply.DONE_BEFORE):
-                    yield from self._give_back(tid, next_token)
-                    yield from self._give_back(tid, token)
-        keys = self._task_keys(tid)
+                    yield from limits.give_back(tid, next_token)
+                    yield from limits.give_back(tid, token)
         if code == Reply.DONE and w.entry is None:
             # Full lists were appended: the claim came back whole (commit_and_claim.lua).
-            return self._checkpoint(tid, keys, reply, 1, None, claim=True)
+            return self.state.checkpoint(tid, self.state.task_keys(tid), reply, 1, None, claim=True)
         if code == Reply.DONE:
             assert w.entry is not None
             return self._continued(cp, w.entry, w.body, next_token, reply)
         if code == Reply.DONE_BEFORE:
-            return self._checkpoint(tid, keys, reply, 1, w.known, claim=True)
+            return self.state.checkpoint(tid, self.state.task_keys(tid), reply, 1, w.known, claim=True)
         if code == Reply.REFUSED:
             return None
-        self._claim_refused(tid, cp.cycle_index + 1, code, reply)
+        raise_claim_refused(tid, cp.cycle_index + 1, code, reply)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _keep_place(
@@ -290,15 +351,15 @@ class CheckpointWrites(ConcurrencyLimits):
         if old == ckey or (old is None and next_token == token):
             # The lease's place was moved to next_token (or, the same holder, its expiry to the new lease's):
             # move it back and past the lease's end. A place of token's unknown to this core is kept alike.
-            got, _ = yield from self._take_place(
+            got, _ = yield from self.limits.take_place(
                 tid, token, ckey, left, replaces="" if next_token == token else next_token
             )
             if got is None and next_token != token:
-                yield from self._give_back(tid, next_token, ckey)
+                yield from self.limits.give_back(tid, next_token, ckey)
             return None
-        yield from self._give_back(tid, next_token, ckey)
+        yield from self.limits.give_back(tid, next_token, ckey)
         if old is not None:
-            self._permits[(tid, token)] = old  # the give back forgot token's own place when next_token == token
+            self.limits.permits[(tid, token)] = old  # the give back forgot token's own place when next_token == token
         return None
 
     def _continued(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
@@ -309,7 +370,7 @@ class CheckpointWrites(ConcurrencyLimits):
         entry ``_fenced_write`` left for the new claim (``_claimed_entry``).
         """
         tid = cp.task_id
-        shared_state, _terminal, budget = decode(body, key=self._task_keys(tid).checkpoint, task_id=tid)
+        shared_state, _terminal, budget = decode(body, key=self.state.task_keys(tid).checkpoint, task_id=tid)
         return Checkpoint(
             task_id=tid,
             cycle_index=cp.cycle_index,
@@ -344,26 +405,24 @@ class CheckpointWrites(ConcurrencyLimits):
 
     def _fenced_write(
         self,
-        kind: str,
-        script: str,
+        argv: FencedArgv,
         cp: Checkpoint,
         token: str,
         expected: int,
         replace: bool,
-        claim: NextClaim | None = None,
         claim_revision: int | None = None,
-        delay_ms: int = 0,
     ) -> Op[_Written]:
-        """``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
-        (``_claimed_entry``), and ``written.entry`` is that. ``delay_ms`` (commit): the next cycle's delay,
-        part of the write's identity (a different delay is a different write)."""
+        """Send ``argv``'s script (its contract: which script, its own ARGV, what of it the identity takes).
+        ``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
+        (``_claimed_entry``), and ``written.entry`` is that."""
         # finalize may close a parked task (the parked index); commit and commit_and_claim count what they
         # apply (the parked index, then the shard's counters: commit_and_claim's re-send may park a task);
         # all three drop the cycle's durable step results (KEYS[10]).
-        keys = self._wire_keys(cp.task_id).stepped
-        ttl_ms = self.terminal_ttl_ms or 0  # not part of the write's identity: a re-send by any store is this write
+        state = self.state
+        keys = state.wire_keys(cp.task_id).stepped
         upto = n_m, n_c = len(cp.messages), len(cp.cycles)  # this write's extent, fixed before any I/O
-        body = self._body(cp)
+        body = encode_body(cp)
+        script, extra = argv.script, argv.identity_extra()
         known = self.history.get(cp.task_id)
         # Only the delta goes when the cache was read at this very revision: its
         # entries are then exactly the history this write extends (claims do not
@@ -382,14 +441,12 @@ class CheckpointWrites(ConcurrencyLimits):
             known = None
 
         def request(h: History | None) -> tuple[Call, Any, Any]:
-            part = self._history_part(cp, h, upto, body)
+            part = state.history_part(cp, h, upto, body)
             _, blobs_m, blobs_c = part
             hash_m = hashed(blobs_m, None if h is None else h.hash_m)
             hash_c = hashed(blobs_c, None if h is None else h.hash_c)
-            identity = self._write_id(kind, cp, token, expected, replace, body, upto, hash_m, hash_c,
-                                      (claim.next_token,) if claim else ((delay_ms,) if delay_ms else ()))  # fmt: skip
-            args = self._fenced_argv(script, cp, identity, token, expected, body, part, replace, claim, ttl_ms,
-                                     delay_ms)  # fmt: skip
+            identity = self.write_id(argv.kind, cp, token, expected, replace, body, upto, hash_m, hash_c, extra)
+            args = argv.argv(identity, token, expected, cp, body, part, replace)
             return Call(script, keys, args), hash_m, hash_c
 
         call, hash_m, hash_c = request(known)

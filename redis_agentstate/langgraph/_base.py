@@ -129,13 +129,13 @@ class SaverBase:
         built = self._thread_keys[thread_id] = (version, keys, keys.as_list())
         return built
 
-    def _ttl_arg(self) -> str:
+    def ttl_arg(self) -> str:
         return "" if self.ttl_ms is None else str(self.ttl_ms)
 
-    def _token(self, thread_id: str) -> str:
+    def token_of(self, thread_id: str) -> str:
         return self.tokens.get(thread_id, "")
 
-    def _fenced(self, reply: Any, thread_id: str, what: str) -> Any:
+    def fenced(self, reply: Any, thread_id: str, what: str) -> Any:
         """``reply`` of a fenced script, or the error it stands for (nothing was written then)."""
         if int(reply[0]) == Reply.DONE:
             return reply
@@ -165,7 +165,7 @@ class SaverBase:
             )
         raise AssertionError(f"unexpected reply {reply!r}")  # pragma: no cover
 
-    def _typed(self, value: Any, what: str) -> tuple[str, bytes]:
+    def typed(self, value: Any, what: str) -> tuple[str, bytes]:
         """``serde.dumps_typed(value)``; a value it cannot encode is the caller's: ``InvalidArgument``,
         raised before anything is sent."""
         try:
@@ -175,11 +175,11 @@ class SaverBase:
                 f"{what} cannot be serialized by {type(self.serde).__name__}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _dumps(self, value: Any, what: str = "a channel value") -> bytes:
-        kind, data = self._typed(value, what)
+    def dumps(self, value: Any, what: str = "a channel value") -> bytes:
+        kind, data = self.typed(value, what)
         return cast(bytes, msgpack.packb([kind, data], use_bin_type=True))
 
-    def _load(self, kind: Any, data: Any, key: str, what: str) -> Any:
+    def load_value(self, kind: Any, data: Any, key: str, what: str) -> Any:
         """``serde.loads_typed`` of a value read from ``key``: one it cannot read is corrupt data, not a crash."""
         try:
             return self.serde.loads_typed((kind, data))
@@ -198,7 +198,7 @@ class SaverBase:
         (``_compact``): every serializer's values past DEFER_BYTES, so that no script copies a long one."""
         return SHARE_BYTES if self.plain_serde else SHARE_BYTES_OTHER_SERDE
 
-    def _unpack_record(self, raw: bytes, key: str, cid: str = "") -> tuple[Any, ...]:
+    def unpack_record(self, raw: bytes, key: str, cid: str = "") -> tuple[Any, ...]:
         """``(parent, checkpoint body or None, ck_kind, ck_data, md_kind, md_data)`` of a stored record:
         a compact one comes with its body decoded, a serde one with its kind and data."""
         try:
@@ -220,21 +220,21 @@ class SaverBase:
         parent, ck_kind, ck_data, md_kind, md_data = fields
         return parent, None, ck_kind, ck_data, md_kind, md_data
 
-    def _record(self, raw: bytes, key: str, cid: str) -> tuple[str | None, Any, Any]:
-        parent, checkpoint, ck_kind, ck_data, md_kind, md_data = self._unpack_record(raw, key, cid)
+    def record(self, raw: bytes, key: str, cid: str) -> tuple[str | None, Any, Any]:
+        parent, checkpoint, ck_kind, ck_data, md_kind, md_data = self.unpack_record(raw, key, cid)
         if checkpoint is None:
-            checkpoint = self._load(ck_kind, ck_data, key, "a checkpoint")
+            checkpoint = self.load_value(ck_kind, ck_data, key, "a checkpoint")
         if not isinstance(checkpoint, dict):
             raise corrupt_state(key, [key], "holds a checkpoint that is not a dict")
-        return parent, checkpoint, self._metadata_of(md_kind, md_data, key)
+        return parent, checkpoint, self.metadata_of(md_kind, md_data, key)
 
-    def _metadata(self, raw: bytes, key: str) -> Any:
-        md_kind, md_data = self._unpack_record(raw, key)[4:]
-        return self._metadata_of(md_kind, md_data, key)
+    def metadata(self, raw: bytes, key: str) -> Any:
+        md_kind, md_data = self.unpack_record(raw, key)[4:]
+        return self.metadata_of(md_kind, md_data, key)
 
-    def _metadata_of(self, kind: Any, data: Any, key: str) -> Any:
+    def metadata_of(self, kind: Any, data: Any, key: str) -> Any:
         # kind None: a compact record's plain metadata, already decoded.
-        metadata = data if kind is None else self._load(kind, data, key, "checkpoint metadata")
+        metadata = data if kind is None else self.load_value(kind, data, key, "checkpoint metadata")
         if not isinstance(metadata, dict):
             raise corrupt_state(key, [key], "holds checkpoint metadata that is not a dict")
         return metadata

@@ -29,8 +29,11 @@ class Acquired(NamedTuple):
     sent_at: float
 
 
-class ThreadLeases(SaverBase):
-    """Claiming, renewing and releasing a thread for one writer."""
+class ThreadLeases:
+    """Claiming, renewing and releasing a thread for one writer (a part of ``SaverCore``)."""
+
+    def __init__(self, base: SaverBase) -> None:
+        self.base = base
 
     def acquire(
         self,
@@ -52,14 +55,14 @@ class ThreadLeases(SaverBase):
         tid = _ident(thread_id, "thread_id")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         check_int(wait_ms, "wait_ms", 0, MAX_LEASE_MS)
-        keys = self.thread_keys(tid)
+        keys = self.base.thread_keys(tid)
         deadline: int | None = None
         while True:
             sent = now()
             reply = yield Call(LG_LEASE, keys, [token, lease_ms])
             code, expires, server_ms = int(reply[0]), int(reply[1]), int(reply[2])
             if code == Reply.DONE:
-                self.tokens[tid] = token
+                self.base.tokens[tid] = token
                 return Acquired(expires, sent)
             if deadline is None:
                 deadline = server_ms + wait_ms
@@ -72,25 +75,25 @@ class ThreadLeases(SaverBase):
             block = max(1, min(deadline, expires) - server_ms)
             if slice_ms is not None:
                 block = min(block, slice_ms)
-            yield Command(["BLPOP", self.thread_key_set(tid).released, f"{block / 1000:.3f}"])
+            yield Command(["BLPOP", self.base.thread_key_set(tid).released, f"{block / 1000:.3f}"])
 
     def renew(self, thread_id: str, token: str, lease_ms: int) -> Op[int | None]:
-        reply = yield Call(LG_RENEW, self.thread_keys(thread_id), [token, lease_ms])
+        reply = yield Call(LG_RENEW, self.base.thread_keys(thread_id), [token, lease_ms])
         return int(reply[1]) if int(reply[0]) == Reply.DONE else None
 
     def revoke(self, thread_id: str, token: str) -> Op[bool]:
         """Release the lease in Redis but keep its token here: a write still under way with it (another
         thread's) is refused as a lost lease, never written unfenced. ``forget`` drops the token after."""
-        reply = yield Call(LG_RELEASE, self.thread_keys(thread_id), [token])
+        reply = yield Call(LG_RELEASE, self.base.thread_keys(thread_id), [token])
         return bool(int(reply))
 
     def forget(self, thread_id: str, token: str) -> None:
         """Drop a revoked lease's token (its holder's writes are over)."""
-        if self.tokens.get(thread_id) == token:
-            del self.tokens[thread_id]
+        if self.base.tokens.get(thread_id) == token:
+            del self.base.tokens[thread_id]
 
     def release(self, thread_id: str, token: str) -> Op[bool]:
-        if self.tokens.get(thread_id) == token:
-            del self.tokens[thread_id]
-        reply = yield Call(LG_RELEASE, self.thread_keys(thread_id), [token])
+        if self.base.tokens.get(thread_id) == token:
+            del self.base.tokens[thread_id]
+        reply = yield Call(LG_RELEASE, self.base.thread_keys(thread_id), [token])
         return bool(int(reply))

@@ -27,8 +27,11 @@ LIST_PAGE = 100
 LIST_BYTES = 1 << 20
 
 
-class Listing(SaverReads):
-    """Checking a ``list()`` call's arguments into a ``Lister``."""
+class Listing:
+    """Checking a ``list()`` call's arguments into a ``Lister`` (a part of ``SaverCore``, over its reads)."""
+
+    def __init__(self, reads: SaverReads) -> None:
+        self.reads = reads
 
     def lister(
         self,
@@ -56,7 +59,7 @@ class Listing(SaverReads):
                 ns = _ns(conf.get("checkpoint_ns"))
             c = conf.get("checkpoint_id")
             cid = None if c is None else _ident(c, "checkpoint_id")
-        return Lister(self, threads, ns, cid, dict(filter or {}), before_id, limit)
+        return Lister(self.reads, threads, ns, cid, dict(filter or {}), before_id, limit)
 
 
 class Lister:
@@ -69,7 +72,7 @@ class Lister:
 
     def __init__(
         self,
-        core: SaverReads,
+        reads: SaverReads,
         threads: list[str] | None,
         ns: str | None,
         cid: str | None,
@@ -77,7 +80,7 @@ class Lister:
         before: str | None,
         limit: int | None,
     ) -> None:
-        self.core = core
+        self.reads = reads
         self.threads = threads
         self.ns = ns
         self.cid = cid
@@ -126,7 +129,7 @@ class Lister:
         if self.done:
             return None
         if self.threads is None:
-            shards = [self.core.keys.shard_threads(s) for s in range(self.core.keys.shards)]
+            shards = [self.reads.base.keys.shard_threads(s) for s in range(self.reads.base.keys.shards)]
             found = yield from list_indexes(shards)
             for t in found:
                 if _foreign_id(t):  # named with the shard index that holds it
@@ -137,7 +140,7 @@ class Lister:
             self.done = True
             return None
         tid = self.threads[self.thread_index]
-        keys = self.core.thread_key_set(tid)
+        keys = self.reads.base.thread_key_set(tid)
         if self.ns is not None:
             ns = self.ns
         else:
@@ -158,7 +161,7 @@ class Lister:
         for _ in range(READ_TRIES):
             reply = yield Call(LG_LIST, keys.as_list(),
                                [*bounds, "1" if whole else "0", tid, LIST_BYTES if whole else 0, *held])  # fmt: skip
-            if not whole or (yield from self.core.fetch_deferred(tid, reply[1])):
+            if not whole or (yield from self.reads.fetch_deferred(tid, reply[1])):
                 break
         else:
             raise CorruptState(f"a shared value of thread {tid!r} vanished under {READ_TRIES} listings in a row")
@@ -187,13 +190,13 @@ class Lister:
             if whole:
                 got = item
             else:
-                md = self.core._metadata(item, keys.index if int(at) == 3 else keys.records)
+                md = self.reads.base.metadata(item, keys.index if int(at) == 3 else keys.records)
                 if not all(md.get(k) == v for k, v in self.filter.items()):
                     continue
-                got = yield from self.core.read_checkpoint(tid, ns, cid)
+                got = yield from self.reads.read_checkpoint(tid, ns, cid)
                 if not got:
                     continue  # deleted between the page and this read
-            out.append(self.core._tuple(tid, got))
+            out.append(self.reads.checkpoint_tuple(tid, got))
             if self.left is not None:
                 self.left -= 1
                 if self.left <= 0:

@@ -19,19 +19,22 @@ from .scripts import LG_DELETE_RUNS, LG_DELETE_THREAD, LG_DUMP, LG_IMPORT, LG_PR
 __all__ = ["ThreadMaintenance"]
 
 
-class ThreadMaintenance(SaverBase):
-    """Deleting, copying and pruning whole threads (or a run's checkpoints in them)."""
+class ThreadMaintenance:
+    """Deleting, copying and pruning whole threads (or a run's checkpoints in them): a part of ``SaverCore``."""
+
+    def __init__(self, base: SaverBase) -> None:
+        self.base = base
 
     def delete_thread(self, thread_id: str) -> Op[None]:
         tid = _ident(thread_id, "thread_id")
-        reply = yield Call(LG_DELETE_THREAD, self.thread_keys(tid), [tid, self._token(tid)])
-        self._fenced(reply, tid, "delete_thread")
+        reply = yield Call(LG_DELETE_THREAD, self.base.thread_keys(tid), [tid, self.base.token_of(tid)])
+        self.base.fenced(reply, tid, "delete_thread")
         self._forget(tid)
         return None
 
     def _forget(self, tid: str) -> None:
-        for key in [k for k in self.lists if k[0] == tid]:
-            del self.lists[key]
+        for key in [k for k in self.base.lists if k[0] == tid]:
+            del self.base.lists[key]
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> Op[None]:
         if isinstance(run_ids, (str, bytes)) or not isinstance(run_ids, Iterable):
@@ -41,16 +44,16 @@ class ThreadMaintenance(SaverBase):
             return None
         threads = yield from restart(lambda: self._threads_of_runs(runs))
         for tid in sorted(threads):
-            reply = yield Call(LG_DELETE_RUNS, self.thread_keys(tid), [tid, self._token(tid), *runs])
-            self._fenced(reply, tid, "delete_for_runs")
+            reply = yield Call(LG_DELETE_RUNS, self.base.thread_keys(tid), [tid, self.base.token_of(tid), *runs])
+            self.base.fenced(reply, tid, "delete_for_runs")
             self._forget(tid)
         return None
 
     def _threads_of_runs(self, runs: list[str]) -> Op[set[str]]:
         commands = [
-            ("ZRANGEBYLEX", self.keys.shard_runs(s), f"[{r}{SEP}".encode(), f"({r}\x01".encode())
+            ("ZRANGEBYLEX", self.base.keys.shard_runs(s), f"[{r}{SEP}".encode(), f"({r}\x01".encode())
             for r in runs
-            for s in range(self.keys.shards)
+            for s in range(self.base.keys.shards)
         ]
         replies = yield Pipe(commands)
         threads: set[str] = set()
@@ -65,11 +68,11 @@ class ThreadMaintenance(SaverBase):
         dst = _ident(target_thread_id, "target_thread_id")
         if src == dst:
             raise InvalidArgument("copy_thread needs two different threads")
-        dump = yield Call(LG_DUMP, self.thread_keys(src), [])
+        dump = yield Call(LG_DUMP, self.base.thread_keys(src), [])
         records, blobs, writes, _runs, where = dump
         if not records:
             return None
-        keys = self.thread_key_set(src)
+        keys = self.base.thread_key_set(src)
         # The target's script indexes the records' members: checked here, before it writes, with the
         # framing of what it copies (a corrupt thread is reported, not duplicated).
         for member, stored, at in zip(records[::2], records[1::2], where, strict=True):
@@ -81,9 +84,9 @@ class ThreadMaintenance(SaverBase):
             _unpack_writes(packed, keys.writes)
         # The copy is a thread of its own: its checkpoints do not join the source's runs, so
         # delete_for_runs (a run's rollback) deletes in the thread the run wrote, never in its copies.
-        args = [dst, self._token(dst), self._ttl_arg(), len(records), len(blobs), len(writes), 0]
-        reply = yield Call(LG_IMPORT, self.thread_keys(dst), [*args, *records, *blobs, *writes])
-        self._fenced(reply, dst, "copy_thread")
+        args = [dst, self.base.token_of(dst), self.base.ttl_arg(), len(records), len(blobs), len(writes), 0]
+        reply = yield Call(LG_IMPORT, self.base.thread_keys(dst), [*args, *records, *blobs, *writes])
+        self.base.fenced(reply, dst, "copy_thread")
         return None
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> Op[list[str]]:
@@ -96,7 +99,7 @@ class ThreadMaintenance(SaverBase):
         skipped = []
         for tid in tids:
             keep = (yield from self._delta_ancestors(tid)) if strategy == "keep_latest" else []
-            reply = yield Call(LG_PRUNE, self.thread_keys(tid), [tid, strategy, *keep])
+            reply = yield Call(LG_PRUNE, self.base.thread_keys(tid), [tid, strategy, *keep])
             if int(reply[0]) == Reply.REFUSED:
                 skipped.append(tid)
             else:
@@ -110,7 +113,7 @@ class ThreadMaintenance(SaverBase):
         the last snapshot; the kept checkpoint's metadata counts the supersteps since then
         (``counters_since_delta_snapshot``), so that many parents are kept with their writes.
         """
-        keys = self.thread_key_set(tid)
+        keys = self.base.thread_key_set(tid)
         entries = yield Command(["ZRANGE", keys.index, 0, -1])
         members = [_stored_member(_entry_member(e), keys.index) for e in entries]
         # The stored checkpoints the index entries carry; one of the earlier layout is in the hash.
@@ -163,5 +166,5 @@ class ThreadMaintenance(SaverBase):
         return keep
 
     def _parent_and_metadata(self, raw: bytes, key: str) -> tuple[str | None, Any]:
-        parent, _, _, _, md_kind, md_data = self._unpack_record(raw, key)
-        return parent, self._metadata_of(md_kind, md_data, key)
+        parent, _, _, _, md_kind, md_data = self.base.unpack_record(raw, key)
+        return parent, self.base.metadata_of(md_kind, md_data, key)

@@ -39,8 +39,11 @@ TAIL_CHAIN = 64
 TAIL_CACHE = 4096
 
 
-class SaverWrites(SaverBase):
-    """Checking, framing and sending a checkpoint and its pending writes."""
+class SaverWrites:
+    """Checking, framing and sending a checkpoint and its pending writes (a part of ``SaverCore``)."""
+
+    def __init__(self, base: SaverBase) -> None:
+        self.base = base
 
     # ---- put ------------------------------------------------------------
 
@@ -70,13 +73,13 @@ class SaverWrites(SaverBase):
         run_id = md.get("run_id")
         run = "" if run_id is None else _ident(run_id, "metadata run_id")
         record = None
-        if self.plain_serde:
+        if self.base.plain_serde:
             record = compact_record(
-                parent, cid, body, dict(md), lambda: self._typed(md, "the checkpoint metadata"), list(versions)
+                parent, cid, body, dict(md), lambda: self.base.typed(md, "the checkpoint metadata"), list(versions)
             )
         if record is None:
-            md_kind, md_data = self._typed(md, "the checkpoint metadata")
-            ck_kind, ck_data = self._typed(body, "the checkpoint")
+            md_kind, md_data = self.base.typed(md, "the checkpoint metadata")
+            ck_kind, ck_data = self.base.typed(body, "the checkpoint")
             record = msgpack.packb([parent, ck_kind, ck_data, md_kind, md_data], use_bin_type=True)
         reads = [f"{ns}{SEP}{self._channel(ch)}{SEP}{self._version(v)}" for ch, v in versions.items()]
         blobs: list[tuple[str, bytes, tuple[str, str, str], _Remembered | None]] = []
@@ -89,11 +92,11 @@ class SaverWrites(SaverBase):
                 continue
             value, remembered = self._blob(tid, ns, ch, version, values)
             blobs.append((fld, value, (tid, ns, ch), remembered))
-        keys = self.thread_keys(tid)
+        keys = self.base.thread_keys(tid)
         reads_list = _fields(reads)
         stored = b"%d:" % len(reads_list) + reads_list + record
         parent_member = "" if parent is None else f"{ns}{SEP}{parent}"
-        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
+        head = [tid, self.base.token_of(tid), self.base.ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *self._blob_pairs(blobs)])
             if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
@@ -102,7 +105,7 @@ class SaverWrites(SaverBase):
                 blobs = [self._full_again(b) if b[0] == missing else b for b in blobs]
                 continue
             break
-        self._fenced(reply, tid, "put")
+        self.base.fenced(reply, tid, "put")
         for _, _, cache_key, remembered in blobs:
             self._remember(cache_key, remembered)
         return _config(tid, ns, cid)
@@ -112,7 +115,7 @@ class SaverWrites(SaverBase):
         values (each once) the references name."""
         pairs: list[Any] = []
         shared: dict[bytes, bytes] = {}
-        share_bytes = self.share_bytes
+        share_bytes = self.base.share_bytes
         for fld, value, _, _ in blobs:
             if value[:1] == _FULL and len(value) >= share_bytes:
                 f = share_field(value)
@@ -144,8 +147,8 @@ class SaverWrites(SaverBase):
         """The stored form of channel ``ch`` at ``version``: full, or the tail of the list last stored."""
         value = values[ch]
         if type(value) is not list:
-            return _FULL + self._dumps(value), None
-        prev = self.lists.get((tid, ns, ch))
+            return _FULL + self.base.dumps(value), None
+        prev = self.base.lists.get((tid, ns, ch))
         n = 0 if prev is None else len(prev.items)
         if prev is not None and prev.version != version and len(value) >= n and _same_prefix(prev.items, value):
             added = _snapshot(value[n:])
@@ -162,34 +165,34 @@ class SaverWrites(SaverBase):
                     version, items, 0, version, len(value), prev.anchors + 1
                 )
         snap = _snapshot(value)
-        full = _FULL + self._dumps(value)
+        full = _FULL + self.base.dumps(value)
         return full, None if snap is None else _Remembered(version, snap, 0, version, len(value), 0)
 
     def _tail(self, base: str, items: list[Any]) -> bytes:
         b = base.encode()
-        return _TAIL + b"%d:%s" % (len(b), b) + self._dumps(items)
+        return _TAIL + b"%d:%s" % (len(b), b) + self.base.dumps(items)
 
     def _full_again(
         self, blob: tuple[str, bytes, tuple[str, str, str], _Remembered | None]
     ) -> tuple[str, bytes, tuple[str, str, str], _Remembered | None]:
         fld, _, cache_key, remembered = blob
         assert remembered is not None  # only tails have a base
-        self.lists.pop(cache_key, None)
+        self.base.lists.pop(cache_key, None)
         return (
             fld,
-            _FULL + self._dumps(remembered.items),
+            _FULL + self.base.dumps(remembered.items),
             cache_key,
             _Remembered(remembered.version, remembered.items, 0, remembered.version, len(remembered.items), 0),
         )
 
     def _remember(self, cache_key: tuple[str, str, str], remembered: _Remembered | None) -> None:
         if remembered is None:
-            self.lists.pop(cache_key, None)
+            self.base.lists.pop(cache_key, None)
             return
-        self.lists[cache_key] = remembered
-        self.lists.move_to_end(cache_key)
-        while len(self.lists) > TAIL_CACHE:
-            self.lists.popitem(last=False)
+        self.base.lists[cache_key] = remembered
+        self.base.lists.move_to_end(cache_key)
+        while len(self.base.lists) > TAIL_CACHE:
+            self.base.lists.popitem(last=False)
 
     # ---- put_writes -----------------------------------------------------
 
@@ -207,14 +210,14 @@ class SaverWrites(SaverBase):
             raise InvalidArgument(f"task_path must be a str, got {type(task_path).__name__}")
         args: list[Any] = []
         shared: dict[bytes, bytes] = {}
-        share_bytes = self.share_bytes
+        share_bytes = self.base.share_bytes
         for idx, pair in enumerate(writes):
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise InvalidArgument(f"each write must be a (channel, value) pair, got {pair!r:.80}")
             channel, value = pair
             self._channel(channel)
             i = WRITES_IDX_MAP.get(channel, idx)
-            kind, data = self._typed(value, f"the write to channel {channel!r}")
+            kind, data = self.base.typed(value, f"the write to channel {channel!r}")
             field = None
             if len(data) + len(kind) + 8 >= share_bytes:
                 stored = _FULL + msgpack.packb([kind, data], use_bin_type=True)
@@ -226,11 +229,11 @@ class SaverWrites(SaverBase):
             args += [write_key(task, i), "1" if i < 0 else "0", payload]
         if not args:
             return None
-        head = [tid, self._token(tid), self._ttl_arg(), f"{ns}{SEP}{cid}", 2 * len(shared)]
+        head = [tid, self.base.token_of(tid), self.base.ttl_arg(), f"{ns}{SEP}{cid}", 2 * len(shared)]
         reply = yield Call(
-            LG_PUT_WRITES, self.thread_keys(tid), [*head, *(x for p in shared.items() for x in p), *args]
+            LG_PUT_WRITES, self.base.thread_keys(tid), [*head, *(x for p in shared.items() for x in p), *args]
         )
-        self._fenced(reply, tid, "put_writes")
+        self.base.fenced(reply, tid, "put_writes")
         return None
 
     @staticmethod

@@ -34,8 +34,11 @@ def _deferred_field(item: list[Any], key: str) -> bytes:
     return item[0]
 
 
-class SaverReads(SaverBase):
-    """Reading one checkpoint back, with its channel values and pending writes."""
+class SaverReads:
+    """Reading one checkpoint back, with its channel values and pending writes (a part of ``SaverCore``)."""
+
+    def __init__(self, base: SaverBase) -> None:
+        self.base = base
 
     def get_tuple(self, config: RunnableConfig) -> Op[CheckpointTuple | None]:
         conf = _configurable(config)
@@ -43,27 +46,27 @@ class SaverReads(SaverBase):
         ns = _ns(conf.get("checkpoint_ns"))
         cid = conf.get("checkpoint_id")
         cid = "" if cid is None else _ident(cid, "checkpoint_id")
-        ttl = self._ttl_arg() if self.refresh_on_read else ""
+        ttl = self.base.ttl_arg() if self.base.refresh_on_read else ""
         reply = yield from self.read_checkpoint(tid, ns, cid, ttl)
-        return self._tuple(tid, reply) if reply else None
+        return self.checkpoint_tuple(tid, reply) if reply else None
 
     def read_checkpoint(self, tid: str, ns: str, cid: str, ttl: str = "") -> Op[Any]:
         """``lg_get``'s reply for one checkpoint (``cid`` '': the newest of ``ns``), its long shared
         values read in (see ``fetch_deferred``), or None if there is no such checkpoint."""
         for _ in range(READ_TRIES):
-            reply = yield Call(LG_GET, self.thread_keys(tid), [ns, cid, ttl])
+            reply = yield Call(LG_GET, self.base.thread_keys(tid), [ns, cid, ttl])
             if not reply:
                 return None
             if (yield from self.fetch_deferred(tid, [reply])):
                 return reply
-        keys = self.thread_key_set(tid)
+        keys = self.base.thread_key_set(tid)
         raise corrupt_state(keys.blobs, [keys.blobs], f"lost a shared value under {READ_TRIES} reads in a row")
 
     def fetch_deferred(self, tid: str, replies: Sequence[Any]) -> Op[bool]:
         """Read in, with one HMGET, the shared values too long to come through a script that checkpoint
         replies name (a chain's ``[field, length]``, a write's ``Y`` + field; see ``_lg.lua``), in
         place; False if one is gone (the thread changed under the read: read it again)."""
-        keys = self.thread_key_set(tid)
+        keys = self.base.thread_key_set(tid)
         wanted: dict[bytes, bytes | None] = {}
         writes: list[tuple[Any, list[tuple[bytes, bytes]]]] = []
         for reply in replies:
@@ -105,14 +108,14 @@ class SaverReads(SaverBase):
             reply[3] = b"".join(packed)
         return True
 
-    def _tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
-        keys = self.thread_key_set(tid)
+    def checkpoint_tuple(self, tid: str, reply: Sequence[Any]) -> CheckpointTuple:
+        keys = self.base.thread_key_set(tid)
         ns, cid = _stored_member(reply[0], keys.index)
         # Where the script found the record and the writes (KEYS indexes: an error names the key).
         at = {2: keys.records, 3: keys.index, 5: keys.writes}
         records = at.get(int(reply[4]), keys.index) if len(reply) > 5 else keys.records
         writes_key = at.get(int(reply[5]), keys.writes) if len(reply) > 5 else keys.writes
-        parent, checkpoint, metadata = self._record(reply[1], records, cid)
+        parent, checkpoint, metadata = self.base.record(reply[1], records, cid)
         values: dict[str, Any] = {}
         blobs = reply[2]
         rebuilt: dict[str, str] = {}
@@ -154,7 +157,7 @@ class SaverReads(SaverBase):
                     raise corrupt_state(keys.blobs, [keys.blobs], "holds a shared value that is not a full value")
                 value = self._value(data[1:], keys.blobs)
             else:
-                value = self._load(kind, data, writes_key, "a pending write")
+                value = self.base.load_value(kind, data, writes_key, "a pending write")
             writes.append((writes_sort_key(path, task, idx), (task, channel, value)))
         writes.sort(key=lambda w: w[0])
         if "channel_versions" not in checkpoint:
@@ -195,4 +198,4 @@ class SaverReads(SaverBase):
             raise corrupt_state(key, [key], f"holds a value that is not a serialized channel value: {exc}") from exc
         if kind == "empty":
             return _EMPTY
-        return self._load(kind, data, key, "a channel value")
+        return self.base.load_value(kind, data, key, "a channel value")
