@@ -443,7 +443,7 @@ def test_commit_and_claims_path_is_three_files(make: Any, limited: bool) -> None
     from dataclasses import replace
 
     from redis_agentstate import AsyncCheckpointStore, Checkpoint, CheckpointStore
-    from redis_agentstate import scripts as S
+    from redis_agentstate.wire import scripts as S
 
     store = make(CheckpointStore, AsyncCheckpointStore)
     inner = getattr(store, "wrapped", store)
@@ -473,7 +473,7 @@ def test_commit_and_claims_path_is_three_files(make: Any, limited: bool) -> None
     finally:
         inner._core.commit_and_claim = commit_and_claim
     assert got is not None and got.claimed_cycle == 2
-    assert sent[-1] == S.COMMIT_AND_CLAIM and (PACKAGE / "lua" / f"{S.COMMIT_AND_CLAIM}.lua").is_file()
+    assert sent[-1] == S.COMMIT_AND_CLAIM and f"{S.COMMIT_AND_CLAIM}.lua" in S.lua_files()
     if limited:
         assert S.LIMIT_ACQUIRE in sent  # the limited path was taken
     path = seen & _core_modules(inner._core)
