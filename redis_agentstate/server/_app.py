@@ -276,8 +276,13 @@ class _App:
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
+        inputs = body.get("input")
+        if body.get("command") is not None and inputs == {}:
+            # useStream's submit({}, {command}) (Agent Chat UI's resume): LangGraph's server runs the
+            # command and drops the input; an empty one is no input. A non-empty one stays refused.
+            inputs = None
         try:
-            run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
+            run = await g.queue.create(tid, inputs, command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
                                        subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id)  # fmt: skip
@@ -371,12 +376,12 @@ class _App:
         out = await self._final(g, done)
         if delete:
             await self._drop_thread(g, run.thread_id)
-        return _json(out, headers=_location(run))
+        return _json(out, headers=_location(run, "/join"))
 
     async def run_join(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
         done = run if run.done else await self._join(g, run.run_id)
-        return _json(await self._final(g, done), headers=_location(run))
+        return _json(await self._final(g, done), headers=_location(run, "/join"))
 
     async def run_get(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -449,7 +454,7 @@ class _App:
                             await self._join(g, run.run_id)
                             await self._drop_thread(g, run.thread_id)
 
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run)}
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run, "/stream")}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     async def runs_stream(self, request: Request) -> Response:
@@ -506,11 +511,14 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return v
 
 
-def _location(run: Run) -> dict[str, str]:
-    # The run itself, never its /join or /stream: clients parse the run id out of it (the JS client's
-    # onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
+def _location(run: Run, then: str = "") -> dict[str, str]:
+    """``Content-Location``: the run itself, never its /join or /stream (clients parse the run id out
+    of it: the JS client's onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
+    ``Location``: where a client whose answer was cut off reconnects (both SDKs GET it, with
+    ``Last-Event-ID`` for a stream), as LangGraph's server sends it: ``then`` is ``/join`` for a
+    wait or a join, ``/stream`` for a stream."""
     path = f"/threads/{run.thread_id}/runs/{run.run_id}"
-    return {"Location": path, "Content-Location": path}
+    return {"Location": path + then, "Content-Location": path}
 
 
 def _is_write(request: Request) -> bool:
