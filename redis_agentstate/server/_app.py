@@ -115,6 +115,14 @@ class ThreadBook:
         rec["updated_ms"] = int(time.time() * 1000)
         await self.kv.set(rec["thread_id"], shapes.dumps(rec).encode())
 
+    async def touch(self, thread_id: str, raw: bytes) -> None:
+        """The thread updated now (a run on it), as LangGraph's server marks it: thread lists are
+        newest first. A compare-and-set on the record read as ``raw``: if another request rewrote it
+        meanwhile, that write set ``updated_ms`` itself, and a deleted thread stays deleted."""
+        rec = dict(json.loads(raw))
+        rec["updated_ms"] = int(time.time() * 1000)
+        await self.kv.swap(thread_id, raw, shapes.dumps(rec).encode())
+
     def graph_of(self, rec: Mapping[str, Any]) -> ServedGraph | None:
         name = (rec.get("metadata") or {}).get("graph_id")
         return self.graphs.get(name) if isinstance(name, str) else None
@@ -255,7 +263,8 @@ class _App:
         temporary = tid is None
         if tid is None:
             tid = str(uuid.uuid4())
-        rec = await self.book.record(tid)
+        raw = await self.book.kv.get(tid)
+        rec = None if raw is None else dict(json.loads(raw))
         if rec is None and not temporary and body.get("if_not_exists") != "create":
             raise HTTPException(404, f"no thread {tid!r}")
         owner = None if rec is None else self.book.graph_of(rec)
@@ -265,9 +274,11 @@ class _App:
         if rec is None:
             rec = {"thread_id": tid, "created_ms": int(time.time() * 1000), "metadata": {"graph_id": g.name}}
             await self.book.save(rec)
+            raw = None
         elif owner is None:
             rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
             await self.book.save(rec)
+            raw = None
         modes = _run_modes(body.get("stream_mode") or "values")
         config = body.get("config") or {}
         if not isinstance(config, dict):
@@ -290,6 +301,8 @@ class _App:
             raise HTTPException(409, str(exc)) from exc
         except InvalidArgument as exc:
             raise HTTPException(422, str(exc)) from exc
+        if raw is not None:  # a record just saved is already marked updated
+            await self.book.touch(tid, raw)
         return g, run, temporary and body.get("on_completion", "delete") == "delete"
 
     async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,16 @@
-"""A client whose answer is cut off reconnects where the server's ``Location`` says, on
-``agentstate serve`` as on LangChain's own server (``langgraph dev``), in one run.
+"""What a front end on ``useStream`` (LangChain's Agent Chat UI) relies on, through ``langgraph-sdk``
+against ``agentstate serve`` and LangChain's own server (``langgraph dev``) in one run; each case
+was found driving the UI in Chromium against both.
 
-Both SDKs read ``Location`` on ``runs.stream`` and ``runs.wait`` and, when the connection drops
-before the answer is whole, GET it (a stream with ``Last-Event-ID``): the Agent Chat UI's
-``useStream`` streams with ``streamResumable``, so a dropped connection mid-run is its reconnect.
-A proxy between ``langgraph-sdk`` and each server cuts the first answer of the run's POST after
-its headers (a stream: after its first event); the client must still get every event and the
-final values. ``Content-Location`` stays the run itself (clients take the run id from it).
+Reconnects: both SDKs read ``Location`` on ``runs.stream`` and ``runs.wait`` and, when the
+connection drops before the answer is whole, GET it (a stream with ``Last-Event-ID``); the UI
+streams with ``streamResumable``, so a dropped connection mid-run is its reconnect. A proxy between
+the client and each server cuts the first answer of the run's POST after its headers (a stream:
+after its first event); the client must still get every event and the final values.
+``Content-Location`` stays the run itself (clients take the run id from it).
+
+The thread list: the UI's history is ``threads.search(metadata=..., limit=100)`` with no sort,
+which LangGraph's server answers last-updated first (a run updates its thread).
 
 Runs where ``langgraph dev`` is installed (``$AGENTSTATE_LANGGRAPH_DEV``, else ``langgraph`` on
 ``PATH``); skipped otherwise. Ours runs on a real redis-server.
@@ -21,6 +25,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,7 +120,7 @@ def servers(real_server: Any) -> Iterator[dict[str, tuple[int, str | None]]]:
         dev_port, our_port = free_port(), free_port()
         dev = [str(LANGGRAPH), "dev", "--no-browser", "--no-reload", "--port", str(dev_port)]
         ours = [sys.executable, "-m", "redis_agentstate", "serve", "--url", redis_url, "--namespace",
-                f"reconnect-{uuid.uuid4().hex[:8]}", "--port", str(our_port), "--graph", f"long={GRAPH}"]  # fmt: skip
+                f"chat-ui-{uuid.uuid4().hex[:8]}", "--port", str(our_port), "--graph", f"long={GRAPH}"]  # fmt: skip
         with (
             _process(dev, env, f"http://127.0.0.1:{dev_port}", cwd=project),
             _process(ours, {**env, "AGENTSTATE_TOKEN": TOKEN}, f"http://127.0.0.1:{our_port}"),
@@ -161,3 +166,28 @@ def test_a_cut_wait_reconnects_to_its_run_join(servers: dict[str, tuple[int, str
         assert out == {"log": ["a", "long"]}
         runs = direct.runs.list(tid)
         assert len(runs) == 1 and runs[0]["status"] == "success"
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_threads_search_lists_the_last_used_first(servers: dict[str, tuple[int, str | None]], server: str) -> None:
+    port, key = servers[server]
+    c = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    tag = {"t": uuid.uuid4().hex}
+    made = []
+    for _ in range(3):
+        made.append(c.threads.create(metadata=tag)["thread_id"])
+        time.sleep(0.01)  # created_at apart
+    a, b, d = made
+    quick = {"configurable": {"sleep": 0}}
+    for tid in (a, b, a):  # a's second run makes it the last used: runs, not only metadata, update a thread
+        c.runs.wait(tid, "long", input={"log": []}, config=quick)
+        time.sleep(0.01)
+
+    def ids(**kw: Any) -> list[str]:
+        return [t["thread_id"] for t in c.threads.search(metadata=tag, **kw)]
+
+    assert ids() == [a, b, d]
+    assert ids(limit=1, offset=1) == [b]
+    assert ids(sort_by="created_at") == [d, b, a]  # descending unless asked
+    assert ids(sort_by="created_at", sort_order="asc") == [a, b, d]
+    assert ids(sort_by="updated_at", sort_order="asc") == [d, b, a]
