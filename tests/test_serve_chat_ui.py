@@ -76,7 +76,7 @@ class CuttingProxy:
         with client, socket.create_connection(("127.0.0.1", self.upstream)) as up:
             first = client.recv(65536)
             line = first.split(b"\r\n", 1)[0].decode("latin-1")
-            method, path = (line.split(" ") + ["", ""])[:2]
+            method, path = [*line.split(" "), "", ""][:2]
             cut = method == "POST" and path.endswith(self.cut)
             up.sendall(first)
             threading.Thread(target=self._pipe, args=(client, up), daemon=True).start()
