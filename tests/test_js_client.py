@@ -1,6 +1,6 @@
 """LangChain's JavaScript client (``@langchain/langgraph-sdk``, the front ends' client) against
 ``agentstate serve``, and beside it against LangChain's own server (``langgraph dev``), in one run:
-``tools/js_client_check.py`` runs ``tools/js_client/check.mjs`` (50 calls: assistants, threads,
+``tools/js_client_check.py`` runs ``tools/js_client/check.mjs`` (51 calls: assistants, threads,
 state and history, runs in every stream mode, join, cancel, double-texting, interrupts, the store,
 crons) against both, serving the same graphs.
 
@@ -49,7 +49,7 @@ def test_the_javascript_client_passes_on_ours_where_it_passes_on_langgraph_dev(r
     results = js_client_check.run_both(url, dev)
     theirs = {str(r["name"]): r for r in results["langgraph dev"]}
     ours = {str(r["name"]): r for r in results["agentstate serve"]}
-    assert set(theirs) == set(ours) and len(ours) == 50
+    assert set(theirs) == set(ours) and len(ours) == 51
     wrong_check = {n: r.get("error") for n, r in theirs.items() if not r["ok"]}
     assert not wrong_check, f"langgraph dev fails calls of check.mjs (the check is wrong?): {wrong_check}"
     failing = {n: r.get("error") for n, r in ours.items() if not r["ok"]}

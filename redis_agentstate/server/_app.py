@@ -116,6 +116,14 @@ class ThreadBook:
         rec["updated_ms"] = int(time.time() * 1000)
         await self.kv.set(rec["thread_id"], shapes.dumps(rec).encode())
 
+    async def touch(self, thread_id: str, raw: bytes) -> None:
+        """The thread updated now (a run on it), as LangGraph's server marks it: thread lists are
+        newest first. A compare-and-set on the record read as ``raw``: if another request rewrote it
+        meanwhile, that write set ``updated_ms`` itself, and a deleted thread stays deleted."""
+        rec = dict(json.loads(raw))
+        rec["updated_ms"] = int(time.time() * 1000)
+        await self.kv.swap(thread_id, raw, shapes.dumps(rec).encode())
+
     def graph_of(self, rec: Mapping[str, Any]) -> ServedGraph | None:
         name = (rec.get("metadata") or {}).get("graph_id")
         return self.graphs.get(name) if isinstance(name, str) else None
@@ -256,7 +264,8 @@ class _App:
         temporary = tid is None
         if tid is None:
             tid = str(uuid.uuid4())
-        rec = await self.book.record(tid)
+        raw = await self.book.kv.get(tid)
+        rec = None if raw is None else dict(json.loads(raw))
         if rec is None and not temporary and body.get("if_not_exists") != "create":
             raise HTTPException(404, f"no thread {tid!r}")
         owner = None if rec is None else self.book.graph_of(rec)
@@ -266,9 +275,11 @@ class _App:
         if rec is None:
             rec = {"thread_id": tid, "created_ms": int(time.time() * 1000), "metadata": {"graph_id": g.name}}
             await self.book.save(rec)
+            raw = None
         elif owner is None:
             rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
             await self.book.save(rec)
+            raw = None
         modes = _run_modes(body.get("stream_mode") or "values")
         config = body.get("config") or {}
         if not isinstance(config, dict):
@@ -277,8 +288,13 @@ class _App:
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
+        inputs = body.get("input")
+        if body.get("command") is not None and inputs == {}:
+            # useStream's submit({}, {command}) (Agent Chat UI's resume): LangGraph's server runs the
+            # command and drops the input; an empty one is no input. A non-empty one stays refused.
+            inputs = None
         try:
-            run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
+            run = await g.queue.create(tid, inputs, command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
                                        subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id)  # fmt: skip
@@ -286,6 +302,8 @@ class _App:
             raise HTTPException(409, str(exc)) from exc
         except InvalidArgument as exc:
             raise HTTPException(422, str(exc)) from exc
+        if raw is not None:  # a record just saved is already marked updated
+            await self.book.touch(tid, raw)
         return g, run, temporary and body.get("on_completion", "delete") == "delete"
 
     async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -372,12 +390,12 @@ class _App:
         out = await self._final(g, done)
         if delete:
             await self._drop_thread(g, run.thread_id)
-        return _json(out, headers=_location(run))
+        return _json(out, headers=_location(run, "/join"))
 
     async def run_join(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
         done = run if run.done else await self._join(g, run.run_id)
-        return _json(await self._final(g, done), headers=_location(run))
+        return _json(await self._final(g, done), headers=_location(run, "/join"))
 
     async def run_get(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -450,7 +468,7 @@ class _App:
                             await self._join(g, run.run_id)
                             await self._drop_thread(g, run.thread_id)
 
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run)}
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run, "/stream")}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     async def runs_stream(self, request: Request) -> Response:
@@ -507,11 +525,14 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return v
 
 
-def _location(run: Run) -> dict[str, str]:
-    # The run itself, never its /join or /stream: clients parse the run id out of it (the JS client's
-    # onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
+def _location(run: Run, then: str = "") -> dict[str, str]:
+    """``Content-Location``: the run itself, never its /join or /stream (clients parse the run id out
+    of it: the JS client's onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
+    ``Location``: where a client whose answer was cut off reconnects (both SDKs GET it, with
+    ``Last-Event-ID`` for a stream), as LangGraph's server sends it: ``then`` is ``/join`` for a
+    wait or a join, ``/stream`` for a stream."""
     path = f"/threads/{run.thread_id}/runs/{run.run_id}"
-    return {"Location": path, "Content-Location": path}
+    return {"Location": path + then, "Content-Location": path}
 
 
 def _is_write(request: Request) -> bool:

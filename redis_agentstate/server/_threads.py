@@ -28,8 +28,11 @@ __all__ = ["SEARCH_SCAN", "ThreadRoutes"]
 
 _THREAD_ID = re.compile(r"[^/?#\x00-\x1f\x7f]{1,256}")
 #: Threads a search examines past its ``offset`` at most (a search with filters on a larger namespace
-#: sees its first threads in id order only).
+#: sees its first threads in id order only, and sorts those).
 SEARCH_SCAN = 10_000
+#: A search's ``sort_by`` and the record field it sorts on; LangGraph's default is ``updated_at``,
+#: newest first (a thread list shows the threads last used on top).
+_SORTS = {"thread_id": "thread_id", "created_at": "created_ms", "updated_at": "updated_ms"}
 
 
 class ThreadRoutes:
@@ -133,12 +136,19 @@ class ThreadRoutes:
             pruned += 1
         return JSONResponse({"pruned_count": pruned})
 
-    async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True
-                        ) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
+    async def _matching(self, ids: list[str] | None, most: int, body: Mapping[str, Any], shown: bool = True,
+                        sort: tuple[str, bool] | None = None) -> AsyncIterator[dict[str, Any]]:  # fmt: skip
         """The threads (as the API shows them; with ``shown=False`` their records, when no filter needs
-        more) of ``ids``, or of the first ``most``, that pass the filters."""
+        more) of ``ids``, or of the first ``most``, that pass the filters; ``sort``: (the record field,
+        descending), the records sorted before any thread's state is read."""
         meta, values, status = _thread_filter(body)
-        async for rec in self._thread_records(ids, most):
+        records: Any = self._thread_records(ids, most)
+        if sort is not None:
+            field, desc = sort
+            kept = [r async for r in records if all((r.get("metadata") or {}).get(k) == v for k, v in meta.items())]
+            kept.sort(key=lambda r: (r.get(field, r["created_ms"]), r["thread_id"]), reverse=desc)
+            records = _each(kept)
+        async for rec in records:
             if any((rec.get("metadata") or {}).get(k) != v for k, v in meta.items()):
                 continue
             if not shown and status is None and not values:
@@ -159,9 +169,15 @@ class ThreadRoutes:
         listed = isinstance(ids, list) and len(ids) <= 1000 and all(isinstance(i, str) for i in ids)
         if ids is not None and not listed:
             raise HTTPException(422, "ids must be a list of at most 1000 thread ids")
+        sort_by, order = body.get("sort_by") or "updated_at", body.get("sort_order") or "desc"
+        if sort_by not in _SORTS:
+            raise HTTPException(422, f"sort_by must be one of {', '.join(_SORTS)}")
+        if not isinstance(order, str) or order.lower() not in ("asc", "desc"):
+            raise HTTPException(422, "sort_order must be 'asc' or 'desc'")
         out: list[dict[str, Any]] = []
         skipped = 0
-        async for item in self._matching(ids, offset + SEARCH_SCAN, body):
+        sort = (_SORTS[sort_by], order.lower() == "desc")
+        async for item in self._matching(ids, offset + SEARCH_SCAN, body, sort=sort):
             if skipped < offset:
                 skipped += 1
                 continue
@@ -271,6 +287,11 @@ class ThreadRoutes:
                                                         filter=body.get("metadata") or None):  # fmt: skip
             out.append(shapes.state_json(snap))
         return _json(out)
+
+
+async def _each(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in items:
+        yield item
 
 
 def _thread_filter(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:

@@ -210,6 +210,17 @@ const calls = [
     const v = await client.runs.wait(ctx.asked, "ask", { command: { resume: "yes" } });
     check(same(v.log, ["answer:yes"]), "the answer in the log");
   }],
+  ["resume as useStream submits it (input {} and a command)", async () => {
+    // Agent Chat UI's inbox resumes with submit({}, { command: { resume } }): an empty input beside
+    // the command, which LangGraph's server takes as no input.
+    const t = await client.threads.create();
+    await client.runs.wait(t.thread_id, "ask", { input });
+    const parts = await collect(client.runs.stream(t.thread_id, "ask", {
+      input: {}, command: { resume: "yes" }, streamMode: ["values"], streamSubgraphs: true, streamResumable: true,
+    }));
+    const last = parts.filter((p) => p.event === "values").at(-1);
+    check(last && same(last.data.log, ["answer:yes"]), `the answer in the log (got ${JSON.stringify(parts.at(-1))})`);
+  }],
   ["threads.copy", async () => {
     const c = await client.threads.copy(ctx.thread);
     const s = await client.threads.getState(c.thread_id);
