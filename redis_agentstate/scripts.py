@@ -204,7 +204,13 @@ LGS_SEARCH = "lgs_search"
 LGS_PREFIX = "lgs_prefix"
 LGS_NAMESPACES = "lgs_namespaces"
 LGS_INDEX = "lgs_index"
-LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX)
+LGS_COUNT = "lgs_count"
+LGS_PROBE = "lgs_probe"
+LGS_TRAIN = "lgs_train"
+LGS_ASSIGN = "lgs_assign"
+LGS_SCRIPTS = (
+    LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX, LGS_COUNT, LGS_PROBE, LGS_TRAIN, LGS_ASSIGN,
+)  # fmt: skip
 
 # Cron schedules of agentstate serve (redis_agentstate/langgraph/crons.py), one slot per namespace.
 CRON_PUT = "cron_put"
@@ -229,13 +235,13 @@ WRITES = frozenset({
     POOL_NEXT_EVENT_SEQUENCE,
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
     *LG_RUN_SCRIPTS,
-    LGS_PUT, LGS_GET, LGS_INDEX,
+    LGS_PUT, LGS_GET, LGS_INDEX, LGS_TRAIN, LGS_ASSIGN,
     *CRON_SCRIPTS,
 })  # fmt: skip
 #: The scripts that only read (see ``WRITES``).
 READS = frozenset(
     {LOAD, SUMMARY, STEP_LOAD, KV_KEYS, KV_COUNT, POOL_SNAPSHOT, POOL_WATCH, POOL_GET, LG_GET, LG_LIST, LG_DUMP}
-    | {LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES}
+    | {LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_COUNT, LGS_PROBE}
 )
 
 #: The preludes each script is built on, in order (after the rendered constants).
