@@ -38,7 +38,7 @@ from typing import Any
 
 from .._ops import Call, Op, Pipe, member_id, new_nonce
 from ..keys import Keys, StoreKeys
-from ..scripts import LGS_ASSIGN, LGS_COUNT, LGS_TRAIN
+from ..scripts import LGS_ASSIGN, LGS_COUNT, LGS_TRAIN, Reply
 from . import _store_rank
 
 __all__ = ["INDEX_AT", "LIST_SPAN", "VectorIndex", "list_key"]
@@ -231,7 +231,7 @@ class VectorIndex:
             won = yield Call(
                 LGS_TRAIN, keys.as_list(), ["train", version, token, LEASE_MS, raw, len(raw) // (4 * self.dims), vectors]
             )
-        if not int(won[0]):
+        if int(won[0]) != Reply.DONE:
             return None
         yield from self.move(path, int(won[1]), token)
         return None
@@ -273,7 +273,7 @@ class VectorIndex:
             last = members
             if not members:
                 done = yield Call(LGS_TRAIN, keys.as_list(), ["finish", version, token, LEASE_MS, "", "", ""])
-                if int(done[0]) or int(done[1]) != version:
+                if int(done[0]) == Reply.DONE or int(done[1]) != version:
                     return None
                 continue
             names = list(dict.fromkeys(list_key(m, keys.lists) for m in members))
@@ -283,7 +283,7 @@ class VectorIndex:
                 vectors = self.vectors_of(keys, key, bytes(blob)) if blob else []
                 args += [key, ",".join(str(centroids.nearest(v)) for v in vectors)]
             moved = yield Call(LGS_ASSIGN, keys.as_list(), args)
-            if not int(moved[0]):
+            if int(moved[0]) != Reply.DONE:
                 return None  # a newer version since: its own move re-places everything
 
     # ---- search ---------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from langgraph.store.base.embed import get_text_at_path, tokenize_path
 from .._ops import Batch, Call, Op, Pipe, corrupt_state, new_nonce, restart
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_GET, LGS_PROBE, LGS_PUT, LGS_SCRIPTS
+from ..scripts import LGS_GET, LGS_PROBE, LGS_PUT, LGS_SCRIPTS, Reply
 from . import _store_ann as ann
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
@@ -746,7 +746,7 @@ class StoreCore:
             )
             stale = []
             for i, reply in zip(todo, sent, strict=True):
-                if int(reply[0]) == -1:
+                if int(reply[0]) == Reply.INDEX_MOVED:
                     stale.append(i)
                 else:
                     replies[i] = reply

@@ -8,11 +8,11 @@
 --                its packed vectors, as the client read them after the re-train)
 -- An item put since the re-train is in the lists of the version already (its put chose them) and
 -- is left as it is; one whose vectors are gone leaves every list.
--- Returns {1, moved}, or {0, version} and writes nothing when ARGV[1] is not the index version.
+-- Returns {DONE, moved}, or {REFUSED, version} and writes nothing when ARGV[1] is not the index version.
 local version, token, lease_ms = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
 local current = index_version()
-if current ~= version then return { 0, current } end
+if current ~= version then return { REPLY_REFUSED, current } end
 local moved = 0
 for i = 4, #ARGV, 2 do
   local key, lists = ARGV[i], ARGV[i + 1]
@@ -29,4 +29,4 @@ end
 if redis.call('HGET', KEYS[12], 'by') == token then
   redis.call('HSET', KEYS[12], 'lease', server_now_ms() + lease_ms)
 end
-return { 1, moved }
+return { REPLY_DONE, moved }

@@ -14,7 +14,7 @@
 -- is moving items, '1' while its mover holds it, '0' once its lease lapsed. The caller lists the
 -- path with the third (and unlists it with the fourth) in the shard of each proper prefix of the
 -- path (lgs_index.lua). No groups: a sweep of the namespace (drops up to PRUNE expired items).
--- Returns {-1, version} and writes nothing when a group has lists and ARGV[2] is not the index
+-- Returns {INDEX_MOVED, version} and writes nothing when a group has lists and ARGV[2] is not the index
 -- version (a re-train since the client read it: it chooses the lists again and re-sends).
 -- Corrupt reply 1 when an item to update does not start with the header we write.
 local ENDED_MS = 600000
@@ -23,7 +23,7 @@ local version = tonumber(ARGV[2])
 
 local current = index_version()
 for i = 3, #ARGV, 5 do
-  if ARGV[i + 4] ~= '' and version ~= current then return { -1, current } end
+  if ARGV[i + 4] ~= '' and version ~= current then return { REPLY_INDEX_MOVED, current } end
 end
 
 local now = server_now_ms()

@@ -12,7 +12,7 @@
 -- centroids, and its mover (ARGV[3]) holds the move of the items of version ARGV[2] until its
 -- lease lapses. 'claim': a mover takes over a move whose lease lapsed. 'finish': once no item is
 -- left in a list of the version moved from, its centroids go and the move ends.
--- Returns {1, version} when done (or already done by this token), {0, version} otherwise.
+-- Returns {DONE, version} when done (or already done by this token), {REFUSED, version} otherwise.
 local op, expected, token, lease_ms = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local centroids, lists, vectors = ARGV[5], ARGV[6], ARGV[7]
 
@@ -21,22 +21,22 @@ local current = index_version()
 local state = redis.call('HMGET', KEYS[12], 'pv', 'by', 'lease')
 local from, by, lease = state[1], state[2], tonumber(state[3] or '0')
 if op == 'train' then
-  if current == expected + 1 and by == token then return { 1, current } end
-  if current ~= expected or from then return { 0, current } end
+  if current == expected + 1 and by == token then return { REPLY_DONE, current } end
+  if current ~= expected or from then return { REPLY_REFUSED, current } end
   local version = current + 1
   redis.call('HSET', KEYS[12], 'v', version, 'c:' .. fmt(version), centroids, 'k:' .. fmt(version), lists,
     'n', vectors, 'pv', current, 'by', token, 'lease', now + lease_ms)
-  return { 1, version }
+  return { REPLY_DONE, version }
 end
-if current ~= expected then return { 0, current } end
+if current ~= expected then return { REPLY_REFUSED, current } end
 if op == 'claim' then
-  if not from then return { 0, current } end
-  if by ~= token and lease > now then return { 0, current } end
+  if not from then return { REPLY_REFUSED, current } end
+  if by ~= token and lease > now then return { REPLY_REFUSED, current } end
   redis.call('HSET', KEYS[12], 'by', token, 'lease', now + lease_ms)
-  return { 1, current }
+  return { REPLY_DONE, current }
 end
-if not from then return { 1, current } end
+if not from then return { REPLY_DONE, current } end
 local base = tonumber(from) * LIST_SPAN
-if redis.call('ZCOUNT', KEYS[10], base, base + LIST_SPAN - 1) > 0 then return { 0, current } end
+if redis.call('ZCOUNT', KEYS[10], base, base + LIST_SPAN - 1) > 0 then return { REPLY_REFUSED, current } end
 redis.call('HDEL', KEYS[12], 'pv', 'by', 'lease', 'c:' .. from, 'k:' .. from)
-return { 1, current }
+return { REPLY_DONE, current }
