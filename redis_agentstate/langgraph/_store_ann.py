@@ -66,7 +66,7 @@ PAGE = 500
 #: Centroid sets and namespace versions a store keeps in memory.
 CACHE = 4096
 
-np: Any = _store_rank._np
+np: Any = getattr(_store_rank, "_np", None)
 
 
 def list_key(member: bytes | str, lists_key: str) -> str:
@@ -229,7 +229,9 @@ class VectorIndex:
             sample = yield from self._sample(keys, min(vectors, MAX_SAMPLE, SAMPLE_PER_LIST * count))
             raw = train(sample, count, self.dims, seed=vectors)
             won = yield Call(
-                LGS_TRAIN, keys.as_list(), ["train", version, token, LEASE_MS, raw, len(raw) // (4 * self.dims), vectors]
+                LGS_TRAIN,
+                keys.as_list(),
+                ["train", version, token, LEASE_MS, raw, len(raw) // (4 * self.dims), vectors],
             )
         if int(won[0]) != Reply.DONE:
             return None
@@ -251,7 +253,7 @@ class VectorIndex:
                 seen.add(flat[j])
                 out.extend(self.vectors_of(keys, flat[j], bytes(flat[j + 1])))
         # In a fixed order: the same vectors train the same centroids, whatever order HRANDFIELD gave.
-        return sorted(out)
+        return sorted(out, key=tuple)
 
     def vectors_of(self, keys: StoreKeys, key: Any, packed: bytes) -> list[Sequence[float]]:
         from ._store_core import decode_vectors

@@ -510,9 +510,7 @@ class StoreCore:
             return (yield from self.names.prefix_read(op.namespace_prefix, mode))
         return (yield from self.names.paths("-", "+", everything=False)), {}
 
-    def _counts(
-        self, read: tuple[list[str], dict[str, ix._Page]], exact: int
-    ) -> Op[list[tuple[int, int, str]] | None]:
+    def _counts(self, read: tuple[list[str], dict[str, ix._Page]], exact: int) -> Op[list[tuple[int, int, str]] | None]:
         """Each path's live items and index state (lgs_count), unless what was read shows the prefix holds
         one namespace of at most ``exact`` items, all in its first page (the usual per-user search: no
         round trip more)."""
@@ -598,9 +596,7 @@ class StoreCore:
                 found.append(Candidate(namespace, key, decode_vectors(bytes(packed), self.dims, keys, key), item))
         return found
 
-    def _candidates(
-        self, op: SearchOp, mode: str, read: tuple[list[str], dict[str, ix._Page]]
-    ) -> Op[list[Candidate]]:
+    def _candidates(self, op: SearchOp, mode: str, read: tuple[list[str], dict[str, ix._Page]]) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
         ranking, only up to offset + limit of them. ``mode`` (lgs_search's): '0' items, '1' items and
         vectors, '2' vectors only (no filter)."""
