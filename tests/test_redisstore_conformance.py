@@ -17,7 +17,7 @@ from langgraph.store.memory import InMemoryStore
 from redis_agentstate.langgraph import AgentStateStore, AsyncAgentStateStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import redisstore_conformance as conformance  # noqa: E402
+import redisstore_conformance as conformance
 
 
 class _Sync:
