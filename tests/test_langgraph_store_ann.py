@@ -277,6 +277,25 @@ class TestUpkeep:
         state = check_index(raw, keys)
         assert state["version"] == 2 and state["moving"] is None and "c:1" not in state["centroids"]
 
+    def test_a_reshard_moves_the_index_with_its_namespace(
+        self, mk: Callable[..., Memory], backend: Any, raw: Any, namespace: str
+    ) -> None:
+        from redis_agentstate import CheckpointStore
+
+        s, ref = mk(index=INDEX, shards=2), InMemoryStore(index=INDEX)
+        put_all([s, ref], docs(0, 90))
+        was = check_index(raw, Keys(namespace, 2).store("docs"))
+        assert CheckpointStore(backend.sync_client(), namespace=namespace).reshard(8).to_shards == 8
+        now = check_index(raw, Keys(namespace, 8).store("docs"))
+        assert (now["version"], now["members"], now["centroids"]) == (was["version"], was["members"], was["centroids"])
+        for store in (s, mk(index=INDEX)):
+            store.core.max_exact = 30
+            hits = [recall(store.search(("docs",), query=q, limit=10), ref.search(("docs",), query=q, limit=10))
+                    for q in QUERIES]  # fmt: skip
+            assert sum(hits) / len(hits) >= 0.95
+        s.put(("docs",), "after", {"text": "c2-after"})
+        assert "after" in check_index(raw, Keys(namespace, 8).store("docs"))["members"]
+
     def test_damaged_centroids_name_their_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
         s = mk(index=INDEX)
         put_all([s], docs(0, 40))

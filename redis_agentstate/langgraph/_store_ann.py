@@ -61,8 +61,10 @@ ITERATIONS = 12
 #: asks for more items than that many lists hold).
 PROBE_SHARE = 0.08
 MIN_PROBE = 6
-#: Keys one lgs_probe call and one HMGET read; vectors a move re-places per round trip.
+#: Keys one lgs_probe call and one HMGET read.
 PAGE = 500
+#: Members a move re-places per lgs_assign call (each several writes: a smaller page than a read's).
+MOVE_PAGE = 200
 #: Centroid sets and namespace versions a store keeps in memory.
 CACHE = 4096
 
@@ -269,7 +271,8 @@ class VectorIndex:
         base = (version - 1) * LIST_SPAN
         last: list[Any] = []
         while True:
-            (members,) = yield Pipe([("ZRANGEBYSCORE", keys.lists, base, base + LIST_SPAN - 1, "LIMIT", 0, PAGE)])
+            page = ("ZRANGEBYSCORE", keys.lists, base, base + LIST_SPAN - 1, "LIMIT", 0, MOVE_PAGE)
+            (members,) = yield Pipe([page])
             if members and members == last:
                 return None  # nothing moved them (data we did not write): the lease lapses, a put retries
             last = members
