@@ -44,7 +44,7 @@ import numpy as np
 from ._util import percentile
 
 TOPICS = 200
-NOISE = 0.6
+NOISE = 1.5
 FILL_BATCH = 500
 LIMIT = 10
 #: InMemoryStore keeps each vector as a Python list of floats (about 32 bytes a dimension): above

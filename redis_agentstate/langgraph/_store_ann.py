@@ -33,15 +33,19 @@ from __future__ import annotations
 import math
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._ops import Call, Op, Pipe, member_id, new_nonce
-from ..keys import Keys, StoreKeys
-from ..scripts import LGS_ASSIGN, LGS_COUNT, LGS_TRAIN, Reply
-from . import _store_rank
+from langgraph.store.base import Item, SearchOp
 
-__all__ = ["INDEX_AT", "LIST_SPAN", "VectorIndex", "list_key"]
+from .._ops import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce
+from ..errors import ConfigConflict
+from ..keys import Keys, StoreKeys
+from ..scripts import LGS_ASSIGN, LGS_COUNT, LGS_PROBE, LGS_PUT, LGS_TRAIN, Reply
+from . import _store_rank
+from ._store_rank import Candidate, decode_vectors
+
+__all__ = ["INDEX_AT", "LIST_SPAN", "Group", "VectorIndex", "list_key"]
 
 #: A namespace gets an index once this many of its items have vectors.
 INDEX_AT = 1000
@@ -65,8 +69,15 @@ MIN_PROBE = 6
 PAGE = 500
 #: Members a move re-places per lgs_assign call (each several writes: a smaller page than a read's).
 MOVE_PAGE = 200
+#: Namespaces counted (lgs_count) per round trip.
+COUNT_PAGE = 256
 #: Centroid sets and namespace versions a store keeps in memory.
 CACHE = 4096
+#: How many times a put re-chooses its vectors' lists when the index moved on meanwhile.
+STALE_TRIES = 8
+
+#: One put group before its lists are chosen: key, value, ttl, packed vectors, the vectors.
+Group = tuple[str, bytes | str, str, bytes | str, list[list[float]]]
 
 np: Any = getattr(_store_rank, "_np", None)
 
@@ -198,8 +209,6 @@ class VectorIndex:
         try:
             found = Centroids(bytes(raw), self.dims)
         except ValueError as exc:
-            from .._ops import corrupt_state
-
             raise corrupt_state(keys.centroids, [keys.centroids], f"holds centroids we did not write ({exc})") from exc
         if len(self._centroids) > CACHE:
             self._centroids.clear()
@@ -258,8 +267,6 @@ class VectorIndex:
         return sorted(out, key=tuple)
 
     def vectors_of(self, keys: StoreKeys, key: Any, packed: bytes) -> list[Sequence[float]]:
-        from ._store_core import decode_vectors
-
         return [struct.unpack(f"<{self.dims}f", raw) for raw, _ in decode_vectors(packed, self.dims, keys, key)]
 
     def move(self, path: str, version: int, token: str) -> Op[None]:
@@ -295,13 +302,9 @@ class VectorIndex:
 
     def counts(self, paths: list[str]) -> Op[list[tuple[int, int, str]]]:
         """Per path: its live items, its index version and the version a move is from ('' none)."""
-        from ._store_index import WINDOW
-
         out: list[tuple[int, int, str]] = []
-        for i in range(0, len(paths), WINDOW * 8):
-            part = paths[i : i + WINDOW * 8]
-            from .._ops import Batch
-
+        for i in range(0, len(paths), COUNT_PAGE):
+            part = paths[i : i + COUNT_PAGE]
             replies = yield Batch([Call(LGS_COUNT, self.keys.store(p).as_list(), []) for p in part])
             out.extend((int(r[0]), int(r[1]), _text(r[2])) for r in replies)
         return out
@@ -326,3 +329,135 @@ class VectorIndex:
             n = max(MIN_PROBE, math.ceil(share * k), math.ceil(2 * want / per_list))
             scores.extend(v * LIST_SPAN + j for j in centroids.ranked(query)[: min(k, n)])
         return scores
+
+    def counts_above(self, read: tuple[list[str], dict[str, Any]], exact: int) -> Op[list[tuple[int, int, str]] | None]:
+        """Each path's live items and index state (lgs_count), unless what a prefix read found shows the
+        prefix holds one namespace of at most ``exact`` items, all in its first page (the usual
+        per-user search: no round trip more)."""
+        paths, first = read
+        if not paths:
+            return None
+        if len(paths) == 1 and paths[0] in first and not first[paths[0]][1] and len(first[paths[0]][0]) <= exact:
+            return None
+        return (yield from self.counts(paths))
+
+    def candidates(
+        self,
+        op: SearchOp,
+        query: list[float],
+        paths: list[str],
+        counts: list[tuple[int, int, str]],
+        read_item: Callable[[tuple[str, ...], str, bytes, StoreKeys], Item],
+        passes: Callable[[Item, dict[str, Any]], bool],
+    ) -> Op[list[Candidate]]:
+        """The items the namespaces' indexes find near ``query`` (those that pass the filter), with their
+        vectors: the nearest lists of each namespace, more of them while a filter leaves too few."""
+        want = op.offset + op.limit
+        share = PROBE_SHARE
+        read: set[tuple[str, int]] = set()
+        found: list[Candidate] = []
+        while True:
+            todo: list[tuple[str, int]] = []
+            for path, (live, version, moving) in zip(paths, counts, strict=True):
+                if live == 0:
+                    continue
+                scores = yield from self.probe_scores(path, version, moving, query, share, want, live)
+                if scores is None:  # a move ended meanwhile: read the versions again
+                    counts = yield from self.counts(paths)
+                    return (yield from self.candidates(op, query, paths, counts, read_item, passes))
+                todo += [(path, s) for s in scores if (path, s) not in read]
+            if not todo:
+                return found
+            read.update(todo)
+            found += yield from self._probe(op, todo, read_item, passes)
+            if not op.filter or len(found) >= want or share >= 1.0:
+                return found
+            share = min(1.0, share * 2)
+
+    def _probe(
+        self,
+        op: SearchOp,
+        lists: list[tuple[str, int]],
+        read_item: Callable[[tuple[str, ...], str, bytes, StoreKeys], Item],
+        passes: Callable[[Item, dict[str, Any]], bool],
+    ) -> Op[list[Candidate]]:
+        """The live items of ``lists`` ((path, score) pairs) that pass the filter, with their vectors."""
+        keys_of: dict[str, list[str]] = {}
+        pending = {i: 0 for i in range(len(lists))}
+        while pending:
+            order = list(pending)
+            replies = yield Batch(
+                [
+                    Call(LGS_PROBE, self.keys.store(lists[i][0]).as_list(), [lists[i][1], pending[i], PAGE])
+                    for i in order
+                ]
+            )
+            pending = {}
+            for i, page in zip(order, replies, strict=True):
+                path = lists[i][0]
+                keys = self.keys.store(path)
+                keys_of.setdefault(path, []).extend(list_key(k, keys.lists) for k in page[1:])
+                if page[0]:
+                    pending[i] = int(page[0])
+        reads: list[tuple[str, list[str]]] = []
+        commands: list[tuple[Any, ...]] = []
+        for path, names in keys_of.items():
+            names = list(dict.fromkeys(names))
+            keys = self.keys.store(path)
+            for j in range(0, len(names), PAGE):
+                part = names[j : j + PAGE]
+                reads.append((path, part))
+                commands.append(("HMGET", keys.vectors, *part))
+                if op.filter:
+                    commands.append(("HMGET", keys.items, *part))
+        if not commands:
+            return []
+        replies = iter((yield Pipe(commands)))
+        found: list[Candidate] = []
+        for path, part in reads:
+            keys = self.keys.store(path)
+            namespace = tuple(path.split("\0"))
+            vectors = next(replies)
+            blobs = next(replies) if op.filter else [None] * len(part)
+            for key, packed, blob in zip(part, vectors, blobs, strict=True):
+                if not packed or (op.filter and not blob):
+                    continue  # gone since its list was read
+                item = read_item(namespace, key, bytes(blob), keys) if blob else None
+                if item is not None and op.filter and not passes(item, op.filter):
+                    continue
+                found.append(Candidate(namespace, key, decode_vectors(bytes(packed), self.dims, keys, key), item))
+        return found
+
+    # ---- puts, with each vector's list -------------------------------------------------------
+
+    def put_args(self, path: str, groups: list[Group], nonce: str) -> list[Any]:
+        """lgs_put's ARGV: each vector's list chosen by the index version this store knows."""
+        version, args = 0, []
+        for key, value, ttl, packed, vecs in groups:
+            lists = ""
+            if vecs:
+                version, lists = self.lists(path, vecs)
+            args += [key, value, ttl, packed, lists]
+        return [nonce, version, *args]
+
+    def send_puts(self, calls: list[tuple[str, list[Group]]], nonce: str) -> Op[list[Any]]:
+        """The puts; a call refused as placed by an index version that moved on chooses its lists again."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(STALE_TRIES):
+            sent = yield Batch(
+                [Call(LGS_PUT, self.keys.store(calls[i][0]).as_list(), self.put_args(*calls[i], nonce)) for i in todo]
+            )
+            stale = []
+            for i, reply in zip(todo, sent, strict=True):
+                if int(reply[0]) == Reply.INDEX_MOVED:
+                    stale.append(i)
+                else:
+                    replies[i] = reply
+            if not stale:
+                return replies
+            for path in dict.fromkeys(calls[i][0] for i in stale):
+                yield from self.learn(path)
+            todo = stale
+        raise ConfigConflict(f"the vector index of store namespace {calls[todo[0]][0]!r} changed {STALE_TRIES} "
+                             "times during one put")  # fmt: skip

@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
 
-import msgpack
 from langgraph.store.base import (
     GetOp,
     IndexConfig,
@@ -64,22 +62,21 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
-from .._ops import Batch, Call, Op, Pipe, corrupt_state, new_nonce, restart
+from .._ops import Batch, Call, Op, corrupt_state, new_nonce, restart
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..scripts import LGS_GET, LGS_PROBE, LGS_PUT, LGS_SCRIPTS, Reply
+from ..scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 from . import _store_ann as ann
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
-from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors
+from ._store_rank import Candidate, decode_vectors, pack_vectors, rank
 
-__all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "decode_vectors", "pack_vectors"]
+__all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
 #: The most live items a searched prefix holds for a semantic search to rank every one of them
 #: (InMemoryStore's ranking); above, it ranks what the approximate index finds.
 MAX_EXACT = 1000
-#: How many times a put re-chooses its vectors' lists when the index moved on meanwhile.
-STALE_TRIES = 8
+
 #: One lgs_put call carries at most this many items or bytes (a bigger batch is several calls).
 PUT_ITEMS = 200
 PUT_BYTES = 8 * 2**20
@@ -233,20 +230,6 @@ def _check_ttl_config(ttl: object) -> TTLConfig | None:
 
 def _when(ms: bytes) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
-
-
-def decode_vectors(packed: bytes, dims: int, keys: StoreKeys, key: object) -> list[tuple[bytes, float]]:
-    """The vectors lgs_put stored for ``key`` (float32 bytes, norm); ``CorruptState`` for anything else."""
-    if not packed:
-        return []
-    try:
-        return unpack_vectors(packed, dims)
-    except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
-        raise corrupt_state(keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})") from exc
-
-
-#: One put group before its lists are chosen: key, value, ttl, packed vectors, the vectors.
-_Group = tuple[str, bytes | str, str, bytes | str, list[list[float]]]
 
 
 # ---- a batch, planned ------------------------------------------------------------------------------
@@ -404,7 +387,7 @@ class StoreCore:
             # One nonce for the batch: a re-send (a lost reply, or a reshard restarting it) leaves every
             # item it wrote already as it is.
             nonce = new_nonce()
-            replies = yield from restart(lambda: self._send_puts(calls, nonce))
+            replies = yield from restart(lambda: self.ann.send_puts(calls, nonce))
             yield from self.names.relist([path for path, _ in calls], replies)
             upkeep = {path: reply for (path, _), reply in zip(calls, replies, strict=True)}
             for path, reply in upkeep.items():
@@ -478,9 +461,10 @@ class StoreCore:
             mode = "1" if op.filter else "2"
             paths = yield from self._paths(op, mode)
             exact = MAX_EXACT if self.max_exact is None else self.max_exact
-            counts = yield from self._counts(paths, exact)
+            counts = yield from self.ann.counts_above(paths, exact)
             if counts is not None and sum(c[0] for c in counts) > exact:
-                found = yield from restart(functools.partial(self._approximate, op, query, paths[0], counts))
+                near = functools.partial(self.ann.candidates, op, query, paths[0], counts, self._item, _passes)
+                found = yield from restart(near)
             else:
                 found = yield from self._candidates(op, mode, paths)
             picked = rank(query, self.dims, found, op.offset, op.limit)
@@ -509,92 +493,6 @@ class StoreCore:
         if op.namespace_prefix:
             return (yield from self.names.prefix_read(op.namespace_prefix, mode))
         return (yield from self.names.paths("-", "+", everything=False)), {}
-
-    def _counts(self, read: tuple[list[str], dict[str, ix._Page]], exact: int) -> Op[list[tuple[int, int, str]] | None]:
-        """Each path's live items and index state (lgs_count), unless what was read shows the prefix holds
-        one namespace of at most ``exact`` items, all in its first page (the usual per-user search: no
-        round trip more)."""
-        paths, first = read
-        if not paths:
-            return None
-        if len(paths) == 1 and paths[0] in first and not first[paths[0]][1] and len(first[paths[0]][0]) <= exact:
-            return None
-        return (yield from self.ann.counts(paths))
-
-    def _approximate(
-        self, op: SearchOp, query: list[float], paths: list[str], counts: list[tuple[int, int, str]]
-    ) -> Op[list[Candidate]]:
-        """The items the namespaces' indexes find near ``query`` (those that pass the filter), with their
-        vectors: the nearest lists of each namespace, more of them while a filter leaves too few."""
-        want = op.offset + op.limit
-        share = ann.PROBE_SHARE
-        read: set[tuple[str, int]] = set()
-        found: list[Candidate] = []
-        while True:
-            todo: list[tuple[str, int]] = []
-            for path, (live, version, moving) in zip(paths, counts, strict=True):
-                if live == 0:
-                    continue
-                scores = yield from self.ann.probe_scores(path, version, moving, query, share, want, live)
-                if scores is None:  # a move ended meanwhile: read the versions again
-                    counts = yield from self.ann.counts(paths)
-                    return (yield from self._approximate(op, query, paths, counts))
-                todo += [(path, s) for s in scores if (path, s) not in read]
-            if not todo:
-                return found
-            read.update(todo)
-            found += yield from self._probe(op, todo)
-            if not op.filter or len(found) >= want or share >= 1.0:
-                return found
-            share = min(1.0, share * 2)
-
-    def _probe(self, op: SearchOp, lists: list[tuple[str, int]]) -> Op[list[Candidate]]:
-        """The live items of ``lists`` ((path, score) pairs) that pass the filter, with their vectors."""
-        keys_of: dict[str, list[str]] = {}
-        pending = {i: 0 for i in range(len(lists))}
-        while pending:
-            order = list(pending)
-            replies = yield Batch(
-                [
-                    Call(LGS_PROBE, self.keys.store(lists[i][0]).as_list(), [lists[i][1], pending[i], ann.PAGE])
-                    for i in order
-                ]
-            )
-            pending = {}
-            for i, page in zip(order, replies, strict=True):
-                path = lists[i][0]
-                keys = self.keys.store(path)
-                keys_of.setdefault(path, []).extend(ann.list_key(k, keys.lists) for k in page[1:])
-                if page[0]:
-                    pending[i] = int(page[0])
-        reads: list[tuple[str, list[str]]] = []
-        commands: list[tuple[Any, ...]] = []
-        for path, names in keys_of.items():
-            names = list(dict.fromkeys(names))
-            keys = self.keys.store(path)
-            for j in range(0, len(names), ann.PAGE):
-                part = names[j : j + ann.PAGE]
-                reads.append((path, part))
-                commands.append(("HMGET", keys.vectors, *part))
-                if op.filter:
-                    commands.append(("HMGET", keys.items, *part))
-        if not commands:
-            return []
-        replies = iter((yield Pipe(commands)))
-        found: list[Candidate] = []
-        for path, part in reads:
-            keys = self.keys.store(path)
-            namespace = tuple(path.split(SEP))
-            vectors = next(replies)
-            blobs = next(replies) if op.filter else [None] * len(part)
-            for key, packed, blob in zip(part, vectors, blobs, strict=True):
-                if not packed or (op.filter and not blob):
-                    continue  # gone since its list was read
-                item = self._item(namespace, key, bytes(blob), keys) if blob else None
-                if item is not None and op.filter and not _passes(item, op.filter):
-                    continue
-                found.append(Candidate(namespace, key, decode_vectors(bytes(packed), self.dims, keys, key), item))
-        return found
 
     def _candidates(self, op: SearchOp, mode: str, read: tuple[list[str], dict[str, ix._Page]]) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
@@ -696,22 +594,22 @@ class StoreCore:
 
     def _put_calls(
         self, plan: Plan, vectors: dict[tuple[tuple[str, ...], str], dict[str, list[float]]]
-    ) -> list[tuple[str, list[_Group]]]:
+    ) -> list[tuple[str, list[ann.Group]]]:
         """Per namespace (path), chunks of groups: one lgs_put call each."""
-        groups: dict[str, list[_Group]] = {}
+        groups: dict[str, list[ann.Group]] = {}
         for (namespace, key), op in plan.puts.items():
             path = _path(namespace)
             if op.value is None:
-                group: _Group = (key, "", "", "", [])
+                group: ann.Group = (key, "", "", "", [])
             else:
                 ttl = _ttl_ms(op.ttl, "ttl")
                 vec = vectors.get((namespace, key))
                 packed = pack_vectors(vec) if vec else ""
                 group = (key, plan.encoded[(namespace, key)], ttl, packed, list(vec.values()) if vec else [])
             groups.setdefault(path, []).append(group)
-        calls: list[tuple[str, list[_Group]]] = []
+        calls: list[tuple[str, list[ann.Group]]] = []
         for path, entries in groups.items():
-            chunk: list[_Group] = []
+            chunk: list[ann.Group] = []
             size = 0
             for group in entries:
                 if chunk and (len(chunk) >= PUT_ITEMS or size > PUT_BYTES):
@@ -721,37 +619,6 @@ class StoreCore:
                 size += sum(len(g) for g in group[:4])
             calls.append((path, chunk))
         return calls
-
-    def _put_args(self, path: str, groups: list[_Group], nonce: str) -> list[Any]:
-        """lgs_put's ARGV: each vector's list chosen by the index version this store knows."""
-        version, args = 0, []
-        for key, value, ttl, packed, vecs in groups:
-            lists = ""
-            if vecs:
-                version, lists = self.ann.lists(path, vecs)
-            args += [key, value, ttl, packed, lists]
-        return [nonce, version, *args]
-
-    def _send_puts(self, calls: list[tuple[str, list[_Group]]], nonce: str) -> Op[list[Any]]:
-        """The puts; a call refused as placed by an index version that moved on chooses its lists again."""
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for _ in range(STALE_TRIES):
-            sent = yield Batch(
-                [Call(LGS_PUT, self.keys.store(calls[i][0]).as_list(), self._put_args(*calls[i], nonce)) for i in todo]
-            )
-            stale = []
-            for i, reply in zip(todo, sent, strict=True):
-                if int(reply[0]) == Reply.INDEX_MOVED:
-                    stale.append(i)
-                else:
-                    replies[i] = reply
-            if not stale:
-                return replies
-            for path in dict.fromkeys(calls[i][0] for i in stale):
-                yield from self.ann.learn(path)
-            todo = stale
-        raise InvalidArgument(f"the vector index of {calls[todo[0]][0]!r} changed {STALE_TRIES} times during one put")
 
     # ---- sweep -------------------------------------------------------------------
 
