@@ -1,7 +1,8 @@
 """Semantic search of LangGraph stores at 1,000 and 100,000 items: p50/p99, recall@10, memory per item.
 
-``python -m benchmarks.langgraph_store_ann [--items 1000,100000] [--dims 64,1536] [--queries 30]
-[--contenders ours,memory,redisstore] [--out results.json]``
+``python -m benchmarks.langgraph_store_ann [--sizes 1000x64,100000x64,1000x1536,10000x1536]
+[--queries 20] [--contenders ours,memory,redisstore] [--readme]`` (``--readme``: keep the run in
+``results/langgraph_store_ann.json`` and rewrite its block of benchmarks/README.md)
 
 One namespace ``("docs",)`` of ``items`` items (``{"text": ..., "n": i}``), put in batches of 500,
 then ``queries`` calls of ``search(("docs",), query=q, limit=10)`` per contender, interleaved
@@ -204,7 +205,9 @@ def run_size(items: int, dims: int, queries: int, contenders: list[str], urls: d
     return {"items": items, "dims": dims, "queries": queries, "rows": rows}
 
 
-def markdown(results: list[dict[str, Any]]) -> str:
+def markdown(fig: dict[str, Any], params: dict[str, Any] | None = None) -> str:
+    """The block: one row per size and contender."""
+    results: list[dict[str, Any]] = fig["runs"]
     lines = ["| items x dims | contender | p50 ms | p99 ms | recall@10 | bytes/item | slowest script ms (SLOWLOG) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for res in results:
@@ -221,13 +224,17 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from . import report
+    from ._util import command_line, run_meta
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", default="1000,100000")
-    parser.add_argument("--dims", default="64,1536")
-    parser.add_argument("--queries", type=int, default=30)
+    parser.add_argument("--sizes", default="1000x64,100000x64,1000x1536,10000x1536", help="items x dims, ...")
+    parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--contenders", default="ours,memory,redisstore")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--readme", action="store_true")
     args = parser.parse_args(argv)
+    meta = run_meta(command_line("python -m benchmarks.langgraph_store_ann", argv))
     contenders = args.contenders.split(",")
     results: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack_:
@@ -239,15 +246,18 @@ def main(argv: list[str] | None = None) -> None:
                 urls["redisstore"] = stack_.enter_context(stack())
             except Exception as exc:  # reported in its rows
                 urls["redisstore_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        for dims in (int(d) for d in args.dims.split(",")):
-            for items in (int(n) for n in args.items.split(",")):
-                print(f"{items} x {dims}", file=sys.stderr, flush=True)
-                results.append(run_size(items, dims, args.queries, contenders, urls))
-                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-                if args.out:
-                    with open(args.out, "w") as f:
-                        json.dump(results, f, indent=1)
-    print(markdown(results))
+        for size in args.sizes.split(","):
+            items, dims = (int(x) for x in size.split("x"))
+            print(f"{items} x {dims}", file=sys.stderr, flush=True)
+            results.append(run_size(items, dims, args.queries, contenders, urls))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=1)
+    params = {"sizes": args.sizes, "queries": args.queries, "contenders": contenders}
+    if args.readme:
+        report.publish(meta, "langgraph_store_ann", {"runs": results}, params)
+    print(markdown({"runs": results}, params))
 
 
 if __name__ == "__main__":
