@@ -51,6 +51,8 @@ LIMIT = 10
 #: InMemoryStore keeps each vector as a Python list of floats (about 32 bytes a dimension): above
 #: this many floats in all it is left out (the reason is in its row).
 MEMORY_FLOATS = 40_000_000
+#: The pid of each private server this module started, by URL (its main thread's CPU clock).
+PIDS: dict[str, int] = {}
 
 
 class TopicEmbedder:
@@ -94,6 +96,7 @@ def redis70() -> Iterator[str]:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.1):
                 break
             time.sleep(0.05)
+        PIDS[f"redis://127.0.0.1:{port}/0"] = proc.pid
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()
@@ -205,6 +208,59 @@ def run_size(items: int, dims: int, queries: int, contenders: list[str], urls: d
     return {"items": items, "dims": dims, "queries": queries, "rows": rows}
 
 
+def script_cpu(items: int, dims: int, searches: int = 10) -> dict[str, dict[str, float]]:
+    """The server CPU time of every script call of ours over a fill of ``items`` and ``searches`` semantic
+    searches (with and without a filter): the private server's main thread's time on CPU
+    (``/proc/<pid>/task/<pid>/schedstat``) across each call, sent alone. Unlike SLOWLOG's wall time,
+    it leaves out the time the shared machine's load kept the server off the CPU."""
+    import redis
+    from langgraph.store.base import PutOp
+
+    from redis_agentstate._ops import Batch, drivers
+    from redis_agentstate.langgraph import AgentStateStore
+
+    calls: dict[str, list[float]] = {}
+    with redis70() as url:
+        stat = f"/proc/{PIDS[url]}/task/{PIDS[url]}/schedstat"
+
+        def on_cpu_ns() -> int:
+            with open(stat) as f:
+                return int(f.read().split()[0])
+
+        send = drivers._send_sync
+
+        def alone(client: Any, scripts: Any, req: Any) -> Any:
+            if not hasattr(req, "calls") and not hasattr(req, "script"):
+                return send(client, scripts, req)
+            out = []
+            for call in getattr(req, "calls", None) or [req]:
+                before = on_cpu_ns()
+                out.extend(send(client, scripts, Batch([call])))
+                calls.setdefault(call.script, []).append((on_cpu_ns() - before) / 1e6)
+            return out if hasattr(req, "calls") else out[0]
+
+        client = redis.Redis.from_url(url)
+        emb = TopicEmbedder(dims)
+        store = AgentStateStore(client, "cpu", index={"dims": dims, "embed": emb, "fields": ["text"]})
+        drivers._send_sync = alone  # type: ignore[assignment]
+        try:
+            for i in range(0, items, FILL_BATCH):
+                store.batch(
+                    [
+                        PutOp(("docs",), f"k{j}", {"text": _text(j), "n": j})
+                        for j in range(i, min(items, i + FILL_BATCH))
+                    ]
+                )
+            for q in range(searches):
+                store.search(("docs",), query=f"t{q}:query {q}", limit=LIMIT)
+                store.search(("docs",), query=f"t{q}:query {q}", limit=LIMIT, filter={"n": {"$gte": 0}})
+        finally:
+            drivers._send_sync = send  # type: ignore[assignment]
+            client.close()
+    return {name: {"max_ms": round(max(v), 2), "median_ms": round(sorted(v)[len(v) // 2], 2), "calls": len(v)}
+            for name, v in sorted(calls.items())}  # fmt: skip
+
+
 def markdown(fig: dict[str, Any], params: dict[str, Any] | None = None) -> str:
     """The block: one row per size and contender."""
     results: list[dict[str, Any]] = fig["runs"]
@@ -233,7 +289,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--contenders", default="ours,memory,redisstore")
     parser.add_argument("--out", default=None)
     parser.add_argument("--readme", action="store_true")
+    parser.add_argument("--script-cpu", default=None, help="items x dims: print each script's server CPU time")
     args = parser.parse_args(argv)
+    if args.script_cpu:
+        items, dims = (int(x) for x in args.script_cpu.split("x"))
+        for name, row in script_cpu(items, dims).items():
+            print(f"{name}: max {row['max_ms']} ms, median {row['median_ms']} ms, {row['calls']} calls")
+        return
     meta = run_meta(command_line("python -m benchmarks.langgraph_store_ann", argv))
     contenders = args.contenders.split(",")
     results: list[dict[str, Any]] = []

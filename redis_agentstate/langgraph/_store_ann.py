@@ -178,9 +178,9 @@ class VectorIndex:
     def lists(self, path: str, vectors: list[list[float]]) -> tuple[int, str]:
         """The version this store knows ``path``'s index at, and the list of each vector in it."""
         version = self.versions.get(path, 0)
-        if version == 0:
+        centroids = self._centroids.get((path, version))
+        if version == 0 or centroids is None:  # none, or dropped from the cache: lgs_put says which
             return 0, ",".join("0" for _ in vectors)
-        centroids = self._centroids[(path, version)]
         return version, ",".join(str(centroids.nearest(v)) for v in vectors)
 
     def learn(self, path: str) -> Op[None]:
@@ -253,18 +253,14 @@ class VectorIndex:
         """About ``size`` stored vectors, drawn at random (HRANDFIELD, SAMPLE_PAGE a command)."""
         pages = [min(SAMPLE_PAGE, size - i) for i in range(0, size, SAMPLE_PAGE)]
         replies = yield Pipe([("HRANDFIELD", keys.vectors, n, "WITHVALUES") for n in pages])
-        out: list[Sequence[float]] = []
-        seen: set[bytes] = set()
+        drawn: dict[bytes, bytes] = {}
         for reply in replies:
             # Pairs as RESP3 answers them, or a flat list as RESP2 does.
             flat = [x for pair in reply for x in pair] if reply and isinstance(reply[0], list) else reply
             for j in range(0, len(flat), 2):
-                if flat[j] in seen:
-                    continue
-                seen.add(flat[j])
-                out.extend(self.vectors_of(keys, flat[j], bytes(flat[j + 1])))
-        # In a fixed order: the same vectors train the same centroids, whatever order HRANDFIELD gave.
-        return sorted(out, key=tuple)
+                drawn[bytes(flat[j])] = bytes(flat[j + 1])
+        # In key order: the same vectors train the same centroids, whatever order HRANDFIELD gave.
+        return [v for key in sorted(drawn) for v in self.vectors_of(keys, key, drawn[key])]
 
     def vectors_of(self, keys: StoreKeys, key: Any, packed: bytes) -> list[Sequence[float]]:
         return [struct.unpack(f"<{self.dims}f", raw) for raw, _ in decode_vectors(packed, self.dims, keys, key)]

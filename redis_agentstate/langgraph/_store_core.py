@@ -78,7 +78,7 @@ __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 MAX_EXACT = 1000
 
 #: One lgs_put call carries at most this many items or bytes (a bigger batch is several calls).
-PUT_ITEMS = 200
+PUT_ITEMS = 100
 PUT_BYTES = 8 * 2**20
 MAX_TTL_MINUTES = 100 * 366 * 24 * 60
 _OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
