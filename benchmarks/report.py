@@ -415,7 +415,7 @@ RENDERERS = {
 #: Commands of their own (``python -m benchmarks.NAME --readme``): each writes block NAME and results/NAME.json.
 STANDALONE = (
     "script_floor", "functions_ab", "blocking", "shard_spread", "shard_count", "reshard", "langgraph_conformance",
-    "prelude_ab",
+    "prelude_ab", "langgraph_store_ann",
 )  # fmt: skip
 
 

@@ -83,6 +83,10 @@ so the index's lex order is the labels' tuple order; one namespace's items share
     ns:{ns#SS}:lgso:<path>          zset   key -> its insertion number (what a search pages in)
     ns:{ns#SS}:lgsx:<path>          zset   key -> its expiry (server ms), for the items with a TTL
     ns:{ns#SS}:lgsv:<path>          hash   key -> its vectors: msgpack {field path: float32 bytes}
+    ns:{ns#SS}:lgsl:<path>          zset   its vector index's inverted lists: a member per vector, score
+                                           version * 65536 + list (``_store_ann.py``)
+    ns:{ns#SS}:lgsa:<path>          hash   key -> how many vectors it has, where more than one
+    ns:{ns#SS}:lgsc:<path>          hash   its vector index: version, centroids (float32), a re-train's move
     ns:{ns#SS}:lgse:<path>          string the generation of its listing that ended last (10 minutes,
                                            so a re-sent delete unlists it in its prefixes' shards too)
     ns:{ns#SS}:lgsns                zset   every namespace path with an item whose path, or one of its
@@ -205,12 +209,12 @@ KEY_TYPES = {
     "cron": "hash", "crondue": "zset", "crons": "zset",
     "moved": "string", "fence": "string", "reshard": "hash",
     "lgsi": "hash", "lgso": "zset", "lgsx": "zset", "lgsv": "hash", "lgsns": "zset", "lgsnx": "zset",
-    "lgsng": "zset", "lgse": "string",
+    "lgsng": "zset", "lgse": "string", "lgsl": "zset", "lgsa": "hash", "lgsc": "hash",
 }  # fmt: skip
 #: The kinds of the cron schedules' keys: all in shard 00 (a reshard keeps them there, as the limits registry).
 CRON_KINDS = frozenset({"cron", "crondue", "crons"})
 #: The kinds of a LangGraph store namespace (owned by its path; they move whole with it in a reshard).
-_STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv", "lgse"}
+_STORE_KINDS = {"lgsi", "lgso", "lgsx", "lgsv", "lgse", "lgsl", "lgsa", "lgsc"}
 #: A shard's indexes of the LangGraph store, split by member (the namespace path) when the shard moves.
 STORE_INDEXES = frozenset({"lgsns", "lgsnx", "lgsng"})
 #: The store indexes whose members are listed in the shard of each prefix of theirs (a prefix search
@@ -364,11 +368,14 @@ class StoreKeys:
     generations: str
     gen: str
     ended: str
+    lists: str
+    assigned: str
+    centroids: str
 
     def as_list(self) -> list[str]:
         return [
             self.items, self.order, self.expiry, self.vectors, self.namespaces, self.namespace_expiry,
-            self.generations, self.gen, self.ended,
+            self.generations, self.gen, self.ended, self.lists, self.assigned, self.centroids,
         ]  # fmt: skip
 
 
@@ -756,6 +763,9 @@ class Keys:
             generations=p + "lgsng",
             gen=p + "gen",
             ended=p + "lgse:" + path,
+            lists=p + "lgsl:" + path,
+            assigned=p + "lgsa:" + path,
+            centroids=p + "lgsc:" + path,
         )
 
     def store_index(self, shard: int) -> tuple[str, str]:

@@ -378,6 +378,14 @@ def store_contract_flow(client: Any, namespace: str) -> None:
     assert store.list_namespaces(prefix=("u",)) == [("u", "1")]
     store.delete(("u", "1"), "k")
     assert store.sweep() == 0
+    # The vector index: a put that trains it (and moves the items), a search above the exact limit.
+    index: Any = {"dims": 2, "embed": lambda texts: [[1.0, float(len(t))] for t in texts], "fields": ["t"]}
+    indexed = AgentStateStore(client, namespace + ".ann", index=index)
+    indexed._core.ann.index_at = 3
+    indexed._core.max_exact = 2
+    for i in range(3):
+        indexed.put(("d",), f"k{i}", {"t": "x" * (i + 1)})
+    assert len(indexed.search(("d",), query="xx")) == 3
 
 
 def cron_contract_flow(client: Any, namespace: str) -> None:

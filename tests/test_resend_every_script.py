@@ -1233,6 +1233,38 @@ def _lgs_index_unlist(env: Env) -> Any:
     return _st(env, "delete", ("u", "2"), "c")
 
 
+# The vector index of a namespace (_store_ann.py): the 4th vector trains it (lgs_train 'train', then
+# lgs_assign moving the first three, then lgs_train 'finish'); a search above the exact limit counts
+# (lgs_count) and reads the nearest lists (lgs_probe). Its k-means is deterministic on the same vectors.
+def _indexed(count: int) -> Callable[[Env], Any]:
+    def setup(env: Env) -> None:
+        from redis_agentstate.langgraph import AgentStateStore, AsyncAgentStateStore
+
+        index = {"dims": 2, "embed": lambda texts: [[1.0, float(len(t))] for t in texts], "fields": ["t"]}
+        store = env.state["store"] = env.make(AgentStateStore, AsyncAgentStateStore, index=index)
+        store._core.ann.index_at = 4
+        store._core.max_exact = 2
+        for i in range(count):
+            _st(env, "put", ("d",), f"k{i}", {"t": "x" * (i + 1)})
+
+    return setup
+
+
+def _train(env: Env) -> Any:
+    return _st(env, "put", ("d",), "k3", {"t": "xxxx"})
+
+
+def _near(env: Env) -> Any:
+    return _st(env, "search", ("d",), query="xx", limit=3)
+
+
+case("lgs_train", setup=_indexed(3), observe=observe_store)(_train)
+case("lgs_train", id="lgs_train-finish", nth=2, setup=_indexed(3), observe=observe_store)(_train)
+case("lgs_assign", setup=_indexed(3), renews=True, observe=observe_store)(_train)
+case("lgs_count", setup=_indexed(4), changes=False, observe=observe_store)(_near)
+case("lgs_probe", setup=_indexed(4), changes=False, observe=observe_store)(_near)
+
+
 # ---- cron schedules (agentstate serve) ------------------------------------------------------------
 
 _T0 = 1_700_000_000_000

@@ -28,8 +28,8 @@ item is never returned, nor a namespace whose every item expired), writers of a 
 to 100 expired items per call, and ``sweep()`` visits every namespace.
 
 Semantic search ranks exactly as InMemoryStore (cosine, max over an item's fields, scoreless items
-last) over at most ``MAX_EXACT`` items that pass the filter; a search that would rank more raises
-``InvalidArgument`` (no approximate index yet: a wrong answer is never returned silently).
+last) where the searched prefix holds at most ``MAX_EXACT`` live items; above that it ranks the
+items an approximate index finds (``_store_ann.py``: an IVF index per namespace, in Redis), exactly.
 Vectors are stored as float32 with their norms (``_store_rank.py``), so scores equal InMemoryStore's
 on the float32-rounded vectors; a ranking without a filter reads the candidates' vectors only, then
 the values of the items it returns.
@@ -39,13 +39,11 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
 
-import msgpack
 from langgraph.store.base import (
     GetOp,
     IndexConfig,
@@ -67,17 +65,20 @@ from langgraph.store.base.embed import get_text_at_path, tokenize_path
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..wire import Batch, Call, Op, corrupt_state, new_nonce, restart
+from . import _store_ann as ann
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path, _utf8
-from ._store_rank import Candidate, pack_vectors, rank, unpack_vectors
+from ._store_rank import Candidate, decode_vectors, pack_vectors, rank
 from .scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
-#: The most items a semantic search ranks exactly (the items under its prefix that pass its filter).
+#: The most live items a searched prefix holds for a semantic search to rank every one of them
+#: (InMemoryStore's ranking); above, it ranks what the approximate index finds.
 MAX_EXACT = 1000
+
 #: One lgs_put call carries at most this many items or bytes (a bigger batch is several calls).
-PUT_ITEMS = 200
+PUT_ITEMS = 100
 PUT_BYTES = 8 * 2**20
 MAX_TTL_MINUTES = 100 * 366 * 24 * 60
 _OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
@@ -273,6 +274,9 @@ class StoreCore:
             self.dims = dims
             self.embeddings = ensure_embeddings(index["embed"])
             self.fields = [(p, tokenize_path(p)) if p != "$" else (p, p) for p in fields]
+        self.ann = ann.VectorIndex(self.keys, self.dims)
+        #: MAX_EXACT for this store, where set (tests set it low to reach the approximate index).
+        self.max_exact: int | None = None
 
     # ---- planning (no I/O) ----------------------------------------------------
 
@@ -383,8 +387,12 @@ class StoreCore:
             # One nonce for the batch: a re-send (a lost reply, or a reshard restarting it) leaves every
             # item it wrote already as it is.
             nonce = new_nonce()
-            replies = yield from restart(lambda: self._send_puts(calls, nonce))
+            replies = yield from restart(lambda: self.ann.send_puts(calls, nonce))
             yield from self.names.relist([path for path, _ in calls], replies)
+            upkeep = {path: reply for (path, _), reply in zip(calls, replies, strict=True)}
+            for path, reply in upkeep.items():
+                if self.embeddings is not None and self.ann.needs_upkeep(reply):
+                    yield from restart(functools.partial(self.ann.upkeep, path, reply))
         return results
 
     def _refresh(self, wanted: bool) -> bool:
@@ -447,16 +455,25 @@ class StoreCore:
         refresh = self._refresh(op.refresh_ttl)
         kept: list[tuple[float | None, Item]]
         if query is None:
-            found = yield from self._candidates(op, "0")
+            found = yield from self._candidates(op, "0", (yield from self._paths(op, "0")))
             kept = [(None, cast(Item, c.item)) for c in found[op.offset : op.offset + op.limit]]
-        elif op.filter:
-            found = yield from self._candidates(op, "1")
-            kept = [(score, cast(Item, c.item)) for score, c in rank(query, self.dims, found, op.offset, op.limit)]
         else:
-            # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
-            found = yield from self._candidates(op, "2")
-            kept = yield from self._fetch(rank(query, self.dims, found, op.offset, op.limit), refresh)
-            refresh = False
+            mode = "1" if op.filter else "2"
+            paths = yield from self._paths(op, mode)
+            exact = MAX_EXACT if self.max_exact is None else self.max_exact
+            counts = yield from self.ann.counts_above(paths, exact)
+            if counts is not None and sum(c[0] for c in counts) > exact:
+                near = functools.partial(self.ann.candidates, op, query, paths[0], counts, self._item, _passes)
+                found = yield from restart(near)
+            else:
+                found = yield from self._candidates(op, mode, paths)
+            picked = rank(query, self.dims, found, op.offset, op.limit)
+            if op.filter:
+                kept = [(score, cast(Item, c.item)) for score, c in picked]
+            else:
+                # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
+                kept = yield from self._fetch(picked, refresh)
+                refresh = False
         if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return [
@@ -471,14 +488,17 @@ class StoreCore:
             for score, item in kept
         ]
 
-    def _candidates(self, op: SearchOp, mode: str) -> Op[list[Candidate]]:
+    def _paths(self, op: SearchOp, mode: str) -> Op[tuple[list[str], dict[str, ix._Page]]]:
+        """The namespace paths under the prefix, and the first page of the prefix's own items."""
+        if op.namespace_prefix:
+            return (yield from self.names.prefix_read(op.namespace_prefix, mode))
+        return (yield from self.names.paths("-", "+", everything=False)), {}
+
+    def _candidates(self, op: SearchOp, mode: str, read: tuple[list[str], dict[str, ix._Page]]) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
         ranking, only up to offset + limit of them. ``mode`` (lgs_search's): '0' items, '1' items and
         vectors, '2' vectors only (no filter)."""
-        if op.namespace_prefix:
-            paths, first = yield from self.names.prefix_read(op.namespace_prefix, mode)
-        else:
-            paths, first = (yield from self.names.paths("-", "+", everything=False)), {}
+        paths, first = read
         ranked = mode != "0"
         stop = None if op.filter or ranked else op.offset + op.limit
         found: list[Candidate] = []
@@ -494,25 +514,9 @@ class StoreCore:
                     item = None if mode == "2" else self._item(namespace, key, blob, keys)
                     if item is not None and op.filter and not _passes(item, op.filter):
                         continue
-                    vectors = self._vectors(packed, keys, key) if ranked else []
+                    vectors = decode_vectors(packed, self.dims, keys, key) if ranked else []
                     found.append(Candidate(namespace, key, vectors, item))
-                    if ranked and len(found) > MAX_EXACT:
-                        raise InvalidArgument(
-                            f"a semantic search ranks at most {MAX_EXACT} items exactly, and namespace prefix "
-                            f"{op.namespace_prefix!r} holds more that pass the filter: narrow the prefix or the "
-                            "filter (an approximate index for larger prefixes is not implemented yet)"
-                        )
         return found
-
-    def _vectors(self, packed: bytes, keys: StoreKeys, key: str) -> list[tuple[bytes, float]]:
-        if not packed:
-            return []
-        try:
-            return unpack_vectors(packed, self.dims)
-        except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
-            raise corrupt_state(
-                keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})"
-            ) from exc
 
     def _fetch(
         self, picked: list[tuple[float | None, Candidate]], refresh: bool
@@ -590,36 +594,31 @@ class StoreCore:
 
     def _put_calls(
         self, plan: Plan, vectors: dict[tuple[tuple[str, ...], str], dict[str, list[float]]]
-    ) -> list[tuple[str, list[Any]]]:
-        """Per namespace (path), chunks of ARGV groups: one lgs_put call each."""
-        groups: dict[str, list[list[Any]]] = {}
+    ) -> list[tuple[str, list[ann.Group]]]:
+        """Per namespace (path), chunks of groups: one lgs_put call each."""
+        groups: dict[str, list[ann.Group]] = {}
         for (namespace, key), op in plan.puts.items():
             path = _path(namespace)
             if op.value is None:
-                group: list[Any] = [key, "", "", ""]
+                group: ann.Group = (key, "", "", "", [])
             else:
                 ttl = _ttl_ms(op.ttl, "ttl")
                 vec = vectors.get((namespace, key))
-                group = [key, plan.encoded[(namespace, key)], ttl, pack_vectors(vec) if vec else ""]
+                packed = pack_vectors(vec) if vec else ""
+                group = (key, plan.encoded[(namespace, key)], ttl, packed, list(vec.values()) if vec else [])
             groups.setdefault(path, []).append(group)
-        calls: list[tuple[str, list[Any]]] = []
+        calls: list[tuple[str, list[ann.Group]]] = []
         for path, entries in groups.items():
-            chunk: list[Any] = []
+            chunk: list[ann.Group] = []
             size = 0
             for group in entries:
-                if chunk and (len(chunk) >= 4 * PUT_ITEMS or size > PUT_BYTES):
+                if chunk and (len(chunk) >= PUT_ITEMS or size > PUT_BYTES):
                     calls.append((path, chunk))
                     chunk, size = [], 0
-                chunk += group
-                size += sum(len(g) for g in group)
+                chunk.append(group)
+                size += sum(len(g) for g in group[:4])
             calls.append((path, chunk))
         return calls
-
-    def _send_puts(self, calls: list[tuple[str, list[Any]]], nonce: str) -> Op[list[Any]]:
-        replies: list[Any] = yield Batch(
-            [Call(LGS_PUT, self.keys.store(path).as_list(), [nonce, *args]) for path, args in calls]
-        )
-        return replies
 
     # ---- sweep -------------------------------------------------------------------
 
@@ -634,7 +633,7 @@ class StoreCore:
 
                 def send(batch: list[str] = batch) -> Op[list[Any]]:
                     replies: list[Any] = yield Batch(
-                        [Call(LGS_PUT, self.keys.store(p).as_list(), [new_nonce()]) for p in batch]
+                        [Call(LGS_PUT, self.keys.store(p).as_list(), [new_nonce(), 0]) for p in batch]
                     )
                     return replies
 

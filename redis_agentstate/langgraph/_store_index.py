@@ -34,6 +34,9 @@ __all__ = ["NS_PAGE", "PAGE", "SEP", "WINDOW", "StoreIndex"]
 #: Items one lgs_search call scans; namespaces one list call scans.
 PAGE = 500
 NS_PAGE = 1000
+#: Items one lgs_search call returns with their vectors (mode '1': a filtered ranking): fewer, since
+#: each carries its vectors out of the script (6 KiB at 1536 dimensions) and a script stays short.
+VECTOR_PAGE = 100
 #: Namespaces whose pages go out in one round trip.
 WINDOW = 32
 #: Listings one lgs_index call makes or ends (a bigger batch is several calls).
@@ -55,6 +58,11 @@ def _path(namespace: tuple[str, ...]) -> str:
     if len(_utf8(path, "namespace")) > MAX_ID_BYTES:
         raise InvalidArgument(f"namespace {namespace!r:.80} is longer than {MAX_ID_BYTES} bytes")
     return path
+
+
+def _page(mode: str) -> int:
+    """Items an lgs_search (or lgs_prefix) call of ``mode`` scans."""
+    return VECTOR_PAGE if mode == "1" else PAGE
 
 
 def _range(prefix: tuple[str, ...]) -> tuple[str, str]:
@@ -105,7 +113,7 @@ class StoreIndex:
         path = _path(prefix)
         keys = self.keys.store(path)
         start, stop = _range(prefix)
-        reply = yield Call(LGS_PREFIX, keys.as_list(), [start, stop, NS_PAGE, PAGE, mode])
+        reply = yield Call(LGS_PREFIX, keys.as_list(), [start, stop, NS_PAGE, _page(mode), mode])
         n = int(reply[1])
         paths = [member_id(p, keys.namespaces) for p in reply[2 : 2 + n]]
         more = reply[0]
@@ -134,7 +142,7 @@ class StoreIndex:
             order = list(after)
             keys = [self.keys.store(window[i]) for i in order]
             replies = yield Batch(
-                [Call(LGS_SEARCH, k.as_list(), [after[i], PAGE, mode]) for i, k in zip(order, keys, strict=True)]
+                [Call(LGS_SEARCH, k.as_list(), [after[i], _page(mode), mode]) for i, k in zip(order, keys, strict=True)]
             )
             after = {}
             for i, k, page in zip(order, keys, replies, strict=True):

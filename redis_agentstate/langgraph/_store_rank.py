@@ -22,12 +22,15 @@ from typing import Any, cast
 import msgpack
 from langgraph.store.base import Item
 
+from ..keys import StoreKeys
+from ..wire import corrupt_state
+
 try:  # optional: the pure-Python path gives the same ranking
     import numpy as _np  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - exercised by the tests with NUMPY off
     _np = None  # type: ignore[assignment,unused-ignore]
 
-__all__ = ["NUMPY", "Candidate", "pack_vectors", "rank", "unpack_vectors"]
+__all__ = ["NUMPY", "Candidate", "decode_vectors", "pack_vectors", "rank", "unpack_vectors"]
 
 #: Whether the dot products run in numpy (tests turn it off to check the pure-Python path).
 NUMPY = _np is not None
@@ -70,6 +73,16 @@ def unpack_vectors(packed: bytes, dims: int) -> list[tuple[bytes, float]]:
             raise ValueError(f"a vector of {len(raw)} bytes and norm {norm!r}, for {dims} dimensions")
         out.append((raw, float(norm)))
     return out
+
+
+def decode_vectors(packed: bytes, dims: int, keys: StoreKeys, key: object) -> list[tuple[bytes, float]]:
+    """The vectors lgs_put stored for ``key`` (float32 bytes, norm); ``CorruptState`` for anything else."""
+    if not packed:
+        return []
+    try:
+        return unpack_vectors(packed, dims)
+    except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
+        raise corrupt_state(keys.vectors, [keys.vectors], f"holds vectors of {key!r} we did not write ({exc})") from exc
 
 
 def _scores(query: Sequence[float], vectors: list[bytes], norms: list[float], dims: int) -> list[float]:

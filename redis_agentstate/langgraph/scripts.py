@@ -19,6 +19,10 @@ __all__ = [
     "CRON_DELETE",
     "CRON_PUT",
     "CRON_SCRIPTS",
+    "LGS_ASSIGN",
+    "LGS_COUNT",
+    "LGS_PROBE",
+    "LGS_TRAIN",
     "LGS_GET",
     "LGS_INDEX",
     "LGS_NAMESPACES",
@@ -92,7 +96,13 @@ LGS_SEARCH = "lgs_search"
 LGS_PREFIX = "lgs_prefix"
 LGS_NAMESPACES = "lgs_namespaces"
 LGS_INDEX = "lgs_index"
-LGS_SCRIPTS = (LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX)
+LGS_COUNT = "lgs_count"
+LGS_PROBE = "lgs_probe"
+LGS_TRAIN = "lgs_train"
+LGS_ASSIGN = "lgs_assign"
+LGS_SCRIPTS = (
+    LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX, LGS_COUNT, LGS_PROBE, LGS_TRAIN, LGS_ASSIGN,
+)  # fmt: skip
 
 #: The cron schedules of ``agentstate serve`` (``crons.py``), in one slot per namespace.
 CRON_PUT = "cron_put"
@@ -111,7 +121,7 @@ def _lg_write_events(reply: Any) -> Sequence[str]:
 # lgs_get writes: a read with refresh_on_read moves the item's expiry.
 _WRITES = frozenset({
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
-    *LG_RUN_SCRIPTS, LGS_PUT, LGS_GET, LGS_INDEX, *CRON_SCRIPTS,
+    *LG_RUN_SCRIPTS, LGS_PUT, LGS_GET, LGS_INDEX, LGS_TRAIN, LGS_ASSIGN, *CRON_SCRIPTS,
 })  # fmt: skip
 
 #: The family as the loader takes it.

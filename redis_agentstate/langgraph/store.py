@@ -86,9 +86,9 @@ class AgentStateStore(_Stores, SyncShell[StoreCore]):
 
     ``InMemoryStore``'s semantics: namespaces of labels, put/get/delete, ``search`` with a namespace
     prefix, filters (``$eq $ne $gt $gte $lt $lte``, nested dicts, plain equality), limit/offset
-    and, with ``index={"dims", "embed", "fields"}``, a query ranked by cosine similarity (exact,
-    over at most 1,000 items that pass the filter: a search that would rank more raises
-    ``InvalidArgument``); ``list_namespaces``; ``ttl={"default_ttl", "refresh_on_read"}`` in
+    and, with ``index={"dims", "embed", "fields"}``, a query ranked by cosine similarity (exact
+    where the prefix holds at most 1,000 live items; above, over what a vector index kept in Redis
+    finds: ``_store_ann.py``); ``list_namespaces``; ``ttl={"default_ttl", "refresh_on_read"}`` in
     minutes (an expired item is never returned; ``sweep()`` drops them all). Values are
     JSON-serializable dicts. The ``a``-prefixed methods run the blocking ones in the default
     executor, so the store also serves ``graph.ainvoke``.

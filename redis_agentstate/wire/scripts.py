@@ -250,6 +250,9 @@ class Reply(enum.IntEnum):
     LIMITED = -12
     #: Claimed (as DONE), from another token whose lease had lapsed without a commit: a takeover.
     TAKEN_OVER = 3
+    #: lgs_put: the store namespace's vector index moved to another version since the client chose
+    #: its vectors' lists (the version follows): nothing written, the client chooses them again.
+    INDEX_MOVED = -13
 
 
 class PoolReply(enum.IntEnum):

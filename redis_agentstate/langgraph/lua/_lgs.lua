@@ -17,10 +17,19 @@
 --   KEYS[8] - ns:{ns#SS}:gen          string the shard's epoch counter: a new listing's generation
 --   KEYS[9] - ns:{ns#SS}:lgse:<path>  string the generation of the path's listing that ended last
 --                                           (kept ENDED_MS, for a re-sent call that ended it)
+--   KEYS[10] - ns:{ns#SS}:lgsl:<path> zset  the inverted lists of the namespace's vector index: one
+--                                           member per stored vector (list_member), score version *
+--                                           LIST_SPAN + list (version 0: no index yet, one list 0)
+--   KEYS[11] - ns:{ns#SS}:lgsa:<path> hash  key -> how many vectors it has, where more than one
+--   KEYS[12] - ns:{ns#SS}:lgsc:<path> hash  the index: v (its version, absent = 0), c:<v> (centroids:
+--                                           float32, unit length), k:<v> (how many), n (vectors when
+--                                           trained), pv (the version a re-train is moving items from,
+--                                           while it does), by and lease (the mover: token, server ms)
 -- An item whose expiry passed on the server clock is never returned; writers of its namespace
 -- drop up to PRUNE of them per call, lgs_put with no items is the sweep.
 
 local PRUNE = 100
+local LIST_SPAN = 65536
 
 local function store_path()
   return id_after(KEYS[1], '}:lgsi:')
@@ -31,11 +40,42 @@ local function item_header(blob)
   return string.match(blob, '^(%d+):(%d+):(%d*):([^:]*):')
 end
 
+-- The member of vector ``i`` of ``key`` in the inverted lists: the key itself for its first vector
+-- (a key without NUL), else key .. NUL .. i (the client reads the key before the last NUL).
+local function list_member(key, i)
+  if i == 1 and not string.find(key, '\0', 1, true) then return key end
+  return key .. '\0' .. i
+end
+
+-- The current version of the namespace's vector index (0: none trained).
+local function index_version()
+  return tonumber(redis.call('HGET', KEYS[12], 'v') or '0')
+end
+
+local function unassign(key)
+  local n = tonumber(redis.call('HGET', KEYS[11], key) or '1')
+  for i = 1, n do redis.call('ZREM', KEYS[10], list_member(key, i)) end
+  redis.call('HDEL', KEYS[11], key)
+end
+
+-- Put ``key``'s vectors in the lists ``lists`` (comma-separated list numbers, one per vector, in
+-- the order of its packed vectors) of index version ``version``.
+local function assign(key, version, lists)
+  unassign(key)
+  local n = 0
+  for list in string.gmatch(lists, '%d+') do
+    n = n + 1
+    redis.call('ZADD', KEYS[10], version * LIST_SPAN + tonumber(list), list_member(key, n))
+  end
+  if n > 1 then redis.call('HSET', KEYS[11], key, n) end
+end
+
 local function drop_item(key)
   redis.call('HDEL', KEYS[1], key)
   redis.call('ZREM', KEYS[2], key)
   redis.call('ZREM', KEYS[3], key)
   redis.call('HDEL', KEYS[4], key)
+  unassign(key)
 end
 
 -- Drop up to PRUNE items whose expiry passed; returns how many.

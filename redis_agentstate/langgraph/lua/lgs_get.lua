@@ -1,5 +1,5 @@
 -- lgs_get.lua: read items of one LangGraph store namespace, refreshing their TTL if asked.
---   KEYS[1..9] - the namespace's keys and its shard's indexes (see _lgs.lua)
+--   KEYS[1..12] - the namespace's keys and its shard's indexes (see _lgs.lua)
 --   ARGV[1]    - '1': each item read that has a TTL expires its TTL after now; '0': read only
 --   ARGV[2..]  - the keys
 -- Returns one entry per key: the stored item, or false when absent or expired.

@@ -1,7 +1,7 @@
 -- lgs_prefix.lua: what a search of a namespace prefix reads first, from the prefix's own shard
 -- (read-only): the paths under the prefix (every one is listed in this shard's index, see
 -- _lgs.lua) and the first page of the items of the prefix's own namespace.
---   KEYS[1..9] - the keys of the prefix's namespace and its shard's indexes (see _lgs.lua)
+--   KEYS[1..12] - the keys of the prefix's namespace and its shard's indexes (see _lgs.lua)
 --   ARGV[1]    - lex range start of the paths under the prefix ('[<path>')
 --   ARGV[2]    - lex range end ('(<path>\1')
 --   ARGV[3]    - page size of paths

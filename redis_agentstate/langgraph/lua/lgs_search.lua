@@ -1,6 +1,6 @@
 -- lgs_search.lua: one page of the live items of one LangGraph store namespace, in insertion
 -- order (read-only; the client filters and ranks them).
---   KEYS[1..9] - the namespace's keys and its shard's indexes (see _lgs.lua)
+--   KEYS[1..12] - the namespace's keys and its shard's indexes (see _lgs.lua)
 --   ARGV[1]    - the insertion number to start after ('' for the first page)
 --   ARGV[2]    - page size (items scanned, expired ones included)
 --   ARGV[3]    - '0': items; '1': each item with its packed vectors ('' when it has none);
