@@ -266,7 +266,7 @@ class Lease(LeaseBase[LeaseStore]):
 
     def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool, delay_ms: int | None = None) -> None:
         self._check_write(cp, final=final)
-        with self._fenced_write("finalized" if final else "committed") as out:
+        with self._guarded_write("finalized" if final else "committed") as out:
             out.applied = self._store.commit(cp, **self._write_args(replace_history, delay_ms))
         self._keeper.wake()
 
@@ -287,10 +287,10 @@ class Lease(LeaseBase[LeaseStore]):
             return None
         self._check_write(cp, final=False)
         sent = self._clock.now()
-        with self._fenced_write("committed", continuing=True) as out:
+        with self._guarded_write("committed", continuing=True) as out:
             out.next = self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
         self._keeper.wake()
-        return self._continued(out.next, sent)
+        return self._next_lease(out.next, sent)
 
     def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` once for this cycle: a durable step named ``name``.
@@ -451,7 +451,7 @@ class AsyncLease(LeaseBase[AsyncLeaseStore]):
 
     async def _write(self, cp: Checkpoint, *, final: bool, replace_history: bool, delay_ms: int | None = None) -> None:
         self._check_write(cp, final=final)
-        with self._fenced_write("finalized" if final else "committed") as out:
+        with self._guarded_write("finalized" if final else "committed") as out:
             out.applied = await self._store.commit(cp, **self._write_args(replace_history, delay_ms))
         self._keeper.wake()
 
@@ -464,10 +464,10 @@ class AsyncLease(LeaseBase[AsyncLeaseStore]):
             return None
         self._check_write(cp, final=False)
         sent = self._clock.now()
-        with self._fenced_write("committed", continuing=True) as out:
+        with self._guarded_write("committed", continuing=True) as out:
             out.next = await self._store.commit_and_claim(cp, **self._continue_args(replace_history, next_token))
         self._keeper.wake()
-        return self._continued(out.next, sent)
+        return self._next_lease(out.next, sent)
 
     async def step(self, name: str, fn: Callable[..., Awaitable[T] | T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)`` once for this cycle (see :meth:`Lease.step`).

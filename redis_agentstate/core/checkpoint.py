@@ -32,14 +32,12 @@ from typing import Any, ClassVar
 
 from ..errors import TaskCancelled
 from ..models import Checkpoint
-from ..wire import Call, Op
-from ..wire import scripts as S
+from ..wire import Call, Op, scripts
 from ..wire.scripts import Reply
 from .checkpoint_base import (
     _CLAIMED,
     DEFAULT_MAX_PAYLOAD_BYTES,
     CheckpointState,
-    _s,
     check_lease,
     check_revision,
     check_token,
@@ -52,6 +50,7 @@ from .lifecycle import Lifecycle
 from .limits import ConcurrencyLimits
 from .listing import CheckpointListing
 from .release import Releases
+from .replies import text
 from .steps import DurableSteps
 from .validate import MAX_CYCLE, check_id, check_int
 from .writes import CheckpointWrites
@@ -149,7 +148,7 @@ class CheckpointCore:
         state = self.state
         tid, keys = state.task(task_id)
         cached, have = state.cached(tid)
-        reply = yield Call(S.LOAD, keys.as_list(), have)
+        reply = yield Call(scripts.LOAD, keys.as_list(), have)
         if not reply:
             state.history.drop(tid)
             return None
@@ -163,18 +162,18 @@ class CheckpointCore:
         lease_ms = check_lease(lease_ms)
         cached, have = state.cached(tid)
         args = [token, cycle_index, lease_ms, *have, state.max_attempts]
-        reply = yield Call(S.CLAIM, state.wire_keys(tid).counted, [*args, "", 0])
+        reply = yield Call(scripts.CLAIM, state.wire_keys(tid).counted, [*args, "", 0])
         took = False
         for _ in range(3):
             if reply[0] != Reply.LIMITED:
                 break
             # A limited task (the limits note in _common.lua): a place first, then the claim again.
-            ckey = _s(reply[1])
+            ckey = text(reply[1])
             took = took or limits.permit(tid, token) is None
             cap, full = yield from limits.take_place(tid, token, ckey, lease_ms)
             if full is not None:
                 raise full
-            reply = yield Call(S.CLAIM, state.wire_keys(tid).counted, [*args, ckey, cap])
+            reply = yield Call(scripts.CLAIM, state.wire_keys(tid).counted, [*args, ckey, cap])
         code = reply[0]
         if code in _CLAIMED:
             return state.checkpoint(tid, keys, reply, 1, cached, claim=True)
@@ -211,17 +210,17 @@ class CheckpointCore:
                     reply = (Reply.REFUSED,)  # its place is gone and the key is full: the lease is lost
                     break
                 permit = (ckey, cap)
-            reply = yield Call(S.RENEW, state.wire_keys(tid).listed, [*args, *permit])
+            reply = yield Call(scripts.RENEW, state.wire_keys(tid).listed, [*args, *permit])
             if reply[0] != Reply.LIMITED:
                 break
-            ckey = _s(reply[1])
+            ckey = text(reply[1])
         if reply[0] == Reply.DONE:
             return int(reply[1]), None
         if limits.permits:
             # Not renewed: the lease is over, and so is its place; unless the renewal was only stale.
             yield from limits.refused_write(tid, token, reply, moved=ckey is not None)
         if reply[0] == Reply.TERMINAL:
-            reason = _s(reply[2])
+            reason = text(reply[2])
             return None, TaskCancelled(f"task {tid!r} was cancelled: {reason}", task_id=tid, reason=reason)
         return None, None
 
@@ -231,12 +230,12 @@ class CheckpointCore:
         # The identity of an acknowledgement is the task and the revision it deletes:
         # a re-send by anyone is recognised (the tombstone), a different revision is not.
         args = [f"ack:{expected}", expected, ACK_REMEMBER_MS]
-        reply = yield Call(S.ACKNOWLEDGE_TERMINAL, keys.stepped(), args)
+        reply = yield Call(scripts.ACKNOWLEDGE_TERMINAL, keys.stepped(), args)
         if reply == Reply.DONE:
             self.state.history.drop(tid)
         return bool(reply == Reply.DONE)
 
     def delete(self, task_id: str) -> Op[None]:
         tid, keys = self.state.task(task_id)
-        yield Call(S.DELETE, keys.stepped(), [])
+        yield Call(scripts.DELETE, keys.stepped(), [])
         self.state.history.drop(tid)

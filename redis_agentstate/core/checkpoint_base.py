@@ -29,10 +29,10 @@ from ..errors import (
 )
 from ..keys import Keys, TaskKeys
 from ..models import AgentStatus, Checkpoint
-from ..wire import member_id
-from ..wire import scripts as S
+from ..wire import scripts
 from ..wire.scripts import Reply
 from .history import History, HistoryCache, hashed
+from .replies import text
 from .validate import (
     MAX_CYCLE,
     MAX_DELAY_MS,
@@ -71,10 +71,6 @@ _CLAIMED = (Reply.DONE, Reply.TAKEN_OVER, Reply.DONE_BEFORE)
 _STATUS_VALUE = {s.value: s.value for s in AgentStatus}
 
 
-def _s(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _priority(raw: bytes) -> int:
     """A stored 'prio' ('' for 0), checked as the scripts check it."""
     if not raw:
@@ -89,23 +85,8 @@ def _opt_int(raw: bytes) -> int | None:
     return int(raw) if raw else None
 
 
-def _time_ms(reply: Any) -> int:
-    """``TIME`` as parsed by redis-py (a pair of ints) or raw (two byte strings), in ms."""
-    seconds, micros = reply
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def _zset_entries(reply: Any, key: str) -> list[tuple[str, float]]:
-    """``ZRANGE key 0 k WITHSCORES``: RESP2 ``[m1, s1, m2, s2, ...]`` or RESP3 ``[[m1, s1], ...]``."""
-    if not reply:
-        return []
-    if isinstance(reply[0], (list, tuple)):
-        return [(member_id(m, key), float(sc)) for m, sc in reply]
-    return [(member_id(reply[i], key), float(reply[i + 1])) for i in range(0, len(reply), 2)]
-
-
 #: Fields of read_checkpoint's array before its history counts.
-_NF = len(S.HASH_FIELDS)
+_NF = len(scripts.HASH_FIELDS)
 
 
 class WireKeys(NamedTuple):
@@ -192,7 +173,7 @@ def encode_body(cp: Checkpoint) -> bytes:
 
 def raise_claim_refused(tid: str, cycle_index: int, code: int, reply: Sequence[Any]) -> None:
     """Raise what a claim of ``cycle_index`` answered by ``code`` (claim.lua's refusals) means."""
-    detail = _s(reply[1]) if len(reply) > 1 else ""
+    detail = text(reply[1]) if len(reply) > 1 else ""
     if code in (Reply.CYCLE_CONFLICT, Reply.HELD, Reply.REVISION_EXHAUSTED) and not detail.isdigit():
         raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
     if code == Reply.TERMINAL:
@@ -200,7 +181,7 @@ def raise_claim_refused(tid: str, cycle_index: int, code: int, reply: Sequence[A
     if code == Reply.PARKED:
         if not detail.isdigit():
             raise CorruptState(f"checkpoint of task {tid!r} holds a malformed number {detail!r}", task_id=tid)
-        reason = _s(reply[2]) if len(reply) > 2 else ""
+        reason = text(reply[2]) if len(reply) > 2 else ""
         raise TaskParked(
             f"task {tid!r} is parked after {detail} attempt(s) at cycle {cycle_index} ended without a commit "
             f"(last failure: {reason or 'none recorded'}); requeue it to run it again",
@@ -349,20 +330,20 @@ class CheckpointState:
             cp = Checkpoint(
                 task_id=task_id,
                 cycle_index=int(cycle),
-                status=_STATUSES[_s(status_raw)],
+                status=_STATUSES[text(status_raw)],
                 shared_state=shared_state,
                 revision=int(rev),
-                claim_token=_s(token) if token else None,
+                claim_token=text(token) if token else None,
                 claimed_cycle=_opt_int(claimed),
                 lease_expires_at_ms=_opt_int(lease),
                 terminal_result=terminal_result if term == b"1" else None,
                 budget_usage=budget,
                 attempts=int(att) if att else 0,
                 parked=parked == b"1",
-                last_failure=_s(why) if why else None,
+                last_failure=text(why) if why else None,
                 due_at_ms=_opt_int(due),
                 priority=_priority(prio),
-                concurrency_key=_s(ckey) if ckey else None,
+                concurrency_key=text(ckey) if ckey else None,
             )
             if len(blobs) != (n_m - from_m) + (n_c - from_c) or k != n_m - from_m:
                 raise ValueError("history reply is inconsistent")

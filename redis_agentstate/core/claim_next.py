@@ -21,11 +21,12 @@ from typing import Any
 
 from ..errors import CorruptState
 from ..models import Checkpoint
-from ..wire import Call, Op, Pipe, corrupt_state, member_id, restartable
-from ..wire import scripts as S
+from ..wire import Call, Op, Pipe, corrupt_state, member_id, restartable, scripts
+from ..wire.indexes import zset_entries
 from ..wire.scripts import Reply
-from .checkpoint_base import _CLAIMED, CheckpointState, _s, _time_ms, _zset_entries, check_lease, check_token
+from .checkpoint_base import _CLAIMED, CheckpointState, check_lease, check_token
 from .limits import ConcurrencyLimits
+from .replies import text, time_ms
 from .validate import MAX_DELAY_MS, MAX_LEASE_MS, MAX_PRIORITY, PRIORITY_BAND_MS, check_int
 
 __all__ = ["MAX_BLOCK_MS", "ClaimNextFound", "ClaimScheduling"]
@@ -237,7 +238,9 @@ class ClaimScheduling:
         self, tid: str, token: str, lease_ms: int, have: list[Any], permit: tuple[str, int, int] = ("", 0, 0)
     ) -> Call:
         state = self.state
-        return Call(S.CLAIM_NEXT, state.wire_keys(tid).counted, [token, lease_ms, *have, state.max_attempts, *permit])
+        return Call(
+            scripts.CLAIM_NEXT, state.wire_keys(tid).counted, [token, lease_ms, *have, state.max_attempts, *permit]
+        )
 
     def _limited_candidate(self, tid: str, token: str, lease_ms: int, have: list[Any], ckey: str) -> Op[Any]:
         """claim_next met ``tid``, claimable but limited by concurrency key ``ckey`` (``Reply.LIMITED``):
@@ -271,7 +274,7 @@ class ClaimScheduling:
             try:
                 reply = yield self._claim_next_call(tid, token, lease_ms, have)
                 if reply[0] == Reply.LIMITED:
-                    reply = yield from self._limited_candidate(tid, token, lease_ms, have, _s(reply[2]))
+                    reply = yield from self._limited_candidate(tid, token, lease_ms, have, text(reply[2]))
             except CorruptState:
                 continue  # the peek path meets it again, and skips or raises it there
             code = reply[0]
@@ -313,7 +316,7 @@ class ClaimScheduling:
         wait_ms: int | None = None
         for _round in range(self.CLAIM_NEXT_ROUNDS):
             replies = yield Pipe([("TIME",), *heads], wrongtype_ok=True, by_record=True)
-            now = _time_ms(replies[0])
+            now = time_ms(replies[0])
             entries, broken = self._shard_heads(heads, replies[1:])
             entries = yield from self._past_higher_priorities(entries, now)
             due, extra, later = _due_entries(entries, now)
@@ -389,7 +392,7 @@ class ClaimScheduling:
                 broken = broken or exc
                 entries.append([])
             else:
-                entries.append(_zset_entries(reply, cmd[1]))
+                entries.append(zset_entries(reply, cmd[1]))
         return entries, broken
 
     #: Fresh peeks claim_next makes before answering None while others keep winning the races.
@@ -416,7 +419,7 @@ class ClaimScheduling:
                     cached, have = self.state.cached(tid)
                     reply = yield self._claim_next_call(tid, token, lease_ms, have)
                     if reply[0] == Reply.LIMITED:
-                        reply = yield from self._limited_candidate(tid, token, lease_ms, have, _s(reply[2]))
+                        reply = yield from self._limited_candidate(tid, token, lease_ms, have, text(reply[2]))
                     code = reply[0]
                     if code in _CLAIMED:
                         for other, score in due[i + 1 :]:

@@ -419,7 +419,7 @@ class KeptLease:
 
 
 @dataclass
-class Written:
+class WriteOutcome:
     """What a fenced write's I/O reported: whether it applied, and the next cycle's claim if any."""
 
     applied: bool = False
@@ -651,13 +651,13 @@ class LeaseBase(KeptLease, Generic[S]):
             self._require().writing = False
 
     @contextlib.contextmanager
-    def _fenced_write(self, how: str, *, continuing: bool = False) -> Iterator[Written]:
+    def _guarded_write(self, how: str, *, continuing: bool = False) -> Iterator[WriteOutcome]:
         """Around a commit's (or commit_and_claim's) I/O: the body sets ``applied`` (``continuing``: ``next``,
         the claim it returned, which says whether it applied); on the way out the lease ends as ``how``, or
         is lost to the fence (``LeaseLost``). An error leaves it claimed and re-raises; for ``continuing``,
         ``ClaimRejected`` can only come from a re-send whose commit had applied while the next claim was
         taken since: committed, no successor."""
-        out = Written()
+        out = WriteOutcome()
         try:
             yield out
             if continuing:
@@ -672,7 +672,7 @@ class LeaseBase(KeptLease, Generic[S]):
             raise
         self._after_write(out.applied, how)
 
-    def _continued(self: L, nxt: Checkpoint | None, sent: float) -> L | None:
+    def _next_lease(self: L, nxt: Checkpoint | None, sent: float) -> L | None:
         """The next cycle's lease, holding the claim a commit_and_claim sent at ``sent`` returned (None: none)."""
         if nxt is None:
             return None

@@ -12,11 +12,11 @@ from typing import Any
 
 from ..codec import encode
 from ..errors import CorruptState, InvalidArgument, NotWaiting, TaskNotFound
-from ..wire import Call, Op, new_nonce
-from ..wire import scripts as S
+from ..wire import Call, Op, new_nonce, scripts
 from ..wire.scripts import Reply
-from .checkpoint_base import CheckpointState, _s
+from .checkpoint_base import CheckpointState
 from .release import failure_reason
+from .replies import text
 
 __all__ = ["Lifecycle"]
 
@@ -41,7 +41,7 @@ class Lifecycle:
         tid, keys = self.state.task(task_id)
         # "" is no reason, as None: failure_reason would record it as a failure with no reason ("failed ...").
         why = "cancelled (no reason given)" if reason is None or reason == "" else failure_reason(reason)
-        reply = yield Call(S.CANCEL, keys.stepped(), [new_nonce(), why, self.state.terminal_ttl_ms or 0])
+        reply = yield Call(scripts.CANCEL, keys.stepped(), [new_nonce(), why, self.state.terminal_ttl_ms or 0])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             self.state.history.drop(tid)
@@ -72,7 +72,7 @@ class Lifecycle:
         args: list[Any] = (
             [new_nonce(), "0", b""] if message is None else [new_nonce(), "1", self._message_blob(tid, message)]
         )
-        reply = yield Call(S.RESUME, keys.counted(), args)
+        reply = yield Call(scripts.RESUME, keys.counted(), args)
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             # The messages grew and the revision moved on: the next read fetches them.
@@ -81,7 +81,7 @@ class Lifecycle:
         if code == Reply.REFUSED:
             raise TaskNotFound(f"no task {tid!r} in namespace {self.keys.namespace!r}", task_id=tid)
         if code == Reply.NOT_WAITING:
-            status = _s(reply[1])
+            status = text(reply[1])
             raise NotWaiting(
                 f"task {tid!r} is not waiting for a person (status {status}): nothing to resume",
                 task_id=tid,

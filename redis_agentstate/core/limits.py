@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConcurrencyLimited, CorruptState
-from ..wire import Call, Op, Pipe
-from ..wire import scripts as S
+from ..wire import Call, Op, Pipe, scripts
 from ..wire.scripts import Reply
-from .checkpoint_base import CheckpointState, _s
+from .checkpoint_base import CheckpointState
+from .replies import text
 from .validate import LIMIT_SKEW_MS, MAX_CONCURRENCY_LIMIT, check_concurrency_key, check_int
 
 __all__ = ["MAX_PERMITS", "WAKE_ON_SET", "WAKE_TRIES", "ConcurrencyLimits", "LimitState"]
@@ -90,8 +90,8 @@ class ConcurrencyLimits:
         """
         ckey = check_concurrency_key(key, "key")
         arg = "" if limit is None else str(check_int(limit, "limit", 1, MAX_CONCURRENCY_LIMIT))
-        reply = yield Call(S.LIMIT_SET, self.keys.limiter(ckey).as_list(), [arg, WAKE_ON_SET])
-        yield Call(S.LIMIT_REGISTER, [self.keys.limits()], [ckey, arg])
+        reply = yield Call(scripts.LIMIT_SET, self.keys.limiter(ckey).as_list(), [arg, WAKE_ON_SET])
+        yield Call(scripts.LIMIT_REGISTER, [self.keys.limits()], [ckey, arg])
         yield from self.woke_one(ckey, reply[1:])
         return None
 
@@ -100,7 +100,7 @@ class ConcurrencyLimits:
         registry = self.keys.limits()
         (entries,) = yield Pipe([("HGETALL", registry)])
         pairs = entries.items() if isinstance(entries, dict) else zip(entries[::2], entries[1::2], strict=True)
-        keys = sorted(_s(k) for k, _ in pairs)
+        keys = sorted(text(k) for k, _ in pairs)
         if not keys:
             return []
         limiters = [self.keys.limiter(ckey) for ckey in keys]
@@ -109,7 +109,7 @@ class ConcurrencyLimits:
         counts = yield Pipe([("ZCOUNT", lk.holders, f"({now}", "+inf") for lk in limiters])
         out = []
         for ckey, lk, raw, live in zip(keys, limiters, replies[1:], counts, strict=True):
-            limit = None if raw is None else _s(raw)
+            limit = None if raw is None else text(raw)
             if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= MAX_CONCURRENCY_LIMIT):
                 raise CorruptState(f"the limit of concurrency key {ckey!r} at {lk.limit!r} is malformed: {limit!r}",
                                    key=lk.limit)  # fmt: skip
@@ -126,7 +126,7 @@ class ConcurrencyLimits:
         token whose place this one takes over; ``waiter``: record ``tid`` as put off when full."""
         old = _holder(tid, replaces) if replaces else ""
         limiter = self.keys.limiter(ckey).as_list()
-        reply = yield Call(S.LIMIT_ACQUIRE, limiter, [_holder(tid, token), lease_ms + LIMIT_SKEW_MS, old, waiter])
+        reply = yield Call(scripts.LIMIT_ACQUIRE, limiter, [_holder(tid, token), lease_ms + LIMIT_SKEW_MS, old, waiter])
         if reply[0] == Reply.DONE:
             if len(self.permits) >= MAX_PERMITS:
                 del self.permits[next(iter(self.permits))]
@@ -158,7 +158,7 @@ class ConcurrencyLimits:
         limiter = self.keys.limiter(ckey).as_list()
         holder = _holder(tid, token)
         for _ in range(WAKE_TRIES):
-            reply = yield Call(S.LIMIT_RELEASE, limiter, [holder, 1])
+            reply = yield Call(scripts.LIMIT_RELEASE, limiter, [holder, 1])
             if not (yield from self.woke_one(ckey, reply[1:])):
                 return None
         return None
@@ -171,7 +171,7 @@ class ConcurrencyLimits:
         (the refusal replies in commit.lua, release.lua, ...; finalize.lua names the live holder)."""
         code = reply[0]
         if code == Reply.REFUSED and len(reply) > 1:
-            if len(reply) > 2 and _s(reply[2]) != token:
+            if len(reply) > 2 and text(reply[2]) != token:
                 return None  # finalize.lua: a live claim is held, not by this token
             return int(reply[1])
         if code == Reply.LIMITED and len(reply) > 2:  # commit_and_claim.lua: the fence passed, no place came
@@ -201,7 +201,7 @@ class ConcurrencyLimits:
             return False
         stale = False
         for tid, since in zip(waiters[::2], waiters[1::2], strict=True):
-            woken = yield Call(S.LIMIT_WAKE, self.wire_keys(_s(tid)).listed, [ckey, int(float(since))])
+            woken = yield Call(scripts.LIMIT_WAKE, self.wire_keys(text(tid)).listed, [ckey, int(float(since))])
             stale = stale or woken != Reply.DONE
         return stale
 

@@ -12,27 +12,32 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-from ..wire import Batch, Call, Op, Pipe, list_indexes, restart
-from ..wire import scripts as S
-from .checkpoint_base import CheckpointState, _s, _time_ms
+from ..wire import Batch, Call, Op, Pipe, list_indexes, restart, scripts
+from .checkpoint_base import CheckpointState
+from .replies import text, time_ms
 from .validate import check_id
 
 __all__ = ["CheckpointListing"]
 
 #: Entries per task in a summary.lua reply (its header gives them): a kind, then these fields.
-_SUMMARY_FIELDS = (*S.HASH_FIELDS[:7], *S.HASH_FIELDS[9:12], S.HASH_FIELDS[13], S.HASH_FIELDS[14])
+_SUMMARY_FIELDS = (
+    *scripts.HASH_FIELDS[:7],
+    *scripts.HASH_FIELDS[9:12],
+    scripts.HASH_FIELDS[13],
+    scripts.HASH_FIELDS[14],
+)
 _SUMMARY_STRIDE = 1 + len(_SUMMARY_FIELDS)
 _SUMMARY_NAMES = ("status", "cycle", "rev", "token", "claimed", "lease", "term", "att", "parked", "why", "due", "prio")
 
 
 def _summary_row(tid: str, entry: Sequence[Any], now: int) -> dict[str, Any] | None:
     """One row of ``CheckpointCore.summaries`` from a task's entries of a summary.lua reply."""
-    kind = _s(entry[0])
+    kind = text(entry[0])
     if kind == "missing":
         return None
     try:
         if kind != "ok":
-            raise ValueError(_s(entry[1]))
+            raise ValueError(text(entry[1]))
         values = (v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in entry[1:])
         f = dict(zip(_SUMMARY_FIELDS, values, strict=True))
         status, cycle, rev, token, claimed, lease, term, att, parked, why, due, prio = (
@@ -98,10 +103,10 @@ class CheckpointListing:
         chunks = [
             idx[j : j + self.SUMMARY_CHUNK] for idx in by_shard.values() for j in range(0, len(idx), self.SUMMARY_CHUNK)
         ]
-        calls = [Call(S.SUMMARY, [self.task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
+        calls = [Call(scripts.SUMMARY, [self.task_keys(ids[i]).checkpoint for i in chunk], []) for chunk in chunks]
         if not calls:
             (reply,) = yield Pipe([("TIME",)])
-            return _time_ms(reply), []
+            return time_ms(reply), []
         replies = yield Batch(calls)
         now = int(replies[0][0])
         rows: dict[int, dict[str, Any]] = {}
@@ -154,7 +159,7 @@ class CheckpointListing:
             by_shard.setdefault(self.keys.shard_of(tid), []).append(tid)
         step = self.LIST_CHECK_CHUNK
         calls = [
-            Call(S.PRUNE, [self.keys.shard_tasks(s), self.keys.shard_ready(s), self.keys.shard_parked(s),
+            Call(scripts.PRUNE, [self.keys.shard_tasks(s), self.keys.shard_ready(s), self.keys.shard_parked(s),
                            *(self.task_keys(t).checkpoint for t in tids[j : j + step])], [])
             for s, tids in by_shard.items()
             for j in range(0, len(tids), step)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import builtins
 
 from ..errors import CorruptState, InvalidArgument, NotParked, TaskNotFound
-from ..wire import Call, Op, list_indexes, new_nonce, restart
-from ..wire import scripts as S
+from ..wire import Call, Op, list_indexes, new_nonce, restart, scripts
 from ..wire.scripts import Reply
-from .checkpoint_base import CheckpointState, _s, check_lease, check_revision, check_token
+from .checkpoint_base import CheckpointState, check_lease, check_revision, check_token
 from .limits import ConcurrencyLimits
+from .replies import text
 from .validate import check_id
 
 __all__ = ["MAX_REASON_BYTES", "Releases", "failure_reason"]
@@ -64,7 +64,7 @@ class Releases:
         """
         tid, token = check_id(task_id, "task_id"), check_token(token)
         args = [token, check_revision(expected_revision), check_lease(after_ms), failure_reason(reason)]
-        reply = yield Call(S.RELEASE, self.state.wire_keys(tid).parked, [*args, self.state.max_attempts])
+        reply = yield Call(scripts.RELEASE, self.state.wire_keys(tid).parked, [*args, self.state.max_attempts])
         if self.limits.permits:
             # The claim is given up: so is its limiter place. A stale release of a live lease keeps it.
             yield from self.limits.refused_write(tid, token, reply)
@@ -83,14 +83,14 @@ class Releases:
         A re-send after a lost reply is recognised by its nonce and succeeds.
         """
         tid, keys = self.state.task(task_id)
-        reply = yield Call(S.REQUEUE, keys.with_parked(), [new_nonce()])
+        reply = yield Call(scripts.REQUEUE, keys.with_parked(), [new_nonce()])
         code = reply[0]
         if code in (Reply.DONE, Reply.DONE_BEFORE):
             return None
         if code == Reply.REFUSED:
             raise TaskNotFound(f"no task {tid!r} in namespace {self.keys.namespace!r}", task_id=tid)
         if code == Reply.NOT_PARKED:
-            status = _s(reply[1])
+            status = text(reply[1])
             raise NotParked(f"task {tid!r} is not parked (status {status}): nothing to requeue", task_id=tid,
                             status=status)  # fmt: skip
         raise CorruptState(f"unexpected requeue reply {list(reply[:2])!r} for task {tid!r}", task_id=tid)

@@ -29,9 +29,9 @@ from typing import Any
 from ..errors import AgentStateError
 from ..keys import Keys
 from ..wire import Op, Pipe, ShardMoved, member_id, restartable
+from ..wire.indexes import zset_entries
 from .checkpoint import CheckpointCore
-from .checkpoint_base import _time_ms, _zset_entries
-from .replies import lenient_text
+from .replies import lenient_text, time_ms
 from .validate import MAX_PRIORITY, PRIORITY_BAND_MS
 
 __all__ = [
@@ -112,7 +112,7 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE, keep: int = 0) 
             out.claimable += r["status"] == "running" and not r["terminal"] and not live and not r["parked"]
     if not out.now_ms:
         (t,) = yield Pipe([("TIME",)])
-        out.now_ms = _time_ms(t)
+        out.now_ms = time_ms(t)
     return out
 
 
@@ -125,7 +125,7 @@ def counters(keys: Keys) -> Op[tuple[int, dict[str, int]]]:
         for name, value in zip(COUNTER_FIELDS, values, strict=True):
             if value is not None and (text := lenient_text(value)).isdigit():
                 totals[name] += int(text)
-    return _time_ms(replies[0]), totals
+    return time_ms(replies[0]), totals
 
 
 @restartable
@@ -134,7 +134,7 @@ def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     n = keys.shards
     shards = range(n)
     replies = yield Pipe([("TIME",)])
-    now = _time_ms(replies[0])
+    now = time_ms(replies[0])
     # Priority p scores a time t as t - p * band (the priorities note in _common.lua): what is due in
     # band p lies in (now - (p + 1/2) * band, now - p * band]. Band 0 for every shard; the others only
     # for the shards that hold entries of a priority above 0.
@@ -154,7 +154,7 @@ def due_head(keys: Keys) -> Op[tuple[int, int, tuple[str, int] | None]]:
     due = sum(int(n) for n in due_counts) + sum(int(n) for n in extra[1::2])
     oldest: tuple[str, int] | None = None
     for cmd, reply in zip([*first, *cmds[n::2]], [*heads, *extra[0::2]], strict=True):
-        entries = _zset_entries(reply, cmd[1])
+        entries = zset_entries(reply, cmd[1])
         if not entries:
             continue
         tid, score = entries[0]

@@ -15,8 +15,7 @@ from typing import Any
 
 from ..codec import decode, encode
 from ..errors import InvalidArgument
-from ..wire import Call, Op
-from ..wire import scripts as S
+from ..wire import Call, Op, scripts
 from ..wire.scripts import Reply
 from .checkpoint_base import CheckpointState, check_revision, check_token
 from .validate import MAX_CYCLE, check_id, check_int
@@ -77,7 +76,9 @@ class DurableSteps:
         (another holder, a later revision, or lapsed on the server clock)."""
         tid = check_id(task_id, "task_id")
         keys = self.state.task_keys(tid)
-        reply = yield Call(S.STEP_LOAD, keys.for_steps(), self._step_argv(token, expected_revision, cycle_index, name))
+        reply = yield Call(
+            scripts.STEP_LOAD, keys.for_steps(), self._step_argv(token, expected_revision, cycle_index, name)
+        )
         if reply[0] != Reply.DONE:
             return None
         if len(reply) < 2:
@@ -102,6 +103,6 @@ class DurableSteps:
                 f"{self.state.max_payload_bytes} (nothing was recorded)",
                 task_id=tid,
             )
-        reply = yield Call(S.STEP_RECORD, keys.for_steps(), [*argv, blob])
+        reply = yield Call(scripts.STEP_RECORD, keys.for_steps(), [*argv, blob])
         # Read back from the bytes stored, so a replay returns what the first run returned.
         return reply[0] == Reply.DONE, decode(blob, key=keys.steps, task_id=tid)

@@ -20,8 +20,7 @@ from typing import Any, ClassVar, TypeAlias
 from ..codec import decode, encode
 from ..errors import ClaimRejected, InvalidArgument
 from ..models import AgentStatus, Checkpoint
-from ..wire import Call, Op, new_nonce
-from ..wire import scripts as S
+from ..wire import Call, Op, new_nonce, scripts
 from ..wire.scripts import Reply
 from .checkpoint_base import (
     _STATUS_VALUE,
@@ -51,7 +50,7 @@ class CommitArgv:
     """commit.lua's contract: what it takes beyond what every fenced write sends (its identity and
     fence, the checkpoint's scalars and body, the history ``Part``), and its ARGV in header order."""
 
-    script: ClassVar[str] = S.COMMIT
+    script: ClassVar[str] = scripts.COMMIT
     kind: ClassVar[str] = "commit"  #: the first field of the write's identity
     ttl_ms: int  #: the store's terminal_ttl_ms (0: none); not part of the identity
     delay_ms: int  #: the next cycle's delay (0: none); part of the identity when set
@@ -74,7 +73,7 @@ class CommitArgv:
 class FinalizeArgv:
     """finalize.lua's contract: no token (it ends the task whoever holds it), and its ARGV in header order."""
 
-    script: ClassVar[str] = S.FINALIZE
+    script: ClassVar[str] = scripts.FINALIZE
     kind: ClassVar[str] = "finalize"
     ttl_ms: int  #: the store's terminal_ttl_ms (0: none); not part of the identity
 
@@ -97,7 +96,7 @@ class NextClaim:
     header order. The next token is part of the write's identity; the lease is not, so a re-send with
     another lease is still this write."""
 
-    script: ClassVar[str] = S.COMMIT_AND_CLAIM
+    script: ClassVar[str] = scripts.COMMIT_AND_CLAIM
     kind: ClassVar[str] = "commit_and_claim"
     next_token: str
     lease_ms: int
@@ -127,7 +126,7 @@ def _term(cp: Checkpoint) -> str:
 
 
 @dataclass(slots=True)
-class _Written:
+class _FencedReply:
     """What a fenced write got back: the reply, the cache entry it was sent against (None: full
     lists went), the entry it left in the cache when applied now, and the body it sent."""
 
@@ -201,10 +200,10 @@ class CheckpointWrites:
         """A per-call nonce, not the content, names a create: "False if it exists" stays first-wins.
         ``delay_ms``: the first cycle is not claimable before that long from now (server clock)."""
         # A generator of its own (not _store's), so telemetry names the operation "create".
-        return (yield from self._store(S.CREATE, cp, check_delay(delay_ms, cp)))
+        return (yield from self._store(scripts.CREATE, cp, check_delay(delay_ms, cp)))
 
     def save(self, cp: Checkpoint) -> Op[None]:
-        yield from self._store(S.SAVE, cp)
+        yield from self._store(scripts.SAVE, cp)
         return None
 
     def _store(self, script: str, cp: Checkpoint, delay_ms: int = 0) -> Op[bool]:
@@ -216,7 +215,7 @@ class CheckpointWrites:
         args = store_argv(cp, new_nonce(), body, blobs_m, blobs_c, delay_ms)
         # A save replaces a parked task too: it takes the parked index to take the task out of it, and
         # drops the durable steps' results (KEYS[10]) with the rest of what the task held.
-        reply = yield Call(script, keys.stepped() if script == S.SAVE else keys.as_list(), args)
+        reply = yield Call(script, keys.stepped() if script == scripts.SAVE else keys.as_list(), args)
         if reply[0] == Reply.REFUSED:
             return False
         if reply[0] == Reply.DONE_BEFORE:
@@ -332,7 +331,7 @@ class CheckpointWrites:
             return self.state.checkpoint(tid, self.state.task_keys(tid), reply, 1, None, claim=True)
         if code == Reply.DONE:
             assert w.entry is not None
-            return self._continued(cp, w.entry, w.body, next_token, reply)
+            return self._next_claim(cp, w.entry, w.body, next_token, reply)
         if code == Reply.DONE_BEFORE:
             return self.state.checkpoint(tid, self.state.task_keys(tid), reply, 1, w.known, claim=True)
         if code == Reply.REFUSED:
@@ -362,7 +361,7 @@ class CheckpointWrites:
             self.limits.permits[(tid, token)] = old  # the give back forgot token's own place when next_token == token
         return None
 
-    def _continued(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
+    def _next_claim(self, cp: Checkpoint, claim: History, body: bytes, token: str, reply: Sequence[Any]) -> Checkpoint:
         """The claim a commit_and_claim made, from what the client wrote and the reply's epoch and lease.
 
         The state is decoded from the very body sent (objects of the claimant's
@@ -411,7 +410,7 @@ class CheckpointWrites:
         expected: int,
         replace: bool,
         claim_revision: int | None = None,
-    ) -> Op[_Written]:
+    ) -> Op[_FencedReply]:
         """Send ``argv``'s script (its contract: which script, its own ARGV, what of it the identity takes).
         ``claim_revision`` (commit_and_claim): the entry an applied write leaves in the cache is the claim's
         (``_claimed_entry``), and ``written.entry`` is that."""
@@ -464,7 +463,7 @@ class CheckpointWrites:
                 task_id=cp.task_id,
                 revision=expected,
             )
-        written = _Written(reply, known, None, body)
+        written = _FencedReply(reply, known, None, body)
         if reply[0] == Reply.DONE_BEFORE:
             # Applied already (a re-send): reply[1] is the epoch now, which may name a history rewritten since.
             self.history.drop(cp.task_id)

@@ -8,7 +8,7 @@ from typing import Any
 from .failures import corrupt_state
 from .requests import Op, Pipe
 
-__all__ = ["LIST_PAGE", "list_indexes", "member_id"]
+__all__ = ["LIST_PAGE", "list_indexes", "member_id", "zset_entries"]
 
 
 def member_id(member: Any, key: str) -> str:
@@ -39,3 +39,12 @@ def list_indexes(index_keys: Sequence[str]) -> Op[list[str]]:
                 pending[key] = b"(" + page[-1]
     found.sort()
     return found
+
+
+def zset_entries(reply: Any, key: str) -> list[tuple[str, float]]:
+    """``ZRANGE key 0 k WITHSCORES``: RESP2 ``[m1, s1, m2, s2, ...]`` or RESP3 ``[[m1, s1], ...]``."""
+    if not reply:
+        return []
+    if isinstance(reply[0], (list, tuple)):
+        return [(member_id(m, key), float(sc)) for m, sc in reply]
+    return [(member_id(reply[i], key), float(reply[i + 1])) for i in range(0, len(reply), 2)]
