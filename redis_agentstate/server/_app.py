@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
+from ..langgraph._runs_core import MAX_AFTER_MS, check_interrupt_nodes
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
@@ -53,8 +54,9 @@ from ._shapes import json_response as _json
 from ._store import StoreRoutes
 from ._thread_stream import thread_stream_route
 from ._threads import ThreadRoutes
+from ._webhooks import WebhookSender
 
-__all__ = ["ServedGraph", "create_app"]
+__all__ = ["RunOptions", "ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED: tuple[str, ...] = ()
@@ -76,6 +78,20 @@ CORS_EXPOSE_HEADERS = ("Content-Location", "Location", "X-Pagination-Total", "X-
 #: (``GET /`` shows the form until a session exists).
 PUBLIC = frozenset({("GET", "/ok"), ("GET", "/"), ("POST", "/dashboard/login"),
                     ("GET", "/dashboard/static/dashboard.css")})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``agentstate serve`` lets runs do beyond the defaults.
+
+    ``webhook_allow_private``: webhooks may go to loopback, private and link-local addresses (refused
+    by default, LangChain's SSRF guard). ``tenant_key`` / ``tenant_limit``: a run whose
+    ``metadata[tenant_key]`` is set runs its thread under the concurrency key of that value, at most
+    ``tenant_limit`` of a tenant's threads running at once fleet-wide (``--tenant-limit KEY=N``)."""
+
+    webhook_allow_private: bool = False
+    tenant_key: str | None = None
+    tenant_limit: int | None = None
 
 
 @dataclass
@@ -130,7 +146,9 @@ class ThreadBook:
             return "error"
         if snap is None:
             snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
-        return "interrupted" if getattr(snap, "interrupts", ()) else "idle"
+        # As LangGraph's server: a thread whose head has nodes to run next (an interrupt(), or a stop
+        # before / after a node) is interrupted.
+        return "interrupted" if getattr(snap, "interrupts", ()) or getattr(snap, "next", ()) else "idle"
 
     async def out(self, rec: Mapping[str, Any]) -> dict[str, Any]:
         g = self.graph_of(rec)
@@ -150,8 +168,10 @@ class ThreadBook:
 
 class _App:
     def __init__(self, client: Any, graphs: Mapping[str, Any], namespace: str, token: str | None,
-                 workers: int, max_body_bytes: int, max_streams: int, lease_ms: int) -> None:  # fmt: skip
+                 workers: int, max_body_bytes: int, max_streams: int, lease_ms: int,
+                 options: RunOptions | None = None) -> None:  # fmt: skip
         self.client, self.token, self.max_body, self.lease_ms = client, token, max_body_bytes, lease_ms
+        self.options = options or RunOptions()
         self.sessions = None if token is None else Sessions(token)
         self.graphs: dict[str, ServedGraph] = {}
         #: LangGraph's long-term memory: the store routes' and every served graph's (``get_store()``).
@@ -189,6 +209,10 @@ class _App:
         self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
         self._tasks: list[asyncio.Task[None]] = []
         self._detached: set[asyncio.Future[Any]] = set()
+        self.webhooks = WebhookSender(client, namespace, self.graphs, self.options.webhook_allow_private,
+                                      self._values, self._drop_thread)  # fmt: skip
+        #: Tenant keys whose limit this server has set (once each).
+        self._tenant_keys: set[tuple[str, str]] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -200,9 +224,11 @@ class _App:
             for w in g.workers:
                 self._tasks.append(asyncio.create_task(w.arun(), name=f"agentstate-serve-worker-{g.name}"))
         self.crons.start()
+        self.webhooks.start()
         try:
             yield
         finally:
+            await self.webhooks.stop()
             await self.crons.stop()
             for g in self.graphs.values():
                 for w in g.workers:
@@ -249,9 +275,7 @@ class _App:
     async def _create(self, tid: str | None, body: Mapping[str, Any],
                       run_id: str | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
         g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
-        for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
-            if body.get(unsupported):
-                raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
+        options = await self.run_options(body)  # checked before anything is written
         temporary = tid is None
         if tid is None:
             tid = str(uuid.uuid4())
@@ -276,16 +300,65 @@ class _App:
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
+        options["concurrency_key"] = await self._tenant(g, meta)
+        drop = temporary and body.get("on_completion", "delete") == "delete"
+        if options.get("webhook"):
+            run_id = run_id or str(uuid.uuid4())
+            await self.webhooks.expect(g, run_id, options["webhook"], drop)
         try:
             run = await g.queue.create(tid, body.get("input"), command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
-                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id)  # fmt: skip
-        except RunRejected as exc:
-            raise HTTPException(409, str(exc)) from exc
+                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id,
+                                       **options)  # fmt: skip
+        except (RunRejected, InvalidArgument) as exc:
+            if options.get("webhook"):
+                await self.webhooks.forget(str(run_id))
+            raise HTTPException(409 if isinstance(exc, RunRejected) else 422, str(exc)) from exc
+        if options.get("webhook"):
+            self.webhooks.follow(g, run.run_id)
+            drop = False  # the webhook's sender drops the temporary thread once it has read its values
+        return g, run, drop
+
+    async def _tenant(self, g: ServedGraph, meta: Mapping[str, Any]) -> str | None:
+        """The concurrency key of a run's tenant (``--tenant-limit KEY=N``: its ``metadata[KEY]``), its
+        limit set the first time this server meets it; None without one."""
+        key = self.options.tenant_key
+        if key is None or meta.get(key) is None:
+            return None
+        value = meta[key]
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise HTTPException(422, f"metadata.{key} must be a string or an int (it names the run's tenant)")
+        ckey = f"tenant:{key}={value}"
+        if not str(value) or len(ckey.encode()) > 200 or not ckey.isprintable():
+            raise HTTPException(422, f"metadata.{key} must be 1-150 printable characters (it names the run's tenant)")
+        if (g.name, ckey) not in self._tenant_keys:
+            await g.queue.tasks.set_concurrency_limit(ckey, self.options.tenant_limit)
+            self._tenant_keys.add((g.name, ckey))
+        return ckey
+
+    async def _values(self, g: ServedGraph, run: Run) -> Any:
+        """The thread's values when the run ended (a webhook's ``values``)."""
+        return (await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})).values
+
+    async def run_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A run's ``interrupt_before`` / ``interrupt_after``, ``after_seconds`` and ``webhook`` as
+        ``RunQueue.create`` takes them; a 422 for a bad one (a webhook the SSRF guard refuses too)."""
+        out: dict[str, Any] = {}
+        try:
+            for k in ("interrupt_before", "interrupt_after"):
+                if body.get(k) is not None:
+                    out[k] = check_interrupt_nodes(body[k], k)
         except InvalidArgument as exc:
             raise HTTPException(422, str(exc)) from exc
-        return g, run, temporary and body.get("on_completion", "delete") == "delete"
+        delay = body.get("after_seconds")
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_AFTER_MS / 1000:
+                raise HTTPException(422, f"after_seconds must be a number of seconds, 0..{MAX_AFTER_MS // 1000}")
+            out["after_ms"] = int(delay * 1000)
+        if body.get("webhook") is not None:
+            out["webhook"] = await self.webhooks.check(body["webhook"])
+        return out
 
     async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """The ``configurable`` keys of a run that starts from a checkpoint (``checkpoint`` or
@@ -567,6 +640,7 @@ def create_app(
     max_streams: int = MAX_STREAMS,
     cors_origins: Sequence[str] = (),
     lease_ms: int = 30_000,
+    options: RunOptions | None = None,
 ) -> Starlette:
     """The app: ``graphs`` by name, on an ``redis.asyncio`` client; ``workers`` GraphWorker tasks per
     graph run in the app (0: a fleet elsewhere executes the runs). At most ``max_streams`` event streams
@@ -574,8 +648,9 @@ def create_app(
     of the client's pooled connections while it waits, so give the client a pool that large plus what
     the workers need (``agentstate serve`` does: ``MAX_STREAMS + POOL_MARGIN``). ``cors_origins``: the
     origins a browser may call it from (``"*"``: any; none by default); ``lease_ms``: the workers'
-    thread leases (how long a crashed server's runs wait before another takes them over)."""
-    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
+    thread leases (how long a crashed server's runs wait before another takes them over); ``options``: the
+    runs' webhook guard and tenant limits (``RunOptions``)."""
+    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms, options)
     a = app_state
     d, s, st, t, c = a.dash, a.assistants, a.store_routes, a.threads, a.crons
 

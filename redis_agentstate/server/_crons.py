@@ -55,7 +55,6 @@ TICK_NAMESPACE = uuid.UUID("6f0c3b1e-5a57-4c1b-9d2b-8c1e0a4f2d11")
 POLL_S = 1.0
 #: Ticks fired per look at most (the rest on the next).
 BATCH = 100
-_UNSUPPORTED = ("interrupt_before", "interrupt_after", "webhook")
 _SORTS = ("cron_id", "assistant_id", "thread_id", "next_run_date", "end_time", "created_at", "updated_at")
 #: The fields of a patch that change when the next tick is.
 _RESCHEDULE = ("schedule", "timezone", "enabled", "end_time")
@@ -149,9 +148,7 @@ class CronRoutes:
 
     async def _payload(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The run payload of a cron's ticks, checked as a run's would be (its assistant resolved)."""
-        for name in _UNSUPPORTED:
-            if body.get(name):
-                raise HTTPException(422, f"{name!r} is not supported by agentstate serve")
+        await self.app.run_options(body)  # interrupt_before/after, after_seconds, webhook: as a run checks them
         strategy = body.get("multitask_strategy")
         if strategy is not None and strategy not in MULTITASK_STRATEGIES:
             raise HTTPException(422, f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
