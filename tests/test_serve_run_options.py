@@ -68,7 +68,7 @@ def dev() -> Iterator[str | None]:
             pytest.fail("AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`) not set")
         yield None
         return
-    with langgraph_dev(cli, "lg_option_graphs", GRAPHS, webhooks={"url": {"disable_loopback": False}}) as url:
+    with langgraph_dev(cli, "lg_option_graphs", GRAPHS, webhooks={"url": {"disable_loopback": False, "require_https": False}}) as url:
         yield url
 
 
@@ -81,7 +81,6 @@ def ours(backend: Any, namespace: str) -> Iterator[str]:
 def _both(ours: str, dev: str | None, scenario: Callable[[Any], Any]) -> Any:
     """``scenario(client)`` on ours, and on ``langgraph dev`` when there is one: they must agree."""
     got = scenario(get_sync_client(url=ours, api_key=TOKEN))
-    print("ours:", got)
     if dev is not None:
         theirs = scenario(get_sync_client(url=dev, api_key=None))
         assert got == theirs, f"agentstate serve and langgraph dev differ:\nours: {got}\ndev:  {theirs}"
@@ -319,8 +318,15 @@ def test_the_ssrf_guard_refuses_private_addresses_without_the_flag(backend: Any,
     assert receiver.posts == []
 
 
-def _sender(backend: Any, namespace: str, allow: bool, graphs_: dict[str, Any]) -> Any:
+def _sender(backend: Any, namespace: str, allow: bool) -> Any:
+    """Another server's webhook sender on the namespace (its own client, on the caller's loop)."""
+    from redis_agentstate.langgraph import AsyncAgentStateSaver, AsyncRunQueue
+    from redis_agentstate.server import ServedGraph
     from redis_agentstate.server._webhooks import WebhookSender
+
+    client = backend.new_async_client()
+    served = {n: ServedGraph(n, getattr(graphs, n), AsyncRunQueue(client, namespace=f"{namespace}.{n}"),
+                             AsyncAgentStateSaver(client, namespace=f"{namespace}.{n}")) for n in GRAPHS}  # fmt: skip
 
     async def values(g: Any, run: Any) -> Any:
         return (await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})).values
@@ -328,7 +334,7 @@ def _sender(backend: Any, namespace: str, allow: bool, graphs_: dict[str, Any]) 
     async def drop(g: Any, tid: str) -> None:
         return None
 
-    return WebhookSender(backend.new_async_client(), namespace, graphs_, allow, values, drop)
+    return WebhookSender(client, namespace, served, allow, values, drop)
 
 
 @on_fake_and_real
@@ -348,9 +354,14 @@ def test_one_delivery_across_senders_a_dead_senders_claim_taken_over_and_retries
                 return list(await asyncio.gather(*(s.deliver(rid) for s in senders)))
 
             async def main() -> None:
-                senders = [_sender(backend, namespace, True, app.graphs) for _ in range(8)]
-                # Runs created by a server whose own follower never sends (its server "died").
+                senders = [_sender(backend, namespace, True) for _ in range(8)]
+                # Runs created by a server that neither follows nor sweeps (it "died"): the senders race.
                 app.webhooks.follow = lambda g, rid: None
+
+                async def no_sweep() -> None:
+                    return None
+
+                app.webhooks.sweep = no_sweep
                 runs = [c.runs.create(None, "abc", input={"log": []}, webhook=r.url, on_completion="keep")
                         for _ in range(3)]  # fmt: skip
                 for run in runs:
@@ -374,7 +385,7 @@ def test_one_delivery_across_senders_a_dead_senders_claim_taken_over_and_retries
                 # Checked again when sending: a sender refusing loopback sends nothing.
                 run = c.runs.create(None, "abc", input={"log": []}, webhook=r.url, on_completion="keep")
                 c.runs.join(run["thread_id"], run["run_id"])
-                strict = _sender(backend, namespace, False, app.graphs)
+                strict = _sender(backend, namespace, False)
                 assert await strict.deliver(run["run_id"]) is False
                 assert r.answered_ok == 4
                 assert await strict.kv.get(run["run_id"]) is None  # given up: not sent again by anyone
