@@ -68,7 +68,9 @@ def dev() -> Iterator[str | None]:
             pytest.fail("AGENTSTATE_LANGGRAPH_DEV (langgraph-cli[inmem]'s `langgraph`) not set")
         yield None
         return
-    with langgraph_dev(cli, "lg_option_graphs", GRAPHS, webhooks={"url": {"disable_loopback": False, "require_https": False}}) as url:
+    with langgraph_dev(
+        cli, "lg_option_graphs", GRAPHS, webhooks={"url": {"disable_loopback": False, "require_https": False}}
+    ) as url:
         yield url
 
 
@@ -229,7 +231,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 with receiver.lock:
                     fail = receiver.fail_first > 0
@@ -278,8 +280,15 @@ def _hooked(receiver: Receiver) -> Callable[[Any], Any]:
         post = got[0]
         keys = {"run_id", "thread_id", "assistant_id", "status", "metadata", "run_started_at", "run_ended_at",
                 "webhook_sent_at", "values", "created_at", "updated_at", "multitask_strategy", "kwargs"}  # fmt: skip
-        return (out, len(got), post["status"], post["values"], post["thread_id"] == t, sorted(keys - set(post)),
-                {k: _shape(post[k]) for k in ("run_started_at", "run_ended_at", "webhook_sent_at", "values")})
+        return (
+            out,
+            len(got),
+            post["status"],
+            post["values"],
+            post["thread_id"] == t,
+            sorted(keys - set(post)),
+            {k: _shape(post[k]) for k in ("run_started_at", "run_ended_at", "webhook_sent_at", "values")},
+        )
 
     return scenario
 

@@ -284,15 +284,10 @@ class RunCore:
         concurrency_key: str | None = None,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
+        extra = _run_options(subgraphs, interrupt_before, interrupt_after, webhook)
+        after_ms = check_int(after_ms, "after_ms", 0, MAX_AFTER_MS)
         if concurrency_key is not None:
             concurrency_key = check_concurrency_key(concurrency_key)
-        before = check_interrupt_nodes(interrupt_before, "interrupt_before")
-        after = check_interrupt_nodes(interrupt_after, "interrupt_after")
-        after_ms = check_int(after_ms, "after_ms", 0, MAX_AFTER_MS)
-        if webhook is not None and (not isinstance(webhook, str) or not webhook):
-            raise InvalidArgument(f"webhook must be a URL or None, got {webhook!r:.80}")
-        if not isinstance(subgraphs, bool):
-            raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
         # A caller-chosen id makes the create idempotent: sent again, it answers the run it made.
         rid = str(uuid.uuid4()) if run_id is None else check_run_id(run_id)
         strategy = check_strategy(multitask_strategy)
@@ -301,12 +296,7 @@ class RunCore:
         md = _mapping(metadata, "metadata")
         if input is not None and command is not None:
             raise InvalidArgument("a run takes an input or a command (Command(resume=...)), not both")
-        payload = {"input": input, "command": command, "config": conf, "metadata": md}
-        if subgraphs:
-            payload["subgraphs"] = True
-        for k, v in (("interrupt_before", before), ("interrupt_after", after), ("webhook", webhook)):
-            if v is not None:
-                payload[k] = v
+        payload = {"input": input, "command": command, "config": conf, "metadata": md, **extra}
         body = self._dumps(payload, "the run's input, command, config and metadata")
         if len(body) > MAX_BODY_BYTES:
             raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
@@ -342,29 +332,15 @@ class RunCore:
         self._know(tid)
         if reply[0] == Reply.REFUSED:
             yield Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
-            why = _text(reply[1])
-            if why == "reject":
-                other = _text(reply[2])
-                raise RunRejected(
-                    f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
-                    thread_id=tid, run_id=other,
-                )  # fmt: skip
-            if why == "full":
-                raise RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
-                                  f"(max_active={self.max_active})", thread_id=tid)  # fmt: skip
-            if why == "terminal":
-                # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
-                raise RunRejected(f"thread {tid!r} can run nothing: its task in {self.keys.namespace!r} is "
-                                  f"{_text(reply[2])} (delete the task to start the thread afresh)",
-                                  thread_id=tid)  # fmt: skip
-            raise AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+            raise _refused(tid, reply, self.max_active, self.keys.namespace)
         # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
         # made the driver send it again) carries the first execution's answer: the same run, once.
         created = int(reply[1])
         yield from self._forget(tid, reply[3], reply[4])
         return Run(rid, tid, "pending", strategy, modes, created, created, input=input, command=command,  # type: ignore[arg-type]
-                   config=conf, metadata=md, subgraphs=subgraphs, interrupt_before=before, interrupt_after=after,
-                   webhook=webhook, not_before_ms=created + after_ms if after_ms else None)  # fmt: skip
+                   config=conf, metadata=md, subgraphs=subgraphs, interrupt_before=extra.get("interrupt_before"),
+                   interrupt_after=extra.get("interrupt_after"), webhook=webhook,
+                   not_before_ms=created + after_ms if after_ms else None)  # fmt: skip
 
     def _forget(self, tid: str, ended: Any = (), deleted: Any = ()) -> Op[None]:
         """Runs of ``tid`` a script ended (or deleted) on its way: their id entries (in their own
@@ -625,6 +601,41 @@ def check_interrupt_nodes(value: object, what: str) -> list[str] | str | None:
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
         raise InvalidArgument(f"{what} must be '*' or a list of node names, got {value!r:.80}")
     return list(names)
+
+
+def _refused(tid: str, reply: Any, max_active: int, namespace: str) -> AgentStateError:
+    """The error of a create ``lg_run_create.lua`` refused."""
+    why = _text(reply[1])
+    if why == "reject":
+        other = _text(reply[2])
+        return RunRejected(
+            f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
+            thread_id=tid, run_id=other,
+        )  # fmt: skip
+    if why == "full":
+        return RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
+                          f"(max_active={max_active})", thread_id=tid)  # fmt: skip
+    if why == "terminal":
+        # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
+        return RunRejected(f"thread {tid!r} can run nothing: its task in {namespace!r} is "
+                          f"{_text(reply[2])} (delete the task to start the thread afresh)",
+                          thread_id=tid)  # fmt: skip
+    return AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+
+
+def _run_options(subgraphs: object, before: object, after: object, webhook: object) -> dict[str, Any]:
+    """A run's optional body entries (those set only): ``subgraphs``, ``interrupt_before`` /
+    ``interrupt_after`` and ``webhook``, checked."""
+    if not isinstance(subgraphs, bool):
+        raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
+    if webhook is not None and (not isinstance(webhook, str) or not webhook):
+        raise InvalidArgument(f"webhook must be a URL or None, got {webhook!r:.80}")
+    out: dict[str, Any] = {"subgraphs": True} if subgraphs else {}
+    nodes = {k: check_interrupt_nodes(v, k) for k, v in (("interrupt_before", before), ("interrupt_after", after))}
+    for k, v in (*nodes.items(), ("webhook", webhook)):
+        if v is not None:
+            out[k] = v
+    return out
 
 
 def check_strategy(value: object) -> str:

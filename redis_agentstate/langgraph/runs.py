@@ -119,7 +119,8 @@ class RunQueue(_Queue, SyncShell[RunCore]):
                                            multitask_strategy=multitask_strategy, stream_mode=stream_mode,
                                            metadata=metadata, subgraphs=subgraphs, run_id=run_id,
                                            interrupt_before=interrupt_before, interrupt_after=interrupt_after,
-                                           webhook=webhook, after_ms=after_ms, concurrency_key=concurrency_key))  # fmt: skip
+                                           webhook=webhook, after_ms=after_ms,
+                                           concurrency_key=concurrency_key))  # fmt: skip
 
     def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""
@@ -192,7 +193,8 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
                                                  multitask_strategy=multitask_strategy, stream_mode=stream_mode,
                                                  metadata=metadata, subgraphs=subgraphs, run_id=run_id,
                                            interrupt_before=interrupt_before, interrupt_after=interrupt_after,
-                                           webhook=webhook, after_ms=after_ms, concurrency_key=concurrency_key))  # fmt: skip
+                                           webhook=webhook, after_ms=after_ms,
+                                           concurrency_key=concurrency_key))  # fmt: skip
 
     async def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""

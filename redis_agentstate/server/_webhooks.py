@@ -257,9 +257,8 @@ class WebhookSender:
         g = self.graphs.get(rec["graph"])
         run = None if g is None else await g.queue.get(run_id)
         if g is None or run is None:
-            if now - rec["since_ms"] > ORPHAN_MS:
-                if await self.kv.swap(run_id, raw, b"{}"):
-                    await self.kv.delete(run_id)
+            if now - rec["since_ms"] > ORPHAN_MS and await self.kv.swap(run_id, raw, b"{}"):
+                await self.kv.delete(run_id)
             return False
         if not run.done or not run.webhook:
             return False
