@@ -446,3 +446,42 @@ def test_tenant_limit_keeps_one_tenant_from_taking_the_fleet(backend: Any, names
         assert graphs.MOST["alice"] == 2  # at most her limit at once, with six workers free
         assert bob_took < 1.5  # bob's run did not wait behind alice's six
         assert _status(lambda: c.runs.create(None, "nap", input={}, metadata={"user_id": {"x": 1}})) == 422
+
+
+@on_fake_and_real
+def test_a_crons_tick_sends_its_webhook_once_even_fired_again(backend: Any, namespace: str,
+                                                              receiver: Receiver) -> None:  # fmt: skip
+    """A tick fired again after a crash (its run exists, its webhook sent) sends nothing more; a stateless
+    cron's webhook carries its run's values (its thread is deleted after the webhook read them)."""
+    from test_serve_crons import MINUTE, ms
+
+    with _served(backend, namespace, webhook_allow_private=True) as url:
+        crons = _app_of(url).crons
+        crons.frozen_ms = 0
+        c = get_sync_client(url=url, api_key=TOKEN)
+        t = c.threads.create()["thread_id"]
+        made = c.crons.create_for_thread(t, "abc", schedule="* * * * *", input={"log": []}, webhook=receiver.url)
+        first = ms(made["next_run_date"])
+        real_advance, crashes = crons.store.advance, []
+
+        async def crashing(cron_id: str, fired_ms: int, next_ms: int | None) -> bool:
+            if not crashes:  # the tick's run ended and its webhook went out; the process dies now
+                while not receiver.posts:
+                    await asyncio.sleep(0.02)
+                crashes.append(fired_ms)
+                raise RuntimeError("crashed mid-tick")
+            return bool(await real_advance(cron_id, fired_ms, next_ms))
+
+        crons.store.advance = crashing
+        crons.frozen_ms = first
+        until(lambda: ms(c.http.get(f"/runs/crons/{made['cron_id']}")["next_run_date"]) == first + MINUTE)
+        assert crashes == [first]
+        time.sleep(2.5)  # a sweep or two
+        assert len(receiver.posts) == 1 and receiver.posts[0]["values"] == {"log": ["a", "b", "c"]}
+        # Stateless: a new thread per tick, deleted after its webhook.
+        stateless = c.crons.create("abc", schedule="* * * * *", input={"log": []}, webhook=receiver.url)
+        crons.frozen_ms = ms(stateless["next_run_date"])
+        until(lambda: any(p["thread_id"] != t for p in receiver.posts))
+        post = next(p for p in receiver.posts if p["thread_id"] != t)
+        assert post["values"] == {"log": ["a", "b", "c"]} and post["status"] == "success"
+        until(lambda: _status(lambda: c.threads.get(post["thread_id"])) == 404)

@@ -272,8 +272,11 @@ class _App:
 
     # ---- runs ------------------------------------------------------------------------------------------
 
-    async def _create(self, tid: str | None, body: Mapping[str, Any],
-                      run_id: str | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+    async def _create(self, tid: str | None, body: Mapping[str, Any], run_id: str | None = None,
+                      drop_thread: bool | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+        """The run ``body`` asks for, on thread ``tid`` (None: a temporary thread); ``(graph, run, drop)``:
+        ``drop``, the caller deletes the thread once the run ended (``drop_thread``, or by default a
+        temporary thread's ``on_completion``), unless the run's webhook sender does after reading it."""
         g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
         options = await self.run_options(body)  # checked before anything is written
         temporary = tid is None
@@ -301,8 +304,10 @@ class _App:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
         options["concurrency_key"] = await self._tenant(g, meta)
-        drop = temporary and body.get("on_completion", "delete") == "delete"
-        if options.get("webhook"):
+        drop = temporary and body.get("on_completion", "delete") == "delete" if drop_thread is None else drop_thread
+        # A caller's id (a cron's tick, fired again after a crash) may name a run that exists: its
+        # webhook is known already (and may have been sent: not again).
+        if options.get("webhook") and (run_id is None or await g.queue.get(run_id) is None):
             run_id = run_id or str(uuid.uuid4())
             await self.webhooks.expect(g, run_id, options["webhook"], drop)
         try:
@@ -312,8 +317,8 @@ class _App:
                                        subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id,
                                        **options)  # fmt: skip
         except (RunRejected, InvalidArgument) as exc:
-            if options.get("webhook"):
-                await self.webhooks.forget(str(run_id))
+            if options.get("webhook") and run_id is not None and await g.queue.get(run_id) is None:
+                await self.webhooks.forget(run_id)
             raise HTTPException(409 if isinstance(exc, RunRejected) else 422, str(exc)) from exc
         if options.get("webhook"):
             self.webhooks.follow(g, run.run_id)
@@ -334,6 +339,8 @@ class _App:
             raise HTTPException(422, f"metadata.{key} must be 1-150 printable characters (it names the run's tenant)")
         if (g.name, ckey) not in self._tenant_keys:
             await g.queue.tasks.set_concurrency_limit(ckey, self.options.tenant_limit)
+            if len(self._tenant_keys) >= 100_000:  # a memo, not a registry: setting a limit again is harmless
+                self._tenant_keys.clear()
             self._tenant_keys.add((g.name, ckey))
         return ckey
 

@@ -343,8 +343,9 @@ class CronRoutes:
         else:
             body.setdefault("multitask_strategy", "enqueue")
         tid = thread_id if stateless else rec["thread_id"]
+        drop_thread = stateless and rec.get("on_run_completed", "delete") == "delete"
         try:
-            g, run, _ = await self.app._create(tid, body, run_id=run_id)
+            g, run, drop = await self.app._create(tid, body, run_id=run_id, drop_thread=drop_thread)
         except HTTPException as exc:
             log.warning("cron %s: the tick at %s made no run (%s: %s)", cron.cron_id, due, exc.status_code, exc.detail)
             return True, None
@@ -354,7 +355,7 @@ class CronRoutes:
         except AgentStateError:
             log.exception("cron %s: the tick at %s failed; it stays due", cron.cron_id, due)
             return False, None
-        drop = stateless and rec.get("on_run_completed", "delete") == "delete"
+        # A run with a webhook: its sender deletes the thread once it has read its values.
         return True, ((g, run.run_id, tid) if drop else None)
 
     async def _drop_after(self, g: Any, run_id: str, tid: str) -> None:
