@@ -485,3 +485,18 @@ def test_a_crons_tick_sends_its_webhook_once_even_fired_again(backend: Any, name
         post = next(p for p in receiver.posts if p["thread_id"] != t)
         assert post["values"] == {"log": ["a", "b", "c"]} and post["status"] == "success"
         until(lambda: _status(lambda: c.threads.get(post["thread_id"])) == 404)
+
+
+def test_the_serve_flags_are_parsed_and_checked() -> None:
+    from redis_agentstate._cli_common import CliError
+    from redis_agentstate.cli import build_parser
+    from redis_agentstate.server.cli import _tenant_limit
+
+    args = build_parser().parse_args(["serve", "--tenant-limit", "user_id=4", "--webhook-allow-private"])
+    assert (args.tenant_limit, args.webhook_allow_private) == ("user_id=4", True)
+    assert build_parser().parse_args(["serve"]).webhook_allow_private is False
+    assert _tenant_limit("user_id=4") == ("user_id", 4) and _tenant_limit("org=id=2") == ("org=id", 2)
+    assert _tenant_limit(None) == (None, None)
+    for bad in ("user_id", "=4", "user_id=0", "user_id=x", "user_id=-1", "user_id=10000000"):
+        with pytest.raises(CliError):
+            _tenant_limit(bad)
