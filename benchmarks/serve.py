@@ -467,7 +467,6 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         f"{cell('queue', 'p99')} |",
         f"| B: `langgraph-sdk` `client.runs.wait` through `agentstate serve` | {cell('http', 'p50')} | "
         f"{cell('http', 'p99')} |",
-        "",
         *dev_rows,
         "",
         f"- B / A, median of the rounds' p50 ratios: {ratio:.2f}x.",

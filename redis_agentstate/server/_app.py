@@ -303,7 +303,7 @@ class _App:
         if body.get("context") or start:
             config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
         meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
-        options["concurrency_key"] = await self._tenant(g, meta)
+        options["concurrency_key"] = await tenant_key(self.options, self._tenant_keys, g, meta)
         drop = temporary and body.get("on_completion", "delete") == "delete" if drop_thread is None else drop_thread
         # A caller's id (a cron's tick, fired again after a crash) may name a run that exists: its
         # webhook is known already (and may have been sent: not again).
@@ -325,47 +325,13 @@ class _App:
             drop = False  # the webhook's sender drops the temporary thread once it has read its values
         return g, run, drop
 
-    async def _tenant(self, g: ServedGraph, meta: Mapping[str, Any]) -> str | None:
-        """The concurrency key of a run's tenant (``--tenant-limit KEY=N``: its ``metadata[KEY]``), its
-        limit set the first time this server meets it; None without one."""
-        key = self.options.tenant_key
-        if key is None or meta.get(key) is None:
-            return None
-        value = meta[key]
-        if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise HTTPException(422, f"metadata.{key} must be a string or an int (it names the run's tenant)")
-        ckey = f"tenant:{key}={value}"
-        if not str(value) or len(ckey.encode()) > 200 or not ckey.isprintable():
-            raise HTTPException(422, f"metadata.{key} must be 1-150 printable characters (it names the run's tenant)")
-        if (g.name, ckey) not in self._tenant_keys:
-            await g.queue.tasks.set_concurrency_limit(ckey, self.options.tenant_limit)
-            if len(self._tenant_keys) >= 100_000:  # a memo, not a registry: setting a limit again is harmless
-                self._tenant_keys.clear()
-            self._tenant_keys.add((g.name, ckey))
-        return ckey
-
     async def _values(self, g: ServedGraph, run: Run) -> Any:
         """The thread's values when the run ended (a webhook's ``values``)."""
         return (await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})).values
 
     async def run_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A run's ``interrupt_before`` / ``interrupt_after``, ``after_seconds`` and ``webhook`` as
-        ``RunQueue.create`` takes them; a 422 for a bad one (a webhook the SSRF guard refuses too)."""
-        out: dict[str, Any] = {}
-        try:
-            for k in ("interrupt_before", "interrupt_after"):
-                if body.get(k) is not None:
-                    out[k] = check_interrupt_nodes(body[k], k)
-        except InvalidArgument as exc:
-            raise HTTPException(422, str(exc)) from exc
-        delay = body.get("after_seconds")
-        if delay is not None:
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_AFTER_MS / 1000:
-                raise HTTPException(422, f"after_seconds must be a number of seconds, 0..{MAX_AFTER_MS // 1000}")
-            out["after_ms"] = int(delay * 1000)
-        if body.get("webhook") is not None:
-            out["webhook"] = await self.webhooks.check(body["webhook"])
-        return out
+        """A run's options as ``RunQueue.create`` takes them (``run_options``); a 422 for a bad one."""
+        return await run_options(body, self.webhooks)
 
     async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """The ``configurable`` keys of a run that starts from a checkpoint (``checkpoint`` or
@@ -571,6 +537,47 @@ class _App:
 
     async def not_served(self, request: Request) -> Response:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
+
+
+async def run_options(body: Mapping[str, Any], webhooks: WebhookSender) -> dict[str, Any]:
+    """A run's ``interrupt_before`` / ``interrupt_after``, ``after_seconds`` and ``webhook`` as
+    ``RunQueue.create`` takes them; a 422 for a bad one (a webhook the SSRF guard refuses too)."""
+    out: dict[str, Any] = {}
+    try:
+        for k in ("interrupt_before", "interrupt_after"):
+            if body.get(k) is not None:
+                out[k] = check_interrupt_nodes(body[k], k)
+    except InvalidArgument as exc:
+        raise HTTPException(422, str(exc)) from exc
+    delay = body.get("after_seconds")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_AFTER_MS / 1000:
+            raise HTTPException(422, f"after_seconds must be a number of seconds, 0..{MAX_AFTER_MS // 1000}")
+        out["after_ms"] = int(delay * 1000)
+    if body.get("webhook") is not None:
+        out["webhook"] = await webhooks.check(body["webhook"])
+    return out
+
+
+async def tenant_key(options: RunOptions, memo: set[tuple[str, str]], g: ServedGraph,
+                     meta: Mapping[str, Any]) -> str | None:  # fmt: skip
+    """The concurrency key of a run's tenant (``--tenant-limit KEY=N``: its ``metadata[KEY]``), its
+    limit set the first time this server meets it; None without one."""
+    key = options.tenant_key
+    if key is None or meta.get(key) is None:
+        return None
+    value = meta[key]
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise HTTPException(422, f"metadata.{key} must be a string or an int (it names the run's tenant)")
+    ckey = f"tenant:{key}={value}"
+    if not str(value) or len(ckey.encode()) > 200 or not ckey.isprintable():
+        raise HTTPException(422, f"metadata.{key} must be 1-150 printable characters (it names the run's tenant)")
+    if (g.name, ckey) not in memo:
+        await g.queue.tasks.set_concurrency_limit(ckey, options.tenant_limit)
+        if len(memo) >= 100_000:  # a memo, not a registry: setting a limit again is harmless
+            memo.clear()
+        memo.add((g.name, ckey))
+    return ckey
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
