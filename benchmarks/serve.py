@@ -4,10 +4,12 @@
 ``agentstate serve`` as a subprocess (the CLI, one in-process ``GraphWorker`` per graph), side by
 side in one run:
 
-1. **API overhead.** A 3-node graph with no I/O (``benchmarks.langgraph_runs:GRAPH``), each run on a
+1. **API overhead.** A 3-node graph with no I/O (``benchmarks._lg_steps:GRAPH``), each run on a
    fresh thread: ``RunQueue.create`` + ``RunQueue.join`` straight to Redis (A) against
    ``langgraph-sdk``'s ``client.runs.wait`` through the server (B); the server's worker executes
-   both. Interleaved rounds; per round each path's p50 and p99 ms, and the p50 ratio.
+   both. With ``--langgraph-dev CMD`` (default ``$AGENTSTATE_LANGGRAPH_DEV``), the same
+   ``runs.wait`` against LangChain's own ``langgraph dev`` on the same graph file (C). Interleaved
+   rounds; per round each path's p50 and p99 ms, and the p50 ratios B / A and C / B.
 2. **SSE fan-out.** One run streams ``--events`` custom events (``benchmarks.langgraph_runs:EVENTS``)
    while ``--clients`` clients (one asyncio loop, httpx) follow ``GET /threads/{t}/runs/{r}/stream``:
    how many received every event, the event latency (node emits -> client receives) over all
@@ -69,7 +71,7 @@ def _free_port() -> int:
 def _server(url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = _free_port()
     args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", url, "--namespace", namespace,
-            "--port", str(port), "--workers", "1", "--graph", "steps=benchmarks.langgraph_runs:GRAPH",
+            "--port", str(port), "--workers", "1", "--graph", "steps=benchmarks._lg_steps:GRAPH",
             "--graph", "events=benchmarks.langgraph_runs:EVENTS"]  # fmt: skip
     env = {**os.environ, "AGENTSTATE_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryFile() as err:
@@ -96,14 +98,60 @@ def _server(url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[by
                 proc.kill()
 
 
+@contextlib.contextmanager
+def _dev_server(cmd: str) -> Iterator[str]:
+    """LangChain's own server (``langgraph dev``, from ``langgraph-cli[inmem]``) on the same graph file."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
+        spec = {"graphs": {"steps": f"{ROOT / 'benchmarks' / '_lg_steps.py'}:GRAPH"}, "dependencies": ["."]}
+        Path(d, "langgraph.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        proc = subprocess.Popen([cmd, "dev", "--no-browser", "--no-reload", "--port", str(port)], cwd=d, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if proc.poll() is not None:
+                    err.seek(0)
+                    raise SystemExit(f"langgraph dev exited: {err.read().decode()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(base + "/ok", timeout=1).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise SystemExit("langgraph dev did not come up")
+                time.sleep(0.1)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _version_of(cmd: str, package: str) -> str | None:
+    """``package``'s version in the environment of the ``langgraph`` command ``cmd``."""
+    py = Path(cmd).parent / "python"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([str(py), "-c", f"import importlib.metadata as m; print(m.version({package!r}))"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        return out.stdout.strip() or None
+    return None
+
+
 # ---- 1. the API's overhead -------------------------------------------------------------------------
 
 
-def overhead(url: str, base: str, namespace: str, rounds: int, runs: int) -> dict[str, Any]:
+def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: str | None = None,
+             dev_runs: int = 10) -> dict[str, Any]:  # fmt: skip
+    """Per round, each path's p50 / p99 ms; with ``dev`` (a ``langgraph dev`` URL) a third path, the same
+    ``runs.wait`` against LangChain's own server (``dev_runs`` runs a round: it takes about a second each)."""
     from langgraph_sdk import get_sync_client
 
     queue = RunQueue(redis.Redis.from_url(url), namespace=f"{namespace}.steps")
     sdk = get_sync_client(url=base, api_key=TOKEN)
+    dev_sdk = None if dev is None else get_sync_client(url=dev, api_key=None)
     want = ["in", "a", "b", "c"]
     seq = iter(range(10**9))
 
@@ -123,7 +171,19 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int) -> dic
 
         return run
 
-    paths = {"queue": direct, "http": http}
+    def langgraph_dev() -> Callable[[], None]:
+        assert dev_sdk is not None
+        tids = iter([dev_sdk.threads.create()["thread_id"] for _ in range(runs)])
+
+        def run() -> None:
+            out = dev_sdk.runs.wait(next(tids), "steps", input={"log": ["in"]})
+            assert out["log"] == want, out
+
+        return run
+
+    paths: dict[str, Callable[[], Callable[[], None]]] = {"queue": direct, "http": http}
+    if dev_sdk is not None:
+        paths["dev"] = langgraph_dev
     for make in paths.values():  # warm-up
         fn = make()
         for _ in range(min(5, runs)):
@@ -134,15 +194,20 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int) -> dic
         for name, make in paths.items():
             fn = make()
             ms: list[float] = []
-            for _ in range(runs):
+            for _ in range(dev_runs if name == "dev" else runs):
                 t0 = time.perf_counter()
                 fn()
                 ms.append((time.perf_counter() - t0) * 1000)
             rnd[name] = {"p50": round(percentile(ms, 50), 3), "p99": round(percentile(ms, 99), 3)}
         rnd["ratio"] = round(rnd["http"]["p50"] / rnd["queue"]["p50"], 3)
+        if "dev" in rnd:
+            rnd["dev_ratio"] = round(rnd["dev"]["p50"] / rnd["http"]["p50"], 3)
         out["rounds"].append(rnd)
+        dev_note = ""
+        if "dev" in rnd:
+            dev_note = f", langgraph dev p50 {rnd['dev']['p50']:.2f} ms ({rnd['dev_ratio']:.1f}x ours)"
         print(f"overhead round {len(out['rounds'])}: queue p50 {rnd['queue']['p50']:.2f} ms, "
-              f"http p50 {rnd['http']['p50']:.2f} ms ({rnd['ratio']:.2f}x)", flush=True)  # fmt: skip
+              f"http p50 {rnd['http']['p50']:.2f} ms ({rnd['ratio']:.2f}x){dev_note}", flush=True)  # fmt: skip
     return out
 
 
@@ -299,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probes", type=int, help="dashboard: update-latency probes (default 10; --quick 2)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory of serve.json (default %(default)s)")
     p.add_argument("--readme", action="store_true", help="rewrite the serve block of benchmarks/README.md")
+    p.add_argument("--langgraph-dev", default=os.environ.get("AGENTSTATE_LANGGRAPH_DEV"), metavar="CMD",
+                   help="overhead: the `langgraph` command of langgraph-cli[inmem], to time runs.wait against "
+                   "`langgraph dev` side by side (default $AGENTSTATE_LANGGRAPH_DEV; none: not timed)")  # fmt: skip
+    p.add_argument("--dev-runs", type=int, help="overhead: langgraph dev runs per round (default 10; --quick 3)")
     args = p.parse_args(argv)
     q = args.quick
     params: dict[str, Any] = {
@@ -310,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         "gap_ms": args.gap_ms,
         "tasks": args.tasks if args.tasks is not None else (500 if q else 100_000),
         "probes": args.probes or (2 if q else 10),
+        "dev_runs": args.dev_runs or (3 if q else 10),
+        "langgraph_api": _version_of(args.langgraph_dev, "langgraph-api") if args.langgraph_dev else None,
         "cores": os.cpu_count(),
     }
     server = start_embedded(prefer="redis-server")
@@ -319,9 +390,13 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line(f"python -m {MODULE}", argv), admin)
         data["fill_s"] = round(_fill(server.url, namespace, params["tasks"]), 1)
-        with _server(server.url, namespace) as (base, proc):
+        with contextlib.ExitStack() as stack:
+            base, proc = stack.enter_context(_server(server.url, namespace))
+            dev = stack.enter_context(_dev_server(args.langgraph_dev)) if args.langgraph_dev else None
             sections: dict[str, Callable[[], Any]] = {
-                "overhead": lambda: overhead(server.url, base, namespace, params["rounds"], params["runs"]),
+                "overhead": lambda: overhead(
+                    server.url, base, namespace, params["rounds"], params["runs"], dev, params["dev_runs"]
+                ),
                 "fanout": lambda: fanout(base, proc.pid, params["clients"], params["events"], args.gap_ms),
                 "dashboard": lambda: dashboard(server.url, base, namespace, params["probes"]),
             }
@@ -362,6 +437,16 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         return f"{_med(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
 
     ratio = _med([r["ratio"] for r in rounds])
+    dev_rows: list[str] = []
+    dev_notes = ["- C: not run (no `--langgraph-dev`, `$AGENTSTATE_LANGGRAPH_DEV`)."]
+    if all("dev" in r for r in rounds):
+        version = params.get("langgraph_api") or "?"
+        dev_rows = [f"| C: the same `client.runs.wait` through `langgraph dev` (langgraph-api {version}, in memory; "
+                    f"{params['dev_runs']} runs a round) | {cell('dev', 'p50')} | {cell('dev', 'p99')} |"]  # fmt: skip
+        dev_ratio = _med([r["dev_ratio"] for r in rounds])
+        lo, hi = min(r["dev_ratio"] for r in rounds), max(r["dev_ratio"] for r in rounds)
+        dev_notes = [f"- C / B, median of the rounds' p50 ratios: **{dev_ratio:.1f}x** (`agentstate serve` is that "
+                     f"many times faster than `langgraph dev` here; min-max {lo:.1f}-{hi:.1f}x)."]  # fmt: skip
     lat = f["latency_ms"] or {}
     cpu = f["server_cpu_s"]
     upd = d["update_ms"]
@@ -382,8 +467,10 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         f"{cell('queue', 'p99')} |",
         f"| B: `langgraph-sdk` `client.runs.wait` through `agentstate serve` | {cell('http', 'p50')} | "
         f"{cell('http', 'p99')} |",
+        *dev_rows,
         "",
         f"- B / A, median of the rounds' p50 ratios: {ratio:.2f}x.",
+        *dev_notes,
         "",
         f"**SSE fan-out.** {f['clients']} clients follow one run's stream (`GET /threads/{{t}}/runs/{{r}}/stream`) "
         f"while it emits {f['events']} custom events {params['gap_ms']:g} ms apart.",

@@ -697,6 +697,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the runs' thread lease: a crashed server's runs are taken over after it "
                        "(default 30000, at least 1000)")  # fmt: skip
     serve.set_defaults(func=_cmd_serve)
+    serve.add_argument("--webhook-allow-private", action="store_true",
+                       help="let runs' webhooks reach loopback, private and link-local addresses "
+                            "(refused by default: LangChain's SSRF guard)")  # fmt: skip
+    serve.add_argument("--tenant-limit", default=None, metavar="KEY=N",
+                       help="at most N threads of one tenant run at once, fleet-wide: a run's tenant is its "
+                            "metadata[KEY] (e.g. user_id=4)")  # fmt: skip
     return parser
 
 

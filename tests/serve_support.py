@@ -72,11 +72,13 @@ def langgraph_dev_cli() -> str:
 
 
 @contextlib.contextmanager
-def langgraph_dev(cli: str, module: str, names: tuple[str, ...]) -> Iterator[str]:
-    """``langgraph dev`` serving graphs ``names`` of ``tests/<module>.py``; its URL."""
+def langgraph_dev(cli: str, module: str, names: tuple[str, ...], **config: Any) -> Iterator[str]:
+    """``langgraph dev`` serving graphs ``names`` of ``tests/<module>.py``; its URL. ``config``: more keys
+    of its ``langgraph.json`` (e.g. ``webhooks``)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
-        spec = {"graphs": {n: f"{TESTS / (module + '.py')}:{n}" for n in names}, "dependencies": [str(TESTS)]}
+        spec = {"graphs": {n: f"{TESTS / (module + '.py')}:{n}" for n in names}, "dependencies": [str(TESTS)],
+                **config}  # fmt: skip
         (Path(d) / "langgraph.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,

@@ -84,7 +84,9 @@ class TestCancelStopsAtOnce:
         # The node would have ended by now: its output must not have reached the thread.
         time.sleep(graphs.LONG_S + 0.5)
         assert _log(c, tid) == ["a"]
-        assert c.threads.get(tid)["status"] == "idle"
+        # Its head has ``long`` next: interrupted, as langgraph dev 0.16.7 leaves a thread whose run was
+        # cancelled inside a node (it says so for both graphs).
+        assert c.threads.get(tid)["status"] == "interrupted"
         if graph == "long_async":
             assert graphs.EVENTS[tid] == ["started", "cancelled"]  # its task was cancelled, not left to end
         # The thread goes on: a next run executes (here without the long sleep).

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..core.checkpoint import CheckpointCore
-from ..core.validate import check_int
+from ..core.validate import check_concurrency_key, check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Checkpoint
 from ..wire import Batch, Call, Command, Op, Pipe
@@ -131,6 +131,13 @@ class Run:
     cancel: str = ""
     #: Stream the events of subgraphs too (named ``<mode>|<namespace>``, as LangGraph's server does).
     subgraphs: bool = False
+    #: Nodes the graph stops before / after (``"*"``: all), as ``graph.stream``'s arguments; None: none.
+    interrupt_before: list[str] | str | None = None
+    interrupt_after: list[str] | str | None = None
+    #: A URL the run's final result is POSTed to when it ends (the server sends it), None for none.
+    webhook: str | None = None
+    #: Server ms before which the run does not start (``after_ms`` of its create); None: at once.
+    not_before_ms: int | None = None
 
     @property
     def done(self) -> bool:
@@ -147,6 +154,8 @@ class Begun:
     #: The run was running before this attempt (a takeover: resume from the last checkpoint).
     resumed: bool
     rollback: bool = False
+    #: The thread's next run is not due yet: put the thread off this many ms (``run`` is not to execute).
+    later_ms: int = 0
 
 
 def _text(v: Any) -> str:
@@ -228,6 +237,8 @@ class RunCore:
             input=body.get("input"), command=body.get("command"), config=body.get("config") or {},
             metadata=body.get("metadata") or {}, started_at_ms=_ms(h.get("started")), ended_at_ms=_ms(h.get("ended")),
             cancel=_text(h.get("cancel", b"")), subgraphs=bool(body.get("subgraphs")),
+            interrupt_before=body.get("interrupt_before"), interrupt_after=body.get("interrupt_after"),
+            webhook=body.get("webhook"), not_before_ms=_ms(h.get("after")),
         )  # fmt: skip
 
     def thread_of(self, run_id: str) -> Op[str | None]:
@@ -267,10 +278,17 @@ class RunCore:
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
         run_id: str | None = None,
+        interrupt_before: str | Sequence[str] | None = None,
+        interrupt_after: str | Sequence[str] | None = None,
+        webhook: str | None = None,
+        after_ms: int = 0,
+        concurrency_key: str | None = None,
     ) -> Op[Run]:
         tid = _ident(thread_id, "thread_id")
-        if not isinstance(subgraphs, bool):
-            raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
+        extra = _run_options(subgraphs, interrupt_before, interrupt_after, webhook)
+        after_ms = check_int(after_ms, "after_ms", 0, MAX_AFTER_MS)
+        if concurrency_key is not None:
+            concurrency_key = check_concurrency_key(concurrency_key)
         # A caller-chosen id makes the create idempotent: sent again, it answers the run it made.
         rid = str(uuid.uuid4()) if run_id is None else check_run_id(run_id)
         strategy = check_strategy(multitask_strategy)
@@ -279,9 +297,7 @@ class RunCore:
         md = _mapping(metadata, "metadata")
         if input is not None and command is not None:
             raise InvalidArgument("a run takes an input or a command (Command(resume=...)), not both")
-        payload = {"input": input, "command": command, "config": conf, "metadata": md}
-        if subgraphs:
-            payload["subgraphs"] = True
+        payload = {"input": input, "command": command, "config": conf, "metadata": md, **extra}
         body = self._dumps(payload, "the run's input, command, config and metadata")
         if len(body) > MAX_BODY_BYTES:
             raise InvalidArgument(f"the run's input, command, config and metadata are {len(body)} bytes, "
@@ -290,7 +306,7 @@ class RunCore:
             raise InvalidArgument(f"run {rid!r} is a run of another thread ({owner!r})")
         keys = self.keys.runs(tid)
         run_hash, run_events = keys.run(rid)
-        args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active]
+        args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active, after_ms]
         # The id's entry first (a run is found as soon as it exists), in the same round trip.
         index = Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], [tid, ""])
         for attempt in range(3):
@@ -303,7 +319,7 @@ class RunCore:
             else:
                 # A thread this client has not met: its task is created in the same round trip, before
                 # the run (a create of a task that exists answers False and writes nothing).
-                making = self.tasks.create(Checkpoint(tid))
+                making = self.tasks.create(Checkpoint(tid, concurrency_key=concurrency_key))
                 first = next(making)
                 assert isinstance(first, Call)  # CheckpointCore.create sends one script call
                 replies = yield Batch([index, first, call])
@@ -313,32 +329,19 @@ class RunCore:
             if reply[0] != Reply.REFUSED or _text(reply[1]) != "no-task":
                 break
             # The thread's task is gone (deleted around us): create it, claimable now, and send again.
-            yield from self.tasks.create(Checkpoint(tid))
+            yield from self.tasks.create(Checkpoint(tid, concurrency_key=concurrency_key))
         self._know(tid)
         if reply[0] == Reply.REFUSED:
             yield Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
-            why = _text(reply[1])
-            if why == "reject":
-                other = _text(reply[2])
-                raise RunRejected(
-                    f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
-                    thread_id=tid, run_id=other,
-                )  # fmt: skip
-            if why == "full":
-                raise RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
-                                  f"(max_active={self.max_active})", thread_id=tid)  # fmt: skip
-            if why == "terminal":
-                # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
-                raise RunRejected(f"thread {tid!r} can run nothing: its task in {self.keys.namespace!r} is "
-                                  f"{_text(reply[2])} (delete the task to start the thread afresh)",
-                                  thread_id=tid)  # fmt: skip
-            raise AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+            raise _refused(tid, reply, self.max_active, self.keys.namespace)
         # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
         # made the driver send it again) carries the first execution's answer: the same run, once.
         created = int(reply[1])
         yield from self._forget(tid, reply[3], reply[4])
         return Run(rid, tid, "pending", strategy, modes, created, created, input=input, command=command,  # type: ignore[arg-type]
-                   config=conf, metadata=md, subgraphs=subgraphs)  # fmt: skip
+                   config=conf, metadata=md, subgraphs=subgraphs, interrupt_before=extra.get("interrupt_before"),
+                   interrupt_after=extra.get("interrupt_after"), webhook=webhook,
+                   not_before_ms=created + after_ms if after_ms else None)  # fmt: skip
 
     def _forget(self, tid: str, ended: Any = (), deleted: Any = ()) -> Op[None]:
         """Runs of ``tid`` a script ended (or deleted) on its way: their id entries (in their own
@@ -481,6 +484,11 @@ class RunCore:
                            [token, worker, max_attempts, self.run_ttl_ms, self.max_events])  # fmt: skip
         yield from self._forget(thread_id, reply[-1])
         if reply[0] == Reply.REFUSED:
+            if _text(reply[1]) == "later":
+                # The head run was created with a delay: nothing before it starts (runs of a thread go
+                # in creation order); the worker puts the thread off until then.
+                head = Run(_text(reply[2]), thread_id, "pending", "enqueue", [], 0, 0)
+                return Begun(head, 0, resumed=False, later_ms=max(1, int(reply[3])))
             return None
         rid = _text(reply[2])
         if _text(reply[1]) == "rollback":
@@ -494,7 +502,8 @@ class RunCore:
             rid, thread_id, "running", _text(strategy), _text(modes).split(","), int(created), int(created),  # type: ignore[arg-type]
             attempt=int(attempt), worker=worker, input=payload.get("input"), command=payload.get("command"),
             config=payload.get("config") or {}, metadata=payload.get("metadata") or {},
-            subgraphs=bool(payload.get("subgraphs")),
+            subgraphs=bool(payload.get("subgraphs")), interrupt_before=payload.get("interrupt_before"),
+            interrupt_after=payload.get("interrupt_after"), webhook=payload.get("webhook"),
         )  # fmt: skip
         return Begun(run, int(attempt), resumed=_text(before) == "running")
 
@@ -579,6 +588,55 @@ def check_run_id(value: object) -> str:
     if len(text.encode()) > _RUN_ID_BYTES:
         raise InvalidArgument(f"run_id is over {_RUN_ID_BYTES} bytes: {text!r:.80}")
     return text
+
+
+#: The longest ``after_ms`` a run may be delayed by: a year.
+MAX_AFTER_MS = 366 * 24 * 3600 * 1000
+
+
+def check_interrupt_nodes(value: object, what: str) -> list[str] | str | None:
+    """``interrupt_before`` / ``interrupt_after``: None, ``"*"`` (every node) or node names."""
+    if value is None or value == "*":
+        return value
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
+        raise InvalidArgument(f"{what} must be '*' or a list of node names, got {value!r:.80}")
+    return list(names)
+
+
+def _refused(tid: str, reply: Any, max_active: int, namespace: str) -> AgentStateError:
+    """The error of a create ``lg_run_create.lua`` refused."""
+    why = _text(reply[1])
+    if why == "reject":
+        other = _text(reply[2])
+        return RunRejected(
+            f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
+            thread_id=tid, run_id=other,
+        )  # fmt: skip
+    if why == "full":
+        return RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
+                          f"(max_active={max_active})", thread_id=tid)  # fmt: skip
+    if why == "terminal":
+        # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
+        return RunRejected(f"thread {tid!r} can run nothing: its task in {namespace!r} is "
+                          f"{_text(reply[2])} (delete the task to start the thread afresh)",
+                          thread_id=tid)  # fmt: skip
+    return AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
+
+
+def _run_options(subgraphs: object, before: object, after: object, webhook: object) -> dict[str, Any]:
+    """A run's optional body entries (those set only): ``subgraphs``, ``interrupt_before`` /
+    ``interrupt_after`` and ``webhook``, checked."""
+    if not isinstance(subgraphs, bool):
+        raise InvalidArgument(f"subgraphs must be a bool, got {type(subgraphs).__name__}")
+    if webhook is not None and (not isinstance(webhook, str) or not webhook):
+        raise InvalidArgument(f"webhook must be a URL or None, got {webhook!r:.80}")
+    out: dict[str, Any] = {"subgraphs": True} if subgraphs else {}
+    nodes = {k: check_interrupt_nodes(v, k) for k, v in (("interrupt_before", before), ("interrupt_after", after))}
+    for k, v in (*nodes.items(), ("webhook", webhook)):
+        if v is not None:
+            out[k] = v
+    return out
 
 
 def check_strategy(value: object) -> str:

@@ -101,14 +101,27 @@ class RunQueue(_Queue, SyncShell[RunCore]):
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
         run_id: str | None = None,
+        interrupt_before: str | Sequence[str] | None = None,
+        interrupt_after: str | Sequence[str] | None = None,
+        webhook: str | None = None,
+        after_ms: int = 0,
+        concurrency_key: str | None = None,
     ) -> Run:
         """A new pending run of ``thread_id``; ``RunRejected`` if the strategy refuses it. ``subgraphs``:
         record the subgraphs' events too, each named ``<mode>|<namespace>`` (LangGraph's server's names).
         ``run_id``: the run's id (a new uuid4 by default); a run of that id that exists already is
-        answered as is, nothing created (an idempotent create: the same id sent twice makes one run)."""
+        answered as is, nothing created (an idempotent create: the same id sent twice makes one run).
+        ``interrupt_before`` / ``interrupt_after``: nodes the graph stops before / after (``"*"``: all), as
+        ``graph.stream`` takes them. ``after_ms``: the run starts no earlier than this long from now (server
+        clock; runs of the thread behind it wait too). ``webhook``: a URL recorded with the run (``agentstate
+        serve`` POSTs the run's result to it). ``concurrency_key``: the key of the thread's task, when this
+        run is the thread's first (a per-key concurrency limit, ``tasks.set_concurrency_limit``)."""
         return self._run(self._core.create(thread_id, input, command=command, config=config,
                                            multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                           metadata=metadata, subgraphs=subgraphs, run_id=run_id))  # fmt: skip
+                                           metadata=metadata, subgraphs=subgraphs, run_id=run_id,
+                                           interrupt_before=interrupt_before, interrupt_after=interrupt_after,
+                                           webhook=webhook, after_ms=after_ms,
+                                           concurrency_key=concurrency_key))  # fmt: skip
 
     def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""
@@ -170,11 +183,19 @@ class AsyncRunQueue(_Queue, AsyncShell[RunCore]):
         metadata: Mapping[str, Any] | None = None,
         subgraphs: bool = False,
         run_id: str | None = None,
+        interrupt_before: str | Sequence[str] | None = None,
+        interrupt_after: str | Sequence[str] | None = None,
+        webhook: str | None = None,
+        after_ms: int = 0,
+        concurrency_key: str | None = None,
     ) -> Run:
         """A new pending run of ``thread_id`` (see ``RunQueue.create``)."""
         return await self._run(self._core.create(thread_id, input, command=command, config=config,
                                                  multitask_strategy=multitask_strategy, stream_mode=stream_mode,
-                                                 metadata=metadata, subgraphs=subgraphs, run_id=run_id))  # fmt: skip
+                                                 metadata=metadata, subgraphs=subgraphs, run_id=run_id,
+                                           interrupt_before=interrupt_before, interrupt_after=interrupt_after,
+                                           webhook=webhook, after_ms=after_ms,
+                                           concurrency_key=concurrency_key))  # fmt: skip
 
     async def get(self, run_id: str) -> Run | None:
         """The run, or None (never created, rolled back, or expired)."""

@@ -122,6 +122,15 @@ class _Attempt:
         #: The sync driver's stop watch ended the run and revoked its saver lease (``_StopWatch``).
         self.fenced = False
 
+    def stream_kw(self) -> dict[str, Any]:
+        """``graph.stream``'s keyword arguments for this run: its modes, subgraphs, and the nodes it stops
+        before or after (``interrupt_before`` / ``interrupt_after``, as LangGraph's server passes them)."""
+        kw: dict[str, Any] = {"stream_mode": self.asked, "subgraphs": self.run.subgraphs}
+        for k in ("interrupt_before", "interrupt_after"):
+            if (v := getattr(self.run, k)) is not None:
+                kw[k] = v
+        return kw
+
     def seq(self) -> int:
         """The number of the attempt's next emit (lg_run_emit.lua appends an emit's events once)."""
         self.emitted += 1
@@ -454,8 +463,10 @@ class GraphWorker:
     def _turn(self, lease: Lease) -> None:
         core, tid = self._q.core, lease.task_id
         begun: Begun | None = self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
-        remaining = 0
-        if begun is not None and begun.rollback:
+        remaining, delay = 0, None
+        if begun is not None and begun.later_ms:
+            remaining, delay = 1, begun.later_ms  # the next run is not due: the thread is put off until it is
+        elif begun is not None and begun.rollback:
             with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
                 self.saver.delete_for_runs([begun.run.run_id])
             self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
@@ -469,7 +480,7 @@ class GraphWorker:
                 return
             remaining = left
         try:
-            lease.commit(_put_back(lease, remaining))
+            lease.commit(_put_back(lease, remaining), delay_ms=delay)
         except LeaseLost:
             log.warning("graph worker %s: lost thread %r before putting it back", self.name, tid)
             return
@@ -529,7 +540,7 @@ class GraphWorker:
     def _chunks(self, a: _Attempt, last: Any) -> Generator[Any, None, None]:
         """The sync driver's chunks: ``graph.stream``, or under ``events`` ``graph.astream_events``
         (LangChain has no sync twin) driven on an event loop of this thread's own."""
-        kw = {"stream_mode": a.asked, "subgraphs": a.run.subgraphs}
+        kw = a.stream_kw()
         if not a.astream_events:
             return self.graph.stream(a.input(last), a.config, **kw)  # type: ignore[no-any-return]
         return _drive(self.graph.astream_events(a.input(last), a.config, version="v2", **kw))
@@ -590,8 +601,10 @@ class GraphWorker:
     async def _aturn(self, lease: AsyncLease) -> None:
         core, tid = self._q.core, lease.task_id
         begun: Begun | None = await self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
-        remaining = 0
-        if begun is not None and begun.rollback:
+        remaining, delay = 0, None
+        if begun is not None and begun.later_ms:
+            remaining, delay = 1, begun.later_ms
+        elif begun is not None and begun.rollback:
             async with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
                 await self.saver.adelete_for_runs([begun.run.run_id])
             await self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
@@ -605,7 +618,7 @@ class GraphWorker:
                 return
             remaining = left
         try:
-            await lease.commit(_put_back(lease, remaining))
+            await lease.commit(_put_back(lease, remaining), delay_ms=delay)
         except LeaseLost:
             log.warning("graph worker %s: lost thread %r before putting it back", self.name, tid)
             return
@@ -646,7 +659,7 @@ class GraphWorker:
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
         core, run = self._q.core, a.run
-        kw = {"stream_mode": a.asked, "subgraphs": run.subgraphs}
+        kw = a.stream_kw()
         if a.astream_events:
             chunks = self.graph.astream_events(a.input(last), a.config, version="v2", **kw)
         else:

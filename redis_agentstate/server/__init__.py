@@ -12,6 +12,6 @@ See ``docs/serve.md`` for the routes served, the ones that are not, and the secu
 
 from __future__ import annotations
 
-from ._app import NOT_SERVED, ServedGraph, create_app
+from ._app import NOT_SERVED, RunOptions, ServedGraph, create_app
 
-__all__ = ["NOT_SERVED", "ServedGraph", "create_app"]
+__all__ = ["NOT_SERVED", "RunOptions", "ServedGraph", "create_app"]

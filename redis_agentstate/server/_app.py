@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
+from ..langgraph._runs_core import MAX_AFTER_MS, check_interrupt_nodes
 from ..wire.shells import internals
 from . import _shapes as shapes
 from ._assistants import AssistantRoutes
@@ -54,8 +55,9 @@ from ._shapes import json_response as _json
 from ._store import StoreRoutes
 from ._thread_stream import thread_stream_route
 from ._threads import ThreadRoutes
+from ._webhooks import WebhookSender
 
-__all__ = ["ServedGraph", "create_app"]
+__all__ = ["RunOptions", "ServedGraph", "create_app"]
 
 #: Routes of LangGraph's server API this app does not serve: a clear 501, not a bare 404.
 NOT_SERVED: tuple[str, ...] = ()
@@ -77,6 +79,20 @@ CORS_EXPOSE_HEADERS = ("Content-Location", "Location", "X-Pagination-Total", "X-
 #: (``GET /`` shows the form until a session exists).
 PUBLIC = frozenset({("GET", "/ok"), ("GET", "/"), ("POST", "/dashboard/login"),
                     ("GET", "/dashboard/static/dashboard.css")})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``agentstate serve`` lets runs do beyond the defaults.
+
+    ``webhook_allow_private``: webhooks may go to loopback, private and link-local addresses (refused
+    by default, LangChain's SSRF guard). ``tenant_key`` / ``tenant_limit``: a run whose
+    ``metadata[tenant_key]`` is set runs its thread under the concurrency key of that value, at most
+    ``tenant_limit`` of a tenant's threads running at once fleet-wide (``--tenant-limit KEY=N``)."""
+
+    webhook_allow_private: bool = False
+    tenant_key: str | None = None
+    tenant_limit: int | None = None
 
 
 @dataclass
@@ -139,7 +155,9 @@ class ThreadBook:
             return "error"
         if snap is None:
             snap = await g.stateful.aget_state({"configurable": {"thread_id": rec["thread_id"]}})
-        return "interrupted" if getattr(snap, "interrupts", ()) else "idle"
+        # As LangGraph's server: a thread whose head has nodes to run next (an interrupt(), or a stop
+        # before / after a node) is interrupted.
+        return "interrupted" if getattr(snap, "interrupts", ()) or getattr(snap, "next", ()) else "idle"
 
     async def out(self, rec: Mapping[str, Any]) -> dict[str, Any]:
         g = self.graph_of(rec)
@@ -159,8 +177,10 @@ class ThreadBook:
 
 class _App:
     def __init__(self, client: Any, graphs: Mapping[str, Any], namespace: str, token: str | None,
-                 workers: int, max_body_bytes: int, max_streams: int, lease_ms: int) -> None:  # fmt: skip
+                 workers: int, max_body_bytes: int, max_streams: int, lease_ms: int,
+                 options: RunOptions | None = None) -> None:  # fmt: skip
         self.client, self.token, self.max_body, self.lease_ms = client, token, max_body_bytes, lease_ms
+        self.options = options or RunOptions()
         self.sessions = None if token is None else Sessions(token)
         self.graphs: dict[str, ServedGraph] = {}
         #: LangGraph's long-term memory: the store routes' and every served graph's (``get_store()``).
@@ -198,6 +218,10 @@ class _App:
         self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
         self._tasks: list[asyncio.Task[None]] = []
         self._detached: set[asyncio.Future[Any]] = set()
+        self.webhooks = WebhookSender(client, namespace, self.graphs, self.options.webhook_allow_private,
+                                      self._values, self._drop_thread)  # fmt: skip
+        #: Tenant keys whose limit this server has set (once each).
+        self._tenant_keys: set[tuple[str, str]] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -209,9 +233,11 @@ class _App:
             for w in g.workers:
                 self._tasks.append(asyncio.create_task(w.arun(), name=f"agentstate-serve-worker-{g.name}"))
         self.crons.start()
+        self.webhooks.start()
         try:
             yield
         finally:
+            await self.webhooks.stop()
             await self.crons.stop()
             for g in self.graphs.values():
                 for w in g.workers:
@@ -255,12 +281,13 @@ class _App:
 
     # ---- runs ------------------------------------------------------------------------------------------
 
-    async def _create(self, tid: str | None, body: Mapping[str, Any],
-                      run_id: str | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+    async def _create(self, tid: str | None, body: Mapping[str, Any], run_id: str | None = None,
+                      drop_thread: bool | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+        """The run ``body`` asks for, on thread ``tid`` (None: a temporary thread); ``(graph, run, drop)``:
+        ``drop``, the caller deletes the thread once the run ended (``drop_thread``, or by default a
+        temporary thread's ``on_completion``), unless the run's webhook sender does after reading it."""
         g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
-        for unsupported in ("interrupt_before", "interrupt_after", "webhook", "after_seconds"):
-            if body.get(unsupported):
-                raise HTTPException(422, f"{unsupported!r} is not supported by agentstate serve")
+        options = await self.run_options(body)  # checked before anything is written
         temporary = tid is None
         if tid is None:
             tid = str(uuid.uuid4())
@@ -293,18 +320,37 @@ class _App:
             # useStream's submit({}, {command}) (Agent Chat UI's resume): LangGraph's server runs the
             # command and drops the input; an empty one is no input. A non-empty one stays refused.
             inputs = None
+        options["concurrency_key"] = await tenant_key(self.options, self._tenant_keys, g, meta)
+        drop = temporary and body.get("on_completion", "delete") == "delete" if drop_thread is None else drop_thread
+        # A caller's id (a cron's tick, fired again after a crash) may name a run that exists: its
+        # webhook is known already (and may have been sent: not again).
+        if options.get("webhook") and (run_id is None or await g.queue.get(run_id) is None):
+            run_id = run_id or str(uuid.uuid4())
+            await self.webhooks.expect(g, run_id, options["webhook"], drop)
         try:
             run = await g.queue.create(tid, inputs, command=body.get("command"), config=config,
                                        multitask_strategy=body.get("multitask_strategy") or "enqueue",
                                        stream_mode=modes, metadata=meta,
-                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id)  # fmt: skip
-        except RunRejected as exc:
-            raise HTTPException(409, str(exc)) from exc
-        except InvalidArgument as exc:
-            raise HTTPException(422, str(exc)) from exc
+                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id,
+                                       **options)  # fmt: skip
+        except (RunRejected, InvalidArgument) as exc:
+            if options.get("webhook") and run_id is not None and await g.queue.get(run_id) is None:
+                await self.webhooks.forget(run_id)
+            raise HTTPException(409 if isinstance(exc, RunRejected) else 422, str(exc)) from exc
         if raw is not None:  # a record just saved is already marked updated
             await self.book.touch(tid, raw)
-        return g, run, temporary and body.get("on_completion", "delete") == "delete"
+        if options.get("webhook"):
+            self.webhooks.follow(g, run.run_id)
+            drop = False  # the webhook's sender drops the temporary thread once it has read its values
+        return g, run, drop
+
+    async def _values(self, g: ServedGraph, run: Run) -> Any:
+        """The thread's values when the run ended (a webhook's ``values``)."""
+        return (await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})).values
+
+    async def run_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A run's options as ``RunQueue.create`` takes them (``run_options``); a 422 for a bad one."""
+        return await run_options(body, self.webhooks)
 
     async def _start_from(self, g: ServedGraph, tid: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """The ``configurable`` keys of a run that starts from a checkpoint (``checkpoint`` or
@@ -512,6 +558,47 @@ class _App:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
 
 
+async def run_options(body: Mapping[str, Any], webhooks: WebhookSender) -> dict[str, Any]:
+    """A run's ``interrupt_before`` / ``interrupt_after``, ``after_seconds`` and ``webhook`` as
+    ``RunQueue.create`` takes them; a 422 for a bad one (a webhook the SSRF guard refuses too)."""
+    out: dict[str, Any] = {}
+    try:
+        for k in ("interrupt_before", "interrupt_after"):
+            if body.get(k) is not None:
+                out[k] = check_interrupt_nodes(body[k], k)
+    except InvalidArgument as exc:
+        raise HTTPException(422, str(exc)) from exc
+    delay = body.get("after_seconds")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= MAX_AFTER_MS / 1000:
+            raise HTTPException(422, f"after_seconds must be a number of seconds, 0..{MAX_AFTER_MS // 1000}")
+        out["after_ms"] = int(delay * 1000)
+    if body.get("webhook") is not None:
+        out["webhook"] = await webhooks.check(body["webhook"])
+    return out
+
+
+async def tenant_key(options: RunOptions, memo: set[tuple[str, str]], g: ServedGraph,
+                     meta: Mapping[str, Any]) -> str | None:  # fmt: skip
+    """The concurrency key of a run's tenant (``--tenant-limit KEY=N``: its ``metadata[KEY]``), its
+    limit set the first time this server meets it; None without one."""
+    key = options.tenant_key
+    if key is None or meta.get(key) is None:
+        return None
+    value = meta[key]
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise HTTPException(422, f"metadata.{key} must be a string or an int (it names the run's tenant)")
+    ckey = f"tenant:{key}={value}"
+    if not str(value) or len(ckey.encode()) > 200 or not ckey.isprintable():
+        raise HTTPException(422, f"metadata.{key} must be 1-150 printable characters (it names the run's tenant)")
+    if (g.name, ckey) not in memo:
+        await g.queue.tasks.set_concurrency_limit(ckey, options.tenant_limit)
+        if len(memo) >= 100_000:  # a memo, not a registry: setting a limit again is harmless
+            memo.clear()
+        memo.add((g.name, ckey))
+    return ckey
+
+
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
@@ -589,6 +676,7 @@ def create_app(
     max_streams: int = MAX_STREAMS,
     cors_origins: Sequence[str] = (),
     lease_ms: int = 30_000,
+    options: RunOptions | None = None,
 ) -> Starlette:
     """The app: ``graphs`` by name, on an ``redis.asyncio`` client; ``workers`` GraphWorker tasks per
     graph run in the app (0: a fleet elsewhere executes the runs). At most ``max_streams`` event streams
@@ -596,8 +684,9 @@ def create_app(
     of the client's pooled connections while it waits, so give the client a pool that large plus what
     the workers need (``agentstate serve`` does: ``MAX_STREAMS + POOL_MARGIN``). ``cors_origins``: the
     origins a browser may call it from (``"*"``: any; none by default); ``lease_ms``: the workers'
-    thread leases (how long a crashed server's runs wait before another takes them over)."""
-    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms)
+    thread leases (how long a crashed server's runs wait before another takes them over); ``options``: the
+    runs' webhook guard and tenant limits (``RunOptions``)."""
+    app_state = _App(client, graphs, namespace, token, workers, max_body_bytes, max_streams, lease_ms, options)
     a = app_state
     d, s, st, t, c = a.dash, a.assistants, a.store_routes, a.threads, a.crons
 

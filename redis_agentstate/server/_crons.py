@@ -55,7 +55,6 @@ TICK_NAMESPACE = uuid.UUID("6f0c3b1e-5a57-4c1b-9d2b-8c1e0a4f2d11")
 POLL_S = 1.0
 #: Ticks fired per look at most (the rest on the next).
 BATCH = 100
-_UNSUPPORTED = ("interrupt_before", "interrupt_after", "webhook")
 _SORTS = ("cron_id", "assistant_id", "thread_id", "next_run_date", "end_time", "created_at", "updated_at")
 #: The fields of a patch that change when the next tick is.
 _RESCHEDULE = ("schedule", "timezone", "enabled", "end_time")
@@ -149,9 +148,7 @@ class CronRoutes:
 
     async def _payload(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The run payload of a cron's ticks, checked as a run's would be (its assistant resolved)."""
-        for name in _UNSUPPORTED:
-            if body.get(name):
-                raise HTTPException(422, f"{name!r} is not supported by agentstate serve")
+        await self.app.run_options(body)  # interrupt_before/after, after_seconds, webhook: as a run checks them
         strategy = body.get("multitask_strategy")
         if strategy is not None and strategy not in MULTITASK_STRATEGIES:
             raise HTTPException(422, f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}")
@@ -346,8 +343,9 @@ class CronRoutes:
         else:
             body.setdefault("multitask_strategy", "enqueue")
         tid = thread_id if stateless else rec["thread_id"]
+        drop_thread = stateless and rec.get("on_run_completed", "delete") == "delete"
         try:
-            g, run, _ = await self.app._create(tid, body, run_id=run_id)
+            g, run, drop = await self.app._create(tid, body, run_id=run_id, drop_thread=drop_thread)
         except HTTPException as exc:
             log.warning("cron %s: the tick at %s made no run (%s: %s)", cron.cron_id, due, exc.status_code, exc.detail)
             return True, None
@@ -357,7 +355,7 @@ class CronRoutes:
         except AgentStateError:
             log.exception("cron %s: the tick at %s failed; it stays due", cron.cron_id, due)
             return False, None
-        drop = stateless and rec.get("on_run_completed", "delete") == "delete"
+        # A run with a webhook: its sender deletes the thread once it has read its values.
         return True, ((g, run.run_id, tid) if drop else None)
 
     async def _drop_after(self, g: Any, run_id: str, tid: str) -> None:

@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
         import uvicorn
 
         from . import create_app
-        from ._app import MAX_STREAMS, POOL_MARGIN
+        from ._app import MAX_STREAMS, POOL_MARGIN, RunOptions
     except ImportError as exc:
         raise CliError(f"agentstate serve needs the serve extra (pip install 'redis-agentstate[serve]'): {exc}",
                        "MissingExtra") from exc  # fmt: skip
@@ -64,6 +64,9 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
     for origin in origins:
         if origin != "*" and (not origin.startswith(("http://", "https://")) or origin.rstrip("/") != origin):
             raise CliError(f"--cors-origin is '*' or scheme://host[:port] with no path, got {origin!r}", "BadArgument")
+    tenant_key, tenant_limit = _tenant_limit(args.tenant_limit)
+    options = RunOptions(webhook_allow_private=args.webhook_allow_private, tenant_key=tenant_key,
+                         tenant_limit=tenant_limit)  # fmt: skip
     graphs = _graphs(args.graph)
     # redis-py's pool holds 100 connections by default; every open stream may hold one while it waits.
     pool = MAX_STREAMS + POOL_MARGIN
@@ -79,7 +82,7 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
             connection_pool=redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=pool)
         )
     app = create_app(graphs, client, namespace=args.namespace or "agentstate", token=token, workers=args.workers,
-                     cors_origins=origins, lease_ms=args.lease_ms)  # fmt: skip
+                     cors_origins=origins, lease_ms=args.lease_ms, options=options)  # fmt: skip
     sock = _bind(args.host, args.port)
     mode = "every route but /ok needs the token" if token else "read-only (no --token)"
     served = f"graphs {', '.join(graphs)}" if graphs else "the dashboard (no --graph)"
@@ -88,6 +91,16 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _tenant_limit(spec: str | None) -> tuple[str | None, int | None]:
+    """``--tenant-limit KEY=N``: the metadata key naming a run's tenant and its limit."""
+    if spec is None:
+        return None, None
+    key, sep, n = spec.rpartition("=")
+    if not sep or not key or not key.isprintable() or not n.isdigit() or not 1 <= int(n) <= 1_000_000:
+        raise CliError(f"--tenant-limit is KEY=N (a metadata key, N from 1 to 1000000), got {spec!r}", "BadArgument")
+    return key, int(n)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -19,6 +19,9 @@
 -- (rollback). Each attempt starts with a 'metadata' event {"run_id", "attempt"}.
 -- A re-send (the head runs under this very token already: the reply was lost) writes nothing and
 -- answers as the first execution did (attempt, status before, the runs it ended, from the hash).
+-- A pending head created with a delay (its hash's 'after', lg_run_create.lua) that is not due yet
+-- is not begun: {REPLY_REFUSED, 'later', run id, ms until it is due, ended}, nothing written for it
+-- (the worker puts the thread's task off that long; the runs behind it wait, in creation order).
 -- Returns {REPLY_DONE, 'run', run id, attempt, body, modes, strategy, created, status before,
 -- ended}: execute it; {REPLY_DONE, 'rollback', run id, ended}: delete its checkpoints, then
 -- lg_run_finish with gone; {REPLY_REFUSED, 'idle', ended}: no active run. ``ended``: the ids of
@@ -52,6 +55,8 @@ for _ = 1, 1000 do
     elseif r.cancel ~= '' then
       end_run(KEYS[1], KEYS[2], key, ev, head, 'interrupted', r.cancel, now, ttl, cap, false, '')
       ended[#ended + 1] = head
+    elseif r.status == 'pending' and (tonumber(redis.call('HGET', key, 'after') or '') or 0) > now then
+      return {REPLY_REFUSED, 'later', head, fmt(tonumber(redis.call('HGET', key, 'after')) - now), ended}
     elseif r.status == 'running' and deaths >= max_att then
       end_run(KEYS[1], KEYS[2], key, ev, head, 'error', 'lost its worker ' .. fmt(deaths) .. ' times',
         now, ttl, cap, false, '')

@@ -11,6 +11,8 @@
 --   ARGV[5]    - ttl: ms a run ended by this call is kept (interrupt ends the pending runs)
 --   ARGV[6]    - cap: events kept per run (XADD MAXLEN)
 --   ARGV[7]    - max active: runs a thread may have pending or running at once
+--   ARGV[8]    - delay ms: the run starts no earlier than this long from now (server clock; its
+--                hash's 'after', which lg_run_begin.lua honours); 0 for at once
 -- Strategies, against the thread's active runs: reject refuses while there is one; enqueue
 -- queues behind them; interrupt and rollback end every pending one now (interrupted, or deleted
 -- for rollback) and ask the running one to stop ('cancel' set, and its stop signal given, see
@@ -31,6 +33,7 @@
 -- when refused. A corrupt run hash: an AGENTSTATE_CORRUPT error reply, nothing written.
 local run_id, strategy, modes, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, cap, max_active = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local delay = tonumber(ARGV[8] or '0') or 0
 
 local existing = redis.call('HMGET', KEYS[12], 'created', 'ahead', 'swept', 'sweptdel')
 if existing[1] then
@@ -86,7 +89,7 @@ end
 redis.call('HSET', KEYS[12], 'status', 'pending', 'strategy', strategy, 'modes', modes, 'created', fmt(now),
   'updated', fmt(now), 'cancel', '', 'token', '', 'attempt', '0', 'worker', '', 'error', '', 'body', body,
   'started', '', 'ended', '', 'deaths', '0', 'ahead', fmt(ahead), 'swept', join_ids(ended),
-  'sweptdel', join_ids(deleted))
+  'sweptdel', join_ids(deleted), 'after', delay > 0 and fmt(now + delay) or '')
 redis.call('RPUSH', KEYS[10], run_id)
 redis.call('ZADD', KEYS[11], now, run_id)
 -- A bounded sweep of the history's oldest entries whose run expired (kept runs end with a TTL).
