@@ -71,7 +71,10 @@ def _long_tail(item: pytest.Item) -> bool:
     and the Cluster matrix (every test marked ``cluster``, the store tests' cluster variant too)."""
     if item.path.name in LONG_TAIL_FILES:
         return True
-    return "slow" in item.keywords or "cluster" in item.keywords
+    if any(item.iter_markers("slow")) or any(item.iter_markers("cluster")):
+        return True
+    # A cluster variant spelled without its marker is the Cluster matrix all the same.
+    return getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "cluster"  # type: ignore[attr-defined]
 
 
 # The order in which a file's store tests take the variants: the backend changes from one to the

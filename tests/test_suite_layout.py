@@ -72,7 +72,8 @@ def _collect(tmp_path: Path, *args: str, full: str) -> tuple[str, dict[str, Any]
 
 
 def _is_long_tail(item: dict[str, Any]) -> bool:
-    return item["file"] in LONG_TAIL_FILES or "slow" in item["markers"] or "cluster" in item["markers"]
+    markers, cluster = item["markers"], item["store"].get("backend") == "cluster"
+    return item["file"] in LONG_TAIL_FILES or "slow" in markers or "cluster" in markers or cluster
 
 
 @pytest.mark.slow  # a collection of the whole suite (~15 s): the full suite, and so .ci/run, checks the default run
