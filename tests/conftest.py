@@ -338,8 +338,8 @@ class Backend:
             loop.run_until_complete(c.aclose())
 
 
-# The fakeredis variant is marked so that noxfile.SUBSET (the Pythons other than 3.11) can run the
-# real-server variants alone: the interpreter runs our code the same against either, and 3.11 runs both.
+# The variants are marked so that a run can take one backend alone (`-m "not fakeredis"`: the
+# real-server variants; `--full -m cluster`: the Cluster matrix, which the default run leaves out).
 @pytest.fixture(
     params=[
         pytest.param("fake", marks=pytest.mark.fakeredis),
