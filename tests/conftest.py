@@ -68,12 +68,16 @@ def full_suite(config: pytest.Config) -> bool:
 
 def _long_tail(item: pytest.Item) -> bool:
     """Scale, benchmark smoke, every test marked ``slow`` (the failover series, the chaos fleet...)
-    and the Cluster matrix (every test marked ``cluster``, the store tests' cluster variant too)."""
+    and the Cluster matrix (every test marked ``cluster`` or on the ``redis_cluster`` fixture, the
+    store tests' cluster variant too)."""
     if item.path.name in LONG_TAIL_FILES:
         return True
     if any(item.iter_markers("slow")) or any(item.iter_markers("cluster")):
         return True
-    # A cluster variant spelled without its marker is the Cluster matrix all the same.
+    # A test on the local Cluster, or a cluster variant, spelled without the marker is the Cluster
+    # matrix all the same.
+    if "redis_cluster" in getattr(item, "fixturenames", ()):
+        return True
     return getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "cluster"  # type: ignore[attr-defined]
 
 

@@ -4,7 +4,7 @@
 (and ``CI=true``, as in ``.ci/run``) adds the long tail. One collection of the whole suite, with
 a probe plugin recording the items before and after conftest's collection hook, checks the
 rules: every test left out entirely is long tail (a scale, benchmark-smoke or many-process file,
-marked ``slow``, or the Cluster matrix, marked ``cluster``); every other store test runs each of
+marked ``slow``, or the Cluster matrix: marked ``cluster`` or on ``redis_cluster``); every other store test runs each of
 its cases once, on fakeredis or a real server, sync or async; each file runs every one of those
 store x flavor pairs it has, and a fault-injection run stays. Small collections check that the
 switch turns the long tail on, and that a file named on the command line runs whole. The
@@ -42,6 +42,7 @@ def _record(items):
             "base": item.nodeid.split("[")[0],
             "file": item.path.name,
             "markers": sorted({m.name for m in item.iter_markers()}),
+            "fixtures": sorted(getattr(item, "fixturenames", ())),
             "store": {k: str(v) for k, v in params.items() if k in STORE},
             # A case is its parameter objects: one parametrize list serves every variant.
             "case": {k: id(v) for k, v in params.items() if k not in STORE},
@@ -72,8 +73,9 @@ def _collect(tmp_path: Path, *args: str, full: str) -> tuple[str, dict[str, Any]
 
 
 def _is_long_tail(item: dict[str, Any]) -> bool:
-    markers, cluster = item["markers"], item["store"].get("backend") == "cluster"
-    return item["file"] in LONG_TAIL_FILES or "slow" in markers or "cluster" in markers or cluster
+    markers = item["markers"]
+    cluster = "cluster" in markers or "redis_cluster" in item["fixtures"] or item["store"].get("backend") == "cluster"
+    return item["file"] in LONG_TAIL_FILES or "slow" in markers or cluster
 
 
 @pytest.mark.slow  # a collection of the whole suite (~15 s): the full suite, and so .ci/run, checks the default run
