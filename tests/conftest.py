@@ -67,60 +67,71 @@ def full_suite(config: pytest.Config) -> bool:
 
 
 def _long_tail(item: pytest.Item) -> bool:
-    """Scale, benchmark smoke, the failover series and every test marked ``slow`` but the chaos fleet."""
+    """Scale, benchmark smoke, every test marked ``slow`` (the failover series, the chaos fleet...)
+    and the Cluster matrix (every test marked ``cluster`` or on the ``redis_cluster`` fixture, the
+    store tests' cluster variant too)."""
     if item.path.name in LONG_TAIL_FILES:
         return True
-    return "slow" in item.keywords and "chaos" not in item.keywords
+    if any(item.iter_markers("slow")) or any(item.iter_markers("cluster")):
+        return True
+    # A test on the local Cluster, or a cluster variant, spelled without the marker is the Cluster
+    # matrix all the same.
+    if "redis_cluster" in getattr(item, "fixturenames", ()):
+        return True
+    return getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "cluster"  # type: ignore[attr-defined]
+
+
+# The order in which a file's store tests take the variants: the backend changes from one to the
+# next, the flavor every second one, so any four in a row are the four {fake, real} x {sync, async}.
+_ROTATION = {("fake", "sync"): 0, ("real", "async"): 1, ("fake", "async"): 2, ("real", "sync"): 3}
+
+
+def _rotation_key(variant: tuple[Any, ...]) -> tuple[int, str]:
+    backend, flavor = variant
+    return _ROTATION.get((backend, flavor or "sync"), len(_ROTATION)), repr(variant)
 
 
 def _thin_store_matrix(items: list[pytest.Item]) -> set[pytest.Item]:
-    """The store tests' variants and cases the default run leaves to the full suite.
+    """The store tests' variants the default run leaves to the full suite.
 
-    Every store test runs on each of its backends (fake, real, cluster) in one flavor, sync or
-    async, alternating from one test to the next and from one backend to the next, so each file
-    still runs every store x flavor (a file's only store test runs both). A test's extra cases
-    (the corrupt-data matrix, hostile ids, bad arguments...) are spread over those variants: with
-    ``C`` cases on ``V`` variants, the ``c``-th case runs on the ``v``-th variant when
-    ``c % m == v % m`` (``m = min(C, V)``), so every case still runs once and every variant still
-    runs. Tests, variants and cases are numbered in collection order, the same in every xdist
-    worker; a case is its parameter objects (one parametrize list serves every variant).
+    Each case of a store test runs once, on one variant of {fake, real} x {sync, async} (the
+    cluster variant is long tail). A file's store tests take the variants in turn, in the order of
+    ``_ROTATION``, and a test's cases (the corrupt-data matrix, hostile ids, bad arguments...) go
+    on from its turn: the ``c``-th case of a file's ``t``-th store test runs on its
+    ``(t + c) % V``-th variant. A variant that the turns miss in a file (a file of one or two store
+    tests) is added back on the file's first test that has it, so each file still runs every
+    store x flavor it has. Tests and cases are numbered in collection order, the same in every
+    xdist worker; a case is its parameter objects (one parametrize list serves every variant).
     """
     groups: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]] = {}
     for item in items:
         params = getattr(item, "callspec", None) and item.callspec.params  # type: ignore[attr-defined]
         if not params or not any(p in params for p in STORE_PARAMS) or _long_tail(item):
-            continue  # the long tail is left out whole: it takes no part in the alternation
+            continue  # the long tail is left out whole: it takes no part in the turns
         variant = tuple(params.get(p) for p in STORE_PARAMS)
         case = tuple((name, id(value)) for name, value in sorted(params.items()) if name not in STORE_PARAMS)
         groups.setdefault(item.nodeid.split("[")[0], []).append((variant, case, item))
 
-    def two_flavored(members: list[tuple[tuple[Any, ...], tuple[Any, ...], pytest.Item]]) -> bool:
-        return len({v for v, _, _ in members}) > len({v[0] for v, _, _ in members})
-
-    # Only tests that run in both flavors alternate: a file's only such test keeps both.
-    per_file = Counter(members[0][2].path for members in groups.values() if two_flavored(members))
-    # They are numbered within their file, so they alternate among themselves (numbered across
-    # the suite, or counting one-flavor tests, a file's two could both land on one flavor).
-    numbers: Counter[Any] = Counter()
-    dropped: set[pytest.Item] = set()
+    turns: Counter[Any] = Counter()
+    kept: set[pytest.Item] = set()
+    seen: dict[Any, set[tuple[Any, ...]]] = {}
+    first: dict[Any, dict[tuple[Any, ...], list[pytest.Item]]] = {}
     for members in groups.values():
         path = members[0][2].path
-        number = numbers[path]
-        numbers[path] += two_flavored(members)
-        by_backend: dict[Any, list[tuple[Any, ...]]] = {}
-        for variant in dict.fromkeys(v for v, _, _ in members):
-            by_backend.setdefault(variant[0], []).append(variant)
-        if per_file[path] <= 1:  # a file's only store test in both flavors keeps both
-            kept = [v for flavors in by_backend.values() for v in flavors]
-        else:
-            kept = [flavors[(number + b) % len(flavors)] for b, flavors in enumerate(by_backend.values())]
-        variants = {v: n for n, v in enumerate(kept)}
+        turn = turns[path]
+        turns[path] += 1
+        variants = sorted(dict.fromkeys(v for v, _, _ in members), key=_rotation_key)
         cases = {c: n for n, c in enumerate(dict.fromkeys(c for _, c, _ in members))}
-        m = min(len(variants), len(cases))
         for variant, case, item in members:
-            if variant not in variants or cases[case] % m != variants[variant] % m:
-                dropped.add(item)
-    return dropped
+            if variants[(turn + cases[case]) % len(variants)] == variant:
+                kept.add(item)
+                seen.setdefault(path, set()).add(variant)
+            first.setdefault(path, {}).setdefault(variant, []).append(item)
+    for path, by_variant in first.items():
+        for variant, candidates in by_variant.items():
+            if variant not in seen.get(path, set()):
+                kept.add(candidates[0])  # its only case, or its first: the file runs this variant too
+    return {item for members in groups.values() for _, _, item in members} - kept
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -331,8 +342,8 @@ class Backend:
             loop.run_until_complete(c.aclose())
 
 
-# The fakeredis variant is marked so that noxfile.SUBSET (the Pythons other than 3.11) can run the
-# real-server variants alone: the interpreter runs our code the same against either, and 3.11 runs both.
+# The variants are marked so that a run can take one backend alone (`-m "not fakeredis"`: the
+# real-server variants; `--full -m cluster`: the Cluster matrix, which the default run leaves out).
 @pytest.fixture(
     params=[
         pytest.param("fake", marks=pytest.mark.fakeredis),

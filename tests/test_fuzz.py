@@ -15,7 +15,8 @@ model needs no clock.
 Any exception other than the documented ones (``InvalidArgument`` for bad
 input, the ``ClaimRejected`` family from ``claim``) fails the run; after an
 ``InvalidArgument`` the state must be unchanged. Runs on fakeredis and on a
-private real redis-server; ``max_examples`` is kept small for CI.
+private real redis-server (the fakeredis run is ``slow``: the full suite's); ``max_examples``
+is kept small for CI.
 """
 
 from __future__ import annotations
@@ -483,6 +484,9 @@ def fuzz_server() -> Iterator[RedisServerProcess | None]:
     server.stop()
 
 
+# The fakeredis twin of test_fuzz_real_redis, with five times its CPU (fakeredis runs the Lua in
+# Python): the default run fuzzes on the real server, the full suite on both.
+@pytest.mark.slow
 def test_fuzz_fakeredis() -> None:
     server = fakeredis.FakeServer()
     StoreMachine.make_client = staticmethod(lambda: fakeredis.FakeRedis(server=server))

@@ -639,7 +639,11 @@ def _remembering_graph() -> Any:
     return b.compile()
 
 
-@pytest.mark.parametrize("backend", ["fake", "real", "cluster"], indirect=True)
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("fake", marks=pytest.mark.fakeredis), "real", pytest.param("cluster", marks=pytest.mark.cluster)],
+    indirect=True,
+)
 def test_graph_worker_passes_its_store(backend: Any, namespace: str) -> None:
     store = AgentStateStore(backend.sync_client(), namespace)
     worker = GraphWorker(_remembering_graph(), RunQueue(backend.sync_client(), namespace=namespace),

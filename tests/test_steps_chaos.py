@@ -59,8 +59,9 @@ def classify(side: redis.Redis) -> dict[str, int]:
     return out
 
 
+# Not slow: ten seconds of SIGKILLs, the default run's fault-injection run (the chaos fleet and the
+# failover series are the full suite's).
 @pytest.mark.chaos
-@pytest.mark.slow
 @pytest.mark.real
 def test_steps_are_not_run_again_after_a_sigkill(private_server: Any, tmp_path: Path) -> None:
     seconds = float(os.environ.get("STEPS_CHAOS_SECONDS", "10"))
