@@ -23,13 +23,14 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from ..core.replies import text as reply_text
 from ..core.validate import check_id
 from ..errors import CorruptState, InvalidArgument, LeaseLost
 from ..keys import MAX_ID_BYTES, Keys, ThreadKeys
 from ..wire import corrupt_state
 from ..wire.scripts import Reply
 from ._compact import COMPACT, SHARE_BYTES, SHARE_BYTES_OTHER_SERDE, expand_record
-from ._records import SEP, _reads_and_body, _Remembered, _text
+from ._records import SEP, _reads_and_body, _Remembered
 from .errors import ThreadBusy
 
 __all__ = ["SaverBase", "thread_of"]
@@ -139,7 +140,7 @@ class SaverBase:
         """``reply`` of a fenced script, or the error it stands for (nothing was written then)."""
         if int(reply[0]) == Reply.DONE:
             return reply
-        why = _text(reply[1])
+        why = reply_text(reply[1])
         if why == "busy":
             raise ThreadBusy(
                 f"{what} refused: thread {thread_id!r} is leased by another writer; nothing was written",
@@ -153,7 +154,7 @@ class SaverBase:
                 task_id=thread_id,
             )
         if why == "gone":
-            member = _text(reply[2])
+            member = reply_text(reply[2])
             raise InvalidArgument(
                 f"{what} refused: its parent checkpoint {member.partition(SEP)[2]!r} is not in thread {thread_id!r} "
                 "(the thread was deleted, or the checkpoint pruned, under this writer); nothing was written"

@@ -23,12 +23,13 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 
+from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..wire import Call, Op
 from ..wire.scripts import Reply
 from ._base import SaverBase, _config, _configurable, _ident, _ns, thread_of
 from ._compact import REF, SHARED_PREFIX, compact_record, pack_write, share_field, write_key
-from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot, _text
+from ._records import _FULL, _TAIL, SEP, _fields, _Remembered, _same_prefix, _snapshot
 from .scripts import LG_PUT, LG_PUT_WRITES
 
 __all__ = ["SaverWrites"]
@@ -99,9 +100,9 @@ class SaverWrites:
         head = [tid, self.base.token_of(tid), self.base.ttl_arg(), f"{ns}{SEP}{cid}", stored, run, parent_member]
         while True:
             reply = yield Call(LG_PUT, keys, [*head, *self._blob_pairs(blobs)])
-            if int(reply[0]) == Reply.REFUSED and _text(reply[1]) == "base":
+            if int(reply[0]) == Reply.REFUSED and reply_text(reply[1]) == "base":
                 # The base of a tail is gone (pruned, deleted): store those values in full.
-                missing = _text(reply[2])
+                missing = reply_text(reply[2])
                 blobs = [self._full_again(b) if b[0] == missing else b for b in blobs]
                 continue
             break

@@ -24,10 +24,6 @@ _FULL = b"F"
 _TAIL = b"T"
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _fields(fields: Iterable[str]) -> bytes:
     return b"".join(b"%d:%s" % (len(f.encode()), f.encode()) for f in fields)
 

@@ -33,12 +33,13 @@ from typing import Any, Literal
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..core.checkpoint import CheckpointCore
+from ..core.replies import text as reply_text
 from ..core.validate import check_concurrency_key, check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Checkpoint
 from ..wire import Batch, Call, Command, Op, Pipe
 from ..wire.scripts import Reply
-from . import scripts as S
+from . import scripts
 from ._base import _ident
 from .errors import RunNotFound, RunRejected
 
@@ -158,12 +159,8 @@ class Begun:
     later_ms: int = 0
 
 
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
-
-
 def _ms(v: Any) -> int | None:
-    s = _text(v) if v is not None else ""
+    s = reply_text(v) if v is not None else ""
     return int(s) if s else None
 
 
@@ -225,25 +222,27 @@ class RunCore:
         if not raw:
             return None
         h = {
-            _text(k): v for k, v in (raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True))
+            reply_text(k): v
+            for k, v in (raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True))
         }
         body = self._loads(h["body"]) if h.get("body") else {}
         return Run(
-            run_id=run_id, thread_id=tid, status=_text(h["status"]),  # type: ignore[arg-type]
-            multitask_strategy=_text(h.get("strategy", b"reject")),  # type: ignore[arg-type]
-            stream_mode=_text(h.get("modes", b"values")).split(","),
+            run_id=run_id, thread_id=tid, status=reply_text(h["status"]),  # type: ignore[arg-type]
+            multitask_strategy=reply_text(h.get("strategy", b"reject")),  # type: ignore[arg-type]
+            stream_mode=reply_text(h.get("modes", b"values")).split(","),
             created_at_ms=_ms(h.get("created")) or 0, updated_at_ms=_ms(h.get("updated")) or 0,
-            attempt=_ms(h.get("attempt")) or 0, worker=_text(h.get("worker", b"")), error=_text(h.get("error", b"")),
+            attempt=_ms(h.get("attempt")) or 0, worker=reply_text(h.get("worker", b"")),
+            error=reply_text(h.get("error", b"")),
             input=body.get("input"), command=body.get("command"), config=body.get("config") or {},
             metadata=body.get("metadata") or {}, started_at_ms=_ms(h.get("started")), ended_at_ms=_ms(h.get("ended")),
-            cancel=_text(h.get("cancel", b"")), subgraphs=bool(body.get("subgraphs")),
+            cancel=reply_text(h.get("cancel", b"")), subgraphs=bool(body.get("subgraphs")),
             interrupt_before=body.get("interrupt_before"), interrupt_after=body.get("interrupt_after"),
             webhook=body.get("webhook"), not_before_ms=_ms(h.get("after")),
         )  # fmt: skip
 
     def thread_of(self, run_id: str) -> Op[str | None]:
         reply = yield Command(["GET", self.keys.run_lookup(run_id)])
-        return None if reply is None else _text(reply)
+        return None if reply is None else reply_text(reply)
 
     def get(self, run_id: object) -> Op[Run | None]:
         rid = check_run_id(run_id)
@@ -258,7 +257,7 @@ class RunCore:
         limit = check_int(limit, "limit", 1, 10_000)
         keys = self.keys.runs(tid)
         ids = yield Command(["ZRANGE", keys.history, "+inf", "-inf", "BYSCORE", "REV", "LIMIT", 0, limit])
-        ids = [_text(i) for i in ids]
+        ids = [reply_text(i) for i in ids]
         if not ids:
             return []
         raws = yield Pipe([("HGETALL", keys.run(i)[0]) for i in ids])
@@ -308,10 +307,10 @@ class RunCore:
         run_hash, run_events = keys.run(rid)
         args = [rid, strategy, ",".join(modes), body, self.run_ttl_ms, self.max_events, self.max_active, after_ms]
         # The id's entry first (a run is found as soon as it exists), in the same round trip.
-        index = Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], [tid, ""])
+        index = Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(rid)], [tid, ""])
         for attempt in range(3):
             task = self.keys.task(tid).counted()
-            call = Call(S.LG_RUN_CREATE, [*task, keys.active, keys.history, run_hash, run_events], args)
+            call = Call(scripts.LG_RUN_CREATE, [*task, keys.active, keys.history, run_hash, run_events], args)
             if attempt:
                 reply = yield call
             elif tid in self._known:
@@ -326,13 +325,13 @@ class RunCore:
                 with contextlib.suppress(StopIteration):
                     making.send(replies[1])
                 reply = replies[2]
-            if reply[0] != Reply.REFUSED or _text(reply[1]) != "no-task":
+            if reply[0] != Reply.REFUSED or reply_text(reply[1]) != "no-task":
                 break
             # The thread's task is gone (deleted around us): create it, claimable now, and send again.
             yield from self.tasks.create(Checkpoint(tid, concurrency_key=concurrency_key))
         self._know(tid)
         if reply[0] == Reply.REFUSED:
-            yield Call(S.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
+            yield Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
             raise _refused(tid, reply, self.max_active, self.keys.namespace)
         # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
         # made the driver send it again) carries the first execution's answer: the same run, once.
@@ -346,9 +345,9 @@ class RunCore:
     def _forget(self, tid: str, ended: Any = (), deleted: Any = ()) -> Op[None]:
         """Runs of ``tid`` a script ended (or deleted) on its way: their id entries (in their own
         slots, so not the script's to write) expire with them, or go."""
-        calls = [Call(S.LG_RUN_INDEX, [self.keys.run_lookup(_text(r))], ["", ""]) for r in deleted or ()]
+        calls = [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], ["", ""]) for r in deleted or ()]
         if self.run_ttl_ms:
-            calls += [Call(S.LG_RUN_INDEX, [self.keys.run_lookup(_text(r))], [tid, self.run_ttl_ms])
+            calls += [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], [tid, self.run_ttl_ms])
                       for r in ended or ()]  # fmt: skip
         if calls:
             yield Batch(calls)
@@ -363,13 +362,13 @@ class RunCore:
             raise RunNotFound(rid)
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
-        reply = yield Call(S.LG_RUN_CANCEL, [keys.active, keys.history, h, e, keys.stop(rid)],
+        reply = yield Call(scripts.LG_RUN_CANCEL, [keys.active, keys.history, h, e, keys.stop(rid)],
                            [action, self.run_ttl_ms, self.max_events, rid, uuid.uuid4().hex])  # fmt: skip
         if reply[0] == Reply.REFUSED:
-            if _text(reply[1]) == "missing":
+            if reply_text(reply[1]) == "missing":
                 raise RunNotFound(rid)
             return False
-        if _text(reply[1]) == "ended":
+        if reply_text(reply[1]) == "ended":
             yield from self._forget(tid, *(((), [rid]) if action == "rollback" else ([rid], ())))
         return True
 
@@ -380,9 +379,9 @@ class RunCore:
             raise RunNotFound(rid)
         keys = self.keys.runs(tid)
         h, e = keys.run(rid)
-        reply = yield Call(S.LG_RUN_DELETE, [keys.history, h, e], [rid, uuid.uuid4().hex])
+        reply = yield Call(scripts.LG_RUN_DELETE, [keys.history, h, e], [rid, uuid.uuid4().hex])
         if reply[0] == Reply.REFUSED:
-            if _text(reply[1]) == "missing":
+            if reply_text(reply[1]) == "missing":
                 raise RunNotFound(rid)
             return False
         yield from self._forget(tid, (), [rid])
@@ -401,19 +400,19 @@ class RunCore:
     def _event(self, entry: Any) -> RunEvent:
         eid, fields = entry
         f = {
-            _text(k): v
+            reply_text(k): v
             for k, v in (fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2], strict=True))
         }
-        kind, event, data = _text(f.get("type", b"")), _text(f.get("event", b"")), f.get("data", b"")
+        kind, event, data = reply_text(f.get("type", b"")), reply_text(f.get("event", b"")), f.get("data", b"")
         value: Any
         if kind == "json":
-            value = json.loads(_text(data))
+            value = json.loads(reply_text(data))
         elif kind == "status":
-            status, _, why = _text(data).partition(" ")
+            status, _, why = reply_text(data).partition(" ")
             value = {"status": status, "error": why}
         else:
             value = self.serde.loads_typed((kind, bytes(data)))
-        return RunEvent(_text(eid), event, value)
+        return RunEvent(reply_text(eid), event, value)
 
     def events(self, cur: EventCursor, slice_ms: int | None) -> Op[list[RunEvent]]:
         """The next events after ``cur.after`` (waiting for them while the run is active, within
@@ -431,7 +430,7 @@ class RunCore:
         if not entries:
             if status is None and cur.after == "0-0":
                 raise RunNotFound(cur.run_id)
-            if status is None or _text(status) in FINAL_STATUSES:
+            if status is None or reply_text(status) in FINAL_STATUSES:
                 # Ended with its final event read (or trimmed, or the run rolled back meanwhile).
                 cur.done = True
                 return []
@@ -469,29 +468,29 @@ class RunCore:
         run = self._run(cur.run_id, cur.thread_id, raw)
         if run is None:
             raise RunNotFound(cur.run_id)  # rolled back, or expired
-        if not run.done and status is not None and (_text(term or b"") == "1" or _text(status) in _TERMINAL):
+        if not run.done and status is not None and (reply_text(term or b"") == "1" or reply_text(status) in _TERMINAL):
             # The thread's task was cancelled (or ended) after this run was accepted: no worker can
             # ever claim it, so the run would never end. Say so rather than wait for ever.
             raise RunRejected(f"run {cur.run_id} can never run: the task of thread {cur.thread_id!r} is "
-                              f"{_text(status)}", thread_id=cur.thread_id, run_id=cur.run_id)  # fmt: skip
+                              f"{reply_text(status)}", thread_id=cur.thread_id, run_id=cur.run_id)  # fmt: skip
         return run if run.done else None
 
     # ---- the worker's side -----------------------------------------------
 
     def begin(self, thread_id: str, token: str, worker: str, max_attempts: int) -> Op[Begun | None]:
         keys = self.keys.runs(thread_id)
-        reply = yield Call(S.LG_RUN_BEGIN, [keys.active, keys.history, keys.hash_prefix, keys.event_prefix],
+        reply = yield Call(scripts.LG_RUN_BEGIN, [keys.active, keys.history, keys.hash_prefix, keys.event_prefix],
                            [token, worker, max_attempts, self.run_ttl_ms, self.max_events])  # fmt: skip
         yield from self._forget(thread_id, reply[-1])
         if reply[0] == Reply.REFUSED:
-            if _text(reply[1]) == "later":
+            if reply_text(reply[1]) == "later":
                 # The head run was created with a delay: nothing before it starts (runs of a thread go
                 # in creation order); the worker puts the thread off until then.
-                head = Run(_text(reply[2]), thread_id, "pending", "enqueue", [], 0, 0)
+                head = Run(reply_text(reply[2]), thread_id, "pending", "enqueue", [], 0, 0)
                 return Begun(head, 0, resumed=False, later_ms=max(1, int(reply[3])))
             return None
-        rid = _text(reply[2])
-        if _text(reply[1]) == "rollback":
+        rid = reply_text(reply[2])
+        if reply_text(reply[1]) == "rollback":
             raw = yield Command(["HGETALL", keys.run(rid)[0]])
             run = self._run(rid, thread_id, raw)
             assert run is not None
@@ -499,13 +498,13 @@ class RunCore:
         attempt, body, modes, strategy, created, before = reply[3:9]  # reply[9]: the runs it ended
         payload = self._loads(body) if body else {}
         run = Run(
-            rid, thread_id, "running", _text(strategy), _text(modes).split(","), int(created), int(created),  # type: ignore[arg-type]
+            rid, thread_id, "running", reply_text(strategy), reply_text(modes).split(","), int(created), int(created),  # type: ignore[arg-type]
             attempt=int(attempt), worker=worker, input=payload.get("input"), command=payload.get("command"),
             config=payload.get("config") or {}, metadata=payload.get("metadata") or {},
             subgraphs=bool(payload.get("subgraphs")), interrupt_before=payload.get("interrupt_before"),
             interrupt_after=payload.get("interrupt_after"), webhook=payload.get("webhook"),
         )  # fmt: skip
-        return Begun(run, int(attempt), resumed=_text(before) == "running")
+        return Begun(run, int(attempt), resumed=reply_text(before) == "running")
 
     def emit(self, run: Run, token: str, events: Sequence[tuple[str, Any]], *, seq: int) -> Op[str]:
         """Append ``events`` (mode, data) to the run's stream; the stop asked of it ('' for none).
@@ -516,11 +515,11 @@ class RunCore:
         for mode, data in events:
             kind, blob = self._encode(data)
             argv += [mode, kind, blob]
-        reply = yield Call(S.LG_RUN_EMIT, [h, e], argv)
+        reply = yield Call(scripts.LG_RUN_EMIT, [h, e], argv)
         if reply[0] == Reply.REFUSED:
             raise RunLost(f"run {run.run_id} of thread {run.thread_id!r} is no longer this worker's",
                           task_id=run.thread_id)  # fmt: skip
-        return _text(reply[1])
+        return reply_text(reply[1])
 
     def _encode(self, data: Any) -> tuple[str, bytes]:
         try:
@@ -536,9 +535,9 @@ class RunCore:
         key = self.keys.runs(run.thread_id).stop(run.run_id)
         reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", key, "0-0"])
         for _, fields in _xread_entries(reply):
-            f = {_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
+            f = {reply_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
                                            else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
-            return _text(f.get("action", b"interrupt")) or "interrupt"
+            return reply_text(f.get("action", b"interrupt")) or "interrupt"
         return ""
 
     def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
@@ -547,19 +546,19 @@ class RunCore:
         h, e = keys.run(run.run_id)
         lookup = self.keys.run_lookup(run.run_id)
         if status == "pending":
-            reply = yield Call(S.LG_RUN_FINISH, [keys.active, keys.history, h, e],
+            reply = yield Call(scripts.LG_RUN_FINISH, [keys.active, keys.history, h, e],
                                [token, "pending", "", 0, self.max_events, "0", run.run_id])  # fmt: skip
         else:
-            end = Call(S.LG_RUN_FINISH, [keys.active, keys.history, h, e],
+            end = Call(scripts.LG_RUN_FINISH, [keys.active, keys.history, h, e],
                        [token, status, error[:2000], self.run_ttl_ms, self.max_events, "1" if gone else "0",
                         run.run_id])  # fmt: skip
             # The id's entry expires with the run (or goes with a rolled-back one), in the same round
             # trip: if the end is refused (another worker took the run over), that worker's end sets it
             # again, and until then it only bounds how long the id is found (run_ttl_ms).
             if gone:
-                reply = (yield Batch([end, Call(S.LG_RUN_INDEX, [lookup], ["", ""])]))[0]
+                reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], ["", ""])]))[0]
             elif self.run_ttl_ms:
-                reply = (yield Batch([end, Call(S.LG_RUN_INDEX, [lookup], [run.thread_id, self.run_ttl_ms])]))[0]
+                reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], [run.thread_id, self.run_ttl_ms])]))[0]
             else:
                 reply = yield end
         if reply[0] == Reply.REFUSED:
@@ -570,7 +569,7 @@ class RunCore:
     def wake(self, thread_id: str) -> Op[int]:
         """After the thread's task was put to wait: wake it if a run came meanwhile; active runs."""
         keys = self.keys.runs(thread_id)
-        reply = yield Call(S.LG_RUN_WAKE, [*self.keys.task(thread_id).counted(), keys.active],
+        reply = yield Call(scripts.LG_RUN_WAKE, [*self.keys.task(thread_id).counted(), keys.active],
                            ["wake:" + uuid.uuid4().hex])  # fmt: skip
         return int(reply[2])
 
@@ -606,20 +605,20 @@ def check_interrupt_nodes(value: object, what: str) -> list[str] | str | None:
 
 def _refused(tid: str, reply: Any, max_active: int, namespace: str) -> AgentStateError:
     """The error of a create ``lg_run_create.lua`` refused."""
-    why = _text(reply[1])
+    why = reply_text(reply[1])
     if why == "reject":
-        other = _text(reply[2])
+        other = reply_text(reply[2])
         return RunRejected(
             f"thread {tid!r} has an active run ({other}); multitask_strategy='reject' refuses another",
             thread_id=tid, run_id=other,
         )  # fmt: skip
     if why == "full":
-        return RunRejected(f"thread {tid!r} has {_text(reply[2])} active runs, the most it may queue "
+        return RunRejected(f"thread {tid!r} has {reply_text(reply[2])} active runs, the most it may queue "
                           f"(max_active={max_active})", thread_id=tid)  # fmt: skip
     if why == "terminal":
         # Accepting it would leave a run pending for ever: no worker can claim a terminal task.
         return RunRejected(f"thread {tid!r} can run nothing: its task in {namespace!r} is "
-                          f"{_text(reply[2])} (delete the task to start the thread afresh)",
+                          f"{reply_text(reply[2])} (delete the task to start the thread afresh)",
                           thread_id=tid)  # fmt: skip
     return AgentStateError(f"creating a run on thread {tid!r} was refused: {why}")
 

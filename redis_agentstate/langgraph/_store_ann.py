@@ -38,6 +38,7 @@ from typing import Any
 
 from langgraph.store.base import Item, SearchOp
 
+from ..core.replies import text as reply_text
 from ..errors import ConfigConflict
 from ..keys import Keys, StoreKeys
 from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce
@@ -159,10 +160,6 @@ def train(sample: list[Sequence[float]], lists: int, dims: int, seed: int = 0) -
     return struct.pack(f"<{k * dims}f", *(x for row in centroids for x in row))
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class VectorIndex:
     """The client side of the namespaces' IVF indexes: lists chosen at put, training, moves, probes."""
 
@@ -220,7 +217,7 @@ class VectorIndex:
 
     def needs_upkeep(self, reply: Sequence[Any]) -> bool:
         """Whether an lgs_put reply says its namespace needs a training, or a move taken over."""
-        vectors, version, trained, moving = int(reply[4]), int(reply[5]), _text(reply[6]), _text(reply[7])
+        vectors, version, trained, moving = int(reply[4]), int(reply[5]), reply_text(reply[6]), reply_text(reply[7])
         if moving:
             return moving == "0"
         if vectors < self.index_at:
@@ -232,7 +229,7 @@ class VectorIndex:
     def upkeep(self, path: str, reply: Sequence[Any]) -> Op[None]:
         """Train ``path``'s index (or take over its move) and move its items to the new version."""
         keys = self.keys.store(path)
-        version, moving, vectors = int(reply[5]), _text(reply[7]), int(reply[4])
+        version, moving, vectors = int(reply[5]), reply_text(reply[7]), int(reply[4])
         token = new_nonce()
         if moving == "0":
             won = yield Call(LGS_TRAIN, keys.as_list(), ["claim", version, token, LEASE_MS, "", "", ""])
@@ -303,7 +300,7 @@ class VectorIndex:
         for i in range(0, len(paths), COUNT_PAGE):
             part = paths[i : i + COUNT_PAGE]
             replies = yield Batch([Call(LGS_COUNT, self.keys.store(p).as_list(), []) for p in part])
-            out.extend((int(r[0]), int(r[1]), _text(r[2])) for r in replies)
+            out.extend((int(r[0]), int(r[1]), reply_text(r[2])) for r in replies)
         return out
 
     def probe_scores(

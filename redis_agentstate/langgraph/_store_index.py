@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..wire import Batch, Call, Op, Pipe, member_id, restart, restartable
@@ -79,10 +80,6 @@ def _range(prefix: tuple[str, ...]) -> tuple[str, str]:
 _Page = tuple[list[tuple[str, bytes, bytes]], str]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _entries(page: Sequence[Any], keys: StoreKeys, mode: str) -> _Page:
     """An lgs_search reply (or lgs_prefix's items part) as a ``_Page``."""
     body = page[1:]
@@ -95,7 +92,7 @@ def _entries(page: Sequence[Any], keys: StoreKeys, mode: str) -> _Page:
     else:
         for j in range(0, len(body), 2):
             out.append((member_id(body[j], keys.order), bytes(body[j + 1]), b""))
-    return out, _text(page[0]) if page[0] else ""
+    return out, reply_text(page[0]) if page[0] else ""
 
 
 class StoreIndex:
@@ -235,7 +232,7 @@ class StoreIndex:
         (lgs_index.lua), where this store has not listed that generation yet."""
         changes: list[tuple[str, str, str]] = []
         for path, reply in zip(paths, replies, strict=True):
-            listed, ended = _text(reply[2]), _text(reply[3])
+            listed, ended = reply_text(reply[2]), reply_text(reply[3])
             if ended:
                 changes.append(("-", path, ended))
             if listed and self._listing.get(path) != listed:

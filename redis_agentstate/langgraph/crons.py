@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..clients import RedisClient
+from ..core.replies import text as reply_text
 from ..core.validate import check_id, check_int
 from ..errors import CorruptState, InvalidArgument
 from ..keys import Keys
 from ..wire import DEFAULT_WAIT_TIMEOUT_MS, AsyncShell, Call, Command, Op, Pipe, RetryPolicy, StoreShell, SyncShell
 from ..wire.scripts import Reply
-from . import scripts as S
+from . import scripts
 
 __all__ = ["AsyncCronStore", "Cron", "CronCore", "CronStore"]
 
@@ -46,12 +47,8 @@ class Cron:
     last_ms: int | None
 
 
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
-
-
 def _opt_ms(v: Any) -> int | None:
-    s = "" if v is None else _text(v)
+    s = "" if v is None else reply_text(v)
     return int(s) if s else None
 
 
@@ -85,9 +82,9 @@ class CronCore:
         if not raw:
             return None
         pairs = raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2], strict=True)
-        h = {_text(k): v for k, v in pairs}
+        h = {reply_text(k): v for k, v in pairs}
         try:
-            record = json.loads(_text(h["body"]))
+            record = json.loads(reply_text(h["body"]))
             if not isinstance(record, dict):
                 raise ValueError("not an object")
             return Cron(cid, record, _opt_ms(h.get("due")), _opt_ms(h.get("last")))
@@ -105,7 +102,7 @@ class CronCore:
         cid, keys = self._keys(cron_id)
         body = self._body(record)
         due = "" if due_ms is None else _ms_arg(due_ms, "due_ms")
-        reply = yield Call(S.CRON_PUT, keys, [cid, "create", body, due, _ms_arg(created_ms, "created_ms")])
+        reply = yield Call(scripts.CRON_PUT, keys, [cid, "create", body, due, _ms_arg(created_ms, "created_ms")])
         return bool(reply[0] != Reply.REFUSED)
 
     def update(self, cron_id: object, record: Mapping[str, Any], *, due_ms: int | str | None = "keep") -> Op[bool]:
@@ -113,7 +110,7 @@ class CronCore:
         cid, keys = self._keys(cron_id)
         body = self._body(record)
         due = "keep" if due_ms == "keep" else "" if due_ms is None else _ms_arg(due_ms, "due_ms")
-        reply = yield Call(S.CRON_PUT, keys, [cid, "update", body, due, "0"])
+        reply = yield Call(scripts.CRON_PUT, keys, [cid, "update", body, due, "0"])
         return bool(reply[0] != Reply.REFUSED)
 
     def get(self, cron_id: object) -> Op[Cron | None]:
@@ -124,7 +121,7 @@ class CronCore:
     def every(self) -> Op[list[Cron]]:
         """Every cron, oldest first."""
         index = self.keys.crons("")[2]
-        ids = [_text(i) for i in (yield Command(["ZRANGE", index, 0, -1]))]
+        ids = [reply_text(i) for i in (yield Command(["ZRANGE", index, 0, -1]))]
         if not ids:
             return []
         hashes = [self.keys.crons(i)[0] for i in ids]
@@ -139,8 +136,8 @@ class CronCore:
         raw = yield Command(["ZRANGE", index, "-inf", now, "BYSCORE", "LIMIT", 0, limit, "WITHSCORES"])
         flat = list(raw)
         if flat and isinstance(flat[0], (list, tuple)):  # RESP3 / redis-py's pairs
-            return [(_text(m), int(float(s))) for m, s in flat]
-        return [(_text(m), int(float(s))) for m, s in zip(flat[::2], flat[1::2], strict=True)]
+            return [(reply_text(m), int(float(s))) for m, s in flat]
+        return [(reply_text(m), int(float(s))) for m, s in zip(flat[::2], flat[1::2], strict=True)]
 
     def advance(self, cron_id: object, fired_ms: int, next_ms: int | None) -> Op[bool]:
         """Move the cron from tick ``fired_ms`` to ``next_ms`` (None: it ended). True if it moved
@@ -148,12 +145,12 @@ class CronCore:
         tick is due (rescheduled)."""
         cid, keys = self._keys(cron_id)
         nxt = "" if next_ms is None else _ms_arg(next_ms, "next_ms")
-        reply = yield Call(S.CRON_ADVANCE, keys, [cid, _ms_arg(fired_ms, "fired_ms"), nxt])
+        reply = yield Call(scripts.CRON_ADVANCE, keys, [cid, _ms_arg(fired_ms, "fired_ms"), nxt])
         return bool(reply[0] != Reply.REFUSED)
 
     def delete(self, cron_id: object) -> Op[None]:
         cid, keys = self._keys(cron_id)
-        yield Call(S.CRON_DELETE, keys, [cid])
+        yield Call(scripts.CRON_DELETE, keys, [cid])
         return None
 
 
@@ -168,7 +165,9 @@ class _Crons(StoreShell[CronCore]):
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
         shards: int | None = None,
     ) -> None:
-        super().__init__(client, CronCore(namespace), S.CRON_SCRIPTS, retry, wait_replicas, wait_timeout_ms, shards)
+        super().__init__(
+            client, CronCore(namespace), scripts.CRON_SCRIPTS, retry, wait_replicas, wait_timeout_ms, shards
+        )
 
 
 class CronStore(_Crons, SyncShell[CronCore]):

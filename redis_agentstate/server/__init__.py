@@ -12,6 +12,7 @@ See ``docs/serve.md`` for the routes served, the ones that are not, and the secu
 
 from __future__ import annotations
 
-from ._app import NOT_SERVED, RunOptions, ServedGraph, create_app
+from ._app import NOT_SERVED, create_app
+from ._served import RunOptions, ServedGraph
 
 __all__ = ["NOT_SERVED", "RunOptions", "ServedGraph", "create_app"]

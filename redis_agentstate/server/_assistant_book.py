@@ -28,7 +28,7 @@ from . import _shapes as shapes
 
 if TYPE_CHECKING:
     from ..kv import AsyncKeyValueStore
-    from ._app import ServedGraph
+    from ._served import ServedGraph
 
 __all__ = ["FIELDS", "AssistantBook", "contains"]
 

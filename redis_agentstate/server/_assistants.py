@@ -17,7 +17,7 @@ from ._http import read_body
 from ._shapes import json_response as _json
 
 if TYPE_CHECKING:
-    from ._app import ServedGraph
+    from ._served import ServedGraph
 
 __all__ = ["AssistantRoutes"]
 

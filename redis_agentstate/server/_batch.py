@@ -14,7 +14,7 @@ from . import _shapes as shapes
 from ._http import read_json
 
 if TYPE_CHECKING:
-    from ._app import _App
+    from ._served import App
 
 __all__ = ["MAX_BATCH", "batch_route", "runs_batch"]
 
@@ -22,7 +22,7 @@ __all__ = ["MAX_BATCH", "batch_route", "runs_batch"]
 MAX_BATCH = 100
 
 
-async def runs_batch(app: _App, request: Request) -> Response:
+async def runs_batch(app: App, request: Request) -> Response:
     """The runs of a JSON array of stateless run payloads, in its order. Every payload is checked
     (an object, whose assistant this server serves, without a ``thread_id``) before the first
     run is created: a bad one is a 422 (an unknown assistant a 404) saying which, and nothing is
@@ -46,7 +46,7 @@ async def runs_batch(app: _App, request: Request) -> Response:
     return shapes.json_response(out)
 
 
-def batch_route(app: _App) -> Callable[[Request], Awaitable[Response]]:
+def batch_route(app: App) -> Callable[[Request], Awaitable[Response]]:
     """The route's handler, on ``app``."""
 
     async def handler(request: Request) -> Response:

@@ -43,7 +43,7 @@ from ._http import read_body
 from ._shapes import json_response as _json
 
 if TYPE_CHECKING:
-    from ._app import _App
+    from ._served import App
 
 __all__ = ["CronRoutes", "next_due_ms", "tick_ids"]
 
@@ -125,7 +125,7 @@ def _shown_due(rec: Mapping[str, Any], due_ms: int | None) -> int | None:
 class CronRoutes:
     """The cron routes of one app, and its ticker (``start`` / ``stop``)."""
 
-    def __init__(self, app: _App, client: Any, namespace: str, max_body: int) -> None:
+    def __init__(self, app: App, client: Any, namespace: str, max_body: int) -> None:
         self.app, self.max_body = app, max_body
         self.store = AsyncCronStore(client, namespace=f"{namespace}.crons")
         #: Seconds between looks at the due index; a clock (ms) to use instead of Redis's (tests).

@@ -26,7 +26,7 @@ from ._http import read_body
 from ._shapes import json_response, sse
 
 if TYPE_CHECKING:
-    from ._app import _App
+    from ._served import App
 
 __all__ = ["DashboardRoutes"]
 
@@ -53,7 +53,7 @@ _LOGIN_BODY = 4096
 class DashboardRoutes:
     """The dashboard's handlers over the namespaces it shows (one collector each)."""
 
-    def __init__(self, app: _App, namespaces: list[str]) -> None:
+    def __init__(self, app: App, namespaces: list[str]) -> None:
         self.app, self.namespaces = app, namespaces
         client = app.client
         self.stores = {ns: AsyncCheckpointStore(client, namespace=ns) for ns in namespaces}

@@ -26,7 +26,7 @@ from ..langgraph.errors import RunNotFound
 from ._shapes import sse
 
 if TYPE_CHECKING:
-    from ._app import ServedGraph, _App
+    from ._served import App, ServedGraph
 
 __all__ = ["HEARTBEAT_S", "POLL_S", "thread_stream_route"]
 
@@ -51,7 +51,7 @@ def _modes(request: Request) -> set[str]:
     return modes
 
 
-def thread_stream_route(app: _App) -> Callable[[Request], Awaitable[Response]]:
+def thread_stream_route(app: App) -> Callable[[Request], Awaitable[Response]]:
     """The route's handler, on ``app``."""
 
     async def handler(request: Request) -> Response:
@@ -72,7 +72,7 @@ def thread_stream_route(app: _App) -> Callable[[Request], Awaitable[Response]]:
     return handler
 
 
-async def _body(app: _App, tid: str, modes: set[str], seen: set[str]) -> AsyncIterator[bytes]:
+async def _body(app: App, tid: str, modes: set[str], seen: set[str]) -> AsyncIterator[bytes]:
     everything = "run_modes" in modes
     async with app.streams:
         idle = 0.0
@@ -101,7 +101,7 @@ async def _body(app: _App, tid: str, modes: set[str], seen: set[str]) -> AsyncIt
                 yield b": heartbeat\n\n"
 
 
-async def _run_events(app: _App, g: ServedGraph, run_id: str, everything: bool) -> AsyncIterator[bytes]:
+async def _run_events(app: App, g: ServedGraph, run_id: str, everything: bool) -> AsyncIterator[bytes]:
     """One run's events (all, or its ``metadata`` ones), then its ``run_done``."""
     try:
         async for ev in app.feeds.follow(g.queue, run_id, None):

@@ -22,7 +22,7 @@ from ._http import page_of, read_body
 from ._shapes import json_response as _json
 
 if TYPE_CHECKING:
-    from ._app import ServedGraph, ThreadBook
+    from ._served import ServedGraph, ThreadBook
 
 __all__ = ["SEARCH_SCAN", "ThreadRoutes"]
 

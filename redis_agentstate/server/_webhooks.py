@@ -39,7 +39,7 @@ from . import _shapes as shapes
 
 if TYPE_CHECKING:
     from ..langgraph import Run
-    from ._app import ServedGraph
+    from ._served import ServedGraph
 
 __all__ = ["WebhookSender", "payload_of"]
 

@@ -51,7 +51,8 @@ def cmd_serve(args: argparse.Namespace, url: str, cluster: bool) -> int:
         import uvicorn
 
         from . import create_app
-        from ._app import MAX_STREAMS, POOL_MARGIN, RunOptions
+        from ._app import MAX_STREAMS, POOL_MARGIN
+        from ._served import RunOptions
     except ImportError as exc:
         raise CliError(f"agentstate serve needs the serve extra (pip install 'redis-agentstate[serve]'): {exc}",
                        "MissingExtra") from exc  # fmt: skip
