@@ -51,7 +51,15 @@ from redis_agentstate import AsyncCheckpointStore, CheckpointStore
 # checks the split. Nothing is skipped: the rest is deselected, and pytest's summary counts it.
 FULL_SUITE_ENV = "AGENTSTATE_FULL_SUITE"
 # Whole files of scale, benchmark-harness and many-process runs (minutes together, little per-store logic).
-LONG_TAIL_FILES = frozenset({"test_checkpoint_scale.py", "test_pool_concurrency.py", "test_benchmarks_smoke.py"})
+LONG_TAIL_FILES = frozenset({
+    "test_checkpoint_scale.py", "test_pool_concurrency.py", "test_benchmarks_smoke.py",
+    # `agentstate serve` driven from outside: a server process per test, Chromium, LangChain's own
+    # server (`langgraph dev`) and its JavaScript client beside ours. A third of the default run's
+    # time, and none of it a store: the server's in-process tests (threads, feeds, batch) stay.
+    "test_serve.py", "test_serve_runs_fixes.py", "test_serve_assistants.py", "test_serve_crons.py",
+    "test_serve_parity.py", "test_serve_chat_ui.py", "test_serve_run_options.py", "test_serve_stream_modes.py",
+    "test_dashboard.py", "test_js_client.py",
+})  # fmt: skip
 # The parameters that make a store test's variant, {fake, real, cluster} x {sync, async} (the
 # `backend` and `flavor` fixtures); any other parameter is a case of the test.
 STORE_PARAMS = ("backend", "flavor")
