@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from clock_support import FakeClock, wait_for
 
 from redis_agentstate import (
     AgentStatus,
@@ -30,7 +31,7 @@ from redis_agentstate import (
     LeaseLost,
 )
 from redis_agentstate.core.lease import LOST, RENEW, STOP, WAIT
-from redis_agentstate.lease import AsyncLease, Clock, Lease, LeaseState, LeaseTiming
+from redis_agentstate.lease import AsyncLease, Lease, LeaseState, LeaseTiming
 
 # ---- timing knobs (validated like Kubernetes leader election) ----------------------------------
 
@@ -159,44 +160,6 @@ def next_cycle(cp: Checkpoint, note: str) -> Checkpoint:
     cp.cycle_index = cp.claimed_cycle
     cp.messages.append({"note": note, "cycle": cp.cycle_index})
     return cp
-
-
-class FakeClock(Clock):
-    """A keeper clock that moves only when the test says so: waits end when the event is set
-    or when ``advance`` has carried the fake time past their timeout."""
-
-    def __init__(self) -> None:
-        self.t = 1_000.0
-        self._cond = threading.Condition()
-        self.waiting = 0
-
-    def now(self) -> float:
-        with self._cond:
-            return self.t
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        with self._cond:
-            until = self.t + timeout
-            self.waiting += 1
-            try:
-                while not event.is_set() and self.t < until:
-                    self._cond.wait(0.005)  # re-checks the event, which notifies nobody
-            finally:
-                self.waiting -= 1
-            return event.is_set()
-
-    def advance(self, seconds: float) -> None:
-        with self._cond:
-            self.t += seconds
-            self._cond.notify_all()
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    """Real-time wait for the keeper thread to act; generous, since only scheduling is waited on."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
 
 
 def test_renewals_keep_the_lease_across_five_times_its_duration(sync_store: CheckpointStore) -> None:
