@@ -67,12 +67,15 @@ def load_base(commit: str) -> tuple[ModuleType, str]:
         tar.extractall(tmp)  # our own repository's tree
     pkg = Path(tmp) / "agentstate_base"
     (Path(tmp) / "redis_agentstate").rename(pkg)
-    scripts = pkg / "wire/scripts.py"
+    # The script loader of either layout: wire/scripts.py reads its Lua relative to its own package;
+    # an older root scripts.py named the package, which is renamed here.
+    scripts = next(p for p in (pkg / "wire" / "scripts.py", pkg / "scripts.py") if p.exists())
     text = scripts.read_text("utf-8")
     needle = 'resources.files("redis_agentstate")'
-    if text.count(needle) != 1:
-        raise SystemExit(f"{commit}: wire/scripts.py does not read its Lua the way this tool knows ({needle})")
-    scripts.write_text(text.replace(needle, "resources.files(__package__)"), "utf-8")
+    if text.count(needle) == 1:
+        scripts.write_text(text.replace(needle, "resources.files(__package__)"), "utf-8")
+    elif "resources.files(__package__" not in text and "_HOMES.get(name, __package__)" not in text:
+        raise SystemExit(f"{commit}: {scripts.name} does not read its Lua the way this tool knows ({needle})")
     sys.path.insert(0, tmp)
     return importlib.import_module("agentstate_base"), tmp
 

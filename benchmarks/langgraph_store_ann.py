@@ -196,7 +196,10 @@ def run_size(items: int, dims: int, queries: int, contenders: list[str], urls: d
             slowest_command_ms=round(max((e["duration"] / 1000 for e in log), default=0.0), 2),
             scripts_over_10ms=sum(1 for s in scripts if s > 10),
         )
-        state = client.hgetall(stores["AgentStateStore, Redis 7.0"][0]._core.keys.store("docs").centroids)
+        from redis_agentstate.testing import internals
+
+        keys = internals(stores["AgentStateStore, Redis 7.0"][0]).core.keys
+        state = client.hgetall(keys.store("docs").centroids)
         rows["AgentStateStore, Redis 7.0"]["index"] = {
             "version": int(state.get(b"v", 0)),
             "lists": int(state.get(b"k:" + state.get(b"v", b"0"), 0) or 0),

@@ -122,7 +122,11 @@ def error_trees(text: str) -> list[dict[str, tuple[str | None, str]]]:
 
 
 def test_every_error_tree_is_the_class_hierarchy() -> None:
+    from redis_agentstate.langgraph import errors as lg_errors
+
+    # The library's one family: the core's errors and those an integration defines under its root.
     family = {name: getattr(errors, name) for name in errors.__all__}
+    family |= {name: getattr(lg_errors, name) for name in lg_errors.__all__}
     real = {
         name: next((b.__name__ for b in cls.__bases__ if issubclass(b, errors.AgentStateError)), None)
         for name, cls in family.items()

@@ -21,8 +21,8 @@ from test_langgraph_runs_resend import _lose_batch, _Worker, scripts_of
 from redis_agentstate import CheckpointStore
 from redis_agentstate.errors import InvalidArgument
 from redis_agentstate.langgraph import AsyncRunQueue, RunQueue
+from redis_agentstate.langgraph import scripts as S
 from redis_agentstate.langgraph.runs import queue_namespace
-from redis_agentstate.wire import scripts as S
 
 DELAY_MS = 1_500
 

@@ -56,7 +56,8 @@ pytestmark = pytest.mark.real
 #: (Redis checks ACLs inside scripts too). Sorted; lower case as ACL rules read.
 ACL_COMMANDS = (
     "blpop", "del", "evalsha", "exists", "get", "hdel", "hexists", "hget", "hgetall", "hincrby", "hkeys",
-    "hlen", "hmget", "hscan", "hset", "hstrlen", "incr", "info", "lindex", "llen", "lpop", "lrange", "lrem",
+    "hlen", "hmget", "hrandfield", "hscan", "hset", "hstrlen", "incr", "info", "lindex", "llen", "lpop", "lrange",
+    "lrem",
     "memory|usage",
     "persist", "pexpire", "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe",
     "time", "type", "wait",
