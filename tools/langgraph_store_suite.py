@@ -320,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             ours = run(root, "test_store_agentstate", env, args.pytest_args)
             report = verdict(reference, ours)
         print(json.dumps(report, indent=2))
+        if not report["in_memory passed"]:
+            # A judge that ran nothing (a missing test dependency such as pytest-mock) is no verdict.
+            print("no reference test passed: the suite did not run (see pytest's output above)", file=sys.stderr)
+            return 1
         return 1 if report["worse"] else 0
     finally:
         server.terminate()
