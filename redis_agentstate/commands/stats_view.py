@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from ..core.stats import COUNTER_FIELDS, counters, due_head, limit_rows, memory_estimate, parked_tasks, status_counts
+from ..core.stats import memory_estimate, pulse, status_counts, status_fields
 from ..wire import eviction as _eviction
 from ..wire.shells import internals
 
@@ -85,32 +85,10 @@ def _frame(
     store: Any, previous: tuple[int, dict[str, int]] | None
 ) -> tuple[dict[str, Any], tuple[int, dict[str, int]]]:
     inside = internals(store)
-    core, run = inside.core, inside.run
-    counts = run(status_counts(core))
-    now, totals = run(counters(core.keys))
-    _, due, oldest = run(due_head(core.keys))
-    parked = run(parked_tasks(core))
-    rates: dict[str, float | None] = dict.fromkeys(COUNTER_FIELDS)
-    if previous is not None and now > previous[0]:
-        seconds = (now - previous[0]) / 1000
-        rates = {name: max(0, totals[name] - previous[1][name]) / seconds for name in COUNTER_FIELDS}
-    frame = {
-        "namespace": store.namespace,
-        "server_time_ms": now,
-        "tasks": counts.tasks,
-        "by_status": dict(sorted(counts.by_status.items())),
-        "claimable_now": counts.claimable,
-        "live_leases": counts.live_leases,
-        "expired_leases": counts.expired_leases,
-        "counters": totals,
-        "per_second": rates,
-        "parked": parked.count,
-        "parked_tasks": [_parked_row(r) for r in parked.first],
-        "due_now": due,
-        "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
-        "concurrency_limits": limit_rows(run(core.concurrency_limits())),
-    }
-    return frame, (now, totals)
+    beat = inside.run(pulse(inside.core))
+    counts = inside.run(status_counts(inside.core))
+    frame = {"namespace": store.namespace, **status_fields(counts), **beat.fields(beat.rates(previous), _parked_row)}
+    return frame, beat.mark
 
 
 def limit_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +37,17 @@ from .validate import MAX_PRIORITY, PRIORITY_BAND_MS
 __all__ = [
     "COUNTER_FIELDS",
     "MemoryEstimate",
+    "ParkedTasks",
+    "Pulse",
     "StatusCounts",
     "counters",
     "due_head",
+    "limit_rows",
     "memory_estimate",
-    "ParkedTasks",
     "parked_tasks",
+    "pulse",
     "status_counts",
+    "status_fields",
 ]
 
 #: The fields of a shard's counter hash (``_common.lua``), in this order everywhere.
@@ -114,6 +118,17 @@ def status_counts(core: CheckpointCore, page: int = STATUS_PAGE, keep: int = 0) 
         (t,) = yield Pipe([("TIME",)])
         out.now_ms = time_ms(t)
     return out
+
+
+def status_fields(counts: StatusCounts) -> dict[str, Any]:
+    """The status sweep's totals as a live frame shows them (``stats --watch``, the dashboard)."""
+    return {
+        "tasks": counts.tasks,
+        "by_status": dict(sorted(counts.by_status.items())),
+        "claimable_now": counts.claimable,
+        "live_leases": counts.live_leases,
+        "expired_leases": counts.expired_leases,
+    }
 
 
 @restartable
@@ -303,3 +318,52 @@ def memory_estimate(
 def limit_rows(limits: list[Any]) -> list[dict[str, Any]]:
     """The limited keys (``LimitState``) as ``stats`` reports them: key, live leases, limit."""
     return [{"key": s.key, "live": s.live, "limit": s.limit} for s in limits]
+
+
+@dataclass
+class Pulse:
+    """What a live view reads every beat (``pulse``): bounded reads, whatever the namespace holds."""
+
+    now_ms: int
+    #: The counter totals (``counters``).
+    totals: dict[str, int]
+    due: int
+    #: The oldest due task and how long it has waited (ms), if any is due.
+    oldest: tuple[str, int] | None
+    parked: ParkedTasks
+    limits: list[dict[str, Any]]
+
+    def rates(self, previous: tuple[int, dict[str, int]] | None) -> dict[str, float | None]:
+        """Per-second rates of the counters since ``previous`` (an earlier pulse's ``mark``); None without one."""
+        if previous is None or self.now_ms <= previous[0]:
+            return dict.fromkeys(COUNTER_FIELDS)
+        seconds = (self.now_ms - previous[0]) / 1000
+        return {n: max(0, self.totals[n] - previous[1][n]) / seconds for n in COUNTER_FIELDS}
+
+    @property
+    def mark(self) -> tuple[int, dict[str, int]]:
+        """What the next pulse's ``rates`` measures from."""
+        return self.now_ms, self.totals
+
+    def fields(self, rates: dict[str, float | None], row: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """The frame's fields of this pulse, each parked task shaped by ``row``."""
+        oldest = self.oldest
+        return {
+            "server_time_ms": self.now_ms,
+            "counters": self.totals,
+            "per_second": rates,
+            "parked": self.parked.count,
+            "parked_tasks": [row(r) for r in self.parked.first],
+            "due_now": self.due,
+            "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
+            "concurrency_limits": self.limits,
+        }
+
+
+def pulse(core: CheckpointCore, parked_shown: int = PARKED_SHOWN) -> Op[Pulse]:
+    """One beat of a live view: counters, the due head, the parked tasks and the concurrency limits."""
+    now, totals = yield from counters(core.keys)
+    _, due, oldest = yield from due_head(core.keys)
+    parked = yield from parked_tasks(core, parked_shown)
+    limits = limit_rows((yield from core.concurrency_limits()))
+    return Pulse(now, totals, due, oldest, parked, limits)

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from ..checkpoint import AsyncCheckpointStore
-from ..core.stats import COUNTER_FIELDS, counters, due_head, limit_rows, parked_tasks, status_counts
+from ..core.stats import pulse, status_counts, status_fields
 from ..errors import AgentStateError
 from ..wire.shells import internals
 
@@ -95,17 +95,12 @@ class Collector:
 
     async def _frame(self) -> dict[str, Any]:
         inside = internals(self.store)
-        core, run, keys = inside.core, inside.run, inside.core.keys
-        now, totals = await run(counters(keys))
-        _, due, oldest = await run(due_head(keys))
-        parked = await run(parked_tasks(core, KEEP))
-        limits = limit_rows(await run(core.concurrency_limits()))
-        rates: dict[str, float | None] = dict.fromkeys(COUNTER_FIELDS)
-        if self._previous is not None and now > self._previous[0]:
-            seconds = (now - self._previous[0]) / 1000
-            rates = {n: max(0, totals[n] - self._previous[1][n]) / seconds for n in COUNTER_FIELDS}
-            self.history.append({"t": now, **rates})
-        self._previous = (now, totals)
+        core, run = inside.core, inside.run
+        beat = await run(pulse(core, KEEP))
+        rates = beat.rates(self._previous)
+        if self._previous is not None and rates["claims"] is not None:
+            self.history.append({"t": beat.now_ms, **rates})
+        self._previous = beat.mark
         # Half a beat of slack: a sweep due before the next frame is made now, not a beat late.
         if time.monotonic() - self._swept_at >= self.sweep_every_s - self.interval_s / 2:
             began = time.monotonic()
@@ -114,11 +109,7 @@ class Collector:
             self._sweep = {
                 "swept_at_ms": counts.now_ms,
                 "sweep_every_s": round(self.sweep_every_s, 2),
-                "tasks": counts.tasks,
-                "by_status": dict(sorted(counts.by_status.items())),
-                "claimable_now": counts.claimable,
-                "live_leases": counts.live_leases,
-                "expired_leases": counts.expired_leases,
+                **status_fields(counts),
                 "leased": [_row(r) for r in counts.leased],
                 "waiting": [_row(r) for r in counts.waiting],
                 "corrupt": dict(list(counts.corrupt.items())[:KEEP]),
@@ -126,14 +117,7 @@ class Collector:
             self._swept_at = began
         return {
             "namespace": self.store.namespace,
-            "server_time_ms": now,
             **self._sweep,
-            "counters": totals,
-            "per_second": rates,
+            **beat.fields(rates, _row),
             "history": list(self.history),
-            "parked": parked.count,
-            "parked_tasks": [_row(r) for r in parked.first],
-            "due_now": due,
-            "oldest_due": None if oldest is None else {"task_id": oldest[0], "wait_ms": oldest[1]},
-            "concurrency_limits": limits,
         }
