@@ -270,7 +270,7 @@ def _scored(item: Any) -> Any:
 
 def _run(machine: type[StoreMachine], config: pytest.Config, backend: Any) -> None:
     full = full_suite(config)
-    examples, steps = (60, 50) if full else (10, 30)
+    examples, steps = (25, 40) if full else (10, 30)
     if backend.kind != "fake":
         examples = examples // 2
     chosen = int(os.environ.get("AGENTSTATE_MODEL_SEED", MODEL_SEED))
