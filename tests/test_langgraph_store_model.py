@@ -97,6 +97,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.model = InMemoryStore(index=cls.index)
         self.shards = START_SHARDS
         self.mp = pytest.MonkeyPatch()
+        self.loss: Any = None
 
     def teardown(self) -> None:
         self.mp.undo()
@@ -106,8 +107,15 @@ class StoreMachine(RuleBasedStateMachine):
         return getattr(store, name if op == "A" else "a" + name)(*args, **kw)
 
     def _lose(self, lose: bool) -> None:
-        if lose:
-            lose_reply(self.mp, "lgs_put")
+        self.loss = lose_reply(self.mp, "lgs_put") if lose else None
+
+    def _undo(self) -> str:
+        """Disarm the loss; ' lost' when it hit (the library re-sent the call), else ''."""
+        self.mp.undo()
+        if self.loss is None or self.loss.lost is None:
+            return ""
+        assert self.loss.resent is not None, "a lost lgs_put reply was not re-sent"
+        return " lost"
 
     # ---- writes ----------------------------------------------------------------------
 
@@ -125,13 +133,13 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self._call(op, "put", ns, key, value, index=index)
         finally:
-            self.mp.undo()
+            hit = self._undo()
         self.model.put(ns, key, value, index=index)
         if index is False:
             # InMemoryStore keeps the vectors of the item's earlier, indexed value (a query then scores
             # the new value by the old text); an item put with index=False has none, as ours.
             self.model._vectors[ns].pop(key, None)
-        type(self).stats[f"put{' lost' if lose else ''}"] += 1
+        type(self).stats[f"put{hit}"] += 1
 
     @rule(op=st.sampled_from(["A", "B"]), ns=st.sampled_from(NAMESPACES), key=st.sampled_from(KEYS), lose=st.booleans())
     def delete(self, op: str, ns: tuple[str, ...], key: str, lose: bool) -> None:
@@ -139,9 +147,9 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self._call(op, "delete", ns, key)
         finally:
-            self.mp.undo()
+            hit = self._undo()
         self.model.delete(ns, key)
-        type(self).stats["delete"] += 1
+        type(self).stats[f"delete{hit}"] += 1
 
     @rule(
         op=st.sampled_from(["A", "B"]),
@@ -282,8 +290,8 @@ def _run(machine: type[StoreMachine], config: pytest.Config, backend: Any) -> No
     finally:
         print(f"model seed {chosen}; rules run: " + ", ".join(f"{k} {n}" for k, n in sorted(machine.stats.items())))
     # Every kind of rule ran: a machine whose rules all fail their draws checks nothing.
-    kinds = {"put", "delete", "batch", "get", "search", "list_namespaces"}
-    assert kinds <= {k.split(" ")[0] for k in machine.stats}, machine.stats
+    kinds = {"put", "put lost", "delete", "delete lost", "batch", "get", "search", "list_namespaces"}
+    assert kinds <= set(machine.stats), machine.stats
 
 
 def test_the_store_behaves_as_in_memory_store(
