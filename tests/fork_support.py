@@ -9,8 +9,9 @@ interpreter's own exit: non-daemon threads joined, atexit handlers, exit status)
 zygote: one interpreter per pytest process that imported those modules once and does nothing
 else (no thread, no event loop, no logging handler) and forks a child per program. A program
 still starts from imports done in a clean interpreter, never from the test process's state.
-``fresh=True`` (or a zygote that cannot start) runs a new interpreter, as ``subprocess.run`` does:
-the tests about the interpreter's start itself keep it.
+``fresh=True`` runs a new interpreter, as ``subprocess.run`` does: the tests about the
+interpreter's start itself keep it; so does a program whose ``PYTHON*`` variables (read when an
+interpreter starts: ``PYTHONPATH``, ``PYTHONHASHSEED``...) differ from the zygote's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ PRELOAD = (
     "redis_agentstate.cli",
     "redis_agentstate.embedded",
     "redis_agentstate.langgraph",
+    "redis_agentstate.langgraph.cli",
     "langgraph.graph",
 )
 
@@ -134,8 +136,15 @@ os._exit(code)
 """
 
 
+def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables an interpreter reads when it starts (``PYTHONPATH``, ``PYTHONHASHSEED``...): a
+    program whose differ from the zygote's gets a new interpreter."""
+    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+
+
 class _Zygote:
     def __init__(self) -> None:
+        self.startup = _startup_env(os.environ)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", ZYGOTE, *PRELOAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
         )
@@ -205,8 +214,10 @@ def run_python(
     env = dict(os.environ if env is None else env)
     where = os.fspath(cwd) if cwd is not None else os.getcwd()
     if not fresh:
-        code, stdout, stderr = _the_zygote().run(args, env, where, timeout)
-        return subprocess.CompletedProcess([sys.executable, *args], code, stdout, stderr)
+        zygote = _the_zygote()
+        if zygote.startup == _startup_env(env):
+            code, stdout, stderr = zygote.run(args, env, where, timeout)
+            return subprocess.CompletedProcess([sys.executable, *args], code, stdout, stderr)
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=env,
         cwd=where,
