@@ -84,6 +84,10 @@ for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
+# What the zygote's imports may have read from its own environment, read again from the program's.
+import tempfile
+
+tempfile.tempdir = None
 args = request["args"]
 
 
