@@ -25,10 +25,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["run_python"]
+__all__ = ["Spawned", "popen_python", "run_python"]
 
 #: What the programs import, imported once in the zygote (each a fresh interpreter's cost: about
 #: 0.3 s of CPU for the package, 1.5 s with LangGraph).
@@ -41,6 +43,10 @@ PRELOAD = (
     "redis_agentstate.langgraph",
     "redis_agentstate.langgraph.cli",
     "langgraph.graph",
+    # `agentstate serve` (tests/test_serve*.py): the app, its server and the SDK's models.
+    "redis_agentstate.server",
+    "uvicorn",
+    "starlette.applications",
 )
 
 ZYGOTE = r"""
@@ -59,14 +65,33 @@ gc.freeze()
 os.write(1, b"ready\n")
 
 
+# The top-level names it imported: a program given more PYTHONPATH entries is run here only when
+# they shadow none of them.
+os.write(1, json.dumps(sorted({name.split(".")[0] for name in sys.modules})).encode() + b"\n")
+
+
 def serve():
     reader = os.fdopen(0, "rb", buffering=0)
+    ended = {}  # pid -> exit code of the programs started with "spawn", reaped
     for line in iter(reader.readline, b""):
         request = json.loads(line)
+        if "poll" in request:
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                ended[pid] = os.waitstatus_to_exitcode(status)
+            os.write(1, json.dumps({"status": ended.get(request["poll"])}).encode() + b"\n")
+            continue
         pid = os.fork()
         if pid == 0:
             return request
         os.write(1, json.dumps({"pid": pid}).encode() + b"\n")
+        if request.get("spawn"):
+            continue
         _, status = os.waitpid(pid, 0)
         os.write(1, json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
     raise SystemExit(0)
@@ -78,12 +103,14 @@ devnull = os.open(os.devnull, os.O_RDONLY)
 os.dup2(devnull, 0)
 os.close(devnull)
 for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    flags = os.O_WRONLY | os.O_APPEND if request.get("spawn") else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    target = os.open(path, flags, 0o600)
     os.dup2(target, fd)
     os.close(target)
 os.chdir(request["cwd"])
 os.environ.clear()
 os.environ.update(request["env"])
+sys.path[1:1] = request["path"]  # PYTHONPATH's entries before the zygote's, as an interpreter puts them
 # What the zygote's imports may have read from its own environment, read again from the program's.
 import tempfile
 
@@ -141,9 +168,10 @@ os._exit(code)
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables an interpreter reads when it starts (``PYTHONPATH``, ``PYTHONHASHSEED``...): a
-    program whose differ from the zygote's gets a new interpreter."""
-    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+    """The variables an interpreter reads when it starts (``PYTHONHASHSEED``, ``PYTHONPATH``...): a
+    program whose differ from the zygote's gets a new interpreter (entries put before the zygote's
+    ``PYTHONPATH`` excepted: see ``_Zygote.extra_path``)."""
+    return {k: v for k, v in env.items() if k.startswith("PYTHON") and k != "PYTHONPATH"}
 
 
 class _Zygote:
@@ -157,6 +185,24 @@ class _Zygote:
         if self.proc.stdout.readline() != b"ready\n":
             self.proc.wait(10)
             raise RuntimeError(f"the zygote did not start (exit {self.proc.returncode})")
+        self.path = os.environ.get("PYTHONPATH", "")
+        self.imported = set(json.loads(self.proc.stdout.readline()))
+
+    def extra_path(self, env: Mapping[str, str]) -> list[str] | None:
+        """The ``PYTHONPATH`` entries ``env`` puts before the zygote's, or None when a program with it
+        cannot be run from here: other entries, or one holding a module the zygote imported."""
+        wanted, base = env.get("PYTHONPATH", ""), self.path
+        if wanted == base:
+            return []
+        suffix = os.pathsep + base  # an unset one: the empty entry that os.pathsep.join([..., ""]) leaves
+        if not wanted.endswith(suffix):
+            return None
+        extra = [p for p in wanted[: -len(suffix)].split(os.pathsep) if p]
+        for entry in extra:
+            names = {Path(n).stem for n in os.listdir(entry)} if os.path.isdir(entry) else set()
+            if names & self.imported:
+                return None
+        return extra
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -171,13 +217,29 @@ class _Zygote:
                 self.proc.kill()
                 self.proc.wait()
 
-    def run(self, args: Sequence[str], env: Mapping[str, str], cwd: str, timeout: float | None) -> tuple[int, str, str]:
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        return dict(json.loads(self.proc.stdout.readline()))
+
+    def spawn(self, args: Sequence[str], env: Mapping[str, str], path: list[str], out: str, err: str) -> int:
+        request = {"args": list(args), "env": dict(env), "path": path, "cwd": os.getcwd(), "stdout": out,
+                   "stderr": err, "spawn": True}  # fmt: skip
+        with self.lock:
+            return int(self.ask(request)["pid"])
+
+    def status(self, pid: int) -> int | None:
+        with self.lock:
+            return self.ask({"poll": pid})["status"]  # type: ignore[no-any-return]
+
+    def run(
+        self, args: Sequence[str], env: Mapping[str, str], path: list[str], cwd: str, timeout: float | None
+    ) -> tuple[int, str, str]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         with self.lock, tempfile.TemporaryDirectory(prefix="agentstate-fork-") as d:
             out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
-            request = {"args": list(args), "env": dict(env), "cwd": cwd, "stdout": out, "stderr": err}
-            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = json.loads(self.proc.stdout.readline())["pid"]
+            request = {"args": list(args), "env": dict(env), "path": path, "cwd": cwd, "stdout": out, "stderr": err}
+            pid = self.ask(request)["pid"]
             ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
             timed_out = not ready
             if timed_out:
@@ -219,10 +281,55 @@ def run_python(
     where = os.fspath(cwd) if cwd is not None else os.getcwd()
     if not fresh:
         zygote = _the_zygote()
-        if zygote.startup == _startup_env(env):
-            code, stdout, stderr = zygote.run(args, env, where, timeout)
+        path = zygote.extra_path(env)
+        if zygote.startup == _startup_env(env) and path is not None:
+            code, stdout, stderr = zygote.run(args, env, path, where, timeout)
             return subprocess.CompletedProcess([sys.executable, *args], code, stdout, stderr)
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=env,
         cwd=where,
     )  # fmt: skip
+
+
+class Spawned:
+    """A program forked from the zygote and left running: what the tests use of ``subprocess.Popen``."""
+
+    def __init__(self, zygote: _Zygote, pid: int, args: list[str]) -> None:
+        self.zygote, self.pid, self.args = zygote, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def popen_python(args: Sequence[str], *, env: Mapping[str, str], stdout: IO[bytes], stderr: IO[bytes]) -> Any:
+    """``subprocess.Popen([sys.executable, *args], env=env, stdout=stdout, stderr=stderr)`` forked from the
+    zygote (a ``Spawned``; ``stdout`` and ``stderr`` are files, written through /proc), or the Popen
+    itself where the zygote cannot run it (``run_python``'s rule)."""
+    zygote = _the_zygote()
+    path = zygote.extra_path(env)
+    if zygote.startup != _startup_env(env) or path is None:
+        return subprocess.Popen([sys.executable, *args], env=dict(env), stdout=stdout, stderr=stderr)
+    out, err = (f"/proc/{os.getpid()}/fd/{f.fileno()}" for f in (stdout, stderr))
+    return Spawned(zygote, zygote.spawn(args, env, path, out, err), [sys.executable, *args])

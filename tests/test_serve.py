@@ -25,6 +25,7 @@ import httpx
 import lg_run_graphs as graphs
 import pytest
 from conftest import free_port
+from fork_support import popen_python
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -122,7 +123,7 @@ def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[S
     # Its output goes to files, not pipes: a pipe nobody reads while the test runs would block the
     # server once its buffer filled.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=err)
+        proc = popen_python(args[1:], env=env, stdout=out, stderr=err)  # forked: tests/fork_support.py
         try:
             _wait_up(f"http://127.0.0.1:{port}", proc, err)
             yield Served(f"http://127.0.0.1:{port}", token, proc, (out, err))
