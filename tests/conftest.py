@@ -179,6 +179,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if not left_out(item)]
+    # The tests of many seconds first (stable, so the rest keep their files' order): pytest-xdist hands
+    # tests out in collection order, and one collected near the end (the whole-suite layout check,
+    # the failover series) kept one worker busy while the other had nothing left.
+    items.sort(key=lambda item: not any(item.iter_markers("slow")))
     if config.getoption("--benchmarks"):
         return
     skip = pytest.mark.skip(reason="benchmark: run with --benchmarks (or python -m benchmarks)")

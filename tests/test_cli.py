@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from fork_support import run_python
 
 from redis_agentstate import AgentStatus, Checkpoint, CheckpointStore
 from redis_agentstate import cli as cli_mod
@@ -27,11 +28,11 @@ SMALL = ["--workers", "3", "--tasks", "8", "--cycles", "5", "--step-ms", "40", "
 
 
 def agentstate(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``python -m redis_agentstate ARGS``: a process of its own (exit status, stdout, stderr), forked
+    from a zygote that imported the package once (tests/fork_support.py)."""
     full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "redis_agentstate", *args], capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    return run_python(["-m", "redis_agentstate", *args], timeout=timeout, env=full_env)
 
 
 # ---- the demo, end to end --------------------------------------------------------------------------

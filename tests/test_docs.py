@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from fork_support import run_python
 from test_readme import README, blocks, cli_commands, run_block
 from test_security import acl_setuser_line
 
@@ -93,9 +94,7 @@ def test_every_cli_command_in_the_docs_runs(private_server: Any) -> None:
         if "watch" in argv:
             argv += ["--once"]  # a pool's watch follows forever; print what is there and stop
             argv[argv.index("--from") + 1] = "0"
-        proc = subprocess.run(
-            [sys.executable, "-m", "redis_agentstate", *argv], capture_output=True, text=True, timeout=60, env=env
-        )
+        proc = run_python(["-m", "redis_agentstate", *argv], timeout=60, env=env)
         assert proc.returncode == 0, f"{command}: {proc.stdout}{proc.stderr}"
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import lg_run_graphs as graphs
 import pytest
 from conftest import require_real
+from fork_support import run_python
 from langgraph.types import Command
 
 from redis_agentstate import InvalidArgument
@@ -521,9 +522,10 @@ def test_the_cli_lists_tails_and_cancels_runs(real_server: Any, namespace: str) 
     run = q.create("<b>thread</b>", {"log": []})
 
     def cli(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", *args, "--url", url,
-                              "--queue-namespace", namespace], capture_output=True, timeout=60, check=True)  # fmt: skip
-        return out.stdout.decode()
+        out = run_python(["-m", "redis_agentstate", "langgraph", *args, "--url", url, "--queue-namespace", namespace],
+                         timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
 
     assert run.run_id in cli("runs", "<b>thread</b>") and "pending" in cli("runs", "<b>thread</b>")
     assert "interrupt asked" in cli("cancel", run.run_id)
@@ -531,9 +533,8 @@ def test_the_cli_lists_tails_and_cancels_runs(real_server: Any, namespace: str) 
     assert "end" in tail and "interrupted" in tail
     assert '"status": "interrupted"' in cli("runs", "<b>thread</b>", "--json")
     assert "ended already" in cli("cancel", run.run_id)
-    bad = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", "worker", "no_such_module:g",
-                          "--url", url], capture_output=True, timeout=60)  # fmt: skip
-    assert bad.returncode == 1 and b"cannot import" in bad.stderr
+    bad = run_python(["-m", "redis_agentstate", "langgraph", "worker", "no_such_module:g", "--url", url], timeout=60)
+    assert bad.returncode == 1 and "cannot import" in bad.stderr
 
 
 def test_keys_of_a_run_belong_to_its_thread() -> None:
@@ -740,9 +741,9 @@ class TestCancelledThread:
 
         q = RunQueue(redis.Redis.from_url(url), namespace=namespace)
         run = q.create("th", {"log": []})
-        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "cancel", "th", "--namespace",
-                              queue_namespace(namespace), "--url", url], capture_output=True, timeout=60)  # fmt: skip
-        assert out.returncode == 0, out.stderr.decode()
+        out = run_python(["-m", "redis_agentstate", "cancel", "th", "--namespace", queue_namespace(namespace),
+                          "--url", url], timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
         with pytest.raises(RunRejected, match="cancelled"):
             q.create("th", {"log": []}, multitask_strategy="enqueue")
         with pytest.raises(RunRejected, match="can never run"):
@@ -787,8 +788,7 @@ class TestBadArguments:
 
         run = RunQueue(redis.Redis.from_url(url), namespace=namespace).create("t", {"log": []})
         for bad in ("²-0", "1-\u0661", "1" * 23 + "-0", "garbage"):  # \u0661: ARABIC-INDIC DIGIT ONE
-            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "langgraph", "tail", run.run_id,
-                                  "--after", bad, "--url", url, "--queue-namespace", namespace],
-                                 capture_output=True, timeout=60)  # fmt: skip
-            err = out.stderr.decode()
+            out = run_python(["-m", "redis_agentstate", "langgraph", "tail", run.run_id, "--after", bad,
+                              "--url", url, "--queue-namespace", namespace], timeout=60)  # fmt: skip
+            err = out.stderr
             assert out.returncode == 1 and "--after must be an event id" in err and "BackendError" not in err, err

@@ -8,13 +8,13 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from fork_support import run_python
 
 from redis_agentstate.cli import build_parser
 
@@ -43,15 +43,15 @@ def test_the_readme_has_the_blocks_this_file_runs() -> None:
     assert len(PYTHON_BLOCKS) == README.read_text("utf-8").count("```python") >= 4
 
 
-def run_block(code: str, tmp_path: Path, url: str | None) -> subprocess.CompletedProcess[str]:
+def run_block(code: str, tmp_path: Path, url: str | None, *, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python block.py`` in ``tmp_path``: a process of its own, forked from a zygote that imported the
+    package once (tests/fork_support.py), or a new interpreter with ``fresh``."""
     script = tmp_path / "block.py"
     script.write_text(code, "utf-8")
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     if url is not None:
         env["REDIS_URL"] = url
-    return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
-    )
+    return run_python([str(script)], timeout=120, env=env, cwd=tmp_path, fresh=fresh)
 
 
 @pytest.mark.real
@@ -68,9 +68,9 @@ def test_python_blocks_without_redis_url_use_a_private_server_and_stop_it(privat
     # the reader runs (here: the private server stands in for it), and must stop its own server.
     witness = redis.Redis.from_url(private_server.url)
     code = next(code for name, code in PYTHON_BLOCKS if name.startswith("checkpoints@"))
-    proc = run_block(
-        code + "\nfrom redis_agentstate.embedded import env_or_private_url as f\nprint(f())\n", tmp_path, None
-    )
+    # A new interpreter, as a reader's run: the embedded server's start, and its stop at exit.
+    code += "\nfrom redis_agentstate.embedded import env_or_private_url as f\nprint(f())\n"
+    proc = run_block(code, tmp_path, None, fresh=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     used = proc.stdout.splitlines()[-1]
     assert used.startswith("redis://127.0.0.1:") and used != private_server.url

@@ -25,6 +25,7 @@ import httpx
 import lg_run_graphs as graphs
 import pytest
 from conftest import free_port
+from fork_support import popen_python, run_python
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -122,7 +123,7 @@ def _cli(url: str, namespace: str, token: str | None, *extra: str) -> Iterator[S
     # Its output goes to files, not pipes: a pipe nobody reads while the test runs would block the
     # server once its buffer filled.
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=err)
+        proc = popen_python(args[1:], env=env, stdout=out, stderr=err)  # forked: tests/fork_support.py
         try:
             _wait_up(f"http://127.0.0.1:{port}", proc, err)
             yield Served(f"http://127.0.0.1:{port}", token, proc, (out, err))
@@ -847,9 +848,9 @@ class TestCli:
             taken.listen(1)
             port = taken.getsockname()[1]
             env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
-            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
-                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(port)],
-                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            out = run_python(["-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                             "--graph", "steps=lg_run_graphs:steps", "--port", str(port)],
+                             env=env, cwd=TESTS, timeout=60)  # fmt: skip
         assert out.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in out.stderr, out.stderr
         assert "agentstate serve: http://" not in out.stderr and "\\n" not in out.stderr
 
@@ -858,9 +859,9 @@ class TestCli:
         for extra, said in ((["--cors-origin", "localhost:3000"], "--cors-origin"),
                             (["--cors-origin", "http://x.example/"], "--cors-origin"),
                             (["--lease-ms", "999"], "--lease-ms")):  # fmt: skip
-            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
-                                  "--graph", "steps=lg_run_graphs:steps", "--port", str(free_port()), *extra],
-                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            out = run_python(["-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                             "--graph", "steps=lg_run_graphs:steps", "--port", str(free_port()), *extra],
+                             env=env, cwd=TESTS, timeout=60)  # fmt: skip
             assert out.returncode != 0 and said in out.stderr, (extra, out.stderr)
 
     def test_without_the_serve_extra_it_says_which_extra_to_install(self) -> None:
@@ -887,9 +888,9 @@ class TestCli:
         env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
         for target, said in (("_node", "calling it as a factory failed (TypeError"), ("State", "the class State"),
                              ("SLOW_S", "not a graph (a float)")):  # fmt: skip
-            out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
-                                  "--graph", f"g=lg_run_graphs:{target}", "--port", str(free_port())],
-                                 capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+            out = run_python(["-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                             "--graph", f"g=lg_run_graphs:{target}", "--port", str(free_port())],
+                             env=env, cwd=TESTS, timeout=60)  # fmt: skip
             assert out.returncode == 1 and said in out.stderr and "must be a compiled LangGraph graph" in out.stderr, (
                 target,
                 out.stderr,
@@ -898,9 +899,9 @@ class TestCli:
 
     def test_the_cli_refuses_a_public_host_without_a_token(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "AGENTSTATE_TOKEN"}
-        out = subprocess.run([sys.executable, "-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
-                              "--graph", "steps=lg_run_graphs:steps", "--host", "0.0.0.0"],
-                             capture_output=True, text=True, env=env, cwd=TESTS, timeout=60)  # fmt: skip
+        out = run_python(["-m", "redis_agentstate", "serve", "--url", "redis://127.0.0.1:1/0",
+                         "--graph", "steps=lg_run_graphs:steps", "--host", "0.0.0.0"],
+                         env=env, cwd=TESTS, timeout=60)  # fmt: skip
         assert out.returncode != 0 and "needs --token" in out.stderr
 
     def test_the_token_and_the_redis_password_never_reach_a_reply_or_the_log(self, namespace: str) -> None:

@@ -21,6 +21,7 @@ import fakeredis
 import httpx
 import pytest
 from conftest import free_port
+from fork_support import popen_python
 from serve_support import app_in_thread
 
 pytest.importorskip("starlette")
@@ -67,7 +68,7 @@ def serve(backend: Any, namespace: str, graphs: dict[str, str] = GRAPHS) -> Iter
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "AGENTSTATE_TOKEN": TOKEN}  # fmt: skip
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=err)
+        proc = popen_python(args[1:], env=env, stdout=out, stderr=err)  # forked: tests/fork_support.py
         try:
             _wait_up(f"http://127.0.0.1:{port}", proc, err)
             yield Served(f"http://127.0.0.1:{port}", TOKEN, proc, (out, err))

@@ -23,6 +23,7 @@ import httpx
 import lg_serve_graphs as graphs
 import pytest
 from conftest import free_port, require_real
+from fork_support import popen_python
 from serve_support import app_in_thread, langgraph_dev, langgraph_dev_cli, needs_311, ok, ours_need_311, until
 
 pytest.importorskip("starlette")
@@ -302,7 +303,7 @@ def _serve_cli(redis_url: str, namespace: str, *extra: str, graphs_: tuple[str, 
     for name in graphs_:
         args += ["--graph", f"{name}=lg_serve_graphs:{name}"]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, env=_cli_env(), stdout=out, stderr=err)
+        proc = popen_python(args[1:], env=_cli_env(), stdout=out, stderr=err)  # forked: tests/fork_support.py
         try:
             url = f"http://127.0.0.1:{port}"
             until(lambda: proc.poll() is not None or ok(url), 30)
