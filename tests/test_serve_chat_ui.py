@@ -191,3 +191,32 @@ def test_threads_search_lists_the_last_used_first(servers: dict[str, tuple[int, 
     assert ids(sort_by="created_at") == [d, b, a]  # descending unless asked
     assert ids(sort_by="created_at", sort_order="asc") == [a, b, d]
     assert ids(sort_by="updated_at", sort_order="asc") == [d, b, a]
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_state_and_history_name_checkpoints_as_langgraph(
+    servers: dict[str, tuple[int, str | None]], server: str
+) -> None:
+    """A front end sends a state's ``parent_checkpoint`` back as a run's ``checkpoint`` (useStream's
+    regenerate): a checkpoint is ``thread_id``, ``checkpoint_ns`` and ``checkpoint_id`` (no
+    ``checkpoint_map`` the thread does not have), none without an id, and a state also carries
+    LangGraph's ``checkpoint_id`` and ``parent_checkpoint_id``."""
+    port, key = servers[server]
+    c = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    named = {"thread_id", "checkpoint_ns", "checkpoint_id"}
+    tid = c.threads.create()["thread_id"]
+    empty = c.threads.get_state(tid)
+    assert (empty["checkpoint"], empty["parent_checkpoint"], empty["metadata"]) == (None, None, None)
+    assert (empty["checkpoint_id"], empty["parent_checkpoint_id"]) == (None, None)  # type: ignore[typeddict-item]
+    c.runs.wait(tid, "long", input={"log": []}, config={"configurable": {"sleep": 0}})
+    history = c.threads.get_history(tid, limit=10)
+    assert len(history) == 4 and history[-1]["parent_checkpoint"] is None
+    for s in [c.threads.get_state(tid), *history]:
+        assert set(s["checkpoint"]) == named and s["checkpoint"]["thread_id"] == tid, s["checkpoint"]
+        assert s["checkpoint_id"] == s["checkpoint"]["checkpoint_id"]  # type: ignore[typeddict-item]
+        parent = s["parent_checkpoint"]
+        assert parent is None or set(parent) == named, parent
+        assert s["parent_checkpoint_id"] == (parent and parent["checkpoint_id"])  # type: ignore[typeddict-item]
+    out: dict[str, Any] = dict(c.threads.update_state(tid, {"log": ["x"]}))
+    assert set(out["checkpoint"]) == named and out["configurable"] == out["checkpoint"]
+    assert out["checkpoint_id"] == out["checkpoint"]["checkpoint_id"] == c.threads.get_state(tid)["checkpoint_id"]  # type: ignore[typeddict-item]
