@@ -31,8 +31,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import free_port, require_real
+from serve_support import until
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -220,3 +222,71 @@ def test_state_and_history_name_checkpoints_as_langgraph(
     out: dict[str, Any] = dict(c.threads.update_state(tid, {"log": ["x"]}))
     assert set(out["checkpoint"]) == named and out["configurable"] == out["checkpoint"]
     assert out["checkpoint_id"] == out["checkpoint"]["checkpoint_id"] == c.threads.get_state(tid)["checkpoint_id"]  # type: ignore[typeddict-item]
+
+
+def _recorded(client: Any) -> list[tuple[str, str, int]]:
+    """The requests ``client`` (langgraph-sdk's sync client) sends from now on: method, path, status."""
+    seen: list[tuple[str, str, int]] = []
+    client.http.client.event_hooks["response"].append(
+        lambda r: seen.append((r.request.method, r.request.url.path, r.status_code))
+    )
+    return seen
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_a_stateless_stream_names_its_run_alone(servers: dict[str, tuple[int, str | None]], server: str) -> None:
+    """A stateless stream's ``Location`` is ``/runs/R/stream`` and its ``Content-Location``
+    ``/runs/R``, as LangGraph's server sends them: its thread is temporary, so both SDKs, which GET
+    ``/threads/T/runs/R`` after a stream that named one to see whether the run still goes on, ask
+    nothing more (a 404 once the thread was dropped, a console error in a browser), and
+    ``on_run_created`` gets no thread."""
+    port, key = servers[server]
+    c = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    seen = _recorded(c)
+    created: list[Any] = []
+    parts = list(c.runs.stream(None, "long", input={"log": []}, config={"configurable": {"sleep": 0}},
+                               stream_mode="values", on_run_created=created.append))  # fmt: skip
+    assert parts[-1].event == "values" and parts[-1].data == {"log": ["a", "long"]}
+    assert seen == [("POST", "/runs/stream", 200)]
+    rid = created[0]["run_id"]
+    assert created == [{"run_id": rid, "thread_id": None}]
+    body = {"assistant_id": "long", "input": {"log": []}, "config": {"configurable": {"sleep": 0}}}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/runs/stream", headers={"x-api-key": key or ""}, json=body) as r:
+        r.read()
+        rid = r.headers["content-location"].removeprefix("/runs/")
+        assert r.headers["location"] == f"/runs/{rid}/stream" and "/" not in rid
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_a_cut_stateless_wait_reconnects_to_its_run_join(
+    servers: dict[str, tuple[int, str | None]], server: str
+) -> None:
+    """A stateless wait's answer starts at once (its headers, then a newline now and then), so a
+    client cut off mid-run has its ``Location``, the temporary thread's run's ``/join``; the join
+    answers the run's values though the thread is dropped when the run ends."""
+    port, key = servers[server]
+    with cut_client(port, key, ("/runs/wait",)) as (_, cut, proxy):
+        out = cut.runs.wait(None, "long", input={"log": []}, config={"configurable": {"sleep": 2.0}})
+        assert proxy.cuts == ["/runs/wait"]
+        assert out == {"log": ["a", "long"]}
+
+
+def test_a_cut_stateless_stream_resumes_on_ours_and_leaves_no_thread(
+    servers: dict[str, tuple[int, str | None]],
+) -> None:
+    """Beyond LangGraph's server, which answers a stateless stream's ``Location`` (``/runs/R/stream``)
+    404: ours serves it, so a cut stateless stream resumes after ``Last-Event-ID``, from the run's
+    recorded events, wherever its temporary thread is. A stateless run whose client was cut off still
+    drops its temporary thread when it ends, a wait's as a stream's."""
+    port, key = servers["ours"]
+    direct = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    before = direct.threads.count()
+    with cut_client(port, key, ("/runs/stream",)) as (_, cut, proxy):
+        parts = list(cut.runs.stream(None, "long", input={"log": []}, config=SLEEP, stream_mode="values"))
+        assert proxy.cuts == ["/runs/stream"]
+    assert [p.event for p in parts] == ["metadata", "values", "values", "values"]
+    assert parts[-1].data == {"log": ["a", "long"]}
+    with cut_client(port, key, ("/runs/wait",)) as (_, cut, proxy):
+        assert cut.runs.wait(None, "long", input={"log": []}, config=SLEEP) == {"log": ["a", "long"]}
+        assert proxy.cuts == ["/runs/wait"]
+    until(lambda: direct.threads.count() == before, 10)
