@@ -79,7 +79,7 @@ class RunAnswers:
         await self.drop_thread(g, run.thread_id)
 
     async def answer(self, g: ServedGraph, run: Run, *, delete: bool = False, request: Request | None = None,
-                      orphan_check: bool = False) -> Response:  # fmt: skip
+                     orphan_check: bool = False) -> Response:  # fmt: skip
         """A wait's or a join's answer. A run that ends within ``FIRST_ANSWER_S`` (or can never run:
         409) is answered whole; a longer one as LangGraph's server answers: the headers at once, a
         newline every ``WAIT_HEARTBEAT_S`` while it goes on, then the result (``final``).
@@ -157,9 +157,8 @@ class RunAnswers:
         await self.book.kv.delete(tid)
         await g.saver.adelete_thread(tid)
 
-    def events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None,
-                delete: bool = False, cancel_on_disconnect: bool = False,
-                stateless: bool = False) -> StreamingResponse:  # fmt: skip
+    def events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None, delete: bool = False,
+               cancel_on_disconnect: bool = False, stateless: bool = False) -> StreamingResponse:  # fmt: skip
         if self.streams.locked():
             raise HTTPException(503, "too many open event streams")
         internals(g.queue).core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
@@ -204,13 +203,12 @@ class RunAnswers:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def stateless_run(self, rid: str) -> tuple[ServedGraph, Run]:
+        """A run by its id alone (a stateless stream's ``Location``), in whichever graph has it."""
         for g in self.graphs.values():
             run = await g.queue.get(rid)
             if run is not None:
                 return g, run
         raise HTTPException(404, f"no run {rid!r}")
-
-    # ---- the rest -----------------------------------------------------------------------------------------
 
 
 def location(run: Run, then: str = "", *, stateless: bool = False) -> dict[str, str]:
