@@ -58,7 +58,7 @@ LONG_TAIL_FILES = frozenset({
     # time, and none of it a store: the server's in-process tests (threads, feeds, batch) stay.
     "test_serve.py", "test_serve_runs_fixes.py", "test_serve_assistants.py", "test_serve_crons.py",
     "test_serve_parity.py", "test_serve_chat_ui.py", "test_serve_run_options.py", "test_serve_stream_modes.py",
-    "test_dashboard.py", "test_js_client.py",
+    "test_dashboard.py", "test_js_client.py", "test_serve_chat_page.py",
 })  # fmt: skip
 # The parameters that make a store test's variant, {fake, real, cluster} x {sync, async} (the
 # `backend` and `flavor` fixtures); any other parameter is a case of the test.

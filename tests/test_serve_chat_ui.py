@@ -31,8 +31,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import free_port, require_real
+from serve_support import until
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -191,3 +193,100 @@ def test_threads_search_lists_the_last_used_first(servers: dict[str, tuple[int, 
     assert ids(sort_by="created_at") == [d, b, a]  # descending unless asked
     assert ids(sort_by="created_at", sort_order="asc") == [a, b, d]
     assert ids(sort_by="updated_at", sort_order="asc") == [d, b, a]
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_state_and_history_name_checkpoints_as_langgraph(
+    servers: dict[str, tuple[int, str | None]], server: str
+) -> None:
+    """A front end sends a state's ``parent_checkpoint`` back as a run's ``checkpoint`` (useStream's
+    regenerate): a checkpoint is ``thread_id``, ``checkpoint_ns`` and ``checkpoint_id`` (no
+    ``checkpoint_map`` the thread does not have), none without an id, and a state also carries
+    LangGraph's ``checkpoint_id`` and ``parent_checkpoint_id``."""
+    port, key = servers[server]
+    c = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    named = {"thread_id", "checkpoint_ns", "checkpoint_id"}
+    tid = c.threads.create()["thread_id"]
+    empty = c.threads.get_state(tid)
+    assert (empty["checkpoint"], empty["parent_checkpoint"], empty["metadata"]) == (None, None, None)
+    assert (empty["checkpoint_id"], empty["parent_checkpoint_id"]) == (None, None)  # type: ignore[typeddict-item]
+    c.runs.wait(tid, "long", input={"log": []}, config={"configurable": {"sleep": 0}})
+    history = c.threads.get_history(tid, limit=10)
+    assert len(history) == 4 and history[-1]["parent_checkpoint"] is None
+    for s in [c.threads.get_state(tid), *history]:
+        assert set(s["checkpoint"]) == named and s["checkpoint"]["thread_id"] == tid, s["checkpoint"]
+        assert s["checkpoint_id"] == s["checkpoint"]["checkpoint_id"]  # type: ignore[typeddict-item]
+        parent = s["parent_checkpoint"]
+        assert parent is None or set(parent) == named, parent
+        assert s["parent_checkpoint_id"] == (parent and parent["checkpoint_id"])  # type: ignore[typeddict-item]
+    out: dict[str, Any] = dict(c.threads.update_state(tid, {"log": ["x"]}))
+    assert set(out["checkpoint"]) == named and out["configurable"] == out["checkpoint"]
+    assert out["checkpoint_id"] == out["checkpoint"]["checkpoint_id"] == c.threads.get_state(tid)["checkpoint_id"]  # type: ignore[typeddict-item]
+
+
+def _recorded(client: Any) -> list[tuple[str, str, int]]:
+    """The requests ``client`` (langgraph-sdk's sync client) sends from now on: method, path, status."""
+    seen: list[tuple[str, str, int]] = []
+    client.http.client.event_hooks["response"].append(
+        lambda r: seen.append((r.request.method, r.request.url.path, r.status_code))
+    )
+    return seen
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_a_stateless_stream_names_its_run_alone(servers: dict[str, tuple[int, str | None]], server: str) -> None:
+    """A stateless stream's ``Location`` is ``/runs/R/stream`` and its ``Content-Location``
+    ``/runs/R``, as LangGraph's server sends them: its thread is temporary, so both SDKs, which GET
+    ``/threads/T/runs/R`` after a stream that named one to see whether the run still goes on, ask
+    nothing more (a 404 once the thread was dropped, a console error in a browser), and
+    ``on_run_created`` gets no thread."""
+    port, key = servers[server]
+    c = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    seen = _recorded(c)
+    created: list[Any] = []
+    parts = list(c.runs.stream(None, "long", input={"log": []}, config={"configurable": {"sleep": 0}},
+                               stream_mode="values", on_run_created=created.append))  # fmt: skip
+    assert parts[-1].event == "values" and parts[-1].data == {"log": ["a", "long"]}
+    assert seen == [("POST", "/runs/stream", 200)]
+    rid = created[0]["run_id"]
+    assert created == [{"run_id": rid, "thread_id": None}]
+    body = {"assistant_id": "long", "input": {"log": []}, "config": {"configurable": {"sleep": 0}}}
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/runs/stream", headers={"x-api-key": key or ""}, json=body) as r:
+        r.read()
+        rid = r.headers["content-location"].removeprefix("/runs/")
+        assert r.headers["location"] == f"/runs/{rid}/stream" and "/" not in rid
+
+
+@pytest.mark.parametrize("server", ["dev", "ours"])
+def test_a_cut_stateless_wait_reconnects_to_its_run_join(
+    servers: dict[str, tuple[int, str | None]], server: str
+) -> None:
+    """A stateless wait's answer starts at once (its headers, then a newline now and then), so a
+    client cut off mid-run has its ``Location``, the temporary thread's run's ``/join``; the join
+    answers the run's values though the thread is dropped when the run ends."""
+    port, key = servers[server]
+    with cut_client(port, key, ("/runs/wait",)) as (_, cut, proxy):
+        out = cut.runs.wait(None, "long", input={"log": []}, config={"configurable": {"sleep": 2.0}})
+        assert proxy.cuts == ["/runs/wait"]
+        assert out == {"log": ["a", "long"]}
+
+
+def test_a_cut_stateless_stream_resumes_on_ours_and_leaves_no_thread(
+    servers: dict[str, tuple[int, str | None]],
+) -> None:
+    """Beyond LangGraph's server, which answers a stateless stream's ``Location`` (``/runs/R/stream``)
+    404: ours serves it, so a cut stateless stream resumes after ``Last-Event-ID``, from the run's
+    recorded events, wherever its temporary thread is. A stateless run whose client was cut off still
+    drops its temporary thread when it ends, a wait's as a stream's."""
+    port, key = servers["ours"]
+    direct = get_sync_client(url=f"http://127.0.0.1:{port}", api_key=key)
+    before = direct.threads.count()
+    with cut_client(port, key, ("/runs/stream",)) as (_, cut, proxy):
+        parts = list(cut.runs.stream(None, "long", input={"log": []}, config=SLEEP, stream_mode="values"))
+        assert proxy.cuts == ["/runs/stream"]
+    assert [p.event for p in parts] == ["metadata", "values", "values", "values"]
+    assert parts[-1].data == {"log": ["a", "long"]}
+    with cut_client(port, key, ("/runs/wait",)) as (_, cut, proxy):
+        assert cut.runs.wait(None, "long", input={"log": []}, config=SLEEP) == {"log": ["a", "long"]}
+        assert proxy.cuts == ["/runs/wait"]
+    until(lambda: direct.threads.count() == before, 10)

@@ -91,7 +91,9 @@ def redis_url(given: str | None) -> Iterator[str]:
 
 
 def ensure_client() -> None:
-    if not (HERE / "node_modules" / "@langchain" / "langgraph-sdk").is_dir():
+    """``npm install`` in ``tools/js_client`` unless every package of its ``package.json`` is there."""
+    wanted = json.loads((HERE / "package.json").read_text())["dependencies"]
+    if not all((HERE / "node_modules" / name / "package.json").is_file() for name in wanted):
         subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE, check=True)
 
 

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import (
@@ -41,8 +41,8 @@ from ..errors import (
 from ..kv import AsyncKeyValueStore
 from ..langgraph import AsyncAgentStateSaver, AsyncAgentStateStore, AsyncRunQueue, GraphWorker, Run
 from ..langgraph._runs_core import MAX_AFTER_MS, check_interrupt_nodes
-from ..wire.shells import internals
 from . import _shapes as shapes
+from ._answers import RunAnswers, location
 from ._assistants import AssistantRoutes
 from ._auth import COOKIE, CSRF_HEADER, Sessions, header_token, same_origin
 from ._batch import batch_route
@@ -123,7 +123,7 @@ class _App:
         #: The dashboard: the tasks of ``namespace``, and each graph's threads.
         self.dash = DashboardRoutes(self, [namespace, *(g.queue.queue_namespace for g in self.graphs.values())])
         self._tasks: list[asyncio.Task[None]] = []
-        self._detached: set[asyncio.Future[Any]] = set()
+        self.answers = RunAnswers(self.book, self.graphs, self.feeds, self.streams)
         self.webhooks = WebhookSender(client, namespace, self.graphs, self.options.webhook_allow_private,
                                       self._values, self._drop_thread)  # fmt: skip
         #: Tenant keys whose limit this server has set (once each).
@@ -297,57 +297,25 @@ class _App:
 
     async def runs_create(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
-        g, run, _ = await self._create(request.path_params.get("tid"), body)
-        return _json(shapes.run_json(run, g.assistant_id), headers=_location(run))
-
-    async def _final(self, g: ServedGraph, run: Run) -> Any:
-        if run.status == "error":
-            kind, _, message = run.error.partition(": ")
-            return {"__error__": {"error": kind or "Error", "message": message or run.error}}
-        snap = await g.stateful.aget_state({"configurable": {"thread_id": run.thread_id}})
-        values = snap.values
-        if getattr(snap, "interrupts", ()):
-            values = (
-                {**values, "__interrupt__": [shapes._interrupt(i) for i in snap.interrupts]}
-                if isinstance(values, dict)
-                else values
-            )
-        return values
+        tid = request.path_params.get("tid")
+        g, run, _ = await self._create(tid, body)
+        return _json(shapes.run_json(run, g.assistant_id), headers=location(run, stateless=tid is None))
 
     async def _join(self, g: ServedGraph, run_id: str) -> Run:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                try:
-                    return await g.queue.join(run_id, timeout_s=30)
-                except RunRejected as exc:  # its thread's task was cancelled: the run can never run
-                    raise HTTPException(409, str(exc)) from exc
+        return await self.answers.join(g, run_id)
+
+    async def _drop_thread(self, g: ServedGraph, tid: str) -> None:
+        await self.answers.drop_thread(g, tid)
 
     async def runs_wait(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         cancel = _cancel_on_disconnect(body)
         g, run, delete = await self._create(request.path_params.get("tid"), body)
-        join = asyncio.ensure_future(self._join(g, run.run_id))
-        gone = asyncio.ensure_future(_disconnected(request) if cancel else asyncio.Event().wait())
-        try:
-            await asyncio.wait((join, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not join.done():
-                join.cancel()
-            await asyncio.wait((join, gone))
-        if join.cancelled():  # the client went away (on_disconnect='cancel'): stop the run; nobody reads this
-            self._detach(g.queue.cancel(run.run_id))
-            return Response(status_code=204)
-        done = join.result()
-        out = await self._final(g, done)
-        if delete:
-            await self._drop_thread(g, run.thread_id)
-        return _json(out, headers=_location(run, "/join"))
+        return await self.answers.answer(g, run, delete=delete, request=request if cancel else None)
 
     async def run_join(self, request: Request) -> Response:
-        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
-        done = run if run.done else await self._join(g, run.run_id)
-        return _json(await self._final(g, done), headers=_location(run, "/join"))
+        g, run = await self.answers.run_of(request.path_params["tid"], request.path_params["rid"])
+        return await self.answers.answer(g, run, orphan_check=True)
 
     async def run_get(self, request: Request) -> Response:
         g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -374,7 +342,7 @@ class _App:
         await g.queue.cancel(run.run_id, action=action)
         if request.query_params.get("wait", "false").lower() in ("1", "true"):
             with contextlib.suppress(RunNotFound):
-                await self._join(g, run.run_id)
+                await self.answers.join(g, run.run_id)
             return JSONResponse({})  # as LangGraph's server answers a cancel that waited
         return Response(status_code=202 if request.query_params.get("wait") is None else 204)
 
@@ -384,66 +352,23 @@ class _App:
             raise HTTPException(409, f"run {run.run_id} is {run.status}: cancel it first")
         return Response(status_code=204)
 
-    async def _drop_thread(self, g: ServedGraph, tid: str) -> None:
-        await g.saver.adelete_thread(tid)
-        await self.book.kv.delete(tid)
-
-    def _events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None,
-                delete: bool = False, cancel_on_disconnect: bool = False) -> StreamingResponse:  # fmt: skip
-        if self.streams.locked():
-            raise HTTPException(503, "too many open event streams")
-        internals(g.queue).core.cursor(run.run_id, after, None)  # a bad Last-Event-ID: 422 now, not a broken stream
-
-        async def body() -> AsyncIterator[bytes]:
-            ended = False
-            async with self.streams:
-                try:
-                    async for ev in self.feeds.follow(g.queue, run.run_id, after):
-                        if ev.event == "end":
-                            ended = True
-                            break
-                        name = ev.event  # a subgraph's: '<mode>|<namespace>', filtered on its mode
-                        if modes and not _asked(name, modes):
-                            continue
-                        yield shapes.sse(name, ev.data, ev.id)
-                    ended = True
-                except RunNotFound:
-                    ended = True
-                    return
-                finally:
-                    if cancel_on_disconnect and not ended:
-                        # The client went away mid-run (on_disconnect='cancel'): stop the run. A task of
-                        # its own: this one is being cancelled, and every await in it would be too.
-                        self._detach(g.queue.cancel(run.run_id))
-                    if delete:
-                        with contextlib.suppress(Exception):
-                            await self._join(g, run.run_id)
-                            await self._drop_thread(g, run.thread_id)
-
-        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", **_location(run, "/stream")}
-        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
-
     async def runs_stream(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         cancel = _cancel_on_disconnect(body)
-        g, run, delete = await self._create(request.path_params.get("tid"), body)
-        return self._events(g, run, None, None, delete, cancel)
-
-    def _detach(self, work: Awaitable[Any]) -> None:
-        """Run ``work`` in a task of its own, kept until it ends (its errors are the run's, not the caller's)."""
-        task = asyncio.ensure_future(work)
-        self._detached.add(task)
-        task.add_done_callback(self._detached.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        tid = request.path_params.get("tid")
+        g, run, delete = await self._create(tid, body)
+        return self.answers.events(g, run, None, None, delete, cancel, stateless=tid is None)
 
     async def run_stream(self, request: Request) -> Response:
-        g, run = await self.book.run_of(request.path_params["tid"], request.path_params["rid"])
+        tid = request.path_params.get("tid")
+        if tid is None:  # a stateless stream's Location: its run, wherever its temporary thread is
+            g, run = await self.answers.stateless_run(request.path_params["rid"])
+        else:
+            g, run = await self.answers.run_of(tid, request.path_params["rid"])
         after = request.headers.get("last-event-id") or None
         modes = [m for m in request.query_params.getlist("stream_mode") if m] or None  # None is sent as ''"
         cancel = request.query_params.get("cancel_on_disconnect", "false").lower() in ("1", "true", "yes")
-        return self._events(g, run, after, modes, cancel_on_disconnect=cancel)
-
-    # ---- the rest -----------------------------------------------------------------------------------------
+        return self.answers.events(g, run, after, modes, cancel_on_disconnect=cancel, stateless=tid is None)
 
     async def ok(self, request: Request) -> Response:
         # Healthy means able to serve: a server whose Redis is gone answers 503, so a load balancer
@@ -518,16 +443,6 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return v
 
 
-def _location(run: Run, then: str = "") -> dict[str, str]:
-    """``Content-Location``: the run itself, never its /join or /stream (clients parse the run id out
-    of it: the JS client's onRunCreated, langgraph-sdk's on_run_created take everything after /runs/).
-    ``Location``: where a client whose answer was cut off reconnects (both SDKs GET it, with
-    ``Last-Event-ID`` for a stream), as LangGraph's server sends it: ``then`` is ``/join`` for a
-    wait or a join, ``/stream`` for a stream."""
-    path = f"/threads/{run.thread_id}/runs/{run.run_id}"
-    return {"Location": path + then, "Content-Location": path}
-
-
 def _is_write(request: Request) -> bool:
     if request.method in ("GET", "HEAD", "OPTIONS"):
         return False
@@ -547,28 +462,12 @@ def _run_modes(value: Any) -> Any:
     return out
 
 
-def _asked(event: str, modes: list[str]) -> bool:
-    """Whether a joined stream filtered on ``modes`` (LangGraph's names) sends ``event``: ``metadata``
-    and ``error`` always, a subgraph's ``<mode>|<namespace>`` on its mode, and under ``messages`` or
-    ``messages-tuple`` every ``messages...`` event, as LangGraph's server filters a join."""
-    mode = event.partition("|")[0]
-    if event in ("metadata", "error") or mode in modes:
-        return True
-    return mode.startswith("messages") and ("messages" in modes or "messages-tuple" in modes)
-
-
 def _cancel_on_disconnect(body: Mapping[str, Any]) -> bool:
     """A run's ``on_disconnect``: True for ``cancel``, False for ``continue`` (the default); else 422."""
     mode = body.get("on_disconnect") or "continue"
     if mode not in ("continue", "cancel"):
         raise HTTPException(422, "on_disconnect must be 'continue' or 'cancel'")
     return bool(mode == "cancel")
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client of ``request`` (whose body was read) went away."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def create_app(
@@ -659,6 +558,7 @@ def create_app(
         ("/runs/crons/search", c.search, ["POST"]), ("/runs/crons/count", c.count, ["POST"]),
         ("/runs/crons/{cid}", c.get, ["GET"]), ("/runs/crons/{cid}", c.patch, ["PATCH"]),
         ("/runs/crons/{cid}", c.delete, ["DELETE"]),
+        ("/runs/{rid}/stream", a.run_stream, ["GET"]),  # after /runs/crons/{cid}: a cron named "stream" is one
     ]  # fmt: skip
     routes = [Route(path, guard(fn), methods=methods) for path, fn, methods in r]
     routes += [

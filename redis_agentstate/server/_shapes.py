@@ -23,6 +23,7 @@ from ..langgraph import Run
 __all__ = [
     "assistant",
     "assistant_id",
+    "checkpoint_json",
     "dumps",
     "iso",
     "json_response",
@@ -139,16 +140,19 @@ def run_json(run: Run, assistant: str | None) -> dict[str, Any]:
     }
 
 
-def _checkpoint(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not config:
+def checkpoint_json(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A ``Checkpoint`` of LangGraph's server from a config: none without a thread and checkpoint
+    id; ``checkpoint_ns`` and ``checkpoint_map`` only when the config has them (front ends send a
+    state's checkpoint back as a run's ``checkpoint``, as they got it)."""
+    conf = (config or {}).get("configurable") or {}
+    if not conf.get("thread_id") or not conf.get("checkpoint_id"):
         return None
-    conf = config.get("configurable") or {}
-    return {
-        "thread_id": conf.get("thread_id"),
-        "checkpoint_ns": conf.get("checkpoint_ns", ""),
-        "checkpoint_id": conf.get("checkpoint_id"),
-        "checkpoint_map": conf.get("checkpoint_map"),
-    }
+    out = {"checkpoint_id": conf["checkpoint_id"], "thread_id": conf["thread_id"]}
+    if "checkpoint_ns" in conf:
+        out["checkpoint_ns"] = conf["checkpoint_ns"] or ""
+    if "checkpoint_map" in conf:
+        out["checkpoint_map"] = conf["checkpoint_map"]
+    return out
 
 
 def _interrupt(i: Any) -> dict[str, Any]:
@@ -170,13 +174,17 @@ def state_json(snapshot: Any) -> dict[str, Any]:
         }
         for t in snapshot.tasks
     ]
+    checkpoint, parent = checkpoint_json(snapshot.config), checkpoint_json(snapshot.parent_config)
     return {
         "values": snapshot.values,
         "next": list(snapshot.next),
-        "checkpoint": _checkpoint(snapshot.config),
+        "checkpoint": checkpoint,
         "metadata": snapshot.metadata,
         "created_at": snapshot.created_at,
-        "parent_checkpoint": _checkpoint(snapshot.parent_config),
+        "parent_checkpoint": parent,
         "tasks": tasks,
         "interrupts": [_interrupt(i) for i in getattr(snapshot, "interrupts", ())],
+        # LangGraph's server still sends the ids on their own (clients of older SDKs read them).
+        "checkpoint_id": checkpoint and checkpoint["checkpoint_id"],
+        "parent_checkpoint_id": parent and parent["checkpoint_id"],
     }

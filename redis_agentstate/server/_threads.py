@@ -215,8 +215,9 @@ class ThreadRoutes:
         rec = await self.book.need_record(tid)
         g = self.book.graph_of(rec)
         if g is None:
-            return {"values": {}, "next": [], "checkpoint": None, "metadata": {}, "created_at": None,
-                    "parent_checkpoint": None, "tasks": [], "interrupts": []}  # fmt: skip
+            return {"values": {}, "next": [], "checkpoint": None, "metadata": None, "created_at": None,
+                    "parent_checkpoint": None, "tasks": [], "interrupts": [], "checkpoint_id": None,
+                    "parent_checkpoint_id": None}  # fmt: skip
         conf: dict[str, Any] = {"thread_id": tid}
         for k in ("checkpoint_id", "checkpoint_ns"):
             if checkpoint and checkpoint.get(k) is not None:
@@ -261,7 +262,10 @@ class ThreadRoutes:
                                                      as_node=body.get("as_node"))  # fmt: skip
         except ThreadBusy as exc:
             raise HTTPException(409, f"thread {tid!r} is busy (a run holds it): {exc}") from exc
-        return _json({"checkpoint": shapes._checkpoint(out)})
+        checkpoint = shapes.checkpoint_json(out)
+        # As LangGraph's server answers: the checkpoint, again as a config's ``configurable``, and its id.
+        return _json({"checkpoint": checkpoint, "configurable": checkpoint,
+                      "checkpoint_id": checkpoint and checkpoint["checkpoint_id"]})  # fmt: skip
 
     async def history(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
