@@ -16,6 +16,7 @@ import redis.exceptions as rex
 from ..clients import AsyncClient, SyncClient
 from ..errors import AgentStateError
 from .failures import _explain, _translate
+from .lanes import AsyncLane, SyncLane
 from .layout import refresh_layout
 from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
 from .relocation import Backoff, Relocation, ShardMoved, is_moved, sealed_too_long
@@ -107,9 +108,11 @@ def run_sync(
     op: Op[T],
     ack: ReplicaAck | None = None,
     moves: Relocation | None = None,
+    lane: SyncLane | None = None,
 ) -> T:
     """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write;
-    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``); ``lane``: the
+    short way for a script call (``lanes.py``)."""
     try:
         req = next(op)
         backoff: Backoff | None = None
@@ -123,7 +126,9 @@ def run_sync(
                 sent, seals = moves.checked(req)  # type: ignore[arg-type]
             try:
                 try:
-                    if ack is None:
+                    if ack is None and lane is not None and type(sent) is Call:
+                        reply = lane.call(sent.script, sent.keys, sent.args)
+                    elif ack is None:
                         reply = _send_sync(client, scripts, sent)
                     else:
                         reply = _send_acked_sync(client, scripts, sent, ack)
@@ -225,9 +230,11 @@ async def run_async(
     op: Op[T],
     ack: ReplicaAck | None = None,
     moves: Relocation | None = None,
+    lane: AsyncLane | None = None,
 ) -> T:
     """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write;
-    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``); ``lane``: as
+    ``run_sync``'s."""
     try:
         req = next(op)
         backoff: Backoff | None = None
@@ -240,7 +247,10 @@ async def run_async(
                 try:
                     if ack is None and type(req) is Call:
                         # The hot path, inlined: one coroutine fewer per script call than via _send_async.
-                        reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
+                        if lane is not None:
+                            reply = await lane.call(req.script, req.keys, req.args)
+                        else:
+                            reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
                     elif ack is None:
                         reply = await _send_async(client, scripts, sent)
                     else:

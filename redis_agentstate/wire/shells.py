@@ -15,6 +15,7 @@ from . import eviction as _eviction
 from . import scripts
 from .client_checks import check_client, is_cluster_client
 from .drivers import run_async, run_sync
+from .lanes import AsyncLane, SyncLane, async_lane, sync_lane
 from .layout import resolve_layout
 from .relocation import Relocation
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
@@ -83,6 +84,8 @@ class StoreShell(Generic[C]):
         self._client = client
         self._scripts: dict[str, Any] = scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS)
         self._retry = retry or RetryPolicy()
+        #: The short way for script calls where the client allows it (``wire/lanes.py``); None: redis-py's.
+        self._lane: Any = async_lane(client, self._scripts) if self._ASYNCIO else sync_lane(client, self._scripts)
         #: None: writes are not followed by WAIT (``wait_replicas=0``).
         self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
         #: The server's maxmemory-policy is checked after the first operation that succeeds
@@ -143,7 +146,8 @@ class SyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             self._layout()
-        result = run_sync(self._client, self._scripts, self._retry, op, self._ack, self._moves)
+        lane: SyncLane | None = self._lane
+        result = run_sync(self._client, self._scripts, self._retry, op, self._ack, self._moves, lane)
         if self._eviction_unchecked:
             # After the first operation that succeeds: a server that does not answer keeps its retry bound.
             self._eviction_unchecked = False
@@ -190,7 +194,8 @@ class AsyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             await self._layout()
-        result = await run_async(self._client, self._scripts, self._retry, op, self._ack, self._moves)
+        lane: AsyncLane | None = self._lane
+        result = await run_async(self._client, self._scripts, self._retry, op, self._ack, self._moves, lane)
         if self._eviction_unchecked:
             self._eviction_unchecked = False
             # A task of its own, not awaited here: a caller's timeout or cancellation must never
