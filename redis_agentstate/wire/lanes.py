@@ -46,6 +46,8 @@ __all__ = ["AsyncLane", "SyncLane", "async_lane", "pack_evalsha", "sync_lane"]
 
 #: Connections a lane keeps idle beyond those in use; more go back to the pool.
 MAX_IDLE = 8
+#: Arguments shorter than this are framed in one copy; longer ones are joined once, at the end.
+_COPY_BELOW = 8192
 #: Key lists whose packed head a lane keeps (a store's hot tasks); past it the cache starts over.
 MAX_HEADS = 4096
 
@@ -78,9 +80,12 @@ def _bulk(parts: list[bytes], items: Sequence[Any], encoding: str, errors: str, 
             b = b"%d" % item
         else:
             b = encoder.encode(item)
-        parts.append(b"$%d\r\n" % len(b))
-        parts.append(b)
-        parts.append(b"\r\n")
+        if len(b) < _COPY_BELOW:
+            parts.append(b"$%d\r\n%b\r\n" % (len(b), b))
+        else:
+            parts.append(b"$%d\r\n" % len(b))
+            parts.append(b)
+            parts.append(b"\r\n")
 
 
 def pack_evalsha(head: bytes, n_head: int, args: Sequence[Any], encoding: str, errors: str, encoder: Any) -> bytes:
