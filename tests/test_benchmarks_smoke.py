@@ -55,7 +55,7 @@ def _check(data: dict[str, Any]) -> None:
 
     single = {r["name"]: r for r in figs["single"]["rows"]}
     for name in ("floor_evalsha", "floor_raw_socket", "floor_shaped", "agentstate", "agentstate_continue",
-                 "agentstate_lean", "redis_py_lock"):  # fmt: skip
+                 "floor_evalsha1", "redis_py_lock"):  # fmt: skip
         assert single[name]["us_per_cycle"]["median"] > 0, name
     assert figs["single"]["ratios"]["lock_over_continue"]["median"] > 0
     server = figs["single"]["server_us"]

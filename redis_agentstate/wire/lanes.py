@@ -113,7 +113,13 @@ class _Lane:
         cached = self.heads.get((script, tkeys))
         if cached is None:
             parts: list[bytes] = []
-            _bulk(parts, ("EVALSHA", self.scripts[script].sha, len(tkeys), *tkeys), self.encoding, self.errors, self.encoder)
+            _bulk(
+                parts,
+                ("EVALSHA", self.scripts[script].sha, len(tkeys), *tkeys),
+                self.encoding,
+                self.errors,
+                self.encoder,
+            )
             cached = b"".join(parts)
             if len(self.heads) >= MAX_HEADS:
                 self.heads.clear()
@@ -127,8 +133,8 @@ class _Lane:
     def reloaded(self, script: str) -> None:
         """Forget the heads of ``script`` (its SHA was loaded again: the same text, so the same SHA;
         dropped all the same, so a head never names a SHA the script object no longer has)."""
-        for k in [k for k in self.heads if k[0] == script]:
-            del self.heads[k]
+        for k in [k for k in list(self.heads) if k[0] == script]:
+            self.heads.pop(k, None)
 
 
 _LANES: weakref.WeakSet[SyncLane] = weakref.WeakSet()
