@@ -26,6 +26,10 @@ def _inner(store: Any) -> Any:
     return getattr(store, "wrapped", store)
 
 
+def _lane(store: Any) -> Any:
+    return getattr(_inner(store)._scripts, "lane", None)
+
+
 def _raw(backend: Any) -> Any:
     return backend.sync_client()
 
@@ -46,7 +50,7 @@ def _step(store: Any, cp: Checkpoint) -> Checkpoint:
 
 
 def test_a_lane_serves_plain_clients_only(store: Any, backend: Any, flavor: str) -> None:
-    lane = _inner(store)._lane
+    lane = _lane(store)
     if backend.kind == "real":
         assert isinstance(lane, SyncLane if flavor == "sync" else AsyncLane)
     else:
@@ -75,24 +79,24 @@ def test_a_dropped_connection_is_sent_again(store: Any, backend: Any) -> None:
         if int(c["id"]) != me:
             killed += raw.client_kill_filter(_id=c["id"])
     assert killed >= 1
-    cp = _step(store, cp)  # the lane's connection is gone: sent again the long way, applied once
+    cp = _step(store, cp)  # the lane's connection is gone: the driver sends again, applied once
     assert store.load("t").shared_state == {"n": 2} and cp.claimed_cycle == 3
 
 
 def test_an_error_reply_keeps_the_connection(store: Any, backend: Any, namespace: str) -> None:
     cp = _step(store, _running(store))
-    inner = _inner(store)
     raw = _raw(backend)
     key = Keys(namespace).task("bad").checkpoint
     raw.set(key, "not a hash")
     with pytest.raises(CorruptState):
         store.load("bad")
-    if inner._lane is not None:
-        kept = list(inner._lane.free)
+    lane = _lane(store)
+    if lane is not None:
+        kept = list(lane.free)
         assert kept  # the error reply was read whole: its connection went back to the lane
     _step(store, cp)
-    if inner._lane is not None:
-        assert inner._lane.free == kept
+    if lane is not None:
+        assert lane.free == kept
 
 
 def test_a_wrapped_script_call_sees_every_request(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,14 +127,15 @@ def test_a_cancelled_call_drops_its_connection(backend: Any, namespace: str, twi
     async def scenario() -> None:
         client = aioredis.Redis.from_url(backend.url)
         store = AsyncCheckpointStore(client, namespace=namespace)
-        assert isinstance(store._lane, AsyncLane)
+        lane = _lane(store)
+        assert isinstance(lane, AsyncLane)
         await store.create(Checkpoint("t", shared_state={"n": 0}))
         cp = await store.claim("t", 1, token="w", lease_ms=LEASE)
         assert cp is not None
         raw.client_pause(300)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(store.load("t"), 0.05)
-        assert store._lane.free == []  # the reply it did not read stays off every kept connection
+        assert lane.free == []  # the reply it did not read stays off every kept connection
         await asyncio.sleep(0.35)
         got = await store.load("t")
         assert got is not None and got.revision == cp.revision and got.claim_token == "w"

@@ -16,7 +16,7 @@ import redis.exceptions as rex
 from ..clients import AsyncClient, SyncClient
 from ..errors import AgentStateError
 from .failures import _explain, _translate
-from .lanes import AsyncLane, SyncLane
+from .lanes import LanedScripts
 from .layout import refresh_layout
 from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
 from .relocation import Backoff, Relocation, ShardMoved, is_moved, sealed_too_long
@@ -49,6 +49,8 @@ async def _send_acked_async(client: AsyncClient, scripts: dict[str, Any], req: R
 
 def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
+        if type(scripts) is LanedScripts:
+            return scripts.lane.call(req.script, req.keys, req.args)  # the short way (lanes.py)
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
         return _send_batch_sync(client, scripts, req)[0]
@@ -62,6 +64,8 @@ def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any
 
 async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
+        if type(scripts) is LanedScripts:
+            return await scripts.lane.call(req.script, req.keys, req.args)
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
         return (await _send_batch_async(client, scripts, req))[0]
@@ -108,11 +112,9 @@ def run_sync(
     op: Op[T],
     ack: ReplicaAck | None = None,
     moves: Relocation | None = None,
-    lane: SyncLane | None = None,
 ) -> T:
     """Drive ``op`` to completion with blocking I/O; ``ack``: wait for replicas after each write;
-    ``moves``: follow the namespace's shards through a reshard (``relocation.py``); ``lane``: the
-    short way for a script call (``lanes.py``)."""
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
     try:
         req = next(op)
         backoff: Backoff | None = None
@@ -126,9 +128,7 @@ def run_sync(
                 sent, seals = moves.checked(req)  # type: ignore[arg-type]
             try:
                 try:
-                    if ack is None and lane is not None and type(sent) is Call:
-                        reply = lane.call(sent.script, sent.keys, sent.args)
-                    elif ack is None:
+                    if ack is None:
                         reply = _send_sync(client, scripts, sent)
                     else:
                         reply = _send_acked_sync(client, scripts, sent, ack)
@@ -230,11 +230,9 @@ async def run_async(
     op: Op[T],
     ack: ReplicaAck | None = None,
     moves: Relocation | None = None,
-    lane: AsyncLane | None = None,
 ) -> T:
     """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write;
-    ``moves``: follow the namespace's shards through a reshard (``relocation.py``); ``lane``: as
-    ``run_sync``'s."""
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
     try:
         req = next(op)
         backoff: Backoff | None = None
@@ -247,8 +245,8 @@ async def run_async(
                 try:
                     if ack is None and type(req) is Call:
                         # The hot path, inlined: one coroutine fewer per script call than via _send_async.
-                        if lane is not None:
-                            reply = await lane.call(req.script, req.keys, req.args)
+                        if type(scripts) is LanedScripts:
+                            reply = await scripts.lane.call(req.script, req.keys, req.args)
                         else:
                             reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
                     elif ack is None:

@@ -13,10 +13,10 @@ What stays as it was:
 
 - ``NOSCRIPT`` (a ``SCRIPT FLUSH``, a fail-over to a fresh node): the script is loaded and the
   call sent again, as ``Script.__call__`` does;
-- a connection error or timeout: the connection is dropped and the call goes once through
-  redis-py's own path, with the client's ``Retry``, so a lost connection costs what it cost
-  before (every request is safe to re-send: docs/design.md, "Retry-safe"); the driver's
-  ``RetryPolicy`` then applies to that send as to any;
+- a connection error or timeout: the connection is dropped and the error raised to the driver,
+  whose ``RetryPolicy`` re-sends (redis-py's own way, with the client's ``Retry``), as after any
+  attempt (every request is safe to re-send: docs/design.md, "Retry-safe"); so an attempt is
+  still one connection's worth, and the bound of a call no longer;
 - an error reply (``WRONGTYPE``, ``AGENTSTATE_CORRUPT``): raised as redis-py raises it, and the
   connection, whose reply was read whole, kept.
 
@@ -42,7 +42,7 @@ import redis.commands.core as rcore
 import redis.connection as sconn
 import redis.exceptions as rex
 
-__all__ = ["AsyncLane", "SyncLane", "async_lane", "pack_evalsha", "sync_lane"]
+__all__ = ["AsyncLane", "LanedScripts", "SyncLane", "async_lane", "laned", "pack_evalsha", "sync_lane"]
 
 #: Connections a lane keeps idle beyond those in use; more go back to the pool.
 MAX_IDLE = 8
@@ -57,7 +57,6 @@ _SCRIPT_CALL = rcore.Script.__call__
 _ASYNC_SCRIPT_CALL = rcore.AsyncScript.__call__
 _EXECUTE = redis.Redis.execute_command
 _ASYNC_EXECUTE = aioredis.Redis.execute_command
-_TRANSIENT = (rex.ConnectionError, rex.TimeoutError)
 
 
 def _encoder(pool: Any) -> tuple[str, str, Any]:
@@ -172,9 +171,6 @@ class SyncLane(_Lane):
             obj.sha = client.script_load(obj.script)
             self.reloaded(script)
             return self._send(self.pack(script, keys, args))
-        except _TRANSIENT:
-            # Once the long way, with the client's Retry: what a lost connection cost before.
-            return obj(keys=keys, args=args, client=client)
 
     def _send(self, packed: bytes) -> Any:
         free = self.free
@@ -186,16 +182,16 @@ class SyncLane(_Lane):
             conn.send_packed_command((packed,))
             reply = conn.read_response()
         except rex.ResponseError:
-            self._keep(conn)  # an error reply, read whole: the connection is sound
+            self._put_back(conn)  # an error reply, read whole: the connection is sound
             raise
         except BaseException:
             conn.disconnect()
             self.pool.release(conn)
             raise
-        self._keep(conn)
+        self._put_back(conn)
         return reply
 
-    def _keep(self, conn: Any) -> None:
+    def _put_back(self, conn: Any) -> None:
         if len(self.free) < MAX_IDLE:
             self.free.append(conn)
         else:
@@ -219,8 +215,6 @@ class AsyncLane(_Lane):
             obj.sha = await client.script_load(obj.script)
             self.reloaded(script)
             return await self._send(self.pack(script, keys, args))
-        except _TRANSIENT:
-            return await obj(keys=keys, args=args, client=client)
 
     async def _send(self, packed: bytes) -> Any:
         free = self.free
@@ -232,17 +226,17 @@ class AsyncLane(_Lane):
             await conn.send_packed_command((packed,))
             reply = await conn.read_response()
         except rex.ResponseError:
-            await self._keep(conn)
+            await self._put_back(conn)
             raise
         except BaseException:
             # A cancel or a timeout mid-reply leaves bytes on the socket: the connection goes.
             await conn.disconnect(nowait=True)
             await self.pool.release(conn)
             raise
-        await self._keep(conn)
+        await self._put_back(conn)
         return reply
 
-    async def _keep(self, conn: Any) -> None:
+    async def _put_back(self, conn: Any) -> None:
         if len(self.free) < MAX_IDLE:
             self.free.append(conn)
         else:
@@ -269,3 +263,20 @@ def sync_lane(client: Any, scripts: dict[str, Any]) -> SyncLane | None:
 def async_lane(client: Any, scripts: dict[str, Any]) -> AsyncLane | None:
     """The asyncio twin of :func:`sync_lane`."""
     return AsyncLane(client, scripts) if _plain(client, aioredis.Redis, _ASYNC_CONNECTIONS) else None
+
+
+class LanedScripts(dict[str, Any]):
+    """A store's registered scripts (name -> redis-py ``Script``) with the lane that sends them; the
+    drivers take the short way for a mapping of this type, and redis-py's for any other."""
+
+    lane: Any
+
+
+def laned(client: Any, registered: dict[str, Any], *, asyncio: bool) -> dict[str, Any]:
+    """``registered`` with a lane for ``client`` (``LanedScripts``), or as it is where none serves it."""
+    out = LanedScripts(registered)
+    lane = async_lane(client, out) if asyncio else sync_lane(client, out)
+    if lane is None:
+        return registered
+    out.lane = lane
+    return out

@@ -15,7 +15,7 @@ from . import eviction as _eviction
 from . import scripts
 from .client_checks import check_client, is_cluster_client
 from .drivers import run_async, run_sync
-from .lanes import AsyncLane, SyncLane, async_lane, sync_lane
+from .lanes import laned
 from .layout import resolve_layout
 from .relocation import Relocation
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
@@ -82,10 +82,11 @@ class StoreShell(Generic[C]):
         self._shards = None if shards is None else check_shards(shards)
         self._core: C = core
         self._client = client
-        self._scripts: dict[str, Any] = scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS)
+        # With the short way of a call where the client allows it (``wire/lanes.py``).
+        self._scripts: dict[str, Any] = laned(
+            client, scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS), asyncio=bool(self._ASYNCIO)
+        )
         self._retry = retry or RetryPolicy()
-        #: The short way for script calls where the client allows it (``wire/lanes.py``); None: redis-py's.
-        self._lane: Any = async_lane(client, self._scripts) if self._ASYNCIO else sync_lane(client, self._scripts)
         #: None: writes are not followed by WAIT (``wait_replicas=0``).
         self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None
         #: The server's maxmemory-policy is checked after the first operation that succeeds
@@ -146,8 +147,7 @@ class SyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             self._layout()
-        lane: SyncLane | None = self._lane
-        result = run_sync(self._client, self._scripts, self._retry, op, self._ack, self._moves, lane)
+        result = run_sync(self._client, self._scripts, self._retry, op, self._ack, self._moves)
         if self._eviction_unchecked:
             # After the first operation that succeeds: a server that does not answer keeps its retry bound.
             self._eviction_unchecked = False
@@ -194,8 +194,7 @@ class AsyncShell(StoreShell[C]):
         """``op`` run as ``_run`` runs it without telemetry (the observer's way in)."""
         if not self._core.keys.resolved:
             await self._layout()
-        lane: AsyncLane | None = self._lane
-        result = await run_async(self._client, self._scripts, self._retry, op, self._ack, self._moves, lane)
+        result = await run_async(self._client, self._scripts, self._retry, op, self._ack, self._moves)
         if self._eviction_unchecked:
             self._eviction_unchecked = False
             # A task of its own, not awaited here: a caller's timeout or cancellation must never
