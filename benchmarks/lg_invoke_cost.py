@@ -13,6 +13,9 @@ shuffled order per round. For each saver, per invoke (medians over rounds):
 - ``the rest, ms``: the Python that runs the graph and the saver's client side, and the
   waits (LangGraph's own work is the same for every saver).
 
+On the private server, our saver's server time split (``INFO commandstats``): its scripts' time,
+of which the commands they ran, and the rest, the scripts' own.
+
 Then each peer's time per invoke over ours, taken within each round (median and p10-p90 over
 rounds). ``--base COMMIT`` adds that commit's ``AgentStateSaver`` (loaded as ``client_ab`` loads a
 base) to the same rounds, so a change to the saver is priced side by side with what it changes.
@@ -79,6 +82,24 @@ def _thread(graph: Any, admin: redis.Redis, pid: int | None) -> tuple[float, flo
     return ms, cpu * 1e6 / STEPS, commands / STEPS
 
 
+def _script_split(graph: Any, admin: redis.Redis, threads: int = 10) -> tuple[float, float, float]:
+    """Our saver's server time per invoke from ``INFO commandstats`` (the private server's stats are
+    reset): (µs in its EVALSHAs, of which µs in the commands the scripts ran, those commands)."""
+    admin.config_resetstat()
+    for _ in range(threads):
+        config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+        for step in range(1, STEPS + 1):
+            graph.invoke(step_input(step), config)
+    stats = admin.info("commandstats")
+    n = threads * STEPS
+    inner = {k: v for k, v in stats.items() if k not in ("cmdstat_evalsha", "cmdstat_config", "cmdstat_info")}
+    return (
+        stats["cmdstat_evalsha"]["usec"] / n,
+        sum(v["usec"] for v in inner.values()) / n,
+        sum(v["calls"] for v in inner.values()) / n,
+    )
+
+
 def _round_trip(fn: Callable[[], Any], n: int = 2000) -> float:
     return statistics.median(time_batch(fn, n)[1])
 
@@ -119,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {name + ' / ours':62s} {statistics.median(ratios):.3f}x"
                 f" ({percentile(ratios, 10):.3f}-{percentile(ratios, 90):.3f})"
+            )
+        if server is not None and OURS in graphs:
+            script_us, inner_us, inner_calls = _script_split(graphs[OURS], admin)
+            print(
+                f"ours, INFO commandstats per invoke: {script_us:.0f} µs in its 6 EVALSHAs, of which {inner_us:.0f} µs"
+                f" in the {inner_calls:.1f} commands they ran; {script_us - inner_us:.0f} µs is the scripts' own"
+                " (Lua, and handing each command's arguments and reply across)"
             )
         client = redis.Redis.from_url(url)
         sha = client.script_load("return 1")
