@@ -88,7 +88,7 @@ def _check(data: dict[str, Any]) -> None:
     prof = figs["profile"]
     assert prof["cprofile"]["areas"] and prof["micro_us"]
 
-    goals = {"continue_vs_lock", "single_vs_floor", "history_growth"}
+    goals = {"continue_vs_lock", "continue_vs_floor1", "single_vs_floor", "history_growth"}
     if figs["single"]["server_us"] is not None:
         goals |= {"claim_commit_us", "commit_and_claim_us"}
     assert {t["id"] for t in data["targets"]} == goals
