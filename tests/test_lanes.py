@@ -99,6 +99,20 @@ def test_an_error_reply_keeps_the_connection(store: Any, backend: Any, namespace
         assert lane.free == kept
 
 
+def test_stores_on_one_client_share_its_kept_connections(backend: Any, namespace: str) -> None:
+    """Stores that come and go on one client leave it at most MAX_IDLE kept connections, not one each."""
+    from redis_agentstate import CheckpointStore
+
+    client = backend.sync_client()
+    for i in range(3 * lanes.MAX_IDLE):
+        store = CheckpointStore(client, namespace=f"{namespace}-{i}")
+        assert store.create(Checkpoint("t"))
+        if backend.kind == "real":
+            assert _lane(store).free is _lane(CheckpointStore(client, namespace=namespace)).free
+    if backend.kind == "real":
+        assert 1 <= len(client.connection_pool._in_use_connections) <= lanes.MAX_IDLE
+
+
 def test_a_wrapped_script_call_sees_every_request(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     cp = _running(store)
     seen: list[str] = []

@@ -31,6 +31,7 @@ wraps them sees every request, as before.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -104,7 +105,8 @@ class _Lane:
         self.scripts = scripts
         self.encoding, self.errors, self.encoder = _encoder(self.pool)
         self.heads: dict[tuple[str, tuple[Any, ...]], bytes] = {}
-        self.free: list[Any] = []
+        #: The client's kept connections, shared by every store's lane on that client.
+        self.free: list[Any] = _kept(client)
 
     def head(self, script: str, keys: Sequence[Any]) -> tuple[bytes, int]:
         """The packed ``EVALSHA sha numkeys *keys`` of ``script`` and ``keys``, and its bulk count."""
@@ -136,14 +138,29 @@ class _Lane:
             self.heads.pop(k, None)
 
 
-_LANES: weakref.WeakSet[SyncLane] = weakref.WeakSet()
+#: Each client's kept connections, one list per client whatever the number of stores on it (so the
+#: connections a client's pool counts as in use stay at most MAX_IDLE idle ones, however many stores
+#: come and go); gone with the client.
+_KEPT: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept(client: Any) -> list[Any]:
+    with _KEPT_LOCK:
+        free = _KEPT.get(client)
+        if free is None:
+            free = _KEPT[client] = []
+        return free
 
 
 def _forget_after_fork() -> None:
     # A child must not share its parent's sockets: the pool starts over in the child (redis-py's
-    # own pid check), and so do the lanes' kept connections.
-    for lane in list(_LANES):
-        lane.free = []
+    # own pid check), and so do the kept connections (and the lock, which a thread of the parent
+    # may have held at the fork).
+    global _KEPT_LOCK
+    _KEPT_LOCK = threading.Lock()
+    for free in list(_KEPT.values()):
+        free.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -152,10 +169,6 @@ if hasattr(os, "register_at_fork"):
 
 class SyncLane(_Lane):
     """The short way for a sync ``redis.Redis`` client (see the module)."""
-
-    def __init__(self, client: Any, scripts: dict[str, Any]) -> None:
-        super().__init__(client, scripts)
-        _LANES.add(self)
 
     def call(self, script: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         client = self.client
