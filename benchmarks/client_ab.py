@@ -11,8 +11,8 @@ both alike and the ratios are taken within a round. Three figures:
 * **single**: one connection, used serially: claim + commit and a steady
   commit_and_claim loop of a 1 KiB state for each side, next to the floor (2
   no-op EVALSHA through redis-py) and redis-py ``Lock`` acquire + SET 1 KiB +
-  release, as in ``single.py`` (the goals' ratios: claim + commit / floor and
-  Lock / commit_and_claim);
+  release, as in ``single.py`` (the goals' ratios: claim + commit / floor,
+  Lock / commit_and_claim, and commit_and_claim / one no-op EVALSHA, its own floor);
 * **async**: ``AsyncCheckpointStore`` with 64 tasks on one event loop (as in
   ``concurrency.py``), each side looping commit_and_claim, and claim + commit,
   for a window each: cycles/s and the client's CPU per cycle;
@@ -144,6 +144,9 @@ def single(url: str, sides: dict[str, ModuleType], rounds: int) -> dict[str, Any
         execute("EVALSHA", sha, 0)
         execute("EVALSHA", sha, 0)
 
+    def floor1() -> None:
+        execute("EVALSHA", sha, 0)
+
     lock = client.lock("ab:lock", timeout=30)
     blob = msgpack.packb(state)
 
@@ -153,7 +156,7 @@ def single(url: str, sides: dict[str, ModuleType], rounds: int) -> dict[str, Any
         client.set("ab:state", blob)
         lock.release()
 
-    cycles: dict[str, Callable[[], None]] = {"floor": floor, "lock": redis_py_lock}
+    cycles: dict[str, Callable[[], None]] = {"floor": floor, "floor1": floor1, "lock": redis_py_lock}
     for side, pkg in sides.items():
         store = pkg.CheckpointStore(client, namespace=f"ab-{side}")
         cycles[f"{side}_claim_commit"] = ClaimCommit(pkg, store, "cc", state)
@@ -182,6 +185,7 @@ def single(url: str, sides: dict[str, ModuleType], rounds: int) -> dict[str, Any
     for side in sides:
         out["ratios"][f"{side}: claim + commit / floor"] = ratio(f"{side}_claim_commit", "floor")
         out["ratios"][f"{side}: Lock / commit_and_claim"] = ratio("lock", f"{side}_continue")
+        out["ratios"][f"{side}: commit_and_claim / 1 no-op EVALSHA"] = ratio(f"{side}_continue", "floor1")
     if "base" in sides:
         out["ratios"]["claim + commit, base / new"] = ratio("base_claim_commit", "new_claim_commit")
         out["ratios"]["commit_and_claim, base / new"] = ratio("base_continue", "new_continue")

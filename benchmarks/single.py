@@ -21,7 +21,6 @@ import redis
 from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate.testing import finish, first_call, internals
 
-from ._lean import LeanDriver
 from ._util import (
     Settings,
     has_json_and_search,
@@ -51,9 +50,9 @@ class Contender:
 class AgentCycle:
     """Claim the next cycle, change the state, commit it: what a worker does per cycle."""
 
-    def __init__(self, store: Any, task_id: str, token: str, state: dict[str, Any], *, lean: bool = False) -> None:
+    def __init__(self, store: Any, task_id: str, token: str, state: dict[str, Any]) -> None:
         self.store = store
-        self.api: Any = LeanDriver(store) if lean else store
+        self.api: Any = store
         self.task_id = task_id
         self.token = token
         store.delete(task_id)
@@ -122,15 +121,19 @@ def server_us(client: redis.Redis, store: CheckpointStore, state: dict[str, Any]
     return out
 
 
-def noop_evalsha(client: redis.Redis) -> Callable[[], Any]:
+def noop_evalsha(client: redis.Redis, n: int = 2) -> Callable[[], Any]:
+    """``n`` no-op EVALSHA through redis-py, one after the other on the same connection."""
     sha = client.script_load("return 0")
     execute = client.execute_command
 
-    def cycle() -> None:
+    def two() -> None:
         execute("EVALSHA", sha, 0)
         execute("EVALSHA", sha, 0)
 
-    return cycle
+    def one() -> None:
+        execute("EVALSHA", sha, 0)
+
+    return two if n == 2 else one
 
 
 def raw_socket_evalsha(url: str, client: redis.Redis) -> tuple[Callable[[], Any], Callable[[], None]]:
@@ -347,10 +350,10 @@ def run(settings: Settings) -> dict[str, Any]:
             round_trips=1,
         ),
         Contender(
-            "agentstate_lean",
-            "same, proposed call path (prototype in benchmarks/_lean.py)",
-            AgentCycle(store, "task-2", "w2", dict(state), lean=True),
-            round_trips=2,
+            "floor_evalsha1",
+            "floor of a steady cycle: 1 no-op EVALSHA, redis-py",
+            noop_evalsha(client, 1),
+            round_trips=1,
         ),
         *lock_contenders(client, ns, blob),
         langgraph_contender(settings, client, state),
@@ -415,8 +418,7 @@ def run(settings: Settings) -> dict[str, Any]:
             "lock_over_continue": ratio("redis_py_lock", "agentstate_continue"),
             "continue_vs_floor": ratio("agentstate_continue", "floor_evalsha"),
             "claim_commit_over_continue": ratio("agentstate", "agentstate_continue"),
-            "lean_vs_floor": ratio("agentstate_lean", "floor_evalsha"),
-            "lock_over_lean": ratio("redis_py_lock", "agentstate_lean"),
+            "continue_vs_floor1": ratio("agentstate_continue", "floor_evalsha1"),
             "redis_py_floor_vs_raw": ratio("floor_evalsha", "floor_raw_socket"),
             "shaped_vs_floor": ratio("floor_shaped", "floor_evalsha"),
             "agentstate_vs_shaped": ratio("agentstate", "floor_shaped"),

@@ -55,7 +55,7 @@ def _check(data: dict[str, Any]) -> None:
 
     single = {r["name"]: r for r in figs["single"]["rows"]}
     for name in ("floor_evalsha", "floor_raw_socket", "floor_shaped", "agentstate", "agentstate_continue",
-                 "agentstate_lean", "redis_py_lock"):  # fmt: skip
+                 "floor_evalsha1", "redis_py_lock"):  # fmt: skip
         assert single[name]["us_per_cycle"]["median"] > 0, name
     assert figs["single"]["ratios"]["lock_over_continue"]["median"] > 0
     server = figs["single"]["server_us"]
@@ -88,7 +88,7 @@ def _check(data: dict[str, Any]) -> None:
     prof = figs["profile"]
     assert prof["cprofile"]["areas"] and prof["micro_us"]
 
-    goals = {"continue_vs_lock", "single_vs_floor", "history_growth"}
+    goals = {"continue_vs_lock", "continue_vs_floor1", "single_vs_floor", "history_growth"}
     if figs["single"]["server_us"] is not None:
         goals |= {"claim_commit_us", "commit_and_claim_us"}
     assert {t["id"] for t in data["targets"]} == goals

@@ -16,6 +16,7 @@ import redis.exceptions as rex
 from ..clients import AsyncClient, SyncClient
 from ..errors import AgentStateError
 from .failures import _explain, _translate
+from .lanes import LanedScripts
 from .layout import refresh_layout
 from .pipelines import _raise_first_error, _send_batch_async, _send_batch_sync
 from .relocation import Backoff, Relocation, ShardMoved, is_moved, sealed_too_long
@@ -48,6 +49,8 @@ async def _send_acked_async(client: AsyncClient, scripts: dict[str, Any], req: R
 
 def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
+        if type(scripts) is LanedScripts:
+            return scripts.lane.call(req.script, req.keys, req.args)  # the short way (lanes.py)
         return scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
         return _send_batch_sync(client, scripts, req)[0]
@@ -61,6 +64,8 @@ def _send_sync(client: SyncClient, scripts: dict[str, Any], req: Request) -> Any
 
 async def _send_async(client: AsyncClient, scripts: dict[str, Any], req: Request) -> Any:
     if isinstance(req, Call):
+        if type(scripts) is LanedScripts:
+            return await scripts.lane.call(req.script, req.keys, req.args)
         return await scripts[req.script](keys=req.keys, args=req.args, client=client)
     if isinstance(req, Batch):
         return (await _send_batch_async(client, scripts, req))[0]
@@ -240,7 +245,10 @@ async def run_async(
                 try:
                     if ack is None and type(req) is Call:
                         # The hot path, inlined: one coroutine fewer per script call than via _send_async.
-                        reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
+                        if type(scripts) is LanedScripts:
+                            reply = await scripts.lane.call(req.script, req.keys, req.args)
+                        else:
+                            reply = await scripts[req.script](keys=req.keys, args=req.args, client=client)
                     elif ack is None:
                         reply = await _send_async(client, scripts, sent)
                     else:

@@ -7,9 +7,9 @@ codes, the checkpoint hash fields, so Python is their single source), the
 preludes ``PRELUDES`` lists for it (``_base.lua``, then its family's own:
 helpers and the key layout), and the script's own file. Its SHA is computed
 over that text; redis-py's ``Script`` objects handle NOSCRIPT by loading the
-text once and retrying, and the driver does the same for a pipeline of script
-calls (``wire.Batch``), so a ``SCRIPT FLUSH`` or a fail-over to a fresh node
-is invisible to callers.
+text once and retrying, and so do the driver for a pipeline of script calls
+(``wire.Batch``) and the short way of a call (``wire/lanes.py``), so a
+``SCRIPT FLUSH`` or a fail-over to a fresh node is invisible to callers.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from . import eviction as _eviction
 from . import scripts
 from .client_checks import check_client, is_cluster_client
 from .drivers import run_async, run_sync
+from .lanes import laned
 from .layout import resolve_layout
 from .relocation import Relocation
 from .replicas import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
@@ -81,7 +82,10 @@ class StoreShell(Generic[C]):
         self._shards = None if shards is None else check_shards(shards)
         self._core: C = core
         self._client = client
-        self._scripts: dict[str, Any] = scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS)
+        # With the short way of a call where the client allows it (``wire/lanes.py``).
+        self._scripts: dict[str, Any] = laned(
+            client, scripts.register(client, script_names + scripts.LAYOUT_SCRIPTS), asyncio=bool(self._ASYNCIO)
+        )
         self._retry = retry or RetryPolicy()
         #: None: writes are not followed by WAIT (``wait_replicas=0``).
         self._ack = ReplicaAck(client, wait_replicas, wait_timeout_ms) if wait_replicas else None

@@ -317,10 +317,11 @@ local function with_writes(stored, writes)
 end
 
 -- The pending writes of checkpoint m whose stored form (nil: not stored) is ``stored``: those of
--- KEYS[5], else those it holds; '' if none, nil if ``stored`` is malformed.
+-- KEYS[5], else those it holds; '' if none, nil if ``stored`` is malformed. Second: true when they are
+-- those of KEYS[5].
 local function writes_of(m, stored)
   local w = redis.call('HGET', KEYS[5], m)
-  if w then return w end
+  if w then return w, true end
   if not stored then return '' end
   local reads_end, held = parts_of(stored)
   if not reads_end then return nil end
@@ -328,10 +329,10 @@ local function writes_of(m, stored)
 end
 
 -- Store checkpoint m as ``stored`` in the index (replacing entry ``old``, if any, and a record of
--- the earlier layout).
-local function put_record(m, stored, old)
+-- the earlier layout; ``no_record``: the caller read KEYS[2] and m has no record there).
+local function put_record(m, stored, old, no_record)
   if old then redis.call('ZREM', KEYS[3], old) end
-  redis.call('HDEL', KEYS[2], m)
+  if not no_record then redis.call('HDEL', KEYS[2], m) end
   redis.call('ZREM', KEYS[3], m)
   redis.call('ZADD', KEYS[3], 0, m .. SEP .. stored)
 end
@@ -502,11 +503,12 @@ local function checkpoint_reply(member, seen, room, stored)
     end
   end
   -- The pending writes are checked by the client (here only references are resolved).
-  local writes = resolve_writes(writes_of(member, entry and record))
+  local raw, in_writes = writes_of(member, entry and record)
+  local writes = resolve_writes(raw)
   if not writes then return CORRUPT, 4, 'shared-value' end
   local where_w = 5
   if entry then
-    if redis.call('HEXISTS', KEYS[5], member) == 0 then where_w = 3 end
+    if not in_writes then where_w = 3 end
     record = with_writes(record, nil)
   end
   return {member, record, blobs, writes, entry and 3 or 2, where_w}, size + #writes

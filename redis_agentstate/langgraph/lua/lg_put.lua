@@ -16,13 +16,19 @@
 -- nothing written); {REFUSED, 'base', field} a tail whose base is gone (nothing written:
 -- the caller resends the full value); an AGENTSTATE_CORRUPT error reply if the checkpoint
 -- stored under the same id is malformed (nothing written).
+-- A key of another Redis type fails with WRONGTYPE before the first write: each key it writes is
+-- read before (KEYS[1], [3], [5]; [2] when the checkpoint is not in the index), is the first
+-- write (KEYS[8]), or is probed (KEYS[2] otherwise, [4], [6], [9]); KEYS[7] it never touches.
 local tid, token, ttl, member, record, run_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local parent = ARGV[7]
 
-probe()
 local refused = fence(token, server_now_ms())
 if refused ~= '' then return {REPLY_REFUSED, refused} end
-if parent ~= '' and not record_of(parent) then return {REPLY_REFUSED, 'gone', parent} end
+-- The parent's index entry counted, not read: its stored checkpoint is not copied into the script.
+if parent ~= '' and redis.call('ZLEXCOUNT', KEYS[3], '[' .. parent .. SEP, '(' .. parent .. '\1') == 0
+    and redis.call('HEXISTS', KEYS[2], parent) == 0 then
+  return {REPLY_REFUSED, 'gone', parent}
+end
 -- The checkpoint holds its pending writes: those it held if it is stored again, or those sent
 -- before it (LangGraph's background writer can run a task's put_writes before the put), which
 -- leave KEYS[5] (unpacked first: they are checked before the first write).
@@ -40,16 +46,27 @@ if early then
 end
 local stored = with_writes(record, held)
 if not stored then return redis.error_reply('ERR lg_put: ARGV[5] is not a framed checkpoint') end
+local blobs_read = false
 for i = 8, #ARGV, 2 do
   local base = base_of(ARGV[i], ARGV[i + 1])
-  if base and redis.call('HEXISTS', KEYS[4], base) == 0 then return {REPLY_REFUSED, 'base', ARGV[i]} end
+  if base then
+    if redis.call('HEXISTS', KEYS[4], base) == 0 then return {REPLY_REFUSED, 'base', ARGV[i]} end
+    blobs_read = true
+  end
 end
-put_record(member, stored, old_entry)
+if #ARGV >= 8 and not blobs_read then redis.call('HLEN', KEYS[4]) end
+if old_entry then redis.call('HLEN', KEYS[2]) end
+if run_id ~= '' then
+  redis.call('ZCARD', KEYS[6])
+  redis.call('ZCARD', KEYS[9])
+end
+redis.call('ZADD', KEYS[8], 0, tid)
+-- Without an index entry, record_of read KEYS[2]: the record is in neither layout (nothing to drop).
+put_record(member, stored, old_entry, not old_entry and not old_stored)
 if early then redis.call('HDEL', KEYS[5], member) end
 for i = 8, #ARGV, 2 do
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
 end
-redis.call('ZADD', KEYS[8], 0, tid)
 if run_id ~= '' then
   redis.call('ZADD', KEYS[6], 0, run_id .. SEP .. member)
   redis.call('ZADD', KEYS[9], 0, run_id .. SEP .. tid)
