@@ -437,7 +437,9 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
                 f"round's p50 ratio: `agentstate serve` answers `runs.wait` that many times faster than {name} "
                 f"(the bar: at least {bar:g}x, {met})")  # fmt: skip
         if n_at_once:
-            note += f"; {n_at_once} at once, until the last answer: {ratios(f'{path}_burst_ratio')}"
+            vals = [r[f"{path}_burst_ratio"] for r in rounds]
+            note += (f"; {n_at_once} at once, its time until the last answer over ours: {_med(vals):.1f}x (p10-p90 "
+                     f"{percentile(vals, 10):.1f}-{percentile(vals, 90):.1f}x; below 1, it is the faster)")  # fmt: skip
         return note + "."
 
     ratio = _med([r["ratio"] for r in rounds])
