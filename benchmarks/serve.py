@@ -429,7 +429,8 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
 
     def ratios(key: str) -> str:
         vals = [r[key] for r in rounds]
-        return f"**{_med(vals):.1f}x** (p10-p90 {percentile(vals, 10):.1f}-{percentile(vals, 90):.1f}x)"
+        n = 1 if _med(vals) >= 10 else 2  # near a bar of 2x, 1.96x is not shown as 2.0x
+        return f"**{_med(vals):.{n}f}x** (p10-p90 {percentile(vals, 10):.{n}f}-{percentile(vals, 90):.{n}f}x)"
 
     def against(path: str, letter: str, name: str, bar: float) -> str:
         met = "met" if _med([r[f"{path}_ratio"] for r in rounds]) >= bar else "**not met**"
