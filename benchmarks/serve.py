@@ -8,8 +8,11 @@ side in one run:
    fresh thread: ``RunQueue.create`` + ``RunQueue.join`` straight to Redis (A) against
    ``langgraph-sdk``'s ``client.runs.wait`` through the server (B); the server's worker executes
    both. With ``--langgraph-dev CMD`` (default ``$AGENTSTATE_LANGGRAPH_DEV``), the same
-   ``runs.wait`` against LangChain's own ``langgraph dev`` on the same graph file (C). Interleaved
-   rounds; per round each path's p50 and p99 ms, and the p50 ratios B / A and C / B.
+   ``runs.wait`` against LangChain's own ``langgraph dev`` on the same graph file (C); with ``--aegra
+   PYTHON`` (default ``$AGENTSTATE_AEGRA``), against Aegra on a throwaway PostgreSQL (D; the servers
+   are started by ``benchmarks/servers.py``). Interleaved rounds; per round each path's p50 and p99
+   ms, the p50 ratios B / A, C / B and D / B, then ``--concurrent`` ``runs.wait`` at once against each
+   server (B, C, D), timed until the last answers.
 2. **SSE fan-out.** One run streams ``--events`` custom events (``benchmarks.langgraph_runs:EVENTS``)
    while ``--clients`` clients (one asyncio loop, httpx) follow ``GET /threads/{t}/runs/{r}/stream``:
    how many received every event, the event latency (node emits -> client receives) over all
@@ -35,7 +38,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -49,7 +51,7 @@ from redis_agentstate import Checkpoint, CheckpointStore
 from redis_agentstate.embedded import start_embedded
 from redis_agentstate.langgraph import RunQueue
 
-from . import report
+from . import report, servers
 from ._util import command_line, finish_meta, percentile, proc_cpu_seconds, run_meta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,102 +59,56 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 NAME = "serve"
 MODULE = "benchmarks.serve"
 TOKEN = "bench-" + uuid.uuid4().hex
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: The overhead's graph, one file every server loads.
+STEPS = f"{ROOT / 'benchmarks' / '_lg_steps.py'}:GRAPH"
 
 
 @contextlib.contextmanager
 def _server(url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = _free_port()
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", url, "--namespace", namespace,
-            "--port", str(port), "--workers", "1", "--graph", "steps=benchmarks._lg_steps:GRAPH",
-            "--graph", "events=benchmarks.langgraph_runs:EVENTS"]  # fmt: skip
-    env = {**os.environ, "AGENTSTATE_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    err.seek(0)
-                    raise SystemExit(f"agentstate serve exited: {err.read().decode()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(base + "/ok", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit("agentstate serve did not come up")
-                time.sleep(0.05)
-            yield base, proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-@contextlib.contextmanager
-def _dev_server(cmd: str) -> Iterator[str]:
-    """LangChain's own server (``langgraph dev``, from ``langgraph-cli[inmem]``) on the same graph file."""
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
-        spec = {"graphs": {"steps": f"{ROOT / 'benchmarks' / '_lg_steps.py'}:GRAPH"}, "dependencies": ["."]}
-        Path(d, "langgraph.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        proc = subprocess.Popen([cmd, "dev", "--no-browser", "--no-reload", "--port", str(port)], cwd=d, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if proc.poll() is not None:
-                    err.seek(0)
-                    raise SystemExit(f"langgraph dev exited: {err.read().decode()[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(base + "/ok", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit("langgraph dev did not come up")
-                time.sleep(0.1)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def _version_of(cmd: str, package: str) -> str | None:
-    """``package``'s version in the environment of the ``langgraph`` command ``cmd``."""
-    py = Path(cmd).parent / "python"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run([str(py), "-c", f"import importlib.metadata as m; print(m.version({package!r}))"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-        return out.stdout.strip() or None
-    return None
+    graphs = {"steps": "benchmarks._lg_steps:GRAPH", "events": "benchmarks.langgraph_runs:EVENTS"}
+    with servers.agentstate_serve(url, graphs, namespace=namespace, token=TOKEN, extra=["--workers", "1"]) as up:
+        yield up
 
 
 # ---- 1. the API's overhead -------------------------------------------------------------------------
 
 
-def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: str | None = None,
-             dev_runs: int = 10) -> dict[str, Any]:  # fmt: skip
-    """Per round, each path's p50 / p99 ms; with ``dev`` (a ``langgraph dev`` URL) a third path, the same
-    ``runs.wait`` against LangChain's own server (``dev_runs`` runs a round: it takes about a second each)."""
+#: The servers of the API's overhead, by their key in a round: ours, then the others on the same graph.
+SERVERS = {"http": "agentstate serve", "dev": "langgraph dev", "aegra": "Aegra"}
+WANT = ["in", "a", "b", "c"]
+
+
+def _burst(base: str, api_key: str | None, n: int) -> float:
+    """Seconds until the last of ``n`` concurrent ``runs.wait`` (each on a fresh thread, made untimed) answers."""
+    from langgraph_sdk import get_client
+
+    async def main() -> float:
+        async with get_client(url=base, api_key=api_key, timeout=300) as sdk:
+            tids = [(await sdk.threads.create())["thread_id"] for _ in range(n)]
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(*(sdk.runs.wait(t, "steps", input={"log": ["in"]}) for t in tids))
+            wall = time.perf_counter() - t0
+        bad = [o for o in outs if not isinstance(o, dict) or o.get("log") != WANT]
+        assert not bad, bad[:3]
+        return wall
+
+    return asyncio.run(main())
+
+
+def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, others: dict[str, str] | None = None,
+             dev_runs: int = 10, concurrent: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Per round, each path's p50 / p99 ms. ``others``: more servers of the same graph by key (``dev``:
+    ``langgraph dev``, ``aegra``: Aegra; their URL), the same ``runs.wait`` timed against each
+    (``dev_runs`` runs a round for ``langgraph dev``: it takes about a second each), and their p50 over
+    ours per round. ``concurrent``: then, per round, ``concurrent`` ``runs.wait`` at once against each
+    server, timed until the last answers."""
     from langgraph_sdk import get_sync_client
 
+    others = others or {}
     queue = RunQueue(redis.Redis.from_url(url), namespace=f"{namespace}.steps")
-    sdk = get_sync_client(url=base, api_key=TOKEN)
-    dev_sdk = None if dev is None else get_sync_client(url=dev, api_key=None)
-    want = ["in", "a", "b", "c"]
+    keys: dict[str, str | None] = {"http": TOKEN, **{k: None for k in others}}
+    bases = {"http": base, **others}
+    sdks = {k: get_sync_client(url=bases[k], api_key=keys[k]) for k in bases}
     seq = iter(range(10**9))
 
     def direct() -> Callable[[], None]:
@@ -162,28 +118,21 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: s
 
         return run
 
-    def http() -> Callable[[], None]:
-        tids = iter([sdk.threads.create()["thread_id"] for _ in range(runs)])  # untimed: the thread exists
+    def waits(key: str) -> Callable[[], Callable[[], None]]:
+        sdk = sdks[key]
 
-        def run() -> None:
-            out = sdk.runs.wait(next(tids), "steps", input={"log": ["in"]})
-            assert out["log"] == want, out
+        def make() -> Callable[[], None]:
+            tids = iter([sdk.threads.create()["thread_id"] for _ in range(runs)])  # untimed: the thread exists
 
-        return run
+            def run() -> None:
+                out = sdk.runs.wait(next(tids), "steps", input={"log": ["in"]})
+                assert isinstance(out, dict) and out.get("log") == WANT, (key, out)
 
-    def langgraph_dev() -> Callable[[], None]:
-        assert dev_sdk is not None
-        tids = iter([dev_sdk.threads.create()["thread_id"] for _ in range(runs)])
+            return run
 
-        def run() -> None:
-            out = dev_sdk.runs.wait(next(tids), "steps", input={"log": ["in"]})
-            assert out["log"] == want, out
+        return make
 
-        return run
-
-    paths: dict[str, Callable[[], Callable[[], None]]] = {"queue": direct, "http": http}
-    if dev_sdk is not None:
-        paths["dev"] = langgraph_dev
+    paths: dict[str, Callable[[], Callable[[], None]]] = {"queue": direct, **{k: waits(k) for k in bases}}
     for make in paths.values():  # warm-up
         fn = make()
         for _ in range(min(5, runs)):
@@ -200,14 +149,20 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: s
                 ms.append((time.perf_counter() - t0) * 1000)
             rnd[name] = {"p50": round(percentile(ms, 50), 3), "p99": round(percentile(ms, 99), 3)}
         rnd["ratio"] = round(rnd["http"]["p50"] / rnd["queue"]["p50"], 3)
-        if "dev" in rnd:
-            rnd["dev_ratio"] = round(rnd["dev"]["p50"] / rnd["http"]["p50"], 3)
+        for k in others:
+            rnd[f"{k}_ratio"] = round(rnd[k]["p50"] / rnd["http"]["p50"], 3)
+        if concurrent:
+            rnd["burst_s"] = {k: round(_burst(bases[k], keys[k], concurrent), 3) for k in bases}
+            for k in others:
+                rnd[f"{k}_burst_ratio"] = round(rnd["burst_s"][k] / rnd["burst_s"]["http"], 3)
         out["rounds"].append(rnd)
-        dev_note = ""
-        if "dev" in rnd:
-            dev_note = f", langgraph dev p50 {rnd['dev']['p50']:.2f} ms ({rnd['dev_ratio']:.1f}x ours)"
+        notes = "".join(f", {SERVERS[k]} p50 {rnd[k]['p50']:.2f} ms ({rnd[f'{k}_ratio']:.1f}x ours)" for k in others)
+        if concurrent:
+            notes += f"; {concurrent} at once: " + ", ".join(
+                f"{SERVERS[k]} {s:.2f} s" for k, s in rnd["burst_s"].items()
+            )
         print(f"overhead round {len(out['rounds'])}: queue p50 {rnd['queue']['p50']:.2f} ms, "
-              f"http p50 {rnd['http']['p50']:.2f} ms ({rnd['ratio']:.2f}x){dev_note}", flush=True)  # fmt: skip
+              f"http p50 {rnd['http']['p50']:.2f} ms ({rnd['ratio']:.2f}x){notes}", flush=True)  # fmt: skip
     return out
 
 
@@ -368,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="overhead: the `langgraph` command of langgraph-cli[inmem], to time runs.wait against "
                    "`langgraph dev` side by side (default $AGENTSTATE_LANGGRAPH_DEV; none: not timed)")  # fmt: skip
     p.add_argument("--dev-runs", type=int, help="overhead: langgraph dev runs per round (default 10; --quick 3)")
+    p.add_argument("--aegra", default=os.environ.get("AGENTSTATE_AEGRA"), metavar="PYTHON",
+                   help="overhead: the Python (or bin/ directory) of a virtualenv with aegra-api and greenlet, to time "
+                   "runs.wait against Aegra on a throwaway PostgreSQL side by side (default $AGENTSTATE_AEGRA; "
+                   "none: not timed, its row says why)")  # fmt: skip
+    p.add_argument("--concurrent", type=int, help="overhead: runs.wait at once against each server, per round "
+                   "(default 50; --quick 5; 0: none)")  # fmt: skip
     args = p.parse_args(argv)
     q = args.quick
     params: dict[str, Any] = {
@@ -380,9 +341,18 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": args.tasks if args.tasks is not None else (500 if q else 100_000),
         "probes": args.probes or (2 if q else 10),
         "dev_runs": args.dev_runs or (3 if q else 10),
-        "langgraph_api": _version_of(args.langgraph_dev, "langgraph-api") if args.langgraph_dev else None,
+        "concurrent": args.concurrent if args.concurrent is not None else (5 if q else 50),
+        "langgraph_api": None,
+        "aegra_api": None,
+        "aegra_missing": "no `--aegra` (`$AGENTSTATE_AEGRA`)",
         "cores": os.cpu_count(),
     }
+    if args.langgraph_dev:
+        params["langgraph_api"] = servers.version_in(Path(args.langgraph_dev).parent / "python", "langgraph-api")
+    if args.aegra:
+        params["aegra_missing"] = servers.aegra_missing(args.aegra)
+        params["aegra_api"] = servers.version_in(servers.aegra_python(args.aegra), "aegra-api")
+        params["postgres"] = servers.postgres_version()
     server = start_embedded(prefer="redis-server")
     namespace = f"bench-serve-{uuid.uuid4().hex[:6]}"
     data: dict[str, Any] = {}
@@ -392,10 +362,21 @@ def main(argv: list[str] | None = None) -> int:
         data["fill_s"] = round(_fill(server.url, namespace, params["tasks"]), 1)
         with contextlib.ExitStack() as stack:
             base, proc = stack.enter_context(_server(server.url, namespace))
-            dev = stack.enter_context(_dev_server(args.langgraph_dev)) if args.langgraph_dev else None
+            others: dict[str, str] = {}
+            if args.langgraph_dev:
+                others["dev"] = stack.enter_context(servers.langgraph_dev(args.langgraph_dev, {"steps": STEPS}))
+            if args.aegra and params["aegra_missing"] is None:
+                others["aegra"] = stack.enter_context(servers.aegra(args.aegra, {"steps": STEPS}))
             sections: dict[str, Callable[[], Any]] = {
                 "overhead": lambda: overhead(
-                    server.url, base, namespace, params["rounds"], params["runs"], dev, params["dev_runs"]
+                    server.url,
+                    base,
+                    namespace,
+                    params["rounds"],
+                    params["runs"],
+                    others,
+                    params["dev_runs"],
+                    params["concurrent"],
                 ),
                 "fanout": lambda: fanout(base, proc.pid, params["clients"], params["events"], args.gap_ms),
                 "dashboard": lambda: dashboard(server.url, base, namespace, params["probes"]),
@@ -432,21 +413,57 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
     o, f, d = data["overhead"], data["fanout"], data["dashboard"]
     rounds = o["rounds"]
 
+    def spread(vals: list[float], digits: int = 2) -> str:
+        return f"{_med(vals):.{digits}f} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
+
     def cell(path: str, key: str) -> str:
-        vals = [r[path][key] for r in rounds]
-        return f"{_med(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+        return spread([r[path][key] for r in rounds])
+
+    n_at_once = (params.get("concurrent") or 0) if all("burst_s" in r for r in rounds) else 0
+
+    def row(label: str, path: str) -> str:
+        burst = ""
+        if n_at_once:
+            burst = " - |" if path == "queue" else f" {spread([r['burst_s'][path] for r in rounds])} |"
+        return f"| {label} | {cell(path, 'p50')} | {cell(path, 'p99')} |{burst}"
+
+    def ratios(key: str) -> str:
+        vals = [r[key] for r in rounds]
+        n = 1 if _med(vals) >= 10 else 2  # near a bar of 2x, 1.96x is not shown as 2.0x
+        return f"**{_med(vals):.{n}f}x** (p10-p90 {percentile(vals, 10):.{n}f}-{percentile(vals, 90):.{n}f}x)"
+
+    def against(path: str, letter: str, name: str, bar: float) -> str:
+        met = "met" if _med([r[f"{path}_ratio"] for r in rounds]) >= bar else "**not met**"
+        note = (f"- {letter} / B: {ratios(f'{path}_ratio')}, the median over the {len(rounds)} rounds of each "
+                f"round's p50 ratio: `agentstate serve` answers `runs.wait` that many times faster than {name} "
+                f"(the bar: at least {bar:g}x, {met})")  # fmt: skip
+        if n_at_once:
+            vals = [r[f"{path}_burst_ratio"] for r in rounds]
+            note += (f"; {n_at_once} at once, its time until the last answer over ours: {_med(vals):.1f}x (p10-p90 "
+                     f"{percentile(vals, 10):.1f}-{percentile(vals, 90):.1f}x; below 1, it is the faster)")  # fmt: skip
+        return note + "."
 
     ratio = _med([r["ratio"] for r in rounds])
-    dev_rows: list[str] = []
-    dev_notes = ["- C: not run (no `--langgraph-dev`, `$AGENTSTATE_LANGGRAPH_DEV`)."]
+    rows, notes = [], []
     if all("dev" in r for r in rounds):
         version = params.get("langgraph_api") or "?"
-        dev_rows = [f"| C: the same `client.runs.wait` through `langgraph dev` (langgraph-api {version}, in memory; "
-                    f"{params['dev_runs']} runs a round) | {cell('dev', 'p50')} | {cell('dev', 'p99')} |"]  # fmt: skip
-        dev_ratio = _med([r["dev_ratio"] for r in rounds])
-        lo, hi = min(r["dev_ratio"] for r in rounds), max(r["dev_ratio"] for r in rounds)
-        dev_notes = [f"- C / B, median of the rounds' p50 ratios: **{dev_ratio:.1f}x** (`agentstate serve` is that "
-                     f"many times faster than `langgraph dev` here; min-max {lo:.1f}-{hi:.1f}x)."]  # fmt: skip
+        rows.append(row(f"C: the same `client.runs.wait` through `langgraph dev` (langgraph-api {version}, in "
+                        f"memory; {params['dev_runs']} runs a round)", "dev"))  # fmt: skip
+        notes.append(against("dev", "C", "`langgraph dev`", 20))
+    else:
+        notes.append("- C: `langgraph dev` not run: no `--langgraph-dev` (`$AGENTSTATE_LANGGRAPH_DEV`).")
+    if all("aegra" in r for r in rounds):
+        version = params.get("aegra_api") or "?"
+        rows.append(row(f"D: the same `client.runs.wait` through Aegra (aegra-api {version}, on PostgreSQL "
+                        f"{params.get('postgres') or '?'})", "aegra"))  # fmt: skip
+        notes.append(against("aegra", "D", "Aegra", 2))
+    else:
+        why = params.get("aegra_missing") or "no `--aegra` (`$AGENTSTATE_AEGRA`)"
+        notes.append(f"- D: Aegra not run: {why}.")
+    head, rule = "| path | p50 ms | p99 ms |", "| --- | --- | --- |"
+    if n_at_once:
+        head += f" {n_at_once} `runs.wait` at once, s until the last answers |"
+        rule += " --- |"
     lat = f["latency_ms"] or {}
     cpu = f["server_cpu_s"]
     upd = d["update_ms"]
@@ -459,18 +476,16 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         "",
         f"**API overhead.** The 3-node graph, each run on a fresh thread; {len(rounds)} interleaved rounds of "
         f"{params['runs']} runs per path; ms per run, median (min-max) over rounds; the server's worker executes "
-        "both paths' runs.",
+        "A's and B's runs; C and D are the other servers of the same API, on the same graph file.",
         "",
-        "| path | p50 ms | p99 ms |",
-        "| --- | --- | --- |",
-        f"| A: `RunQueue.create` + `RunQueue.join`, straight to Redis | {cell('queue', 'p50')} | "
-        f"{cell('queue', 'p99')} |",
-        f"| B: `langgraph-sdk` `client.runs.wait` through `agentstate serve` | {cell('http', 'p50')} | "
-        f"{cell('http', 'p99')} |",
-        *dev_rows,
+        head,
+        rule,
+        row("A: `RunQueue.create` + `RunQueue.join`, straight to Redis", "queue"),
+        row("B: `langgraph-sdk` `client.runs.wait` through `agentstate serve`", "http"),
+        *rows,
         "",
         f"- B / A, median of the rounds' p50 ratios: {ratio:.2f}x.",
-        *dev_notes,
+        *notes,
         "",
         f"**SSE fan-out.** {f['clients']} clients follow one run's stream (`GET /threads/{{t}}/runs/{{r}}/stream`) "
         f"while it emits {f['events']} custom events {params['gap_ms']:g} ms apart.",

@@ -1,7 +1,8 @@
 """What the serve tests share: an app under uvicorn in a thread, ``langgraph dev`` beside it.
 
 ``app_in_thread``: ``agentstate serve``'s app (``create_app``) in this process, so a test can
-freeze or patch what it runs. ``langgraph_dev``: LangChain's own server on the same graphs, the
+freeze or patch what it runs. ``langgraph_dev``: LangChain's own server on the same graphs (started by
+``benchmarks/servers.py``, which the benchmarks and the JavaScript-client check share), the
 external judge (``$AGENTSTATE_LANGGRAPH_DEV`` names its ``langgraph`` command; ``.ci/run``
 installs it; ``langgraph_dev_cli`` fails under ``CI=true`` when it is missing, skips elsewhere).
 """
@@ -9,11 +10,8 @@ installs it; ``langgraph_dev_cli`` fails under ``CI=true`` when it is missing, s
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 from conftest import free_port
+
+from benchmarks import servers
 
 TESTS = Path(__file__).parent
 
@@ -75,28 +75,9 @@ def langgraph_dev_cli() -> str:
 def langgraph_dev(cli: str, module: str, names: tuple[str, ...], **config: Any) -> Iterator[str]:
     """``langgraph dev`` serving graphs ``names`` of ``tests/<module>.py``; its URL. ``config``: more keys
     of its ``langgraph.json`` (e.g. ``webhooks``)."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryFile() as err:
-        spec = {"graphs": {n: f"{TESTS / (module + '.py')}:{n}" for n in names}, "dependencies": [str(TESTS)],
-                **config}  # fmt: skip
-        (Path(d) / "langgraph.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        proc = subprocess.Popen([cli, "dev", "--port", str(port), "--no-browser", "--no-reload"], cwd=d, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            until(lambda: proc.poll() is not None or ok(url), 90)
-            if proc.poll() is not None:
-                err.seek(0)
-                raise AssertionError(err.read().decode(errors="replace")[-3000:])
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    graphs = {n: f"{TESTS / (module + '.py')}:{n}" for n in names}
+    with servers.langgraph_dev(cli, graphs, [TESTS], **config) as url:
+        yield url
 
 
 #: Before Python 3.11 asyncio cannot hand a task a context (``create_task(context=)``), so LangGraph

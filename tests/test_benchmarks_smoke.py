@@ -456,9 +456,21 @@ def test_serve_benchmark_quick(tmp_path: Path) -> None:
     assert 0 < d["first_frame_ms"] < 60_000 and d["update_ms"]["n"] == 2, d
     assert 0 < d["update_ms"]["p50"] < 30_000 and d["sweep_every_s"] >= 1.0, d
     assert d["commands_logged"] > 0 and d["slowest_us"] is not None and d["slowest_us"] < 1_000_000, d
+    assert params["concurrent"] == 5 and 0 < rnd["burst_s"]["http"] < 60, rnd
     block = serve.markdown(data, params)
     assert report.blocks(results, [])["serve"].rstrip() == block.rstrip()
     assert "| B: `langgraph-sdk` `client.runs.wait`" in block and "5 of 5" in block, block
+    assert "| 5 `runs.wait` at once, s until the last answers |" in block, block
+    # The other servers run where their commands are given (.ci/run gives langgraph dev's), and say why not.
+    others = (("dev", "AGENTSTATE_LANGGRAPH_DEV", "- C: `langgraph dev` not run: no `--langgraph-dev`"),
+              ("aegra", "AGENTSTATE_AEGRA", "- D: Aegra not run: no `--aegra`"))  # fmt: skip
+    for key, env, not_run in others:
+        row = not_run[2]
+        if os.environ.get(env):
+            assert rnd[key]["p50"] > 0 and rnd[f"{key}_ratio"] > 0 and rnd[f"{key}_burst_ratio"] > 0, rnd
+            assert f"| {row}: the same `client.runs.wait`" in block and f"- {row} / B: **" in block, block
+        else:
+            assert key not in rnd and not_run in block, block
 
 
 def test_langgraph_conformance_benchmark_judges_every_saver() -> None:

@@ -28,44 +28,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 HERE = Path(__file__).resolve().parent / "js_client"
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import servers  # noqa: E402  (the repository's root, when this runs as a script)
+
 GRAPHS = ("steps", "slow", "ask", "chat")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def process(args: list[str], url: str, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> Iterator[str]:
-    """``args`` running until its ``/ok`` answers (60 s at most), stopped on exit."""
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    out.seek(0)
-                    raise SystemExit(f"{args[0]} exited {proc.returncode}: {out.read().decode()[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/ok", timeout=2).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{' '.join(args)} did not answer /ok in 60 s")
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @contextlib.contextmanager
@@ -73,7 +41,7 @@ def redis_url(given: str | None) -> Iterator[str]:
     if given:
         yield given
         return
-    port = free_port()
+    port = servers.free_port()
     with tempfile.TemporaryDirectory() as d:
         proc = subprocess.Popen(
             ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", d],
@@ -109,20 +77,19 @@ def run_check(url: str, token: str = "") -> list[dict[str, object]]:
 TOKEN = uuid.uuid4().hex
 
 
+@contextlib.contextmanager
 def ours(redis: str) -> Iterator[str]:
-    port = free_port()
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", redis, "--port", str(port), "--token", TOKEN]
-    args += ["--namespace", f"js-{uuid.uuid4().hex[:8]}"]
-    for g in GRAPHS:
-        args += ["--graph", f"{g}=graphs:{g}"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return process(args, f"http://127.0.0.1:{port}", env=env)  # type: ignore[return-value]
+    graphs = {g: f"graphs:{g}" for g in GRAPHS}
+    namespace = f"js-{uuid.uuid4().hex[:8]}"
+    with servers.agentstate_serve(redis, graphs, namespace=namespace, token=TOKEN, pythonpath=[HERE]) as (url, _):
+        yield url
 
 
-def dev(langgraph: str) -> Iterator[str]:
-    port = free_port()
-    args = [langgraph, "dev", "--port", str(port), "--no-browser", "--no-reload", "--config", "langgraph.json"]
-    return process(args, f"http://127.0.0.1:{port}", cwd=HERE)  # type: ignore[return-value]
+def dev(langgraph: str) -> contextlib.AbstractContextManager[str]:
+    """``langgraph dev`` on ``js_client/langgraph.json``'s graphs."""
+    spec = json.loads((HERE / "langgraph.json").read_text())
+    graphs = {name: str(HERE / ref) for name, ref in spec["graphs"].items()}
+    return servers.langgraph_dev(langgraph, graphs, [HERE])
 
 
 def run_both(redis: str | None, langgraph: str | None) -> dict[str, list[dict[str, object]]]:
