@@ -33,7 +33,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -43,7 +42,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
-from conftest import free_port, require_real
+from conftest import require_real
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -52,8 +51,9 @@ pytest.importorskip("playwright.sync_api")
 
 from langgraph_sdk import get_sync_client
 from playwright.sync_api import sync_playwright
-from serve_support import ok, until
 from test_serve import TOKEN
+
+from benchmarks import servers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import js_client_check
@@ -102,47 +102,19 @@ def page_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         httpd.server_close()
 
 
-@contextlib.contextmanager
-def _process(args: list[str], url: str, **kw: Any) -> Iterator[str]:
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out, **kw)
-        try:
-            until(lambda: proc.poll() is not None or ok(url), 90)
-            if proc.poll() is not None:
-                out.seek(0)
-                raise AssertionError(f"{args[0]} exited {proc.returncode}: {out.read().decode()[-3000:]}")
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture(params=["dev", "ours"])
 def server(request: pytest.FixtureRequest, real_server: Any, page_origin: str) -> Iterator[tuple[str, str | None]]:
     """``(url, api key)`` of a fresh server serving ``agent``: ``langgraph dev`` or ours."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     if request.param == "dev":
         cli = _need("langgraph dev", os.environ.get("AGENTSTATE_LANGGRAPH_DEV") or shutil.which("langgraph"))
-        with tempfile.TemporaryDirectory() as project:
-            spec = {"dependencies": [str(JS)], "graphs": {GRAPH: f"{JS / 'graphs.py'}:{GRAPH}"}}
-            Path(project, "langgraph.json").write_text(json.dumps(spec))
-            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-            args = [cli, "dev", "--port", str(port), "--no-browser", "--no-reload"]
-            with _process(args, url, cwd=project, env=env):
-                yield url, None
+        with servers.langgraph_dev(cli, {GRAPH: f"{JS / 'graphs.py'}:{GRAPH}"}, [JS]) as url:
+            yield url, None
         return
-    redis_url = require_real(real_server)
-    env = {**os.environ, "AGENTSTATE_TOKEN": TOKEN,
-           "PYTHONPATH": os.pathsep.join([str(JS), str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", redis_url, "--port", str(port),
-            "--namespace", f"chat-page-{uuid.uuid4().hex[:8]}", "--graph", f"{GRAPH}=graphs:{GRAPH}",
-            "--cors-origin", page_origin]  # fmt: skip
-    with _process(args, url, env=env):
+    graphs, namespace = {GRAPH: f"graphs:{GRAPH}"}, f"chat-page-{uuid.uuid4().hex[:8]}"
+    extra = ["--cors-origin", page_origin]
+    with servers.agentstate_serve(
+        require_real(real_server), graphs, namespace=namespace, token=TOKEN, pythonpath=[JS], extra=extra
+    ) as (url, _):
         yield url, TOKEN
 
 
