@@ -378,13 +378,18 @@ def server_usec(admin: redis.Redis) -> float:
     return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
 
 
-def count_requests(pkg: Any) -> list[int]:
-    """Counts the requests ``pkg``'s sync driver sends (one per round trip): ``[n]``, updated in place."""
+def _drivers_of(pkg: Any) -> Any:
     # A package of either layout (a base commit's may predate wire/): its drivers module.
     try:
-        drivers: Any = importlib.import_module(f"{pkg.__name__}.wire.drivers")
+        return importlib.import_module(f"{pkg.__name__}.wire.drivers")
     except ModuleNotFoundError:
-        drivers = importlib.import_module(f"{pkg.__name__}._ops.drivers")
+        return importlib.import_module(f"{pkg.__name__}._ops.drivers")
+
+
+def count_requests(pkg: Any) -> list[int]:
+    """Counts the requests ``pkg``'s sync driver sends (one per round trip): ``[n]``, updated in place
+    (``uncount_requests`` puts the driver back)."""
+    drivers = _drivers_of(pkg)
     send = drivers._send_sync
     sent = [0]
 
@@ -392,8 +397,16 @@ def count_requests(pkg: Any) -> list[int]:
         sent[0] += 1
         return send(client, scripts, req)
 
+    counted.uncounted = send  # type: ignore[attr-defined]
     drivers._send_sync = counted
     return sent
+
+
+def uncount_requests(*pkgs: Any) -> None:
+    """The sync drivers of ``pkgs`` as they were before ``count_requests``."""
+    for pkg in pkgs:
+        drivers = _drivers_of(pkg)
+        drivers._send_sync = getattr(drivers._send_sync, "uncounted", drivers._send_sync)
 
 
 def claim_next_sample(store: Any, admin: redis.Redis, sent: list[int], calls: int, lease_ms: int) -> Sample:

@@ -576,8 +576,7 @@ class GraphWorker:
         try:
             with held[0] if held else self.saver.lease(run.thread_id, **a.lease_args) as entered:
                 thread_lease = held[1] if held else entered
-                # See _Attempt.started: the run must still be this attempt's once the saver lease is ours
-                # (begun under it, with the claim checked, it is).
+                # _Attempt.started: the run must still be this attempt's (begun under the lease, it is).
                 stop = "" if held else self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
@@ -599,6 +598,9 @@ class GraphWorker:
                     return None
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
+                back, status, error, gone = a.ending()
+                if not back:  # ended before the saver lease goes: a joiner hears of it a round trip sooner
+                    left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         except (RunLost, LeaseLost) as exc:
             if not a.fenced:
                 self._lost(run, exc)
@@ -611,12 +613,10 @@ class GraphWorker:
                 self._q.run(core.finish(run, a.token, "pending"))
                 lease.release(reason=f"{type(exc).__name__}")
             return None
-        back, status, error, gone = a.ending()
         if back:
             self._q.run(core.finish(run, a.token, "pending"))
             lease.release()
             return None
-        left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left
 
@@ -751,6 +751,9 @@ class GraphWorker:
                     await self._watch.around(a, self._astream(a, lease, last))
                 if a.stop == "rollback":
                     await self.saver.adelete_for_runs([run.run_id])
+                back, status, error, gone = a.ending()
+                if not back:  # as _execute: ended before the saver lease goes
+                    left: int = await self._q.run(core.finish(run, a.token, status, error, gone=gone))
         except (RunLost, LeaseLost) as exc:
             self._lost(run, exc)
             return None
@@ -761,11 +764,9 @@ class GraphWorker:
                 await self._q.run(core.finish(run, a.token, "pending"))
                 await lease.release(reason=f"{type(exc).__name__}")
             return None
-        back, status, error, gone = a.ending()
         if back:
             await self._q.run(core.finish(run, a.token, "pending"))
             await lease.release()
             return None
-        left: int = await self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left
