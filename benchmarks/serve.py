@@ -50,7 +50,16 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.langgraph import RunQueue
 
 from . import report
-from ._util import command_line, finish_meta, percentile, proc_cpu_seconds, run_meta
+from ._util import (
+    SERVE_COUNTED,
+    command_line,
+    count_round_trips,
+    counted_trips,
+    finish_meta,
+    percentile,
+    proc_cpu_seconds,
+    run_meta,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -68,9 +77,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _server(url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def _server(url: str, namespace: str, trips: str | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``agentstate serve`` on a free port; with ``trips`` (a file), its round trips counted into it."""
     port = _free_port()
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", url, "--namespace", namespace,
+    cli = ["-m", "redis_agentstate"] if trips is None else ["-c", SERVE_COUNTED, trips]
+    args = [sys.executable, *cli, "serve", "--url", url, "--namespace", namespace,
             "--port", str(port), "--workers", "1", "--graph", "steps=benchmarks._lg_steps:GRAPH",
             "--graph", "events=benchmarks.langgraph_runs:EVENTS"]  # fmt: skip
     env = {**os.environ, "AGENTSTATE_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
@@ -144,9 +155,10 @@ def _version_of(cmd: str, package: str) -> str | None:
 
 
 def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: str | None = None,
-             dev_runs: int = 10) -> dict[str, Any]:  # fmt: skip
+             dev_runs: int = 10, trips: Callable[[], int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Per round, each path's p50 / p99 ms; with ``dev`` (a ``langgraph dev`` URL) a third path, the same
-    ``runs.wait`` against LangChain's own server (``dev_runs`` runs a round: it takes about a second each)."""
+    ``runs.wait`` against LangChain's own server (``dev_runs`` runs a round: it takes about a second each).
+    ``trips``: the round trips to Redis so far (this process's and the server's), counted per run."""
     from langgraph_sdk import get_sync_client
 
     queue = RunQueue(redis.Redis.from_url(url), namespace=f"{namespace}.steps")
@@ -194,11 +206,15 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, dev: s
         for name, make in paths.items():
             fn = make()
             ms: list[float] = []
+            before = None if trips is None or name == "dev" else trips()
             for _ in range(dev_runs if name == "dev" else runs):
                 t0 = time.perf_counter()
                 fn()
                 ms.append((time.perf_counter() - t0) * 1000)
             rnd[name] = {"p50": round(percentile(ms, 50), 3), "p99": round(percentile(ms, 99), 3)}
+            if before is not None and trips is not None:
+                time.sleep(0.05)  # the server's worker puts the thread back after the run's end
+                rnd[name]["trips"] = round((trips() - before) / runs, 2)
         rnd["ratio"] = round(rnd["http"]["p50"] / rnd["queue"]["p50"], 3)
         if "dev" in rnd:
             rnd["dev_ratio"] = round(rnd["dev"]["p50"] / rnd["http"]["p50"], 3)
@@ -390,12 +406,18 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line(f"python -m {MODULE}", argv), admin)
         data["fill_s"] = round(_fill(server.url, namespace, params["tasks"]), 1)
+        trips_file = os.path.join(tempfile.mkdtemp(prefix="serve-trips-"), "trips")
+        ours = count_round_trips()
+
+        def trips() -> int:  # this process's round trips and the server's (its count, written after now)
+            return ours() + counted_trips(trips_file, time.time())
+
         with contextlib.ExitStack() as stack:
-            base, proc = stack.enter_context(_server(server.url, namespace))
+            base, proc = stack.enter_context(_server(server.url, namespace, trips_file))
             dev = stack.enter_context(_dev_server(args.langgraph_dev)) if args.langgraph_dev else None
             sections: dict[str, Callable[[], Any]] = {
                 "overhead": lambda: overhead(
-                    server.url, base, namespace, params["rounds"], params["runs"], dev, params["dev_runs"]
+                    server.url, base, namespace, params["rounds"], params["runs"], dev, params["dev_runs"], trips
                 ),
                 "fanout": lambda: fanout(base, proc.pid, params["clients"], params["events"], args.gap_ms),
                 "dashboard": lambda: dashboard(server.url, base, namespace, params["probes"]),
@@ -436,13 +458,19 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         vals = [r[path][key] for r in rounds]
         return f"{_med(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
 
-    ratio = _med([r["ratio"] for r in rounds])
+    def trips(path: str) -> str:
+        vals = [r[path]["trips"] for r in rounds if "trips" in r[path]]
+        return f"{_med(vals):.1f}" if vals else "-"
+
+    ratios = [r["ratio"] for r in rounds]
+    ratio = _med(ratios)
     dev_rows: list[str] = []
     dev_notes = ["- C: not run (no `--langgraph-dev`, `$AGENTSTATE_LANGGRAPH_DEV`)."]
     if all("dev" in r for r in rounds):
         version = params.get("langgraph_api") or "?"
         dev_rows = [f"| C: the same `client.runs.wait` through `langgraph dev` (langgraph-api {version}, in memory; "
-                    f"{params['dev_runs']} runs a round) | {cell('dev', 'p50')} | {cell('dev', 'p99')} |"]  # fmt: skip
+                    f"{params['dev_runs']} runs a round) | {cell('dev', 'p50')} | {cell('dev', 'p99')} "
+                    "| - |"]  # fmt: skip
         dev_ratio = _med([r["dev_ratio"] for r in rounds])
         lo, hi = min(r["dev_ratio"] for r in rounds), max(r["dev_ratio"] for r in rounds)
         dev_notes = [f"- C / B, median of the rounds' p50 ratios: **{dev_ratio:.1f}x** (`agentstate serve` is that "
@@ -459,17 +487,19 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         "",
         f"**API overhead.** The 3-node graph, each run on a fresh thread; {len(rounds)} interleaved rounds of "
         f"{params['runs']} runs per path; ms per run, median (min-max) over rounds; the server's worker executes "
-        "both paths' runs.",
+        "both paths' runs. Round trips: the commands and pipelines written to Redis per run, by the client and "
+        "the server (its worker's included), median over rounds.",
         "",
-        "| path | p50 ms | p99 ms |",
-        "| --- | --- | --- |",
+        "| path | p50 ms | p99 ms | round trips per run |",
+        "| --- | --- | --- | --- |",
         f"| A: `RunQueue.create` + `RunQueue.join`, straight to Redis | {cell('queue', 'p50')} | "
-        f"{cell('queue', 'p99')} |",
+        f"{cell('queue', 'p99')} | {trips('queue')} |",
         f"| B: `langgraph-sdk` `client.runs.wait` through `agentstate serve` | {cell('http', 'p50')} | "
-        f"{cell('http', 'p99')} |",
+        f"{cell('http', 'p99')} | {trips('http')} |",
         *dev_rows,
         "",
-        f"- B / A, median of the rounds' p50 ratios: {ratio:.2f}x.",
+        f"- B / A, median (p10-p90) of the rounds' p50 ratios: {ratio:.2f}x ({percentile(ratios, 10):.2f}-"
+        f"{percentile(ratios, 90):.2f}).",
         *dev_notes,
         "",
         f"**SSE fan-out.** {f['clients']} clients follow one run's stream (`GET /threads/{{t}}/runs/{{r}}/stream`) "
