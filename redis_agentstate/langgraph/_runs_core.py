@@ -26,7 +26,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from ..core.checkpoint import CheckpointCore
 from ..core.replies import text as reply_text
 from ..core.validate import check_concurrency_key, check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost
+from ..keys import RunKeys
 from ..models import TERMINAL_STATUSES, Checkpoint
 from ..wire import Batch, Call, Command, Op, Pipe
 from ..wire.scripts import Reply
@@ -202,43 +203,13 @@ class RunCore:
         self.max_active = check_int(max_active, "max_active", 1, 100_000)
         #: Threads this core saw with a task (an LRU): their runs' creates skip the task's create.
         self._known: OrderedDict[str, None] = OrderedDict()
-        #: The thread of each run this core created lately (an LRU): a join or stream of one starts
-        #: without reading its id entry (one round trip less), and reads it if the run is not there.
-        self._threads: OrderedDict[str, str] = OrderedDict()
+        self._threads = _RunThreads(self.thread_of)
 
     def _know(self, tid: str) -> None:
         self._known[tid] = None
         self._known.move_to_end(tid)
         if len(self._known) > _KNOWN_THREADS:
             self._known.popitem(last=False)
-
-    def _remember(self, rid: str, tid: str) -> None:
-        self._threads[rid] = tid
-        self._threads.move_to_end(rid)
-        if len(self._threads) > _KNOWN_THREADS:
-            self._threads.popitem(last=False)
-
-    def _locate(self, cur: EventCursor) -> Op[str]:
-        """The thread of ``cur``'s run: remembered from this core's create, else read from its id entry."""
-        if cur.thread_id is None:
-            cur.thread_id = self._threads.get(cur.run_id)
-            cur.remembered = cur.thread_id is not None
-        if cur.thread_id is None:
-            cur.thread_id = yield from self.thread_of(cur.run_id)
-            if cur.thread_id is None:
-                raise RunNotFound(cur.run_id)
-        return cur.thread_id
-
-    def _relocate(self, cur: EventCursor) -> Op[bool]:
-        """The run was not where this core remembered it: True if its id entry names another thread
-        (``cur`` now points there), False if it names the same one, or none."""
-        self._threads.pop(cur.run_id, None)
-        cur.remembered = False
-        tid = yield from self.thread_of(cur.run_id)
-        if tid is None or tid == cur.thread_id:
-            return False
-        cur.thread_id = tid
-        return True
 
     def _dumps(self, value: Any, what: str) -> bytes:
         try:
@@ -368,7 +339,7 @@ class RunCore:
         if reply[0] == Reply.REFUSED:
             yield Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
             raise _refused(tid, reply, self.max_active, self.keys.namespace)
-        self._remember(rid, tid)
+        self._threads.remember(rid, tid)
         # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
         # made the driver send it again) carries the first execution's answer: the same run, once.
         created = int(reply[1])
@@ -454,14 +425,14 @@ class RunCore:
         """The next events after ``cur.after`` (waiting for them while the run is active, within
         ``cur.block_ms``); sets ``cur.done`` after the final one, or when there is no run.
         ``slice_ms``: the longest block the client's read timeout allows (``block_slice_ms``)."""
-        tid = yield from self._locate(cur)
+        tid = yield from self._threads.locate(cur)
         h, e = self.keys.runs(tid).run(cur.run_id)
         if cur.after == _MAX_ID:
             cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
             return []
         entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
         if not entries:
-            if status is None and cur.remembered and (yield from self._relocate(cur)):
+            if status is None and cur.remembered and (yield from self._threads.relocate(cur)):
                 return (yield from self.events(cur, slice_ms))
             cur.remembered = False
             if status is None and cur.after == "0-0":
@@ -487,7 +458,7 @@ class RunCore:
     def join_step(self, cur: EventCursor, slice_ms: int | None, wait_ms: int | None) -> Op[Run | None]:
         """The run if it ended, else None after waiting (a slice, at most ``wait_ms``) for its end
         marker (``lgrd``: one entry once the run ended, so a join wakes once, not at every event)."""
-        tid = yield from self._locate(cur)
+        tid = yield from self._threads.locate(cur)
         keys = self.keys.runs(tid)
         # One round trip per wait: Redis runs a connection's commands in order, so the HGETALL runs
         # when the XREAD returns (at once if the run had ended; else when its end marker lands,
@@ -499,9 +470,8 @@ class RunCore:
             ("XREAD", "COUNT", 1, "BLOCK", wait, "STREAMS", keys.done(cur.run_id), "0-0"),
             ("HGETALL", keys.run(cur.run_id)[0]), ("HMGET", task, "status", "term")])  # fmt: skip
         run = self._run(cur.run_id, tid, raw)
-        if run is None and cur.remembered and (yield from self._relocate(cur)):
-            # Not where this core's create left it (its id was taken by another thread's run since,
-            # rare: a wait of one slice at most was spent on the wrong thread's end marker).
+        if run is None and cur.remembered and (yield from self._threads.relocate(cur)):
+            # Not where its create left it (the id was taken by another thread's run since: one slice spent).
             return (yield from self.join_step(cur, slice_ms, wait_ms))
         cur.remembered = False
         if run is None:
@@ -518,9 +488,8 @@ class RunCore:
     def begin(
         self, thread_id: str, token: str, worker: str, max_attempts: int, revision: int | None = None
     ) -> Op[Begun | None]:
-        """The thread's next run, begun under ``token``; None if it has none. ``revision``: the
-        revision of the worker's claim of the thread's task, checked in the same script (``RunLost``
-        if the claim is not the task's any more: nothing begun)."""
+        """The thread's next run, begun under ``token`` (None: none); ``revision``: of the worker's claim
+        of the thread's task, checked in the same script (``RunLost`` if it is not the task's any more)."""
         keys = self.keys.runs(thread_id)
         rkeys = [keys.active, keys.history, keys.hash_prefix, keys.event_prefix]
         args: list[Any] = [token, worker, max_attempts, self.run_ttl_ms, self.max_events]
@@ -578,27 +547,8 @@ class RunCore:
             return "json", json.dumps({"unserializable": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return kind, bytes(blob)
 
-    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:
-        """The stop a cancel asked of the running ``run`` (``interrupt``, ``rollback``), ``end`` once the
-        run has ended (its end marker: nothing more to watch), '' if neither came within one blocking
-        read (a slice the client's read timeout allows, at most a second): a worker blocks on it while
-        its graph runs, so a cancel reaches a run inside a long node at once, and the watch's read
-        returns when the run ends (its connection back in the pool, not held for the rest of a slice)."""
-        keys = self.keys.runs(run.thread_id)
-        reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", keys.stop(run.run_id),
-                               keys.done(run.run_id), "0-0", "0-0"])  # fmt: skip
-        ended = False
-        for stream, entries in _xread_streams(reply):
-            if not entries:
-                continue
-            if "}:lgrs:" not in reply_text(stream):  # the end marker (a reshard may have moved the keys' tags)
-                ended = True
-                continue
-            fields = entries[0][1]
-            f = {reply_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
-                                           else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
-            return reply_text(f.get("action", b"interrupt")) or "interrupt"
-        return "end" if ended else ""
+    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:  # see stop_asked (the function)
+        return (yield from stop_asked(self.keys.runs(run.thread_id), run.run_id, slice_ms))
 
     def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
         """End the run (``status`` final, or ``pending``: handed back); the thread's active runs left."""
@@ -636,6 +586,65 @@ class RunCore:
 
 _U64 = 2**64 - 1
 _MAX_ID = f"{_U64}-{_U64}"
+
+
+class _RunThreads:
+    """The thread of each run a core created lately (an LRU): a join or stream of one starts without
+    reading its id entry (one round trip less), and reads it if the run is not there."""
+
+    def __init__(self, lookup: Callable[[str], Op[str | None]]) -> None:
+        self.lookup = lookup
+        self.known: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, rid: str, tid: str) -> None:
+        self.known[rid] = tid
+        self.known.move_to_end(rid)
+        if len(self.known) > _KNOWN_THREADS:
+            self.known.popitem(last=False)
+
+    def locate(self, cur: EventCursor) -> Op[str]:
+        """The thread of ``cur``'s run: remembered from the create, else read from its id entry."""
+        if cur.thread_id is None:
+            cur.thread_id = self.known.get(cur.run_id)
+            cur.remembered = cur.thread_id is not None
+        if cur.thread_id is None:
+            cur.thread_id = yield from self.lookup(cur.run_id)
+            if cur.thread_id is None:
+                raise RunNotFound(cur.run_id)
+        return cur.thread_id
+
+    def relocate(self, cur: EventCursor) -> Op[bool]:
+        """The run was not where it was remembered: True if its id entry names another thread (``cur``
+        now points there), False if it names the same one, or none."""
+        self.known.pop(cur.run_id, None)
+        cur.remembered = False
+        tid = yield from self.lookup(cur.run_id)
+        if tid is None or tid == cur.thread_id:
+            return False
+        cur.thread_id = tid
+        return True
+
+
+def stop_asked(keys: RunKeys, run_id: str, slice_ms: int | None) -> Op[str]:
+    """The stop a cancel asked of the running run ``run_id`` of the thread of ``keys`` (``interrupt``,
+    ``rollback``), ``end`` once the run has ended (its end marker: nothing more to watch), '' if
+    neither came within one blocking read (a slice the client's read timeout allows, at most a
+    second): a worker blocks on it while its graph runs, so a cancel reaches a run inside a long node
+    at once, and the watch's read returns when the run ends (its connection back in the pool)."""
+    reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", keys.stop(run_id),
+                           keys.done(run_id), "0-0", "0-0"])  # fmt: skip
+    ended = False
+    for stream, entries in _xread_streams(reply):
+        if not entries:
+            continue
+        if "}:lgrs:" not in reply_text(stream):  # the end marker (a reshard may have moved the keys' tags)
+            ended = True
+            continue
+        fields = entries[0][1]
+        f = {reply_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
+                                       else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
+        return reply_text(f.get("action", b"interrupt")) or "interrupt"
+    return "end" if ended else ""
 
 
 # ---- checks (no state: the run queue's arguments) -----------------------
