@@ -6,12 +6,11 @@ under it (``lg_run_begin.lua``: runs of a thread go in creation order; the scrip
 claim is still the worker's) and runs the graph under the saver lease, so at most
 one run per thread executes in the whole fleet and a worker that lost the thread (SIGKILLed,
 frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
-fenced script that also answers whether the run was asked to stop; the graph does not wait for it
-(``_Emits``: the emits go out in order while the graph goes on, their answers read at the next
-boundaries and before the run's end), so an ``interrupt`` or ``rollback`` (double-texting,
-``cancel``) is seen at a boundary at no extra round trip; both drivers also block on the run's stop
-signal (which ``cancel`` sets) while the graph runs: the asyncio one cancels the graph's task at once,
-inside a long node too; the sync one fences the graph out (``_StopWatch``) and ends the run at once.
+fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
+``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
+at no extra round trip; both drivers also block on the run's stop signal (which ``cancel`` sets)
+while the graph runs: the asyncio one cancels the graph's task at once, inside a long node too; the
+sync one fences the graph out (``_StopWatch``) and ends the run at once.
 
 A run whose worker died is taken over when the thread's lease lapses: the next worker resumes it
 from the thread's last checkpoint (input ``None``), with the pending writes of the interrupted
@@ -30,7 +29,6 @@ two drivers share every decision (``_Attempt``, no I/O); they differ only in how
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
@@ -38,8 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any
 
 from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_messages, message_chunk_to_message
@@ -226,21 +223,6 @@ class _Attempt:
         self.stop = stop
         return not stop
 
-    def carry_on_after(self, answers: Iterable[str], stopping: bool, lost: bool) -> bool:
-        """``carry_on`` after a chunk was posted: ``answers``, the stops the emits that came back since
-        answered, in order (a chunk's emit is not waited for: its answer counts at a later boundary)."""
-        for stop in answers:
-            if stop:
-                return self.carry_on(stop, stopping, lost)
-        return self.carry_on("", stopping, lost)
-
-    def drained(self, answers: Iterable[str]) -> None:
-        """The answers of the emits still out when the graph ended: a stop asked meanwhile ends the run
-        as asked (unless one stopped it already). Reading them raises an emit's error (``RunLost``)."""
-        for stop in answers:
-            if stop and not self.stop:
-                self.stop = stop
-
     def failed(self, exc: BaseException) -> list[tuple[str, Any]]:
         """The graph raised: the run ends as an error, its ``error`` event first."""
         self.status, self.error = "error", f"{type(exc).__name__}: {exc}"
@@ -259,83 +241,6 @@ class _Attempt:
         # A graph that paused on interrupt() ran as asked: 'success', as LangGraph Platform ends it
         # (its interrupt is in the events, and the thread waits for a Command(resume=...)).
         return False, self.status, self.error, False
-
-
-class _Emits:
-    """The sync driver's emits of one attempt, sent in order by a thread of their own, so the graph goes
-    on to its next step while a chunk's events travel (each still one fenced ``lg_run_emit``, numbered
-    as posted); their answers are read at the next boundaries (``_Attempt.carry_on_after``), the last
-    ones when the graph ended (``_Attempt.drained``), before the run's end is written."""
-
-    def __init__(self, worker: GraphWorker, a: _Attempt) -> None:
-        self.q, self.a = worker._q, a
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"emits-{a.run.run_id}")
-        self.out: collections.deque[Future[str]] = collections.deque()
-        self.failed = False
-
-    def post(self, events: list[tuple[str, Any]]) -> None:
-        self.out.append(self.pool.submit(self._send, events, self.a.seq()))
-
-    def _send(self, events: list[tuple[str, Any]], seq: int) -> str:
-        if self.failed:  # an emit before this one failed: nothing after it (its error is reported)
-            return ""
-        try:
-            answer: str = self.q.run(self.q.core.emit(self.a.run, self.a.token, events, seq=seq))
-        except BaseException:
-            self.failed = True
-            raise
-        return answer
-
-    def answers(self, wait: bool = False) -> Iterator[str]:
-        """The answers of the emits back so far (``wait``: of every emit), oldest first."""
-        while self.out and (wait or self.out[0].done()):
-            yield self.out.popleft().result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)  # none still out once the run's end is written
-
-
-class _AsyncEmits:
-    """The asyncio twin of ``_Emits``: each emit a task that waits for the one before it."""
-
-    def __init__(self, worker: GraphWorker, a: _Attempt) -> None:
-        self.q, self.a = worker._q, a
-        self.out: collections.deque[asyncio.Future[str]] = collections.deque()
-        self.failed = False
-
-    def post(self, events: list[tuple[str, Any]]) -> None:
-        self.out.append(asyncio.ensure_future(self._send(self.out[-1] if self.out else None, events, self.a.seq())))
-
-    async def _send(self, before: asyncio.Future[str] | None, events: list[tuple[str, Any]], seq: int) -> str:
-        if before is not None:
-            await asyncio.wait((before,))
-        if self.failed:
-            return ""
-        try:
-            answer: str = await self.q.run(self.q.core.emit(self.a.run, self.a.token, events, seq=seq))
-        except BaseException:
-            self.failed = True
-            raise
-        return answer
-
-    def answers(self) -> Iterator[str]:
-        while self.out and self.out[0].done():
-            yield self.out.popleft().result()
-
-    async def drain(self) -> list[str]:
-        """Every answer still out, oldest first (an emit's error raised when its answer is read)."""
-        if self.out:
-            await asyncio.wait(tuple(self.out))
-        return list(self.answers())
-
-    async def close(self) -> None:
-        """Wait for what is still out (the graph stopped, or the worker's trouble): none is sent after the
-        run's end; their answers are not read (an error already on its way up says what happened)."""
-        if self.out:
-            await asyncio.wait(tuple(self.out))
-        for task in self.out:
-            if not task.cancelled():
-                task.exception()  # retrieved: not logged as never read
 
 
 class _StopWatch:
@@ -684,22 +589,20 @@ class GraphWorker:
                 stop = "" if held else self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
-                    watch, emits = _StopWatch(self, a, thread_lease), _Emits(self, a)
+                    watch = _StopWatch(self, a, thread_lease)
                     chunks = _sync_chunks(self.graph, a, last)
                     try:
                         for chunk in chunks:
-                            emits.post(a.events(chunk))
-                            if not a.carry_on_after(emits.answers(), self._stopping.is_set(), lease.lost):
+                            stop = self._q.run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
+                            if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
                                 break
                     except (RunLost, LeaseLost, BackendError):
                         raise  # the worker's trouble, not the run's: it goes on elsewhere (below)
                     except Exception as exc:
-                        emits.post(a.failed(exc))
+                        self._q.run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
                     finally:
-                        chunks.close()
-                        emits.close()
                         watch.close()
-                    a.drained(emits.answers(wait=True))
+                        chunks.close()
                 if a.fenced:  # the stop watch ended the run: nothing more of this attempt
                     return None
                 if a.stop == "rollback":
@@ -818,28 +721,23 @@ class GraphWorker:
             await self._q.run(core.wake(tid))
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
+        core, run = self._q.core, a.run
         kw = a.stream_kw()
         if a.astream_events:
             chunks = self.graph.astream_events(a.input(last), a.config, version="v2", **kw)
         else:
             chunks = self.graph.astream(a.input(last), a.config, **kw)
-        emits = _AsyncEmits(self, a)
         try:
-            try:
-                async for chunk in chunks:
-                    emits.post(a.events(chunk))
-                    if not a.carry_on_after(emits.answers(), self._stopping.is_set(), lease.lost):
-                        break
-            except (RunLost, LeaseLost, BackendError):
-                raise
-            except Exception as exc:
-                emits.post(a.failed(exc))
-            finally:
-                await chunks.aclose()
-        except BaseException:
-            await emits.close()
+            async for chunk in chunks:
+                stop = await self._q.run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
+                if not a.carry_on(stop, self._stopping.is_set(), lease.lost):
+                    break
+        except (RunLost, LeaseLost, BackendError):
             raise
-        a.drained(await emits.drain())
+        except Exception as exc:
+            await self._q.run(core.emit(run, a.token, a.failed(exc), seq=a.seq()))
+        finally:
+            await chunks.aclose()
 
     async def _aexecute(
         self, a: _Attempt, lease: AsyncLease, held: contextlib.AsyncExitStack | None = None
