@@ -78,7 +78,7 @@ NAME = "langgraph_runs"
 MODULE = "benchmarks.langgraph_runs"
 
 #: The targets the block states (judged on the figures named).
-OVERHEAD_TARGET = 1.3  # queue p50 / invoke p50, median of the rounds' ratios (issue 42)
+OVERHEAD_TARGET = 1.3  # queue p50 / invoke p50, median of the rounds' ratios
 EVENT_P99_TARGET_MS = 20.0
 
 # ---- the graphs (module level: the worker processes import them as benchmarks.langgraph_runs:ATTR) ----
