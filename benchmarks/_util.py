@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import platform
@@ -9,6 +10,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -378,13 +380,18 @@ def server_usec(admin: redis.Redis) -> float:
     return sum(float(v.get("usec", 0)) for v in admin.info("commandstats").values() if isinstance(v, dict))
 
 
-def count_requests(pkg: Any) -> list[int]:
-    """Counts the requests ``pkg``'s sync driver sends (one per round trip): ``[n]``, updated in place."""
+def _drivers_of(pkg: Any) -> Any:
     # A package of either layout (a base commit's may predate wire/): its drivers module.
     try:
-        drivers: Any = importlib.import_module(f"{pkg.__name__}.wire.drivers")
+        return importlib.import_module(f"{pkg.__name__}.wire.drivers")
     except ModuleNotFoundError:
-        drivers = importlib.import_module(f"{pkg.__name__}._ops.drivers")
+        return importlib.import_module(f"{pkg.__name__}._ops.drivers")
+
+
+def count_requests(pkg: Any) -> list[int]:
+    """Counts the requests ``pkg``'s sync driver sends (one per round trip): ``[n]``, updated in place
+    (``uncount_requests`` puts the driver back)."""
+    drivers = _drivers_of(pkg)
     send = drivers._send_sync
     sent = [0]
 
@@ -392,8 +399,16 @@ def count_requests(pkg: Any) -> list[int]:
         sent[0] += 1
         return send(client, scripts, req)
 
+    counted.uncounted = send  # type: ignore[attr-defined]
     drivers._send_sync = counted
     return sent
+
+
+def uncount_requests(*pkgs: Any) -> None:
+    """The sync drivers of ``pkgs`` as they were before ``count_requests``."""
+    for pkg in pkgs:
+        drivers = _drivers_of(pkg)
+        drivers._send_sync = getattr(drivers._send_sync, "uncounted", drivers._send_sync)
 
 
 def claim_next_sample(store: Any, admin: redis.Redis, sent: list[int], calls: int, lease_ms: int) -> Sample:
@@ -437,3 +452,62 @@ def sample_cells(r: dict[str, list[float]]) -> str:
     client, server = r["client"], r["server"]
     return (f"{statistics.median(client):.0f} ({min(client):.0f}) | {statistics.median(server):.1f} "
             f"({min(server):.1f}) | {statistics.median(r['trips']):.2f}")  # fmt: skip
+
+
+def count_round_trips() -> Callable[[], int]:
+    """Counts every command or pipeline a redis-py connection of this process writes, sync or asyncio
+    (one write, one round trip: connection handshakes and pub/sub subscriptions included, as they are
+    round trips too); the counter's reader."""
+    import redis.asyncio.connection as aconn
+    import redis.connection as sconn
+
+    lock, sent = threading.Lock(), [0]
+
+    def one() -> None:
+        with lock:
+            sent[0] += 1
+
+    sync_send, async_send = sconn.AbstractConnection.send_packed_command, aconn.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        one()
+        sync_send(self, command, check_health)
+
+    async def acounted(self: Any, command: Any, check_health: bool = True) -> None:
+        one()
+        await async_send(self, command, check_health)
+
+    sconn.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    aconn.AbstractConnection.send_packed_command = acounted  # type: ignore[method-assign]
+    return lambda: sent[0]
+
+
+#: ``python -c SERVE_COUNTED FILE serve ...``: ``agentstate serve`` with its round trips counted
+#: (``count_round_trips``), the count written to FILE as "<count> <unix time>" every 10 ms.
+SERVE_COUNTED = (
+    "import os, sys, threading, time\n"
+    "from benchmarks._util import count_round_trips\n"
+    "trips, path = count_round_trips(), sys.argv[1]\n"
+    "def keep():\n"
+    "    while True:\n"
+    "        with open(path + '.tmp', 'w') as f: f.write(f'{trips()} {time.time()}')\n"
+    "        os.replace(path + '.tmp', path)\n"
+    "        time.sleep(0.01)\n"
+    "threading.Thread(target=keep, daemon=True).start()\n"
+    "from redis_agentstate.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
+def counted_trips(path: str, after: float, timeout_s: float = 5.0) -> int:
+    """The count a ``SERVE_COUNTED`` process wrote to ``path`` at a time past ``after`` (unix seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path, encoding="utf-8") as f:
+                count, at = f.read().split()
+            if float(at) > after:
+                return int(count)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path}: no round-trip count written after {after}")
+        time.sleep(0.005)

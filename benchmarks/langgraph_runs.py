@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import itertools
 import json
 import logging
@@ -60,7 +61,16 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.langgraph import AgentStateSaver, GraphWorker, RunQueue
 
 from . import report
-from ._util import command_line, count_requests, finish_meta, percentile, proc_cpu_seconds, run_meta, server_pid_of
+from ._util import (
+    command_line,
+    count_requests,
+    finish_meta,
+    percentile,
+    proc_cpu_seconds,
+    run_meta,
+    server_pid_of,
+    uncount_requests,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -68,7 +78,7 @@ NAME = "langgraph_runs"
 MODULE = "benchmarks.langgraph_runs"
 
 #: The targets the block states (judged on the figures named).
-OVERHEAD_TARGET = 1.5  # queue p50 / invoke p50, median of the rounds' ratios
+OVERHEAD_TARGET = 1.3  # queue p50 / invoke p50, median of the rounds' ratios
 EVENT_P99_TARGET_MS = 20.0
 
 # ---- the graphs (module level: the worker processes import them as benchmarks.langgraph_runs:ATTR) ----
@@ -190,6 +200,8 @@ class Fleet:
         self.procs: list[WorkerProcess] = []
         self.stopping: list[WorkerProcess] = []
         self.threads: list[threading.Thread] = []
+        #: What stops the in-process workers a measurement started (``close_threads``).
+        self.on_close: list[Callable[[], None]] = []
         #: Worker processes that logged a traceback (a run's turn that failed), with its text.
         self.problems: list[str] = []
 
@@ -210,6 +222,10 @@ class Fleet:
     def stop_thread(self, worker: GraphWorker, thread: threading.Thread) -> None:
         worker.stop()
         self.threads.append(thread)
+
+    def close_threads(self) -> None:
+        while self.on_close:
+            self.on_close.pop()()
 
     def reap(self) -> None:
         for t in self.threads:
@@ -239,15 +255,32 @@ def _ns(what: str) -> str:
 # ---- 1. overhead ---------------------------------------------------------------------------------
 
 
-def overhead(url: str, fleet: Fleet, rounds: int, runs: int) -> dict[str, Any]:
-    """Interleaved rounds of ``graph.invoke`` (A) and ``queue.create`` + ``queue.join`` (B)."""
-    ns_a, ns_b = _ns("invoke"), _ns("queue")
-    graph = GRAPH.copy(update={"checkpointer": AgentStateSaver(redis.Redis.from_url(url), namespace=ns_a)})
-    queue = RunQueue(redis.Redis.from_url(url), namespace=ns_b)
-    worker = GraphWorker(GRAPH, RunQueue(redis.Redis.from_url(url), namespace=ns_b),
-                         AgentStateSaver(redis.Redis.from_url(url), namespace=ns_b), name="bench-overhead")  # fmt: skip
-    thread = threading.Thread(target=worker.run, name="bench-graph-worker", daemon=True)
+def _queue_path(lib: Any, url: str, fleet: Fleet, what: str) -> Callable[[], None]:
+    """``queue.create`` + ``queue.join`` on a fresh thread, executed by an in-process ``GraphWorker`` of
+    ``lib`` (this checkout's ``redis_agentstate``, or a base commit's)."""
+    ns, seq = _ns(what), itertools.count()
+    queue = lib.RunQueue(redis.Redis.from_url(url), namespace=ns)
+    worker = lib.GraphWorker(GRAPH, lib.RunQueue(redis.Redis.from_url(url), namespace=ns),
+                             lib.AgentStateSaver(redis.Redis.from_url(url), namespace=ns),
+                             name=f"bench:{os.getpid()}:{what}")  # fmt: skip
+    thread = threading.Thread(target=worker.run, name=f"bench-graph-worker-{what}", daemon=True)
     thread.start()
+    fleet.on_close.append(lambda: fleet.stop_thread(worker, thread))
+
+    def through_queue() -> None:
+        run = queue.create(f"q-{next(seq)}", {"log": ["in"]})
+        done = queue.join(run.run_id, timeout_s=60)
+        assert done.status == "success", done
+
+    return through_queue
+
+
+def overhead(url: str, fleet: Fleet, rounds: int, runs: int, base: Any = None) -> dict[str, Any]:
+    """Interleaved rounds of ``graph.invoke`` (A) and ``queue.create`` + ``queue.join`` (B); with
+    ``base`` (a base commit's package, ``--base``) the same queue path on it too (C)."""
+    import redis_agentstate.langgraph as lib
+
+    graph = GRAPH.copy(update={"checkpointer": AgentStateSaver(redis.Redis.from_url(url), namespace=_ns("invoke"))})
     seq = itertools.count()
     want = ["in", "a", "b", "c"]
 
@@ -255,15 +288,13 @@ def overhead(url: str, fleet: Fleet, rounds: int, runs: int) -> dict[str, Any]:
         out = graph.invoke({"log": ["in"]}, {"configurable": {"thread_id": f"inv-{next(seq)}"}})
         assert out["log"] == want, out
 
-    def through_queue() -> None:
-        run = queue.create(f"q-{next(seq)}", {"log": ["in"]})
-        done = queue.join(run.run_id, timeout_s=60)
-        assert done.status == "success", done
-
-    paths: dict[str, Callable[[], None]] = {"invoke": invoke, "queue": through_queue}
-    drivers = redis_agentstate.wire.drivers
-    send = drivers._send_sync
-    sent = count_requests(redis_agentstate)  # the client's requests and the in-process worker's
+    paths: dict[str, Callable[[], None]] = {"invoke": invoke, "queue": _queue_path(lib, url, fleet, "queue")}
+    # The requests each library sent (one a round trip), the client's and its in-process worker's.
+    sent = {"invoke": count_requests(redis_agentstate)}
+    sent["queue"] = sent["invoke"]
+    if base is not None:
+        paths["base"] = _queue_path(importlib.import_module(f"{base.__name__}.langgraph"), url, fleet, "base")
+        sent["base"] = count_requests(base)
     out: dict[str, Any] = {"rounds": []}
     try:
         for fn in paths.values():  # warm-up: scripts loaded, connections and the worker's wake-up up
@@ -271,22 +302,25 @@ def overhead(url: str, fleet: Fleet, rounds: int, runs: int) -> dict[str, Any]:
                 fn()
         for _ in range(rounds):
             rnd: dict[str, Any] = {}
-            for name, fn in paths.items():  # A, B, A, B...
+            for name, fn in paths.items():  # A, B, (C,) A, B...
                 ms: list[float] = []
-                before = sent[0]
+                before = sent[name][0]
                 for _ in range(runs):
                     t0 = time.perf_counter()
                     fn()
                     ms.append((time.perf_counter() - t0) * 1000)
                 rnd[name] = {"p50": round(percentile(ms, 50), 3), "p90": round(percentile(ms, 90), 3),
-                             "trips": round((sent[0] - before) / runs, 2)}  # fmt: skip
+                             "trips": round((sent[name][0] - before) / runs, 2)}  # fmt: skip
             rnd["ratio"] = round(rnd["queue"]["p50"] / rnd["invoke"]["p50"], 3)
+            if base is not None:
+                rnd["base_ratio"] = round(rnd["base"]["p50"] / rnd["invoke"]["p50"], 3)
             out["rounds"].append(rnd)
+            note = "" if base is None else f", base p50 {rnd['base']['p50']:.2f} ms ({rnd['base_ratio']:.2f}x)"
             print(f"overhead round {len(out['rounds'])}: invoke p50 {rnd['invoke']['p50']:.2f} ms, "
-                  f"queue p50 {rnd['queue']['p50']:.2f} ms ({rnd['ratio']:.2f}x)", flush=True)  # fmt: skip
+                  f"queue p50 {rnd['queue']['p50']:.2f} ms ({rnd['ratio']:.2f}x){note}", flush=True)  # fmt: skip
     finally:
-        drivers._send_sync = send
-        fleet.stop_thread(worker, thread)  # joined while the next workers start: it leaves at its claim's end
+        uncount_requests(redis_agentstate, *(() if base is None else (base,)))
+        fleet.close_threads()  # joined while the next workers start: each leaves at its claim's end
     return out
 
 
@@ -502,7 +536,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sleep-s", type=float, default=1.0, help="crash recovery: the middle node's sleep (default 1)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory of langgraph_runs.json (default %(default)s)")
     p.add_argument("--readme", action="store_true", help="rewrite the langgraph_runs block of benchmarks/README.md")
+    p.add_argument("--base", metavar="COMMIT", help="overhead: the same queue path on COMMIT's package too, in the "
+                   "same rounds (C), loaded as client_ab loads it")  # fmt: skip
+    p.add_argument("--only", help="the measurements to run, comma-separated (overhead, events, throughput, "
+                   "recovery; default all; --readme needs all)")  # fmt: skip
     args = p.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    if only is not None and args.readme:
+        p.error("--readme rewrites the whole block: run every measurement (no --only)")
     q = args.quick
     params: dict[str, Any] = {
         "quick": q,
@@ -517,7 +558,15 @@ def main(argv: list[str] | None = None) -> int:
         "lease_ms": args.lease_ms,
         "sleep_s": args.sleep_s,
         "cores": os.cpu_count(),
+        "base": None,
     }
+    base_pkg = None
+    if args.base:
+        from .client_ab import load_base
+
+        base_pkg, _ = load_base(args.base)
+        params["base"] = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
+                                        text=True, check=True).stdout.strip()  # fmt: skip
     lib_log = logging.getLogger("redis_agentstate")
     level = lib_log.level
     lib_log.setLevel(logging.ERROR)  # the in-process worker's warnings (its lease ending with the server)
@@ -528,13 +577,15 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line(f"python -m {MODULE}", argv), admin)
         sections: dict[str, Callable[[], Any]] = {
-            "overhead": lambda: overhead(server.url, fleet, params["rounds"], params["runs"]),
+            "overhead": lambda: overhead(server.url, fleet, params["rounds"], params["runs"], base_pkg),
             "events": lambda: event_latency(server.url, fleet, params["events"], params["events_per_run"],
                                             args.gap_ms),
             "throughput": lambda: [throughput(server.url, fleet, n, params["threads"]) for n in params["workers"]],
             "recovery": lambda: recovery(server.url, fleet, params["repetitions"], args.lease_ms, args.sleep_s),
         }  # fmt: skip
         for name, measure in sections.items():
+            if only is not None and name not in only:
+                continue
             t0 = time.perf_counter()
             data[name] = measure()
             print(f"[benchmarks] {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -552,7 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
-    print(markdown(results["standalone"]["data"], results["standalone"]["params"]))
+    if only is None:
+        print(markdown(results["standalone"]["data"], results["standalone"]["params"]))
+    elif "overhead" in data:
+        print("\n".join(_overhead_lines(data, params)))
     print(f"[benchmarks] wrote {path}", file=sys.stderr)
     if args.readme:
         for block, body in report.blocks(results, []).items():
@@ -587,6 +641,8 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
     """The figures the targets are judged on, and whether each is met."""
     rounds = data["overhead"]["rounds"]
     ratio = _med(r["ratio"] for r in rounds)
+    if "events" not in data:
+        return {"overhead_ratio": ratio, "overhead_met": ratio <= OVERHEAD_TARGET}
     lat = data["events"]["latencies_ms"]
     p99 = percentile(lat, 99)
     return {
@@ -597,33 +653,58 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
-    """The langgraph_runs block: overhead, event latency, throughput and crash recovery, with the targets."""
+def _spread(values: list[float]) -> str:
+    """Median (p10-p90) of per-round ratios."""
+    return f"{_med(values):.2f}x ({percentile(values, 10):.2f}-{percentile(values, 90):.2f})"
+
+
+def _overhead_lines(data: dict[str, Any], params: dict[str, Any]) -> list[str]:
     tg = targets(data)
     rounds = data["overhead"]["rounds"]
+    base = params.get("base") if all("base" in r for r in rounds) else None
 
     def cell(path: str, key: str) -> str:
         vals = [r[path][key] for r in rounds]
         return f"{_med(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
 
+    def trips(path: str) -> str:
+        return f"{_med(r[path]['trips'] for r in rounds):.1f}"
+
+    order = "A, B, C, A, B, C..." if base else "A, B, A, B..."
     lines = [
-        f"One private redis-server; the client, the workers and the server share the machine's "
-        f"{params['cores']} cores.",
-        "",
         f"**Overhead.** A 3-node graph with no I/O, each run on a fresh thread; {len(rounds)} interleaved rounds "
-        f"(A, B, A, B...) of {params['runs']} runs per path; ms per run, median (min-max) over rounds of each "
+        f"({order}) of {params['runs']} runs per path; ms per run, median (min-max) over rounds of each "
         "round's p50 and p90. Round trips: requests the library sent per run, the client's and the worker's.",
         "",
         "| path | p50 ms | p90 ms | round trips per run |",
         "| --- | --- | --- | --- |",
         f"| A: `graph.invoke` in-process, `AgentStateSaver` as checkpointer | {cell('invoke', 'p50')} | "
-        f"{cell('invoke', 'p90')} | {_med(r['invoke']['trips'] for r in rounds):.1f} |",
+        f"{cell('invoke', 'p90')} | {trips('invoke')} |",
         f"| B: `queue.create` + `queue.join`, one in-process `GraphWorker` (default `block_ms`) | "
-        f"{cell('queue', 'p50')} | {cell('queue', 'p90')} | {_med(r['queue']['trips'] for r in rounds):.1f} |",
+        f"{cell('queue', 'p50')} | {cell('queue', 'p90')} | {trips('queue')} |",
+    ]
+    if base:
+        lines.append(f"| C: B on the base commit {base} (its package loaded beside this one) | {cell('base', 'p50')} "
+                     f"| {cell('base', 'p90')} | {trips('base')} |")  # fmt: skip
+    lines += [
         "",
-        f"- B / A, median of the rounds' p50 ratios: {tg['overhead_ratio']:.2f}x (target: at most "
-        f"{OVERHEAD_TARGET:g}x): {_met(tg['overhead_met'])}.",
+        f"- B / A, median (p10-p90) of the rounds' p50 ratios: {_spread([r['ratio'] for r in rounds])} (target: at "
+        f"most {OVERHEAD_TARGET:g}x): {_met(tg['overhead_met'])}.",
+    ]
+    if base:
+        lines.append(f"- C / A, the same for the base commit: {_spread([r['base_ratio'] for r in rounds])}; C / B: "
+                     f"{_spread([r['base']['p50'] / r['queue']['p50'] for r in rounds])}.")  # fmt: skip
+    return [*lines, ""]
+
+
+def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
+    """The langgraph_runs block: overhead, event latency, throughput and crash recovery, with the targets."""
+    tg = targets(data)
+    lines = [
+        f"One private redis-server; the client, the workers and the server share the machine's "
+        f"{params['cores']} cores.",
         "",
+        *_overhead_lines(data, params),
     ]
     lat = data["events"]["latencies_ms"]
     lines += [

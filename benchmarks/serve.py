@@ -38,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,7 +53,16 @@ from redis_agentstate.embedded import start_embedded
 from redis_agentstate.langgraph import RunQueue
 
 from . import report, servers
-from ._util import command_line, finish_meta, percentile, proc_cpu_seconds, run_meta
+from ._util import (
+    SERVE_COUNTED,
+    command_line,
+    count_round_trips,
+    counted_trips,
+    finish_meta,
+    percentile,
+    proc_cpu_seconds,
+    run_meta,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -64,9 +74,12 @@ STEPS = f"{ROOT / 'benchmarks' / '_lg_steps.py'}:GRAPH"
 
 
 @contextlib.contextmanager
-def _server(url: str, namespace: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def _server(url: str, namespace: str, trips: str | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``agentstate serve`` on a free port; with ``trips`` (a file), its round trips counted into it."""
     graphs = {"steps": "benchmarks._lg_steps:GRAPH", "events": "benchmarks.langgraph_runs:EVENTS"}
-    with servers.agentstate_serve(url, graphs, namespace=namespace, token=TOKEN, extra=["--workers", "1"]) as up:
+    launch = ("-m", "redis_agentstate") if trips is None else ("-c", SERVE_COUNTED, trips)
+    with servers.agentstate_serve(url, graphs, namespace=namespace, token=TOKEN, extra=["--workers", "1"],
+                                  launch=launch) as up:  # fmt: skip
         yield up
 
 
@@ -96,12 +109,14 @@ def _burst(base: str, api_key: str | None, n: int) -> float:
 
 
 def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, others: dict[str, str] | None = None,
-             dev_runs: int = 10, concurrent: int = 0) -> dict[str, Any]:  # fmt: skip
+             dev_runs: int = 10, concurrent: int = 0,
+             trips: Callable[[], int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Per round, each path's p50 / p99 ms. ``others``: more servers of the same graph by key (``dev``:
     ``langgraph dev``, ``aegra``: Aegra; their URL), the same ``runs.wait`` timed against each
     (``dev_runs`` runs a round for ``langgraph dev``: it takes about a second each), and their p50 over
     ours per round. ``concurrent``: then, per round, ``concurrent`` ``runs.wait`` at once against each
-    server, timed until the last answers."""
+    server, timed until the last answers. ``trips``: the round trips to Redis so far (this process's and
+    our server's), counted per run of A and B."""
     from langgraph_sdk import get_sync_client
 
     others = others or {}
@@ -143,11 +158,15 @@ def overhead(url: str, base: str, namespace: str, rounds: int, runs: int, others
         for name, make in paths.items():
             fn = make()
             ms: list[float] = []
+            before = None if trips is None or name not in ("queue", "http") else trips()
             for _ in range(dev_runs if name == "dev" else runs):
                 t0 = time.perf_counter()
                 fn()
                 ms.append((time.perf_counter() - t0) * 1000)
             rnd[name] = {"p50": round(percentile(ms, 50), 3), "p99": round(percentile(ms, 99), 3)}
+            if before is not None and trips is not None:
+                time.sleep(0.05)  # the server's worker puts the thread back after the run's end
+                rnd[name]["trips"] = round((trips() - before) / runs, 2)
         rnd["ratio"] = round(rnd["http"]["p50"] / rnd["queue"]["p50"], 3)
         for k in others:
             rnd[f"{k}_ratio"] = round(rnd[k]["p50"] / rnd["http"]["p50"], 3)
@@ -360,8 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         admin = redis.Redis.from_url(server.url)
         meta = run_meta(command_line(f"python -m {MODULE}", argv), admin)
         data["fill_s"] = round(_fill(server.url, namespace, params["tasks"]), 1)
+        trips_file = os.path.join(tempfile.mkdtemp(prefix="serve-trips-"), "trips")
+        ours = count_round_trips()
+
+        def trips() -> int:  # this process's round trips and the server's (its count, written after now)
+            return ours() + counted_trips(trips_file, time.time())
+
         with contextlib.ExitStack() as stack:
-            base, proc = stack.enter_context(_server(server.url, namespace))
+            base, proc = stack.enter_context(_server(server.url, namespace, trips_file))
             others: dict[str, str] = {}
             if args.langgraph_dev:
                 others["dev"] = stack.enter_context(servers.langgraph_dev(args.langgraph_dev, {"steps": STEPS}))
@@ -377,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                     others,
                     params["dev_runs"],
                     params["concurrent"],
+                    trips,
                 ),
                 "fanout": lambda: fanout(base, proc.pid, params["clients"], params["events"], args.gap_ms),
                 "dashboard": lambda: dashboard(server.url, base, namespace, params["probes"]),
@@ -421,11 +447,15 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
 
     n_at_once = (params.get("concurrent") or 0) if all("burst_s" in r for r in rounds) else 0
 
+    def trips(path: str) -> str:
+        vals = [r[path]["trips"] for r in rounds if "trips" in r[path]]
+        return f"{_med(vals):.1f}" if vals else "-"
+
     def row(label: str, path: str) -> str:
         burst = ""
         if n_at_once:
             burst = " - |" if path == "queue" else f" {spread([r['burst_s'][path] for r in rounds])} |"
-        return f"| {label} | {cell(path, 'p50')} | {cell(path, 'p99')} |{burst}"
+        return f"| {label} | {cell(path, 'p50')} | {cell(path, 'p99')} | {trips(path)} |{burst}"
 
     def ratios(key: str) -> str:
         vals = [r[key] for r in rounds]
@@ -443,7 +473,8 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
                      f"{percentile(vals, 10):.1f}-{percentile(vals, 90):.1f}x; below 1, it is the faster)")  # fmt: skip
         return note + "."
 
-    ratio = _med([r["ratio"] for r in rounds])
+    b_over_a = [r["ratio"] for r in rounds]
+    ratio = _med(b_over_a)
     rows, notes = [], []
     if all("dev" in r for r in rounds):
         version = params.get("langgraph_api") or "?"
@@ -460,7 +491,7 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
     else:
         why = params.get("aegra_missing") or "no `--aegra` (`$AGENTSTATE_AEGRA`)"
         notes.append(f"- D: Aegra not run: {why}.")
-    head, rule = "| path | p50 ms | p99 ms |", "| --- | --- | --- |"
+    head, rule = "| path | p50 ms | p99 ms | round trips per run |", "| --- | --- | --- | --- |"
     if n_at_once:
         head += f" {n_at_once} `runs.wait` at once, s until the last answers |"
         rule += " --- |"
@@ -476,7 +507,9 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         "",
         f"**API overhead.** The 3-node graph, each run on a fresh thread; {len(rounds)} interleaved rounds of "
         f"{params['runs']} runs per path; ms per run, median (min-max) over rounds; the server's worker executes "
-        "A's and B's runs; C and D are the other servers of the same API, on the same graph file.",
+        "A's and B's runs; C and D are the other servers of the same API, on the same graph file. Round trips: "
+        "the commands and pipelines written to Redis per run of A and B, by the client and the server (its "
+        "worker's included), median over rounds.",
         "",
         head,
         rule,
@@ -484,7 +517,8 @@ def markdown(data: dict[str, Any], params: dict[str, Any]) -> str:
         row("B: `langgraph-sdk` `client.runs.wait` through `agentstate serve`", "http"),
         *rows,
         "",
-        f"- B / A, median of the rounds' p50 ratios: {ratio:.2f}x.",
+        f"- B / A, median (p10-p90) of the rounds' p50 ratios: {ratio:.2f}x ({percentile(b_over_a, 10):.2f}-"
+        f"{percentile(b_over_a, 90):.2f}).",
         *notes,
         "",
         f"**SSE fan-out.** {f['clients']} clients follow one run's stream (`GET /threads/{{t}}/runs/{{r}}/stream`) "

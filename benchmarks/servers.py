@@ -104,11 +104,13 @@ def _foreign_env(**extra: str) -> dict[str, str]:
 @contextlib.contextmanager
 def agentstate_serve(redis_url: str, graphs: Mapping[str, str], *, namespace: str, token: str | None = None,
                      pythonpath: Sequence[str | Path] = (), extra: Sequence[str] = (),
+                     launch: Sequence[str] = ("-m", "redis_agentstate"),
                      ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:  # fmt: skip
     """``agentstate serve`` (this interpreter's) on ``redis_url`` serving ``graphs`` (name -> ``MODULE:ATTR``,
-    importable from ``pythonpath`` and the repository); ``(base URL, process)``."""
+    importable from ``pythonpath`` and the repository); ``(base URL, process)``. ``launch``: the
+    interpreter's arguments before ``serve`` (a ``-c`` program that wraps the CLI, say)."""
     port = free_port()
-    args = [sys.executable, "-m", "redis_agentstate", "serve", "--url", redis_url, "--namespace", namespace,
+    args = [sys.executable, *launch, "serve", "--url", redis_url, "--namespace", namespace,
             "--port", str(port), *extra]  # fmt: skip
     for name, ref in graphs.items():
         args += ["--graph", f"{name}={ref}"]

@@ -419,6 +419,30 @@ def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, names
     assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
 
 
+def test_a_begin_under_a_claim_another_worker_took_since_begins_nothing(backend: Any, namespace: str) -> None:
+    """A worker begins the thread's next run under its claim of the thread's task, checked in the same
+    script (lg_run_begin.lua): once another worker claimed the task (the first stalled past its
+    lease), the first begins nothing, and the second begins the run as its first attempt."""
+    from redis_agentstate.langgraph._runs_core import RunLost
+
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    core = q._core
+    stale = q.tasks.claim_next(token="tok-a", lease_ms=200)
+    assert stale is not None and stale.task_id == "t"
+    deadline = time.monotonic() + 10
+    while (taken := q.tasks.claim_next(token="tok-b", lease_ms=60_000)) is None:  # once tok-a's lease lapsed
+        assert time.monotonic() < deadline, "the task was never claimed again"
+        time.sleep(0.05)
+    with pytest.raises(RunLost):
+        q._run(core.begin("t", "tok-a", "w1", 3, stale.revision))
+    got = q.get(run.run_id)
+    assert (got.status, got.attempt) == ("pending", 0)
+    assert [e.event for e in q.stream(run.run_id, block_ms=0)] == []  # no metadata event: nothing begun
+    begun = q._run(core.begin("t", "tok-b", "w2", 3, taken.revision))
+    assert begun is not None and (begun.run.run_id, begun.attempt, begun.resumed) == (run.run_id, 1, False)
+
+
 class _HeldLease:
     """What ``GraphWorker._execute`` asks of the thread's task lease: it is still held."""
 

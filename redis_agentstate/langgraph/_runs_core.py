@@ -26,7 +26,7 @@ import math
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from ..core.checkpoint import CheckpointCore
 from ..core.replies import text as reply_text
 from ..core.validate import check_concurrency_key, check_int
 from ..errors import AgentStateError, InvalidArgument, LeaseLost
+from ..keys import RunKeys
 from ..models import TERMINAL_STATUSES, Checkpoint
 from ..wire import Batch, Call, Command, Op, Pipe
 from ..wire.scripts import Reply
@@ -175,6 +176,10 @@ class EventCursor:
     #: monotonic seconds of the last event (or the start): ``block_ms`` counts from it.
     last_at: float = field(default_factory=time.monotonic)
     done: bool = False
+    #: ``thread_id`` is what this client's own create of the run answered, not read from the run's
+    #: id entry: if the run is not found there, the entry is read after all (the id may be another
+    #: thread's run by now: deleted, or expired, and created again).
+    remembered: bool = False
 
 
 class RunCore:
@@ -198,6 +203,7 @@ class RunCore:
         self.max_active = check_int(max_active, "max_active", 1, 100_000)
         #: Threads this core saw with a task (an LRU): their runs' creates skip the task's create.
         self._known: OrderedDict[str, None] = OrderedDict()
+        self._threads = _RunThreads(self.thread_of)
 
     def _know(self, tid: str) -> None:
         self._known[tid] = None
@@ -333,6 +339,7 @@ class RunCore:
         if reply[0] == Reply.REFUSED:
             yield Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(rid)], ["", ""])
             raise _refused(tid, reply, self.max_active, self.keys.namespace)
+        self._threads.remember(rid, tid)
         # REPLY_DONE_BEFORE (this very create applied already: its reply was lost, or a reshard's seal
         # made the driver send it again) carries the first execution's answer: the same run, once.
         created = int(reply[1])
@@ -418,16 +425,16 @@ class RunCore:
         """The next events after ``cur.after`` (waiting for them while the run is active, within
         ``cur.block_ms``); sets ``cur.done`` after the final one, or when there is no run.
         ``slice_ms``: the longest block the client's read timeout allows (``block_slice_ms``)."""
-        if cur.thread_id is None:
-            cur.thread_id = yield from self.thread_of(cur.run_id)
-            if cur.thread_id is None:
-                raise RunNotFound(cur.run_id)
-        h, e = self.keys.runs(cur.thread_id).run(cur.run_id)
+        tid = yield from self._threads.locate(cur)
+        h, e = self.keys.runs(tid).run(cur.run_id)
         if cur.after == _MAX_ID:
             cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
             return []
         entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
         if not entries:
+            if status is None and cur.remembered and (yield from self._threads.relocate(cur)):
+                return (yield from self.events(cur, slice_ms))
+            cur.remembered = False
             if status is None and cur.after == "0-0":
                 raise RunNotFound(cur.run_id)
             if status is None or reply_text(status) in FINAL_STATUSES:
@@ -451,37 +458,49 @@ class RunCore:
     def join_step(self, cur: EventCursor, slice_ms: int | None, wait_ms: int | None) -> Op[Run | None]:
         """The run if it ended, else None after waiting (a slice, at most ``wait_ms``) for its end
         marker (``lgrd``: one entry once the run ended, so a join wakes once, not at every event)."""
-        if cur.thread_id is None:
-            cur.thread_id = yield from self.thread_of(cur.run_id)
-            if cur.thread_id is None:
-                raise RunNotFound(cur.run_id)
-        keys = self.keys.runs(cur.thread_id)
+        tid = yield from self._threads.locate(cur)
+        keys = self.keys.runs(tid)
         # One round trip per wait: Redis runs a connection's commands in order, so the HGETALL runs
         # when the XREAD returns (at once if the run had ended; else when its end marker lands,
         # written by the same script as its final status, or after the slice) and reads the run as
         # it is then. The two keys share the thread's slot: one node in a Cluster too.
         wait = _slice(slice_ms, wait_ms)
-        task = self.keys.task(cur.thread_id).checkpoint
+        task = self.keys.task(tid).checkpoint
         _, raw, (status, term) = yield Pipe([
             ("XREAD", "COUNT", 1, "BLOCK", wait, "STREAMS", keys.done(cur.run_id), "0-0"),
             ("HGETALL", keys.run(cur.run_id)[0]), ("HMGET", task, "status", "term")])  # fmt: skip
-        run = self._run(cur.run_id, cur.thread_id, raw)
+        run = self._run(cur.run_id, tid, raw)
+        if run is None and cur.remembered and (yield from self._threads.relocate(cur)):
+            # Not where its create left it (the id was taken by another thread's run since: one slice spent).
+            return (yield from self.join_step(cur, slice_ms, wait_ms))
+        cur.remembered = False
         if run is None:
             raise RunNotFound(cur.run_id)  # rolled back, or expired
         if not run.done and status is not None and (reply_text(term or b"") == "1" or reply_text(status) in _TERMINAL):
             # The thread's task was cancelled (or ended) after this run was accepted: no worker can
             # ever claim it, so the run would never end. Say so rather than wait for ever.
-            raise RunRejected(f"run {cur.run_id} can never run: the task of thread {cur.thread_id!r} is "
-                              f"{reply_text(status)}", thread_id=cur.thread_id, run_id=cur.run_id)  # fmt: skip
+            raise RunRejected(f"run {cur.run_id} can never run: the task of thread {tid!r} is "
+                              f"{reply_text(status)}", thread_id=tid, run_id=cur.run_id)  # fmt: skip
         return run if run.done else None
 
     # ---- the worker's side -----------------------------------------------
 
-    def begin(self, thread_id: str, token: str, worker: str, max_attempts: int) -> Op[Begun | None]:
+    def begin(
+        self, thread_id: str, token: str, worker: str, max_attempts: int, revision: int | None = None
+    ) -> Op[Begun | None]:
+        """The thread's next run, begun under ``token`` (None: none); ``revision``: of the worker's claim
+        of the thread's task, checked in the same script (``RunLost`` if it is not the task's any more)."""
         keys = self.keys.runs(thread_id)
-        reply = yield Call(scripts.LG_RUN_BEGIN, [keys.active, keys.history, keys.hash_prefix, keys.event_prefix],
-                           [token, worker, max_attempts, self.run_ttl_ms, self.max_events])  # fmt: skip
+        rkeys = [keys.active, keys.history, keys.hash_prefix, keys.event_prefix]
+        args: list[Any] = [token, worker, max_attempts, self.run_ttl_ms, self.max_events]
+        if revision is not None:
+            rkeys.append(self.keys.task(thread_id).checkpoint)
+            args.append(str(revision))
+        reply = yield Call(scripts.LG_RUN_BEGIN, rkeys, args)
         yield from self._forget(thread_id, reply[-1])
+        if reply[0] == Reply.REFUSED and reply_text(reply[1]) == "lost":
+            raise RunLost(f"thread {thread_id!r} is no longer this worker's (its task was claimed since)",
+                          task_id=thread_id)  # fmt: skip
         if reply[0] == Reply.REFUSED:
             if reply_text(reply[1]) == "later":
                 # The head run was created with a delay: nothing before it starts (runs of a thread go
@@ -528,17 +547,8 @@ class RunCore:
             return "json", json.dumps({"unserializable": f"{type(exc).__name__}: {exc}"[:500]}).encode()
         return kind, bytes(blob)
 
-    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:
-        """The stop a cancel asked of the running ``run`` (``interrupt``, ``rollback``), '' if none came
-        within one blocking read (a slice the client's read timeout allows, at most a second): a
-        worker blocks on it while its graph runs, so a cancel reaches a run inside a long node at once."""
-        key = self.keys.runs(run.thread_id).stop(run.run_id)
-        reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", key, "0-0"])
-        for _, fields in _xread_entries(reply):
-            f = {reply_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
-                                           else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
-            return reply_text(f.get("action", b"interrupt")) or "interrupt"
-        return ""
+    def stop_asked(self, run: Run, slice_ms: int | None) -> Op[str]:  # see stop_asked (the function)
+        return (yield from stop_asked(self.keys.runs(run.thread_id), run.run_id, slice_ms))
 
     def finish(self, run: Run, token: str, status: str, error: str = "", *, gone: bool = False) -> Op[int]:
         """End the run (``status`` final, or ``pending``: handed back); the thread's active runs left."""
@@ -576,6 +586,65 @@ class RunCore:
 
 _U64 = 2**64 - 1
 _MAX_ID = f"{_U64}-{_U64}"
+
+
+class _RunThreads:
+    """The thread of each run a core created lately (an LRU): a join or stream of one starts without
+    reading its id entry (one round trip less), and reads it if the run is not there."""
+
+    def __init__(self, lookup: Callable[[str], Op[str | None]]) -> None:
+        self.lookup = lookup
+        self.known: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, rid: str, tid: str) -> None:
+        self.known[rid] = tid
+        self.known.move_to_end(rid)
+        if len(self.known) > _KNOWN_THREADS:
+            self.known.popitem(last=False)
+
+    def locate(self, cur: EventCursor) -> Op[str]:
+        """The thread of ``cur``'s run: remembered from the create, else read from its id entry."""
+        if cur.thread_id is None:
+            cur.thread_id = self.known.get(cur.run_id)
+            cur.remembered = cur.thread_id is not None
+        if cur.thread_id is None:
+            cur.thread_id = yield from self.lookup(cur.run_id)
+            if cur.thread_id is None:
+                raise RunNotFound(cur.run_id)
+        return cur.thread_id
+
+    def relocate(self, cur: EventCursor) -> Op[bool]:
+        """The run was not where it was remembered: True if its id entry names another thread (``cur``
+        now points there), False if it names the same one, or none."""
+        self.known.pop(cur.run_id, None)
+        cur.remembered = False
+        tid = yield from self.lookup(cur.run_id)
+        if tid is None or tid == cur.thread_id:
+            return False
+        cur.thread_id = tid
+        return True
+
+
+def stop_asked(keys: RunKeys, run_id: str, slice_ms: int | None) -> Op[str]:
+    """The stop a cancel asked of the running run ``run_id`` of the thread of ``keys`` (``interrupt``,
+    ``rollback``), ``end`` once the run has ended (its end marker: nothing more to watch), '' if
+    neither came within one blocking read (a slice the client's read timeout allows, at most a
+    second): a worker blocks on it while its graph runs, so a cancel reaches a run inside a long node
+    at once, and the watch's read returns when the run ends (its connection back in the pool)."""
+    reply = yield Command(["XREAD", "COUNT", 1, "BLOCK", _slice(slice_ms), "STREAMS", keys.stop(run_id),
+                           keys.done(run_id), "0-0", "0-0"])  # fmt: skip
+    ended = False
+    for stream, entries in _xread_streams(reply):
+        if not entries:
+            continue
+        if "}:lgrs:" not in reply_text(stream):  # the end marker (a reshard may have moved the keys' tags)
+            ended = True
+            continue
+        fields = entries[0][1]
+        f = {reply_text(k): v for k, v in (fields.items() if isinstance(fields, Mapping)
+                                       else zip(fields[::2], fields[1::2], strict=True))}  # fmt: skip
+        return reply_text(f.get("action", b"interrupt")) or "interrupt"
+    return "end" if ended else ""
 
 
 # ---- checks (no state: the run queue's arguments) -----------------------
@@ -698,6 +767,15 @@ def check_timeout_s(value: object, what: str = "timeout_s") -> float | None:
     if (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= MAX_JOIN_S:
         raise InvalidArgument(f"{what} must be a finite number of seconds, 0..{MAX_JOIN_S}, got {value!r:.80}")
     return float(value)
+
+
+def _xread_streams(reply: Any) -> list[tuple[Any, list[Any]]]:
+    """``(stream, entries)`` of each stream of an XREAD reply, RESP2 (a list) or RESP3 (a map)."""
+    if not reply:
+        return []
+    if isinstance(reply, Mapping):  # redis-py's RESP3 parser: {stream: [entries]}
+        return [(k, list(v[0]) if v else []) for k, v in reply.items()]
+    return [(s, list(entries)) for s, entries in reply]
 
 
 def _xread_entries(reply: Any) -> list[Any]:

@@ -1,8 +1,9 @@
 """``GraphWorker``: executes the runs of a ``RunQueue`` with a compiled LangGraph graph, fleet-wide.
 
 A worker takes a thread with the queue's ``claim_next`` (woken by Redis, never polling) under a
-lease its keeper renews (the heartbeat), takes the thread's next run (``lg_run_begin.lua``: runs
-of a thread go in creation order) and runs the graph under the thread's saver lease, so at most
+lease its keeper renews (the heartbeat), takes the thread's saver lease, then the thread's next run
+under it (``lg_run_begin.lua``: runs of a thread go in creation order; the script checks the task's
+claim is still the worker's) and runs the graph under the saver lease, so at most
 one run per thread executes in the whole fleet and a worker that lost the thread (SIGKILLed,
 frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
 fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
@@ -35,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any
 
 from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_messages, message_chunk_to_message
@@ -115,7 +116,7 @@ class _Attempt:
         self.asked = [*graph_modes, "checkpoints"] if self.boundary else graph_modes
         self.deadline = None if worker.run_timeout_s is None else time.monotonic() + worker.run_timeout_s
         self.timeout_s = worker.run_timeout_s
-        self.lease_args = {"lease_ms": worker.lease_ms, "wait_ms": worker.lease_ms + 2_000}
+        self.lease_args = worker._saver_lease
         self.status, self.error, self.stop = "success", "", ""
         #: Emits sent in this attempt: each carries its number, so a re-sent one is recognised.
         self.emitted = 0
@@ -198,14 +199,17 @@ class _Attempt:
         return out
 
     def started(self, stop: str, stopping: bool, lost: bool) -> bool:
-        """After the fenced check that opens an attempt, once the thread's saver lease is ours (an
-        ``emit`` of no events, which raises ``RunLost`` if the run is no longer this attempt's): False
-        if the run was asked to stop before it started. Without the check, a worker that stalled
-        between taking the run and taking the saver lease (frozen, or its lease keeper starved) could
-        wake after another worker had ended the run and the saver lease had fallen free, take it, and
-        run the graph from the run's input on top of the newer runs' checkpoints: the saver lease alone
-        fences checkpoints against a concurrent holder, not against the run having moved on. After the
-        check, a takeover needs the saver lease this attempt now holds, so it waits until it lapses."""
+        """Once the thread's saver lease is ours and the run is known to be this attempt's: False if the
+        run was asked to stop before it started. The worker takes the saver lease first and begins the
+        run under it, the task's claim checked in that script (``lg_run_begin.lua``); an attempt begun
+        before its saver lease was taken (``_execute`` without ``held``) checks with an ``emit`` of no
+        events once it is, which raises ``RunLost`` if the run is no longer this attempt's. Without
+        either check, a worker that stalled between taking the run and taking the saver lease (frozen,
+        or its lease keeper starved) could wake after another worker had ended the run and the saver
+        lease had fallen free, take it, and run the graph from the run's input on top of the newer
+        runs' checkpoints: the saver lease alone fences checkpoints against a concurrent holder, not
+        against the run having moved on. After the check, a takeover needs the saver lease this attempt
+        now holds, so it waits until it lapses."""
         return self.carry_on(stop, stopping, lost)
 
     def carry_on(self, stop: str, stopping: bool, lost: bool) -> bool:
@@ -266,7 +270,7 @@ class _StopWatch:
             except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
                 time.sleep(0.5)
         with self.lock:
-            if self.done:
+            if self.done or stop == "end":  # the run ended (ours, or fenced out): nothing to stop
                 return
             try:
                 if stop == "rollback":
@@ -278,6 +282,67 @@ class _StopWatch:
                 log.warning("graph worker %s: could not stop run %s at once: %s", w.name, run.run_id, exc)
                 return
             w._count("interrupted")
+
+
+class _AsyncStopWatch:
+    """The asyncio driver's watch on a run's stop signal (``_StopWatch``'s twin), and the watches still
+    in their blocking read after their graph ended (each ends at its run's end marker, or its slice)."""
+
+    def __init__(self, worker: GraphWorker) -> None:
+        self.worker = worker
+        self.lingering: set[asyncio.Future[str]] = set()
+
+    async def close(self) -> None:
+        for watch in list(self.lingering):
+            watch.cancel()
+        await asyncio.gather(*self.lingering, return_exceptions=True)
+
+    async def around(self, a: _Attempt, graph: Awaitable[None]) -> None:
+        """Run the graph beside a watch on the run's stop signal: a cancel stops the graph at once
+        (its task is cancelled: an async node is cancelled where it awaits; a sync node's thread
+        finishes alone and its writes are dropped, as LangGraph drops a cancelled task's), not at its
+        next boundary. The saver lease is still this attempt's until the run has ended. A graph that
+        ends first leaves the watch in its blocking read, which the run's end marker answers: a read
+        cancelled halfway would cost its pooled connection (and the next one a new handshake)."""
+        body = asyncio.ensure_future(graph)
+        ended = asyncio.Event()
+        watch = asyncio.ensure_future(self._await_stop(a.run, ended))
+        try:
+            await asyncio.wait((body, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.set()
+            if not body.done():
+                body.cancel()
+            if not watch.done() and not body.done():
+                watch.cancel()  # this task itself was cancelled: nothing waits for the run's end
+            await asyncio.wait((body,))
+        if body.cancelled():
+            a.stop = watch.result()
+        else:
+            if not watch.done():
+                self.lingering.add(watch)  # ends at the run's end marker (or its slice): kept until then
+                watch.add_done_callback(self.lingering.discard)
+            body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
+
+    async def _await_stop(self, run: Run, ended: asyncio.Event) -> str:
+        """The stop asked of ``run``; '' once the graph ended (``ended``) and the watch's read returned."""
+        core, baseline = self.worker._q.core, cancels()
+        while not ended.is_set():
+            try:
+                stop: str = await self.worker._q.run(core.stop_asked(run, self.worker.queue._slice))
+            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
+                if ended.is_set():
+                    return ""
+                await asyncio.sleep(0.5)
+                continue
+            finally:
+                check_cancel(baseline)  # a cancel the blocking read swallowed: the watch ends here
+            if stop == "end":  # the run ended (ours, or fenced out): nothing to stop
+                await ended.wait()
+                return ""
+            if stop:
+                return stop
+        return ""
 
 
 def _drive(events: AsyncIterator[Any]) -> Generator[Any, None, None]:
@@ -295,6 +360,15 @@ def _drive(events: AsyncIterator[Any]) -> Generator[Any, None, None]:
         with contextlib.suppress(Exception):
             loop.run_until_complete(it.aclose())  # type: ignore[attr-defined]
         loop.close()
+
+
+def _sync_chunks(graph: Any, a: _Attempt, last: Any) -> Generator[Any, None, None]:
+    """The sync driver's chunks: ``graph.stream``, or under ``events`` ``graph.astream_events``
+    (LangChain has no sync twin) driven on an event loop of this thread's own."""
+    kw = a.stream_kw()
+    if not a.astream_events:
+        return graph.stream(a.input(last), a.config, **kw)  # type: ignore[no-any-return]
+    return _drive(graph.astream_events(a.input(last), a.config, version="v2", **kw))
 
 
 def _put_back(lease: Lease | AsyncLease, remaining: int) -> Checkpoint:
@@ -377,6 +451,9 @@ class GraphWorker:
         #: Runs this worker ended, by final status (for people and tests).
         self.finished: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._watch = _AsyncStopWatch(self)
+        #: The thread's saver lease, as an attempt takes it: waiting out a dead holder's lease.
+        self._saver_lease = {"lease_ms": self.lease_ms, "wait_ms": self.lease_ms + 2_000}
 
     def stop(self) -> None:
         """End at each running run's next boundary, handing it back (pending) to the fleet."""
@@ -462,23 +539,35 @@ class GraphWorker:
 
     def _turn(self, lease: Lease) -> None:
         core, tid = self._q.core, lease.task_id
-        begun: Begun | None = self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
         remaining, delay = 0, None
-        if begun is not None and begun.later_ms:
-            remaining, delay = 1, begun.later_ms  # the next run is not due: the thread is put off until it is
-        elif begun is not None and begun.rollback:
-            with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
-                self.saver.delete_for_runs([begun.run.run_id])
-            self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
-            remaining = 1  # look again at once: the thread may have a run behind it
-        elif begun is not None and (wrong := self._wrong_graph(begun.run)):
-            remaining = self._q.run(core.finish(begun.run, lease.token, "error", wrong))
-            self._count("error")
-        elif begun is not None:
-            left = self._execute(_Attempt(self, begun, lease.token), lease)
-            if left is None:  # lost the thread, or handed the run back: the lease ends as it is
+        # The thread's saver lease first, then the run begun under it with the task's claim checked in
+        # the same script: no fenced check of its own after (_Attempt.started), one round trip less.
+        with contextlib.ExitStack() as held:
+            try:
+                thread_lease = held.enter_context(self.saver.lease(tid, **self._saver_lease))
+                begun = self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts, lease.revision))
+            except RunLost as exc:
+                log.warning("graph worker %s: thread %r is not ours any more: %s", self.name, tid, exc)
                 return
-            remaining = left
+            except ThreadBusy:  # the previous holder's saver lease has not lapsed yet: back, later
+                lease.release(reason="ThreadBusy")
+                return
+            if begun is not None and begun.later_ms:
+                remaining, delay = 1, begun.later_ms  # the next run is not due: the thread is put off until it is
+            elif begun is not None and begun.rollback:
+                self.saver.delete_for_runs([begun.run.run_id])
+                held.close()
+                self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+                remaining = 1  # look again at once: the thread may have a run behind it
+            elif begun is not None and (wrong := self._wrong_graph(begun.run)):
+                held.close()
+                remaining = self._q.run(core.finish(begun.run, lease.token, "error", wrong))
+                self._count("error")
+            elif begun is not None:
+                left = self._execute(_Attempt(self, begun, lease.token), lease, (held, thread_lease))
+                if left is None:  # lost the thread, or handed the run back: the lease ends as it is
+                    return
+                remaining = left
         try:
             lease.commit(_put_back(lease, remaining), delay_ms=delay)
         except LeaseLost:
@@ -488,18 +577,20 @@ class GraphWorker:
             # A run created while the task was ours did not wake it (it was not waiting): look again.
             self._q.run(core.wake(tid))
 
-    def _execute(self, a: _Attempt, lease: Lease) -> int | None:
+    def _execute(self, a: _Attempt, lease: Lease, held: tuple[contextlib.ExitStack, Any] | None = None) -> int | None:
         """Run the graph for one attempt; the thread's active runs left, or None if the run is not ours
-        any more (lost) or was handed back (stop, Redis failing)."""
+        any more (lost) or was handed back (stop, Redis failing). ``held``: the thread's saver lease,
+        taken before the run was begun (its exit stack, and the lease), else taken here."""
         core, run = self._q.core, a.run
         try:
-            with self.saver.lease(run.thread_id, **a.lease_args) as thread_lease:
-                # See _Attempt.started: the run must still be this attempt's once the saver lease is ours.
-                stop = self._q.run(core.emit(run, a.token, [], seq=a.seq()))
+            with held[0] if held else self.saver.lease(run.thread_id, **a.lease_args) as entered:
+                thread_lease = held[1] if held else entered
+                # _Attempt.started: the run must still be this attempt's (begun under the lease, it is).
+                stop = "" if held else self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
                     watch = _StopWatch(self, a, thread_lease)
-                    chunks = self._chunks(a, last)
+                    chunks = _sync_chunks(self.graph, a, last)
                     try:
                         for chunk in chunks:
                             stop = self._q.run(core.emit(run, a.token, a.events(chunk), seq=a.seq()))
@@ -516,6 +607,9 @@ class GraphWorker:
                     return None
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
+                back, status, error, gone = a.ending()
+                if not back:  # ended before the saver lease goes: a joiner hears of it a round trip sooner
+                    left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         except (RunLost, LeaseLost) as exc:
             if not a.fenced:
                 self._lost(run, exc)
@@ -528,22 +622,12 @@ class GraphWorker:
                 self._q.run(core.finish(run, a.token, "pending"))
                 lease.release(reason=f"{type(exc).__name__}")
             return None
-        back, status, error, gone = a.ending()
         if back:
             self._q.run(core.finish(run, a.token, "pending"))
             lease.release()
             return None
-        left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left
-
-    def _chunks(self, a: _Attempt, last: Any) -> Generator[Any, None, None]:
-        """The sync driver's chunks: ``graph.stream``, or under ``events`` ``graph.astream_events``
-        (LangChain has no sync twin) driven on an event loop of this thread's own."""
-        kw = a.stream_kw()
-        if not a.astream_events:
-            return self.graph.stream(a.input(last), a.config, **kw)  # type: ignore[no-any-return]
-        return _drive(self.graph.astream_events(a.input(last), a.config, version="v2", **kw))
 
     # ---- the asyncio driver ----------------------------------------------------
 
@@ -554,6 +638,7 @@ class GraphWorker:
         try:
             await asyncio.gather(*(self._aloop() for _ in range(self.concurrency)))
         finally:
+            await self._watch.close()
             await self._aclose_waker()
 
     async def _aloop(self) -> None:
@@ -600,23 +685,33 @@ class GraphWorker:
 
     async def _aturn(self, lease: AsyncLease) -> None:
         core, tid = self._q.core, lease.task_id
-        begun: Begun | None = await self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts))
         remaining, delay = 0, None
-        if begun is not None and begun.later_ms:
-            remaining, delay = 1, begun.later_ms
-        elif begun is not None and begun.rollback:
-            async with self.saver.lease(tid, lease_ms=self.lease_ms, wait_ms=self.lease_ms + 2_000):
-                await self.saver.adelete_for_runs([begun.run.run_id])
-            await self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
-            remaining = 1
-        elif begun is not None and (wrong := self._wrong_graph(begun.run)):
-            remaining = await self._q.run(core.finish(begun.run, lease.token, "error", wrong))
-            self._count("error")
-        elif begun is not None:
-            left = await self._aexecute(_Attempt(self, begun, lease.token), lease)
-            if left is None:
+        async with contextlib.AsyncExitStack() as held:  # as _turn: the saver lease first, begun under it
+            try:
+                await held.enter_async_context(self.saver.lease(tid, **self._saver_lease))
+                begun = await self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts, lease.revision))
+            except RunLost as exc:
+                log.warning("graph worker %s: thread %r is not ours any more: %s", self.name, tid, exc)
                 return
-            remaining = left
+            except ThreadBusy:
+                await lease.release(reason="ThreadBusy")
+                return
+            if begun is not None and begun.later_ms:
+                remaining, delay = 1, begun.later_ms
+            elif begun is not None and begun.rollback:
+                await self.saver.adelete_for_runs([begun.run.run_id])
+                await held.aclose()
+                await self._q.run(core.finish(begun.run, "", "interrupted", "rollback", gone=True))
+                remaining = 1
+            elif begun is not None and (wrong := self._wrong_graph(begun.run)):
+                await held.aclose()
+                remaining = await self._q.run(core.finish(begun.run, lease.token, "error", wrong))
+                self._count("error")
+            elif begun is not None:
+                left = await self._aexecute(_Attempt(self, begun, lease.token), lease, held)
+                if left is None:
+                    return
+                remaining = left
         try:
             await lease.commit(_put_back(lease, remaining), delay_ms=delay)
         except LeaseLost:
@@ -624,38 +719,6 @@ class GraphWorker:
             return
         if not remaining:
             await self._q.run(core.wake(tid))
-
-    async def _astream_until_stopped(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
-        """Run the graph beside a watch on the run's stop signal: a cancel stops the graph at once
-        (its task is cancelled: an async node is cancelled where it awaits; a sync node's thread
-        finishes alone and its writes are dropped, as LangGraph drops a cancelled task's), not at its
-        next boundary. The saver lease is still this attempt's until the run has ended."""
-        body = asyncio.ensure_future(self._astream(a, lease, last))
-        watch = asyncio.ensure_future(self._await_stop(a.run))
-        try:
-            await asyncio.wait((body, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not body.done():
-                body.cancel()
-            await asyncio.wait((body, watch))
-        if body.cancelled():
-            a.stop = watch.result()
-        else:
-            body.result()  # the worker's trouble (RunLost, LeaseLost, BackendError) goes on up
-
-    async def _await_stop(self, run: Run) -> str:
-        core, baseline = self._q.core, cancels()
-        while True:
-            try:
-                stop: str = await self._q.run(core.stop_asked(run, self.queue._slice))
-            except Exception:  # a failed watch: the run's boundaries still see a stop (lg_run_emit.lua)
-                await asyncio.sleep(0.5)
-                continue
-            finally:
-                check_cancel(baseline)  # a cancel the blocking read swallowed: the watch ends here
-            if stop:
-                return stop
 
     async def _astream(self, a: _Attempt, lease: AsyncLease, last: Any) -> None:
         core, run = self._q.core, a.run
@@ -676,17 +739,22 @@ class GraphWorker:
         finally:
             await chunks.aclose()
 
-    async def _aexecute(self, a: _Attempt, lease: AsyncLease) -> int | None:
+    async def _aexecute(
+        self, a: _Attempt, lease: AsyncLease, held: contextlib.AsyncExitStack | None = None
+    ) -> int | None:
         """The asyncio twin of ``_execute`` (``graph.astream``)."""
         core, run = self._q.core, a.run
         try:
-            async with self.saver.lease(run.thread_id, **a.lease_args):
-                stop = await self._q.run(core.emit(run, a.token, [], seq=a.seq()))
+            async with held if held else self.saver.lease(run.thread_id, **a.lease_args):
+                stop = "" if held else await self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
-                    await self._astream_until_stopped(a, lease, last)
+                    await self._watch.around(a, self._astream(a, lease, last))
                 if a.stop == "rollback":
                     await self.saver.adelete_for_runs([run.run_id])
+                back, status, error, gone = a.ending()
+                if not back:  # as _execute: ended before the saver lease goes
+                    left: int = await self._q.run(core.finish(run, a.token, status, error, gone=gone))
         except (RunLost, LeaseLost) as exc:
             self._lost(run, exc)
             return None
@@ -697,11 +765,9 @@ class GraphWorker:
                 await self._q.run(core.finish(run, a.token, "pending"))
                 await lease.release(reason=f"{type(exc).__name__}")
             return None
-        back, status, error, gone = a.ending()
         if back:
             await self._q.run(core.finish(run, a.token, "pending"))
             await lease.release()
             return None
-        left: int = await self._q.run(core.finish(run, a.token, status, error, gone=gone))
         self._count(status)
         return left

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -188,16 +189,25 @@ class _App:
     # ---- runs ------------------------------------------------------------------------------------------
 
     async def _create(self, tid: str | None, body: Mapping[str, Any], run_id: str | None = None,
-                      drop_thread: bool | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+                      drop_thread: bool | None = None,
+                      later: list[Awaitable[Any]] | None = None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
         """The run ``body`` asks for, on thread ``tid`` (None: a temporary thread); ``(graph, run, drop)``:
         ``drop``, the caller deletes the thread once the run ended (``drop_thread``, or by default a
-        temporary thread's ``on_completion``), unless the run's webhook sender does after reading it."""
-        g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
-        options = await self.run_options(body)  # checked before anything is written
+        temporary thread's ``on_completion``), unless the run's webhook sender does after reading it.
+        ``later``: the thread record's mark of this run (``ThreadBook.touch``) is appended there for the
+        caller to await while it waits for the run, instead of awaited here."""
         temporary = tid is None
         if tid is None:
-            tid = str(uuid.uuid4())
-        raw = await self.book.kv.get(tid)
+            tid = str(uuid.uuid4())  # a new id: no record to read
+        # The thread's record is read while the assistant is: one round trip for both.
+        reading = None if temporary else asyncio.ensure_future(self.book.kv.get(tid))
+        try:
+            g, body = await self.assistants.resolve(body)  # its assistant's config and context applied
+            options = await self.run_options(body)  # checked before anything is written
+        finally:
+            if reading is not None:
+                await asyncio.wait((reading,))  # not cancelled halfway: that would cost its connection
+        raw = None if reading is None else reading.result()
         rec = None if raw is None else dict(json.loads(raw))
         if rec is None and not temporary and body.get("if_not_exists") != "create":
             raise HTTPException(404, f"no thread {tid!r}")
@@ -205,50 +215,20 @@ class _App:
         if owner is not None and owner is not g:
             raise HTTPException(422, f"thread {tid!r} runs graph {owner.name!r}, not {g.name!r}")
         start = await self._start_from(g, tid, body)
+        saving: Any = None  # the record's write, sent beside the run's create (one round trip for both)
         if rec is None:
             rec = {"thread_id": tid, "created_ms": int(time.time() * 1000), "metadata": {"graph_id": g.name}}
-            await self.book.save(rec)
-            raw = None
+            saving, raw = asyncio.ensure_future(self.book.save(rec)), None
         elif owner is None:
             rec["metadata"] = {**(rec.get("metadata") or {}), "graph_id": g.name}
-            await self.book.save(rec)
-            raw = None
-        modes = _run_modes(body.get("stream_mode") or "values")
-        config = body.get("config") or {}
-        if not isinstance(config, dict):
-            raise HTTPException(422, "config must be an object")
-        config = dict(config)
-        if body.get("context") or start:
-            config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
-        meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
-        inputs = body.get("input")
-        if body.get("command") is not None and inputs == {}:
-            # useStream's submit({}, {command}) (Agent Chat UI's resume): LangGraph's server runs the
-            # command and drops the input; an empty one is no input. A non-empty one stays refused.
-            inputs = None
-        options["concurrency_key"] = await tenant_key(self.options, self._tenant_keys, g, meta)
-        drop = temporary and body.get("on_completion", "delete") == "delete" if drop_thread is None else drop_thread
-        # A caller's id (a cron's tick, fired again after a crash) may name a run that exists: its
-        # webhook is known already (and may have been sent: not again).
-        if options.get("webhook") and (run_id is None or await g.queue.get(run_id) is None):
-            run_id = run_id or str(uuid.uuid4())
-            await self.webhooks.expect(g, run_id, options["webhook"], drop)
+            saving, raw = asyncio.ensure_future(self.book.save(rec)), None
         try:
-            run = await g.queue.create(tid, inputs, command=body.get("command"), config=config,
-                                       multitask_strategy=body.get("multitask_strategy") or "enqueue",
-                                       stream_mode=modes, metadata=meta,
-                                       subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id,
-                                       **options)  # fmt: skip
-        except (RunRejected, InvalidArgument) as exc:
-            if options.get("webhook") and run_id is not None and await g.queue.get(run_id) is None:
-                await self.webhooks.forget(run_id)
-            raise HTTPException(409 if isinstance(exc, RunRejected) else 422, str(exc)) from exc
-        if raw is not None:  # a record just saved is already marked updated
-            await self.book.touch(tid, raw)
-        if options.get("webhook"):
-            self.webhooks.follow(g, run.run_id)
-            drop = False  # the webhook's sender drops the temporary thread once it has read its values
-        return g, run, drop
+            return await _create_run(self, g, tid, body, options, raw, start, temporary, run_id, drop_thread, later)
+        finally:
+            if saving is not None:  # written whatever follows, as when it was awaited before
+                await asyncio.wait((saving,))
+                if sys.exc_info()[0] is None:
+                    saving.result()
 
     async def _values(self, g: ServedGraph, run: Run) -> Any:
         """The thread's values when the run ended (a webhook's ``values``)."""
@@ -310,8 +290,13 @@ class _App:
     async def runs_wait(self, request: Request) -> Response:
         body = await read_body(request, self.max_body)
         cancel = _cancel_on_disconnect(body)
-        g, run, delete = await self._create(request.path_params.get("tid"), body)
-        return await self.answers.answer(g, run, delete=delete, request=request if cancel else None)
+        later: list[Awaitable[Any]] = []
+        g, run, delete = await self._create(request.path_params.get("tid"), body, later=later)
+        marks = asyncio.gather(*later)  # the thread record's mark, while the run runs
+        try:
+            return await self.answers.answer(g, run, delete=delete, request=request if cancel else None)
+        finally:
+            await marks
 
     async def run_join(self, request: Request) -> Response:
         g, run = await self.answers.run_of(request.path_params["tid"], request.path_params["rid"])
@@ -387,6 +372,52 @@ class _App:
 
     async def not_served(self, request: Request) -> Response:
         raise HTTPException(501, f"{request.method} {request.url.path} is not served by agentstate serve")
+
+
+async def _create_run(app: _App, g: ServedGraph, tid: str, body: Mapping[str, Any], options: dict[str, Any],
+                  raw: bytes | None, start: dict[str, Any], temporary: bool, run_id: str | None,
+                  drop_thread: bool | None,
+                  later: list[Awaitable[Any]] | None) -> tuple[ServedGraph, Run, bool]:  # fmt: skip
+    """``_create`` once the thread's record is known (``raw``, None if just written): the run's create."""
+    modes = _run_modes(body.get("stream_mode") or "values")
+    config = body.get("config") or {}
+    if not isinstance(config, dict):
+        raise HTTPException(422, "config must be an object")
+    config = dict(config)
+    if body.get("context") or start:
+        config["configurable"] = {**(body.get("context") or {}), **(config.get("configurable") or {}), **start}
+    meta = {**(body.get("metadata") or {}), "graph_id": g.name, "assistant_id": body["assistant_id"]}
+    inputs = body.get("input")
+    if body.get("command") is not None and inputs == {}:
+        # useStream's submit({}, {command}) (Agent Chat UI's resume): LangGraph's server runs the
+        # command and drops the input; an empty one is no input. A non-empty one stays refused.
+        inputs = None
+    options["concurrency_key"] = await tenant_key(app.options, app._tenant_keys, g, meta)
+    drop = temporary and body.get("on_completion", "delete") == "delete" if drop_thread is None else drop_thread
+    # A caller's id (a cron's tick, fired again after a crash) may name a run that exists: its
+    # webhook is known already (and may have been sent: not again).
+    if options.get("webhook") and (run_id is None or await g.queue.get(run_id) is None):
+        run_id = run_id or str(uuid.uuid4())
+        await app.webhooks.expect(g, run_id, options["webhook"], drop)
+    try:
+        run = await g.queue.create(tid, inputs, command=body.get("command"), config=config,
+                                   multitask_strategy=body.get("multitask_strategy") or "enqueue",
+                                   stream_mode=modes, metadata=meta,
+                                   subgraphs=bool(body.get("stream_subgraphs")), run_id=run_id,
+                                   **options)  # fmt: skip
+    except (RunRejected, InvalidArgument) as exc:
+        if options.get("webhook") and run_id is not None and await g.queue.get(run_id) is None:
+            await app.webhooks.forget(run_id)
+        raise HTTPException(409 if isinstance(exc, RunRejected) else 422, str(exc)) from exc
+    if raw is not None:  # a record just saved is already marked updated
+        if later is None:
+            await app.book.touch(tid, raw)
+        else:
+            later.append(app.book.touch(tid, raw))
+    if options.get("webhook"):
+        app.webhooks.follow(g, run.run_id)
+        drop = False  # the webhook's sender drops the temporary thread once it has read its values
+    return g, run, drop
 
 
 async def run_options(body: Mapping[str, Any], webhooks: WebhookSender) -> dict[str, Any]:

@@ -3,11 +3,18 @@
 --   KEYS[2] - lgrh:<tid>      the thread's kept runs
 --   KEYS[3] - lgr:<tid>\0     the prefix of the thread's run hashes (not itself a key)
 --   KEYS[4] - lgre:<tid>\0    the prefix of their event streams (not itself a key)
+--   KEYS[5] - cp:<tid>        the thread's task (optional, with ARGV[6]): its claim is checked
 --   ARGV[1] - token: this attempt's (every event and the end of the run are fenced by it)
 --   ARGV[2] - worker: a name for people (agentstate langgraph runs)
 --   ARGV[3] - max attempts: a run whose worker died this many times ends as an error (a poison run)
 --   ARGV[4] - ttl: ms a run ended here is kept
 --   ARGV[5] - cap: events kept per run
+--   ARGV[6] - the revision the worker's claim of the task returned ('' or absent: not checked)
+-- With KEYS[5] and ARGV[6], the run is begun only under the worker's claim of the thread's task
+-- (its token ARGV[1] and revision ARGV[6] still the task's: nobody claimed it since), else
+-- {REPLY_REFUSED, 'lost', {}} and nothing written. A worker that took the thread's saver lease
+-- first and begins under it so knows, in this one call, that no other worker moved the thread on
+-- while it stalled (the claim a takeover needs bumps the revision); a re-send passes the same check.
 -- The head of the active list is the thread's next run (runs of a thread execute in creation
 -- order). A head that was running under another token is an attempt whose worker died or
 -- stalled (its task lease lapsed, no hand-back): it is taken over, the death counted ('deaths'),
@@ -29,6 +36,12 @@
 -- A corrupt run hash: AGENTSTATE_CORRUPT, nothing written.
 local token, worker, max_att = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local ttl, cap = tonumber(ARGV[4]), ARGV[5]
+local claimed = ARGV[6] or ''
+
+if claimed ~= '' then
+  local t = redis.call('HMGET', KEYS[5], 'rev', 'token')
+  if t[1] ~= claimed or t[2] ~= token then return {REPLY_REFUSED, 'lost', {}} end
+end
 
 local now = server_now_ms()
 local ended = {}
