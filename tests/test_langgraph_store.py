@@ -402,7 +402,7 @@ class TestSemanticSearch:
     def test_a_ranking_reads_vectors_then_the_values_it_returns_only(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        s, ref = mk(index=INDEX, vector_cache_bytes=0), InMemoryStore(index=INDEX)
         both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
         sent = _record(monkeypatch)
         got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
@@ -413,6 +413,33 @@ class TestSemanticSearch:
             ("lgs_get", None),
         ]
         assert sorted(sent[1].args[1:]) == sorted(i.key for i in got)
+
+    def test_a_ranking_from_the_cache_reads_the_values_it_returns_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With the cache of vectors (the default): the first search scans the namespace (stamps, then its
+        vectors by HMGET); the next ones send the prefix's listing and one lgs_pick, which checks the
+        write version and reads the 3 values returned, the 2 ranked before the offset checked live only."""
+        if not _store_rank.NUMPY:
+            pytest.skip("the cache needs numpy")
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
+        sent = _record(monkeypatch)
+        want = view(ref.search(("d",), query="doc xxxx", limit=3, offset=2))
+        assert view(s.search(("d",), query="doc xxxx", limit=3, offset=2)) == want
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_scan", "lgs_prefix", "lgs_pick"]
+        sent.clear()
+        got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
+        assert view(got) == want
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_pick"]
+        pick = sent[1].args
+        assert pick[2] == 2 and pick[3 + 2 :] == [i.key for i in got]
+        sent.clear()
+        both(s, [("put", (("d",), "k3", {"text": "doc xxxx"}), {})], ref)  # a writer: the version moves
+        sent.clear()
+        got = s.search(("d",), query="doc xxxx", limit=3)
+        assert view(got) == view(ref.search(("d",), query="doc xxxx", limit=3))
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_pick", "lgs_scan", "lgs_prefix", "lgs_pick"]
 
     def test_more_than_it_ranks_exactly_goes_to_the_vector_index(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
