@@ -31,8 +31,10 @@ Semantic search ranks exactly as InMemoryStore (cosine, max over an item's field
 last) where the searched prefix holds at most ``MAX_EXACT`` live items; above that it ranks the
 items an approximate index finds (``_store_ann.py``: an IVF index per namespace, in Redis), exactly.
 Vectors are stored as float32 with their norms (``_store_rank.py``), so scores equal InMemoryStore's
-on the float32-rounded vectors; a ranking without a filter reads the candidates' vectors only, then
-the values of the items it returns.
+on the float32-rounded vectors. A ranking without a filter ranks from the client's cache of the
+namespaces' vectors and reads the values of the items it returns only, in scripts that check the
+namespaces are as the cache holds them (``_store_cache.py``); otherwise (a filter, no numpy, the
+cache off) it reads the items with their vectors, each page in one script.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
+from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..core.replies import text as reply_text
 from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce, restart
 from . import _store_ann as ann
 from . import _store_cache as cache
-from . import _store_rank
 from . import _store_index as ix
+from . import _store_rank
 from ._store_index import SEP, StoreIndex, _path, _utf8
 from ._store_rank import Candidate, decode_vectors, pack_vectors, rank
 from .scripts import LGS_GET, LGS_PICK, LGS_PREFIX, LGS_PUT, LGS_SCAN, LGS_SCRIPTS
@@ -472,11 +474,8 @@ class StoreCore:
             cached = None
             if not op.filter and self.cache.enabled and _store_rank.NUMPY and (op.offset + op.limit) > 0:
                 cached = yield from restart(functools.partial(self._cached, op, query, exact, refresh))
-            if cached is not None:
-                kept, refresh = cached, False
-            else:
-                kept = yield from self._uncached(op, query, exact, refresh)
-                refresh = False
+            kept = cached if cached is not None else (yield from self._uncached(op, query, exact, refresh))
+            refresh = False
         if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return [
@@ -494,9 +493,10 @@ class StoreCore:
     def _uncached(
         self, op: SearchOp, query: list[float], exact: int, refresh: bool
     ) -> Op[list[tuple[float | None, Item]]]:
-        """A ranking that reads the vectors of the prefix (or what its vector index finds), then the values
-        of the items it returns, refreshing their TTL if asked."""
-        mode = "1" if op.filter else "2"
+        """A ranking that reads the items of the prefix with their vectors, each page in one script: a score is
+        always that of the value returned, whatever a writer does between two reads (above the exact limit:
+        what the vector index finds). Refreshes the TTL of the items returned if asked."""
+        mode = "1"
         paths = yield from self._paths(op, mode)
         counts = yield from self.ann.counts_above(paths, exact)
         if counts is not None and sum(c[0] for c in counts) > exact:
@@ -505,13 +505,14 @@ class StoreCore:
         else:
             found = yield from self._candidates(op, mode, paths)
         picked = rank(query, self.dims, found, op.offset, op.limit)
-        if op.filter:
-            kept = [(score, cast(Item, c.item)) for score, c in picked]
-            if kept and refresh:
-                yield from self._touch([item for _, item in kept])
-            return kept
-        # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
-        return (yield from self._fetch(picked, refresh))
+        if any(c.item is None for _, c in picked):
+            # The vector index's candidates without a filter: their vectors only, then the values of the
+            # items picked (refreshing their TTL as it reads them).
+            return (yield from self._fetch(picked, refresh))
+        kept = [(score, cast(Item, c.item)) for score, c in picked]
+        if kept and refresh:
+            yield from self._touch([item for _, item in kept])
+        return kept
 
     # ---- search from the cache of vectors (_store_cache.py) --------------------------------
 
@@ -548,7 +549,7 @@ class StoreCore:
                     return None
                 for i, entry in zip(todo, filled, strict=True):
                     entries[i] = entry
-            ready = [e for e in entries if e is not None]
+            ready = [e for e in entries if e is not None]  # all of them, once scanned: one per path
             if sum(len(e.keys) for e in ready) > exact:
                 return None
             before, kept = cache.rank(query, ready, op.offset, op.limit)
@@ -576,19 +577,18 @@ class StoreCore:
                     continue
             rescan = set()
             items: dict[tuple[int, str], bytes] = {}
-            for k, e, w, reply in zip(names, ready, wanted, replies, strict=True):
-                if bytes(reply[0]) != e.version or not all(reply[1:]):
+            for n, (k, entry, w, reply) in enumerate(zip(names, ready, wanted, replies, strict=True)):
+                if bytes(reply[0]) != entry.version or not all(reply[1:]):
                     rescan.add(k.items)  # a writer since the scan, or a picked item expired
                     continue
                 for key, blob in zip(w, reply[1:], strict=True):
-                    items[(id(e), key)] = blob
+                    items[(n, key)] = blob
             if rescan:
                 continue
             out: list[tuple[float | None, Item]] = []
-            for score, e, i in kept:
-                entry, key = ready[e], ready[e].keys[i]
-                ns = tuple(paths[e].split(SEP))
-                out.append((score, self._item(ns, key, items[(id(entry), key)], names[e])))
+            for score, n, i in kept:
+                key = ready[n].keys[i]
+                out.append((score, self._item(tuple(paths[n].split(SEP)), key, items[(n, key)], names[n])))
             return out
         return None
 
@@ -603,7 +603,10 @@ class StoreCore:
         while after:
             order = list(after)
             replies = yield Batch(
-                [Call(LGS_SCAN, names[i].as_list(), [after[i], cache.SCAN_PAGE, cache.SCAN_BYTES, exact]) for i in order]
+                [
+                    Call(LGS_SCAN, names[i].as_list(), [after[i], cache.SCAN_PAGE, cache.SCAN_BYTES, exact])
+                    for i in order
+                ]
             )
             for i, reply in zip(order, replies, strict=True):
                 first = after.pop(i) == ""
@@ -616,9 +619,7 @@ class StoreCore:
                         return None
                 body = reply[3:]
                 order_key = names[i].order
-                scanned[i].extend(
-                    (member_id(body[j], order_key), bytes(body[j + 1])) for j in range(0, len(body), 2)
-                )
+                scanned[i].extend((member_id(body[j], order_key), bytes(body[j + 1])) for j in range(0, len(body), 2))
                 if reply[2]:
                     after[i] = reply_text(reply[2])
         reads: list[tuple[int, list[str]]] = []

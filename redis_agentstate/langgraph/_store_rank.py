@@ -7,8 +7,8 @@ Ranking is InMemoryStore's: cosine similarity (0.0 where a norm is 0), an item's
 first with ties in search order, scoreless items (nothing embedded) after, in search order; scores
 are InMemoryStore's on the float32-rounded vectors. With numpy importable the dot products are one
 matrix product; without it, pure Python; the two agree within float rounding (tests check both).
-A search without a filter reads the candidates' vectors only, and the values of the top
-``offset + limit`` alone (``StoreCore._search``).
+A search without a filter ranks from the client's cache of the vectors (``_store_cache.py``) and
+reads the values of the items it returns alone (``StoreCore._search``).
 """
 
 from __future__ import annotations
