@@ -555,6 +555,19 @@ class TestVectorCache:
         assert view(s.search(("p",), query="pear")) == view(ref.search(("p",), query="pear"))
         assert view(s.search((), query="pear")) == view(ref.search((), query="pear"))
 
+    def test_a_short_pick_among_many_ties_ranks_as_in_memory(self, mk: Callable[..., Memory]) -> None:
+        """Many more items than the pick (the cache sorts only the rows that can be in it), equal scores
+        among them: InMemoryStore's order (ties in insertion order), scoreless items after."""
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        words = ["pear", "pears", "reap", "car", "pear", "a pear", "zebra"]
+        ops = [("put", (("ties",), f"k{i:02d}", {"text": words[i % len(words)]}), {}) for i in range(60)]
+        ops.append(("put", (("ties",), "plain", {"other": 1}), {}))
+        both(s, ops, ref)
+        for kw in ({"limit": 3}, {"limit": 3, "offset": 2}, {"limit": 5, "offset": 9}, {"limit": 4, "offset": 58}):
+            got, want = s.search(("ties",), query="pear", **kw), ref.search(("ties",), query="pear", **kw)
+            assert view(got) == view(want), kw
+            assert all(math.isclose(g.score or 0, w.score or 0, rel_tol=1e-6) for g, w in zip(got, want, strict=True))
+
     def test_the_cache_is_bounded_by_bytes(self, mk: Callable[..., Memory]) -> None:
         s, ref = mk(index=INDEX, vector_cache_bytes=3000), InMemoryStore(index=INDEX)
         ops = [("put", ((f"n{j}",), f"k{i}", {"text": f"doc {i} " + "x" * (i + j)}), {}) for j in range(3)

@@ -25,22 +25,34 @@ numpy there is no cache (the pure-Python ranking reads the vectors each time).
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from langgraph.store.base import Item, SearchOp
+
+from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
-from ._store_rank import top
+from ..keys import Keys, StoreKeys
+from ..wire import Batch, Call, Op, Pipe, member_id
+from . import _store_index as ix
+from ._store_index import SEP, StoreIndex, _path
+from ._store_rank import decode_vectors, top
+from .scripts import LGS_PICK, LGS_PREFIX, LGS_SCAN
 
 try:
     import numpy as _np  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - the cache is off without numpy
     _np = None  # type: ignore[assignment,unused-ignore]
 
-__all__ = ["DEFAULT_BYTES", "SCAN_BYTES", "SCAN_PAGE", "TRIES", "Entry", "VectorCache", "build", "check_bytes", "rank"]
+__all__ = [
+    "DEFAULT_BYTES", "SCAN_BYTES", "SCAN_PAGE", "TRIES", "CachedSearch", "Entry", "VectorCache", "build", "check_bytes",
+    "rank",
+]  # fmt: skip
 
 #: The cache's bound by default: 64 MiB (about 10 namespaces of 1,000 items at 1536 dimensions, or
 #: 250 at 64).
@@ -154,7 +166,7 @@ def rank(
     """InMemoryStore's pick over the entries' items (in entry order, then insertion order), as
     ``_store_rank.rank``: the (entry, item) ranked before ``offset``, and the picked (score, entry, item)."""
     assert _np is not None
-    qnorm = sum(a * a for a in query) ** 0.5
+    qnorm = sum(map(operator.mul, query, query)) ** 0.5  # _store_rank._scores' sum, in the same order
     q = _np.asarray(query, dtype=_np.float64)
     bases: list[int] = []
     parts: list[Any] = []
@@ -171,9 +183,16 @@ def rank(
     scores = _np.concatenate(parts) if parts else _np.zeros(0)
     rows = _np.concatenate(owners) if owners else _np.zeros(0, dtype=_np.int64)
     order = None
+    want = offset + limit
     if len(scores) and bool(_np.isfinite(scores).all()):
-        # Stable on the negated scores: equal scores keep their row order, as sorted(..., reverse=True).
-        order = _np.argsort(-scores, kind="stable").tolist()
+        if len(scores) > 4 * want and len(scores) == base - len(scoreless):
+            # One vector per item: the rows scoring at least the want-th best hold the pick, ties included.
+            kth = len(scores) - want
+            rows_in = _np.nonzero(scores >= _np.partition(scores, kth)[kth])[0]
+            order = rows_in[_np.argsort(-scores[rows_in], kind="stable")].tolist()
+        else:
+            # Stable on the negated scores: equal scores keep their row order, as sorted(..., reverse=True).
+            order = _np.argsort(-scores, kind="stable").tolist()
     before, kept = top(scores.tolist(), rows.tolist(), scoreless, offset, limit, order)
 
     def locate(i: int) -> tuple[int, int]:
@@ -228,6 +247,14 @@ class VectorCache:
                 _, dropped = self._entries.popitem(last=False)
                 self.nbytes -= dropped.nbytes
 
+    def clear(self) -> None:
+        """Forget everything (the next search of each namespace scans it again)."""
+        with self._lock:
+            self._entries.clear()
+            self._listings.clear()
+            self._big.clear()
+            self.nbytes = 0
+
     def listing(self, prefix: tuple[str, ...]) -> list[str] | None:
         with self._lock:
             paths = self._listings.get(prefix)
@@ -255,3 +282,139 @@ class VectorCache:
                 return False
             now = time.monotonic()
             return any(self._big.get(n, 0.0) > now for n in names)
+
+
+class CachedSearch:
+    """Semantic searches without a filter ranked from a ``VectorCache``, as ops the store's shells run."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        names: StoreIndex,
+        cache: VectorCache,
+        dims: int,
+        read_item: Callable[[tuple[str, ...], str, bytes, StoreKeys], Item],
+    ) -> None:
+        self.keys, self.names, self.cache, self.dims, self.read_item = keys, names, cache, dims, read_item
+
+    def search(
+        self, op: SearchOp, query: list[float], exact: int, refresh: bool
+    ) -> Op[list[tuple[float | None, Item]] | None]:
+        """A ranking from the cache: rank with no I/O, then one round trip that checks the prefix's listing and
+        every namespace's write version and reads the items picked; what moved is scanned again and the
+        ranking runs again. None: the cache cannot answer (above the exact limit, a listing of more than
+        one page, or writers that kept moving it): the caller reads without it."""
+        prefix = op.namespace_prefix
+        listing: Call | None = None
+        if prefix:
+            start, stop = ix._range(prefix)
+            listing = Call(LGS_PREFIX, self.keys.store(_path(prefix)).as_list(), [start, stop, ix.NS_PAGE, 0, "0"])
+        rescan: set[str] = set()
+        for _ in range(TRIES):
+            paths = self.cache.listing(prefix) if prefix else None
+            if paths is None:
+                if prefix:
+                    paths, _first = yield from self.names.prefix_read(prefix, "0", items=False)
+                    self.cache.remember_listing(prefix, paths)
+                else:
+                    paths = yield from self.names.paths("-", "+", everything=False)
+            names = [self.keys.store(p) for p in paths]
+            if self.cache.is_big([k.items for k in names]):
+                return None
+            entries = [None if k.items in rescan else self.cache.get(k.items) for k in names]
+            todo = [i for i, e in enumerate(entries) if e is None]
+            if todo:
+                olds = [self.cache.get(names[i].items) for i in todo]
+                filled = yield from self._scan([names[i] for i in todo], olds, exact)
+                if filled is None:
+                    return None
+                for i, entry in zip(todo, filled, strict=True):
+                    entries[i] = entry
+            ready = [e for e in entries if e is not None]  # all of them, once scanned: one per path
+            if sum(len(e.keys) for e in ready) > exact:
+                return None
+            before, kept = rank(query, ready, op.offset, op.limit)
+            wanted: list[list[str]] = [[] for _ in ready]
+            for e, i in before:
+                wanted[e].append(ready[e].keys[i])
+            checked = [len(w) for w in wanted]
+            for _score, e, i in kept:
+                wanted[e].append(ready[e].keys[i])
+            flag = "1" if refresh else "0"
+            calls = [
+                Call(LGS_PICK, k.as_list(), [e.version, flag, n, *w])
+                for k, e, n, w in zip(names, ready, checked, wanted, strict=True)
+            ]
+            replies = yield Batch(([listing] if listing is not None else []) + calls)
+            if listing is not None:
+                reply, replies = replies[0], replies[1:]
+                keys = self.keys.store(_path(prefix))
+                now = [member_id(p, keys.namespaces) for p in reply[2 : 2 + int(reply[1])]]
+                if reply[0]:  # more paths than one page: a listing the cache does not keep
+                    self.cache.remember_listing(prefix, None)
+                    return None
+                if now != paths:
+                    self.cache.remember_listing(prefix, now)
+                    continue
+            rescan = set()
+            items: dict[tuple[int, str], bytes] = {}
+            for n, (k, entry, w, reply) in enumerate(zip(names, ready, wanted, replies, strict=True)):
+                if bytes(reply[0]) != entry.version or not all(reply[1:]):
+                    rescan.add(k.items)  # a writer since the scan, or a picked item expired
+                    continue
+                for key, blob in zip(w, reply[1:], strict=True):
+                    items[(n, key)] = blob
+            if rescan:
+                continue
+            out: list[tuple[float | None, Item]] = []
+            for score, n, i in kept:
+                key = ready[n].keys[i]
+                out.append((score, self.read_item(tuple(paths[n].split(SEP)), key, items[(n, key)], names[n])))
+            return out
+        return None
+
+    def _scan(self, names: list[StoreKeys], olds: list[Entry | None], exact: int) -> Op[list[Entry] | None]:
+        """The entries of these namespaces, scanned now (lgs_scan, every namespace in each round trip), the
+        vectors of the keys whose stamp ``olds`` does not hold read with HMGET; cached. None when they hold
+        more than ``exact`` live items (then noted, so searches of them skip the cache for a while)."""
+        versions: list[bytes] = [b""] * len(names)
+        scanned: list[list[tuple[str, bytes]]] = [[] for _ in names]
+        after: dict[int, str] = dict.fromkeys(range(len(names)), "")
+        live = 0
+        while after:
+            order = list(after)
+            replies = yield Batch(
+                [Call(LGS_SCAN, names[i].as_list(), [after[i], SCAN_PAGE, SCAN_BYTES, exact]) for i in order]
+            )
+            for i, reply in zip(order, replies, strict=True):
+                first = after.pop(i) == ""
+                if first:
+                    versions[i] = bytes(reply[0])
+                    live += int(reply[1])
+                    if live > exact:
+                        for k in names:
+                            self.cache.note_big(k.items)
+                        return None
+                body = reply[3:]
+                order_key = names[i].order
+                scanned[i].extend((member_id(body[j], order_key), bytes(body[j + 1])) for j in range(0, len(body), 2))
+                if reply[2]:
+                    after[i] = reply_text(reply[2])
+        reads: list[tuple[int, list[str]]] = []
+        for i, (old, got) in enumerate(zip(olds, scanned, strict=True)):
+            spans = old.spans if old is not None else {}
+            need = [key for key, stamp in got if key not in spans or spans[key][0] != stamp]
+            reads += [(i, need[j : j + ix.PAGE]) for j in range(0, len(need), ix.PAGE)]
+        vectors: list[dict[str, list[tuple[bytes, float]]]] = [{} for _ in names]
+        if reads:
+            replies = yield Pipe([("HMGET", names[i].vectors, *ks) for i, ks in reads])
+            for (i, ks), packed in zip(reads, replies, strict=True):
+                for key, blob in zip(ks, packed, strict=True):
+                    if blob:
+                        vectors[i][key] = decode_vectors(bytes(blob), self.dims, names[i], key)
+        entries = []
+        for i, k in enumerate(names):
+            entry = build(olds[i], versions[i], scanned[i], vectors[i], self.dims)
+            self.cache.put(k.items, entry)
+            entries.append(entry)
+        return entries

@@ -64,17 +64,16 @@ from langgraph.store.base import (
 from langgraph.store.base import Op as StoreOp
 from langgraph.store.base.embed import get_text_at_path, tokenize_path
 
-from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce, restart
+from ..wire import Batch, Call, Op, corrupt_state, new_nonce, restart
 from . import _store_ann as ann
 from . import _store_cache as cache
 from . import _store_index as ix
 from . import _store_rank
 from ._store_index import SEP, StoreIndex, _path, _utf8
 from ._store_rank import Candidate, decode_vectors, pack_vectors, rank
-from .scripts import LGS_GET, LGS_PICK, LGS_PREFIX, LGS_PUT, LGS_SCAN, LGS_SCRIPTS
+from .scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
 
 __all__ = ["LGS_SCRIPTS", "MAX_EXACT", "Plan", "StoreCore", "pack_vectors"]
 
@@ -287,6 +286,7 @@ class StoreCore:
             self.embeddings = ensure_embeddings(index["embed"])
             self.fields = [(p, tokenize_path(p)) if p != "$" else (p, p) for p in fields]
         self.ann = ann.VectorIndex(self.keys, self.dims)
+        self.cached = cache.CachedSearch(self.keys, self.names, self.cache, self.dims, self._item)
         #: MAX_EXACT for this store, where set (tests set it low to reach the approximate index).
         self.max_exact: int | None = None
 
@@ -473,7 +473,7 @@ class StoreCore:
             exact = MAX_EXACT if self.max_exact is None else self.max_exact
             cached = None
             if not op.filter and self.cache.enabled and _store_rank.NUMPY and (op.offset + op.limit) > 0:
-                cached = yield from restart(functools.partial(self._cached, op, query, exact, refresh))
+                cached = yield from restart(functools.partial(self.cached.search, op, query, exact, refresh))
             kept = cached if cached is not None else (yield from self._uncached(op, query, exact, refresh))
             refresh = False
         if kept and refresh:
@@ -508,138 +508,11 @@ class StoreCore:
         if any(c.item is None for _, c in picked):
             # The vector index's candidates without a filter: their vectors only, then the values of the
             # items picked (refreshing their TTL as it reads them).
-            return (yield from self._fetch(picked, refresh))
+            return (yield from self.ann.fetch(picked, refresh, self._item))
         kept = [(score, cast(Item, c.item)) for score, c in picked]
         if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return kept
-
-    # ---- search from the cache of vectors (_store_cache.py) --------------------------------
-
-    def _cached(
-        self, op: SearchOp, query: list[float], exact: int, refresh: bool
-    ) -> Op[list[tuple[float | None, Item]] | None]:
-        """A ranking from the cache: rank with no I/O, then one round trip that checks the prefix's listing and
-        every namespace's write version and reads the items picked; what moved is scanned again and the
-        ranking runs again. None: the cache cannot answer (above the exact limit, a listing of more than
-        one page, or writers that kept moving it): the caller reads without it."""
-        prefix = op.namespace_prefix
-        listing: Call | None = None
-        if prefix:
-            start, stop = ix._range(prefix)
-            listing = Call(LGS_PREFIX, self.keys.store(_path(prefix)).as_list(), [start, stop, ix.NS_PAGE, 0, "0"])
-        rescan: set[str] = set()
-        for _ in range(cache.TRIES):
-            paths = self.cache.listing(prefix) if prefix else None
-            if paths is None:
-                if prefix:
-                    paths, _first = yield from self.names.prefix_read(prefix, "0", items=False)
-                    self.cache.remember_listing(prefix, paths)
-                else:
-                    paths = yield from self.names.paths("-", "+", everything=False)
-            names = [self.keys.store(p) for p in paths]
-            if self.cache.is_big([k.items for k in names]):
-                return None
-            entries = [None if k.items in rescan else self.cache.get(k.items) for k in names]
-            todo = [i for i, e in enumerate(entries) if e is None]
-            if todo:
-                olds = [self.cache.get(names[i].items) for i in todo]
-                filled = yield from self._scan([names[i] for i in todo], olds, exact)
-                if filled is None:
-                    return None
-                for i, entry in zip(todo, filled, strict=True):
-                    entries[i] = entry
-            ready = [e for e in entries if e is not None]  # all of them, once scanned: one per path
-            if sum(len(e.keys) for e in ready) > exact:
-                return None
-            before, kept = cache.rank(query, ready, op.offset, op.limit)
-            wanted: list[list[str]] = [[] for _ in ready]
-            for e, i in before:
-                wanted[e].append(ready[e].keys[i])
-            checked = [len(w) for w in wanted]
-            for _score, e, i in kept:
-                wanted[e].append(ready[e].keys[i])
-            flag = "1" if refresh else "0"
-            calls = [
-                Call(LGS_PICK, k.as_list(), [e.version, flag, n, *w])
-                for k, e, n, w in zip(names, ready, checked, wanted, strict=True)
-            ]
-            replies = yield Batch(([listing] if listing is not None else []) + calls)
-            if listing is not None:
-                reply, replies = replies[0], replies[1:]
-                keys = self.keys.store(_path(prefix))
-                now = [member_id(p, keys.namespaces) for p in reply[2 : 2 + int(reply[1])]]
-                if reply[0]:  # more paths than one page: a listing the cache does not keep
-                    self.cache.remember_listing(prefix, None)
-                    return None
-                if now != paths:
-                    self.cache.remember_listing(prefix, now)
-                    continue
-            rescan = set()
-            items: dict[tuple[int, str], bytes] = {}
-            for n, (k, entry, w, reply) in enumerate(zip(names, ready, wanted, replies, strict=True)):
-                if bytes(reply[0]) != entry.version or not all(reply[1:]):
-                    rescan.add(k.items)  # a writer since the scan, or a picked item expired
-                    continue
-                for key, blob in zip(w, reply[1:], strict=True):
-                    items[(n, key)] = blob
-            if rescan:
-                continue
-            out: list[tuple[float | None, Item]] = []
-            for score, n, i in kept:
-                key = ready[n].keys[i]
-                out.append((score, self._item(tuple(paths[n].split(SEP)), key, items[(n, key)], names[n])))
-            return out
-        return None
-
-    def _scan(self, names: list[StoreKeys], olds: list[cache.Entry | None], exact: int) -> Op[list[cache.Entry] | None]:
-        """The entries of these namespaces, scanned now (lgs_scan, every namespace in each round trip), the
-        vectors of the keys whose stamp ``olds`` does not hold read with HMGET; cached. None when they hold
-        more than ``exact`` live items (then noted, so searches of them skip the cache for a while)."""
-        versions: list[bytes] = [b""] * len(names)
-        scanned: list[list[tuple[str, bytes]]] = [[] for _ in names]
-        after: dict[int, str] = dict.fromkeys(range(len(names)), "")
-        live = 0
-        while after:
-            order = list(after)
-            replies = yield Batch(
-                [
-                    Call(LGS_SCAN, names[i].as_list(), [after[i], cache.SCAN_PAGE, cache.SCAN_BYTES, exact])
-                    for i in order
-                ]
-            )
-            for i, reply in zip(order, replies, strict=True):
-                first = after.pop(i) == ""
-                if first:
-                    versions[i] = bytes(reply[0])
-                    live += int(reply[1])
-                    if live > exact:
-                        for k in names:
-                            self.cache.note_big(k.items)
-                        return None
-                body = reply[3:]
-                order_key = names[i].order
-                scanned[i].extend((member_id(body[j], order_key), bytes(body[j + 1])) for j in range(0, len(body), 2))
-                if reply[2]:
-                    after[i] = reply_text(reply[2])
-        reads: list[tuple[int, list[str]]] = []
-        for i, (old, got) in enumerate(zip(olds, scanned, strict=True)):
-            spans = old.spans if old is not None else {}
-            need = [key for key, stamp in got if key not in spans or spans[key][0] != stamp]
-            reads += [(i, need[j : j + ix.PAGE]) for j in range(0, len(need), ix.PAGE)]
-        vectors: list[dict[str, list[tuple[bytes, float]]]] = [{} for _ in names]
-        if reads:
-            replies = yield Pipe([("HMGET", names[i].vectors, *ks) for i, ks in reads])
-            for (i, ks), packed in zip(reads, replies, strict=True):
-                for key, blob in zip(ks, packed, strict=True):
-                    if blob:
-                        vectors[i][key] = decode_vectors(bytes(blob), self.dims, names[i], key)
-        entries = []
-        for i, k in enumerate(names):
-            entry = cache.build(olds[i], versions[i], scanned[i], vectors[i], self.dims)
-            self.cache.put(k.items, entry)
-            entries.append(entry)
-        return entries
 
     def _paths(self, op: SearchOp, mode: str) -> Op[tuple[list[str], dict[str, ix._Page]]]:
         """The namespace paths under the prefix, and the first page of the prefix's own items."""
@@ -670,34 +543,6 @@ class StoreCore:
                     vectors = decode_vectors(packed, self.dims, keys, key) if ranked else []
                     found.append(Candidate(namespace, key, vectors, item))
         return found
-
-    def _fetch(
-        self, picked: list[tuple[float | None, Candidate]], refresh: bool
-    ) -> Op[list[tuple[float | None, Item]]]:
-        """The items of a ranking's pick, in its order (lgs_get, one call per namespace); one deleted or
-        expired since the ranking read its vectors is left out."""
-        by_ns: dict[tuple[str, ...], list[str]] = {}
-        for _, c in picked:
-            by_ns.setdefault(c.namespace, []).append(c.key)
-        if not by_ns:
-            return []
-        flag = "1" if refresh else "0"
-
-        def send() -> Op[dict[tuple[tuple[str, ...], str], Item]]:
-            calls = []
-            for ns, ks in by_ns.items():
-                keys = self.keys.store(_path(ns))
-                calls += [(ns, keys, ks[i : i + ix.PAGE]) for i in range(0, len(ks), ix.PAGE)]
-            replies = yield Batch([Call(LGS_GET, keys.as_list(), [flag, *ks]) for _, keys, ks in calls])
-            items: dict[tuple[tuple[str, ...], str], Item] = {}
-            for (ns, keys, ks), blobs in zip(calls, replies, strict=True):
-                for key, blob in zip(ks, blobs, strict=True):
-                    if blob:
-                        items[(ns, key)] = self._item(ns, key, blob, keys)
-            return items
-
-        items = yield from restart(send)
-        return [(score, items[(c.namespace, c.key)]) for score, c in picked if (c.namespace, c.key) in items]
 
     def _touch(self, items: list[Item]) -> Op[None]:
         """Refresh the TTL of items a search returned (lgs_get with refresh, one call per namespace)."""
