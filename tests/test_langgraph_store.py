@@ -549,6 +549,7 @@ class TestVectorCache:
 
     def test_a_new_namespace_under_the_prefix_is_ranked_in(self, mk: Callable[..., Memory]) -> None:
         s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        assert s.search((), query="pear") == [] and s.search(("p",), query="pear") == []
         both(s, [("put", (("p", "a"), "x", {"text": "pear"}), {})], ref)
         assert view(s.search(("p",), query="pear")) == view(ref.search(("p",), query="pear"))
         both(s, [("put", (("p", "b"), "y", {"text": "pears"}), {}), ("put", (("p", "a"), "x", None), {})], ref)

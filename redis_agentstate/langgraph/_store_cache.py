@@ -345,6 +345,8 @@ class CachedSearch:
                 Call(LGS_PICK, k.as_list(), [e.version, flag, n, *w])
                 for k, e, n, w in zip(names, ready, checked, wanted, strict=True)
             ]
+            if listing is None and not calls:
+                return []  # the root, and nothing under it
             replies = yield Batch(([listing] if listing is not None else []) + calls)
             if listing is not None:
                 reply, replies = replies[0], replies[1:]
