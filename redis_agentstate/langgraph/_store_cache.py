@@ -38,7 +38,7 @@ from langgraph.store.base import Item, SearchOp
 from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..keys import Keys, StoreKeys
-from ..wire import Batch, Call, Op, Pipe, member_id
+from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id
 from . import _store_index as ix
 from ._store_index import SEP, StoreIndex, _path
 from ._store_rank import decode_vectors, top
@@ -112,24 +112,35 @@ def build(
     keys: list[str] = []
     scoreless: list[int] = []
     row = 0
+    size = 0
+    none: dict[str, tuple[bytes, int, int]] = {}
+    spans_of = (old.spans if old is not None else none).get
     for j, (key, stamp) in enumerate(scanned):
-        prev = old.spans.get(key) if old is not None else None
+        prev = spans_of(key)
         if prev is not None and prev[0] == stamp:
             n = prev[2] - prev[1]
-            keep_at.extend(range(row, row + n))
-            keep_from.extend(range(prev[1], prev[2]))
+            if n == 1:
+                keep_at.append(row)
+                keep_from.append(prev[1])
+            else:
+                keep_at.extend(range(row, row + n))
+                keep_from.extend(range(prev[1], prev[2]))
         else:
-            got = vectors.get(key, [])
+            got = vectors.get(key, ())
             n = len(got)
-            new_at.extend(range(row, row + n))
-            for raw, norm in got:
+            for k, (raw, norm) in enumerate(got):
+                new_at.append(row + k)
                 new_raw.append(raw)
                 new_norms.append(norm)
-        owners.extend([j] * n)
-        if n == 0:
+        if n == 1:
+            owners.append(j)
+        elif n == 0:
             scoreless.append(j)
+        else:
+            owners.extend([j] * n)
         spans[key] = (stamp, row, row + n)
         keys.append(key)
+        size += len(key) + len(stamp)
         row += n
     matrix = _np.empty((row, dims), dtype="<f4")
     norms = _np.empty(row, dtype=_np.float64)
@@ -140,8 +151,28 @@ def build(
         matrix[new_at] = _np.frombuffer(b"".join(new_raw), dtype="<f4").reshape(len(new_raw), dims)
         norms[new_at] = new_norms
     owned = _np.asarray(owners, dtype=_np.int64)
-    size = matrix.nbytes + norms.nbytes + owned.nbytes + sum(len(k) + len(v[0]) + 120 for k, v in spans.items())
+    size += matrix.nbytes + norms.nbytes + owned.nbytes + 120 * len(keys)
     return Entry(version, keys, spans, matrix, norms, owned, scoreless, size)
+
+
+def unpack_scan(packed: bytes, key: str) -> list[tuple[str, bytes]]:
+    """lgs_scan's items (``<#key>:<key><#stamp>:<stamp>`` each) as (key, stamp); CorruptState naming ``key`` (the
+    order index the keys come from) for anything else."""
+    out: list[tuple[str, bytes]] = []
+    i, end = 0, len(packed)
+    try:
+        while i < end:
+            colon = packed.index(b":", i)
+            start = colon + 1 + int(packed[i:colon])
+            name = packed[colon + 1 : start]
+            colon = packed.index(b":", start)
+            i = colon + 1 + int(packed[start:colon])
+            if i > end or start > end:
+                raise ValueError("truncated")
+            out.append((name.decode("utf-8"), packed[colon + 1 : i]))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise corrupt_state(key, [key], f"holds an id that is not UTF-8 or a stamp we did not write ({exc})") from exc
+    return out
 
 
 def _scores(entry: Entry, query: Any, qnorm: float) -> Any:
@@ -397,9 +428,7 @@ class CachedSearch:
                         for k in names:
                             self.cache.note_big(k.items)
                         return None
-                body = reply[3:]
-                order_key = names[i].order
-                scanned[i].extend((member_id(body[j], order_key), bytes(body[j + 1])) for j in range(0, len(body), 2))
+                scanned[i].extend(unpack_scan(bytes(reply[3]), names[i].order))
                 if reply[2]:
                     after[i] = reply_text(reply[2])
         reads: list[tuple[int, list[str]]] = []
