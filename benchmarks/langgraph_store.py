@@ -13,7 +13,9 @@ in an order shuffled per round and per operation), each contender runs ``CALLS``
 
 and, for each embedding size (``DIMS``), ``SEMANTIC_CALLS`` of ``semantic search``:
 ``search(("docs",), query=q, limit=10)`` over one namespace of 1,000 items, on a store built with
-``index={"dims", "embed", "fields": ["text"]}``. The embedder is a deterministic fake (a
+``index={"dims", "embed", "fields": ["text"]}``, in three rounds (``SEMANTIC_OPS``): warm (ours ranks
+from its cache of vectors), cold (ours' cache emptied before each call) and mixed (each call
+rewrites one doc, then searches; timed whole). The embedder is a deterministic fake (a
 seeded Gaussian vector per text, computed once and looked up), so the store is timed, not the
 embedder. Every call is timed; p50/p99 pool the calls of every round, and the ratio to ours on
 Redis 7.0 is taken within each round (medians), then summarised (median, p10-p90 over rounds).
@@ -63,6 +65,11 @@ CALLS, SEMANTIC_CALLS = 200, 20
 SEMANTIC_ITEMS = 1000
 DIMS = (64, 1536)
 OPS = ("put", "get", "filtered search", "list_namespaces")
+SEMANTIC, SEMANTIC_COLD, SEMANTIC_MIXED = "semantic search", "semantic search, cold cache", "put + semantic search"
+#: The semantic rounds: warm (ours ranks from its cache of vectors), cold (ours' cache emptied before
+#: each call: it reads every vector), mixed (each call rewrites one doc, then searches: a writer
+#: moves the namespace's version between two searches, so ours reads the changed vector again).
+SEMANTIC_OPS = (SEMANTIC, SEMANTIC_COLD, SEMANTIC_MIXED)
 REFERENCE = "AgentStateStore, Redis 7.0"
 #: Ours with 8 shards rather than the default 64 (a root search or listing reads every shard's index).
 SHARDS8 = "AgentStateStore, Redis 7.0, shards=8"
@@ -343,9 +350,27 @@ def _calls(op: str, users: int, items: int, rnd: int, n: int, rng: random.Random
             out.append(lambda s, ns=ns: s.search(ns, filter={"kind": "pref"}, limit=10))
         elif op == "list_namespaces":
             out.append(lambda s: s.list_namespaces(prefix=("memories",), limit=100))
+        elif op == SEMANTIC_COLD:
+            out.append(lambda s, q=f"query {rnd}-{i}": (_drop_cache(s), s.search(("docs",), query=q, limit=10))[1])
+        elif op == SEMANTIC_MIXED:
+            key, text = _mixed(rnd, i, items)
+            out.append(lambda s, q=f"query {rnd}-{i}", key=key, text=text: (
+                s.put(("docs",), key, {"text": text, "n": -1}), s.search(("docs",), query=q, limit=10))[1])  # fmt: skip
         else:  # semantic search
             out.append(lambda s, q=f"query {rnd}-{i}": s.search(("docs",), query=q, limit=10))
     return out
+
+
+def _mixed(rnd: int, i: int, items: int) -> tuple[str, str]:
+    """The doc a mixed call rewrites (a new text: a new vector) before it searches."""
+    return f"d{(rnd * 7919 + i * 104729) % items}", f"doc rewritten {rnd}-{i}"
+
+
+def _drop_cache(store: Any) -> None:
+    """Empty ours' cache of vectors (the others keep none), so the search after it reads every vector."""
+    core = getattr(store, "_core", None)
+    if core is not None and hasattr(core, "cache"):
+        core.cache.clear()
 
 
 def _time(store: Any, calls: list[Callable[[Any], Any]], op: str) -> tuple[list[float], float]:
@@ -458,6 +483,7 @@ def run(settings: Settings) -> dict[str, Any]:
             for rnd in range(-1, rounds):
                 for i in range(max(sem_calls, 3)):
                     emb.vector(f"query {rnd}-{i}")
+                    emb.vector(_mixed(rnd, i, sem_items)[1])
             sem_stores: dict[str, Any] = {}
             sem_memory: dict[str, Any] = {}
             skipped: dict[str, str] = {}
@@ -473,8 +499,9 @@ def run(settings: Settings) -> dict[str, Any]:
                     sem_stores[c.name] = store
                 except Exception as exc:
                     skipped[c.name] = f"{type(exc).__name__}: {exc}"[:240]
-            res = _summarise(_rounds(sem_stores, ("semantic search",), lambda _op: sem_calls, rounds, 1, 1, rng))
-            semantic[str(dims)] = {"rows": res["semantic search"], "memory": sem_memory, "skipped": skipped}
+            res = _summarise(_rounds(sem_stores, SEMANTIC_OPS, lambda _op: sem_calls, rounds, 1, sem_items, rng))
+            semantic[str(dims)] = {"rows": res[SEMANTIC], "cold": res[SEMANTIC_COLD], "mixed": res[SEMANTIC_MIXED],
+                                   "memory": sem_memory, "skipped": skipped}  # fmt: skip
     return {
         "users": users, "items_per_user": items, "value_bytes": VALUE_BYTES, "calls": calls,
         "semantic_calls": sem_calls, "semantic_items": sem_items, "rounds": rounds,
@@ -538,21 +565,25 @@ def markdown(fig: dict[str, Any]) -> str:
             sm = sem["memory"].get(name)
             cells += [_b(sm["used_per_item"]), _b(sm["own_keys_per_item"])] if sm else ["-", "-"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", f"Semantic search (`search((\"docs\",), query=..., limit=10)` over {fig['semantic_items']:,} "
-              f"items, {fig['semantic_calls']} calls per round and contender):", "",
-              "| contender | " + " | ".join(f"{d}-d p50 | p99 | x ours | answers" for d in fig["semantic"]) + " |",
-              "| --- | " + " | ".join("--- | --- | --- | ---" for _ in fig["semantic"]) + " |"]  # fmt: skip
-    for name in names:
-        if fig["contenders"][name]["status"] != "ok":
-            continue
-        cells = []
-        for sem in fig["semantic"].values():
-            row = sem["rows"].get(name)
-            if row is None:
-                cells.append(f"not run: {sem['skipped'].get(name, '-')} | | |")
-            else:
-                cells.append(f"{_lat(row)} | {row['answers']:g}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for variant, title in (("rows", "warm: ours ranks from its cache of vectors"),
+                           ("cold", "cold cache: ours' cache emptied before each call, so it reads every vector"),
+                           ("mixed", "a writer between searches: each call rewrites one doc (a new vector), "
+                                     "then searches; the call is timed whole, put included")):  # fmt: skip
+        lines += ["", f"Semantic search, {title} (`search((\"docs\",), query=..., limit=10)` over "
+                  f"{fig['semantic_items']:,} items, {fig['semantic_calls']} calls per round and contender):", "",
+                  "| contender | " + " | ".join(f"{d}-d p50 | p99 | x ours | answers" for d in fig["semantic"]) + " |",
+                  "| --- | " + " | ".join("--- | --- | --- | ---" for _ in fig["semantic"]) + " |"]  # fmt: skip
+        for name in names:
+            if fig["contenders"][name]["status"] != "ok":
+                continue
+            cells = []
+            for sem in fig["semantic"].values():
+                row = sem.get(variant, {}).get(name)
+                if row is None:
+                    cells.append(f"not run: {sem['skipped'].get(name, '-')} | | |")
+                else:
+                    cells.append(f"{_lat(row)} | {row['answers']:g}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", *(f"- {t}" for t in targets(fig))]
     return "\n".join(lines) + "\n"
 
@@ -586,22 +617,24 @@ def targets(fig: dict[str, Any]) -> list[str]:
                 line += (f" · but {rival.split(',')[0]} answered {fig['ops'][op][rival]['answers']:g} per call where "
                          f"InMemoryStore answers {floor['answers']:g}")  # fmt: skip
             out.append(line)
-    for dims, sem in fig["semantic"].items():
-        rs_row = sem["rows"].get(REDIS_STORE)
-        if rs_row is None:
-            out.append(f"semantic search within 3x of RedisStore ({dims}-d): RedisStore not measured: no verdict")
-            continue
-        theirs = rs_row["latency_us"]["p50"]
-        parts = []
-        for mine in ours:
-            row = sem["rows"].get(mine)
-            if row is not None:
-                x = row["latency_us"]["p50"] / theirs
-                parts.append(
-                    f"{_label(mine)} {_us(row['latency_us']['p50'])} ({'met' if x <= 3 else 'missed'}, {x:.1f}x)"
-                )
-        out.append(f"semantic search within 3x of RedisStore ({dims}-d, {fig['semantic_items']:,} items, "
-                   f"{_us(theirs)}): " + "; ".join(parts))  # fmt: skip
+    for variant, what in (("rows", "warm"), ("cold", "cold cache"), ("mixed", "put + search")):
+        for dims, sem in fig["semantic"].items():
+            rs_row = sem.get(variant, {}).get(REDIS_STORE)
+            if rs_row is None:
+                out.append(f"semantic search within 3x of RedisStore ({dims}-d, {what}): RedisStore not measured: "
+                           "no verdict")  # fmt: skip
+                continue
+            theirs = rs_row["latency_us"]["p50"]
+            parts = []
+            for mine in ours:
+                row = sem[variant].get(mine)
+                if row is not None:
+                    x = row["latency_us"]["p50"] / theirs
+                    parts.append(
+                        f"{_label(mine)} {_us(row['latency_us']['p50'])} ({'met' if x <= 3 else 'missed'}, {x:.1f}x)"
+                    )
+            out.append(f"semantic search within 3x of RedisStore ({dims}-d, {what}, {fig['semantic_items']:,} items, "
+                       f"{_us(theirs)}): " + "; ".join(parts))  # fmt: skip
     rs = fig["memory"].get(REDIS_STORE)
     if rs is None or rs["used_per_item"] is None:
         out.append("memory per item at most RedisStore's: RedisStore not measured: no verdict")

@@ -86,7 +86,8 @@ so the index's lex order is the labels' tuple order; one namespace's items share
     ns:{ns#SS}:lgsl:<path>          zset   its vector index's inverted lists: a member per vector, score
                                            version * 65536 + list (``_store_ann.py``)
     ns:{ns#SS}:lgsa:<path>          hash   key -> how many vectors it has, where more than one
-    ns:{ns#SS}:lgsc:<path>          hash   its vector index: version, centroids (float32), a re-train's move
+    ns:{ns#SS}:lgsc:<path>          hash   its vector index: version, centroids (float32), a re-train's move;
+                                           and w, its write version (what a client's cache of its vectors checks)
     ns:{ns#SS}:lgse:<path>          string the generation of its listing that ended last (10 minutes,
                                            so a re-sent delete unlists it in its prefixes' shards too)
     ns:{ns#SS}:lgsns                zset   every namespace path with an item whose path, or one of its

@@ -27,6 +27,7 @@ from redis_agentstate.langgraph import (
     AsyncAgentStateStore,
     GraphWorker,
     RunQueue,
+    _store_cache,
     _store_core,
     _store_index,
     _store_rank,
@@ -399,20 +400,44 @@ class TestSemanticSearch:
                 assert (g.score is None) == (w.score is None)
                 assert g.score is None or math.isclose(g.score, w.score, rel_tol=1e-6, abs_tol=1e-6)
 
-    def test_a_ranking_reads_vectors_then_the_values_it_returns_only(
+    def test_without_the_cache_a_ranking_reads_values_with_their_vectors(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        """One script reads each page of items with their vectors (mode '1'): a score is always that of the
+        value returned, whatever a writer does between two reads."""
+        s, ref = mk(index=INDEX, vector_cache_bytes=0), InMemoryStore(index=INDEX)
         both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
         sent = _record(monkeypatch)
         got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
         assert view(got) == view(ref.search(("d",), query="doc xxxx", limit=3, offset=2))
-        # One script for the 30 items' vectors (no values: mode '2'), one for the 3 values returned.
-        assert [(c.script, c.args[-1] if c.script == "lgs_prefix" else None) for c in sent] == [
-            ("lgs_prefix", "2"),
-            ("lgs_get", None),
-        ]
-        assert sorted(sent[1].args[1:]) == sorted(i.key for i in got)
+        assert [(c.script, c.args[-1] if c.script == "lgs_prefix" else None) for c in sent] == [("lgs_prefix", "1")]
+
+    def test_a_ranking_from_the_cache_reads_the_values_it_returns_only(
+        self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With the cache of vectors (the default): the first search scans the namespace (stamps, then its
+        vectors by HMGET); the next ones send the prefix's listing and one lgs_pick, which checks the
+        write version and reads the 3 values returned, the 2 ranked before the offset checked live only."""
+        if not _store_rank.NUMPY:
+            pytest.skip("the cache needs numpy")
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        both(s, [("put", (("d",), f"k{i}", {"text": f"doc {i} " + "x" * i}), {}) for i in range(30)], ref)
+        sent = _record(monkeypatch)
+        want = view(ref.search(("d",), query="doc xxxx", limit=3, offset=2))
+        assert view(s.search(("d",), query="doc xxxx", limit=3, offset=2)) == want
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_scan", "lgs_prefix", "lgs_pick"]
+        sent.clear()
+        got = s.search(("d",), query="doc xxxx", limit=3, offset=2)
+        assert view(got) == want
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_pick"]
+        pick = sent[1].args
+        assert pick[2] == 2 and pick[3 + 2 :] == [i.key for i in got]
+        sent.clear()
+        both(s, [("put", (("d",), "k3", {"text": "doc xxxx"}), {})], ref)  # a writer: the version moves
+        sent.clear()
+        got = s.search(("d",), query="doc xxxx", limit=3)
+        assert view(got) == view(ref.search(("d",), query="doc xxxx", limit=3))
+        assert [c.script for c in sent] == ["lgs_prefix", "lgs_pick", "lgs_scan", "lgs_prefix", "lgs_pick"]
 
     def test_more_than_it_ranks_exactly_goes_to_the_vector_index(
         self, mk: Callable[..., Memory], monkeypatch: pytest.MonkeyPatch
@@ -426,6 +451,143 @@ class TestSemanticSearch:
             got, want = s.search(("big",), query="item", **kw), ref.search(("big",), query="item", **kw)
             assert view(got) == view(want), kw
         assert len(s.search(("big",), limit=10)) == 6  # no query: no ranking
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+@pytest.mark.skipif(not _store_rank.NUMPY, reason="the cache of vectors needs numpy")
+class TestVectorCache:
+    """The client's cache of namespaces' vectors (``_store_cache.py``): never a stale answer, bounded."""
+
+    @pytest.mark.parametrize("cache_bytes", [_store_cache.DEFAULT_BYTES, 0], ids=["cache", "no-cache"])
+    def test_searches_while_another_store_writes_see_every_write_that_returned(
+        self, mk: Callable[..., Memory], backend: Any, namespace: str, cache_bytes: int
+    ) -> None:
+        """A second store (its own client) puts, updates and deletes while this one searches. Against a
+        read-after-write model: a search returns every item whose put returned before it began and no
+        delete had begun by its end, no item whose delete returned before it began, each at least as new
+        as the last write that returned before it began, and each score that of the value it returns."""
+        s = mk(index=INDEX, vector_cache_bytes=cache_bytes)
+        writer = AgentStateStore(backend.sync_client(), namespace=namespace, index=INDEX)
+        words = ["pear", "pears", "a pear tree", "car", "apple", "pear pie", "zebra", "peer"]
+        keys = [f"k{i}" for i in range(12)]
+        for i, key in enumerate(keys[:6]):
+            writer.put(("race",), key, {"text": words[i % len(words)], "gen": 0})
+        # [kind, key, gen, began, returned]: logged before the write is sent (returned None until it is).
+        log: list[list[Any]] = [["put", key, 0, 0.0, 0.0] for key in keys[:6]]
+        s.search(("race",), query="pear", limit=50)  # warm: the searches below start from the cache
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            rng = __import__("random").Random(7)
+            gen = 0
+            try:
+                while not stop.is_set() and gen < 300:
+                    gen += 1
+                    key = rng.choice(keys)
+                    entry: list[Any] = ["delete" if rng.random() < 0.25 else "put", key, gen, time.monotonic(), None]
+                    log.append(entry)
+                    if entry[0] == "delete":
+                        writer.delete(("race",), key)
+                    else:
+                        writer.put(("race",), key, {"text": rng.choice(words), "gen": gen})
+                    entry[4] = time.monotonic()
+            except BaseException as exc:  # reported by the test thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        searches = 0
+        try:
+            while thread.is_alive() or searches < 5:
+                began = time.monotonic()
+                got = s.search(("race",), query="pear", limit=50)
+                ended = time.monotonic()
+                searches += 1
+                seen = [list(e) for e in log]
+                found = {i.key: i for i in got}
+                assert len(found) == len(got)
+                for key in keys:
+                    mine = [e for e in seen if e[1] == key]
+                    done = [e for e in mine if e[4] is not None and e[4] <= began]
+                    last = done[-1] if done else None
+                    # Writes that may have reached the server by the search's end: begun by then, after ``last``.
+                    racing = [e for e in mine if e[3] <= ended and (last is None or e[2] > last[2])]
+                    if key in found:
+                        gen = found[key].value["gen"]
+                        if last is not None and last[0] == "delete":
+                            assert any(e[0] == "put" for e in racing), f"{key} was deleted before the search began"
+                        assert last is None or last[0] == "delete" or gen >= last[2], (key, gen)
+                        want = _cosine(embed(["pear"])[0], embed([found[key].value["text"]])[0])
+                        assert math.isclose(found[key].score, want, rel_tol=1e-6), key
+                    elif last is not None and last[0] == "put":
+                        assert any(e[0] == "delete" for e in racing), f"{key} (put before the search) is missing"
+                scores = [i.score for i in got]
+                assert scores == sorted(scores, reverse=True)
+        finally:
+            stop.set()
+            thread.join()
+        assert not failed, failed
+        assert searches >= 5
+
+    def test_an_item_that_expires_after_the_cache_read_it_is_never_returned(self, mk: Callable[..., Memory]) -> None:
+        s = mk(index=INDEX, ttl={"default_ttl": 0.001, "refresh_on_read": False})  # 60 ms
+        s.put(("e",), "short", {"text": "pear"})
+        s.put(("e",), "long", {"text": "pears"}, ttl=None)
+        s.put(("e",), "other", {"text": "car"}, ttl=None)
+        # Fills the cache (with "short" while it lives: 60 ms is short on a loaded machine).
+        assert "long" in [i.key for i in s.search(("e",), query="pear", limit=2)]
+        deadline = time.monotonic() + 10
+        while s.get(("e",), "short") is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert [i.key for i in s.search(("e",), query="pear", limit=1)] == ["long"]
+        assert [i.key for i in s.search(("e",), query="pear", limit=1, offset=1)] == ["other"]
+
+    def test_a_new_namespace_under_the_prefix_is_ranked_in(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        assert s.search((), query="pear") == [] and s.search(("p",), query="pear") == []
+        both(s, [("put", (("p", "a"), "x", {"text": "pear"}), {})], ref)
+        assert view(s.search(("p",), query="pear")) == view(ref.search(("p",), query="pear"))
+        both(s, [("put", (("p", "b"), "y", {"text": "pears"}), {}), ("put", (("p", "a"), "x", None), {})], ref)
+        assert view(s.search(("p",), query="pear")) == view(ref.search(("p",), query="pear"))
+        assert view(s.search((), query="pear")) == view(ref.search((), query="pear"))
+
+    def test_a_short_pick_among_many_ties_ranks_as_in_memory(self, mk: Callable[..., Memory]) -> None:
+        """Many more items than the pick (the cache sorts only the rows that can be in it), equal scores
+        among them: InMemoryStore's order (ties in insertion order), scoreless items after."""
+        s, ref = mk(index=INDEX), InMemoryStore(index=INDEX)
+        words = ["pear", "pears", "reap", "car", "pear", "a pear", "zebra"]
+        ops = [("put", (("ties",), f"k{i:02d}", {"text": words[i % len(words)]}), {}) for i in range(60)]
+        ops.append(("put", (("ties",), "plain", {"other": 1}), {}))
+        both(s, ops, ref)
+        for kw in ({"limit": 3}, {"limit": 3, "offset": 2}, {"limit": 5, "offset": 9}, {"limit": 4, "offset": 58}):
+            got, want = s.search(("ties",), query="pear", **kw), ref.search(("ties",), query="pear", **kw)
+            assert view(got) == view(want), kw
+            assert all(math.isclose(g.score or 0, w.score or 0, rel_tol=1e-6) for g, w in zip(got, want, strict=True))
+
+    def test_the_cache_is_bounded_by_bytes(self, mk: Callable[..., Memory]) -> None:
+        s, ref = mk(index=INDEX, vector_cache_bytes=3000), InMemoryStore(index=INDEX)
+        ops = [("put", ((f"n{j}",), f"k{i}", {"text": f"doc {i} " + "x" * (i + j)}), {}) for j in range(3)
+               for i in range(6)]  # fmt: skip
+        both(s, ops, ref)
+        cache = s.store._core.cache
+        for _ in range(2):
+            for j in range(3):
+                got, want = s.search((f"n{j}",), query="doc xx"), ref.search((f"n{j}",), query="doc xx")
+                assert view(got) == view(want)
+                assert 0 < cache.nbytes <= 3000
+        assert len(cache._entries) < 3
+        off = mk(index=INDEX, vector_cache_bytes=0)
+        assert view(off.search(("n0",), query="doc xx")) == view(ref.search(("n0",), query="doc xx"))
+        assert off.store._core.cache.nbytes == 0
+        for bad in (-1, 1.5, "64", True):
+            with pytest.raises(InvalidArgument, match="vector_cache_bytes"):
+                mk(index=INDEX, vector_cache_bytes=bad)
 
 
 class TestTTL:
@@ -556,6 +718,45 @@ class TestCorruptData:
         raw.set(keys.items, "a string")
         with pytest.raises(CorruptState, match="lgsi"):
             s.get(("w",), "k")
+
+    def test_a_damaged_write_version_names_its_key(self, mk: Callable[..., Memory], raw: Any, namespace: str) -> None:
+        """The write version the cache of vectors checks (``lgsc`` field ``w``): damaged, a search (cold or
+        from the cache) and a put raise CorruptState naming the key, and the put writes nothing."""
+        s = mk(index=INDEX)
+        s.put(("v",), "k", {"text": "pear"})
+        assert [i.key for i in s.search(("v",), query="pear")] == ["k"]
+        keys = Keys(namespace, 64).store("v")
+        assert raw.hget(keys.centroids, "w").isdigit()
+        for damage in (b"garbage", b"1" * 40):
+            raw.hset(keys.centroids, "w", damage)
+            for store in (s, mk(index=INDEX)):  # warm, and a store with nothing cached
+                with pytest.raises(CorruptState, match="lgsc"):
+                    store.search(("v",), query="pear")
+            with pytest.raises(CorruptState, match="lgsc"):
+                s.put(("v",), "k", {"text": "car"})
+            assert raw.hget(keys.centroids, "w") == damage
+            assert json.loads(raw.hget(keys.items, "k").split(b":", 4)[4]) == {"text": "pear"}
+        raw.delete(keys.centroids)
+        raw.set(keys.centroids, "a string")
+        with pytest.raises(CorruptState, match="lgsc"):
+            s.search(("v",), query="pear")
+
+    def test_vectors_damaged_after_the_cache_read_them_are_found_at_the_next_write(
+        self, mk: Callable[..., Memory], raw: Any, namespace: str
+    ) -> None:
+        s = mk(index=INDEX)
+        s.put(("dv",), "k", {"text": "pear"})
+        s.put(("dv",), "j", {"text": "car"})
+        s.search(("dv",), query="pear")
+        keys = Keys(namespace, 64).store("dv")
+        raw.hset(keys.vectors, "j", b"\xc1")
+        s.put(("dv",), "j", {"text": "cars"})  # a write: its vectors are read again, the new ones
+        assert [i.key for i in s.search(("dv",), query="car")] == ["j", "k"]
+        raw.hset(keys.vectors, "j", b"\xc1")
+        s.put(("dv",), "k", {"text": "pears"})  # j's stamp is unchanged: the cache keeps its vectors
+        assert [i.key for i in s.search(("dv",), query="car")] == ["j", "k"]
+        with pytest.raises(CorruptState, match="lgsv"):
+            mk(index=INDEX).search(("dv",), query="car")
 
 
 class TestLayout:

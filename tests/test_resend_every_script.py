@@ -1265,6 +1265,33 @@ case("lgs_count", setup=_indexed(4), changes=False, observe=observe_store)(_near
 case("lgs_probe", setup=_indexed(4), changes=False, observe=observe_store)(_near)
 
 
+# A search from the client's cache of vectors (_store_cache.py): the first scans the namespace
+# (lgs_scan), then reads the items it picked where the write version is the one scanned (lgs_pick,
+# refreshing their TTL when the store's ttl config asks).
+def _cached(ttl: Any = None) -> Callable[[Env], Any]:
+    def setup(env: Env) -> None:
+        from redis_agentstate.langgraph import AgentStateStore, AsyncAgentStateStore
+
+        index = {"dims": 2, "embed": lambda texts: [[1.0, float(len(t))] for t in texts], "fields": ["t"]}
+        env.state["store"] = env.make(AgentStateStore, AsyncAgentStateStore, index=index, ttl=ttl)
+        for i in range(4):
+            _st(env, "put", ("d",), f"k{i}", {"t": "x" * (i + 1)})
+
+    return setup
+
+
+def _cached_search(env: Env) -> Any:
+    time.sleep(0.005)  # a refreshed expiry is later than the one the put wrote
+    return _st(env, "search", ("d",), query="xx", limit=2, offset=1)
+
+
+case("lgs_scan", setup=_cached(), changes=False, observe=observe_store)(_cached_search)
+case("lgs_pick", setup=_cached(), changes=False, observe=observe_store)(_cached_search)
+case("lgs_pick", id="lgs_pick-refresh-ttl", setup=_cached({"default_ttl": 60}), renews=True, observe=observe_store)(
+    _cached_search
+)
+
+
 # ---- cron schedules (agentstate serve) ------------------------------------------------------------
 
 _T0 = 1_700_000_000_000

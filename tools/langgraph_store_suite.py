@@ -280,6 +280,38 @@ def verdict(reference: dict[str, str], ours: dict[str, str]) -> dict[str, object
     }
 
 
+#: The tests of langgraph-checkpoint-postgres's store suites that cannot apply to ours, by name (a
+#: prefix of it), with the reason; any other test that does not pass fails the run.
+POSTGRES_NOT_APPLICABLE = {
+    "test_store.py::test_omit_expired_": "expires rows through Postgres internals (store._cursor(), SQL updates)",
+    "test_async_store.py::test_omit_expired_": "expires rows through Postgres internals (store._cursor(), SQL updates)",
+    "test_async_store.py::test_abatch_uses_single_pool_checkout": "builds a PostgresStore of its own and counts its "
+    "connection pool's checkouts",
+    "test_store.py::test_scores[": "only its halfvec-l2 cases: they rank by L2 distance; ours, as InMemoryStore, by "
+    "cosine",
+}
+
+
+def postgres_report(outcome: dict[str, str]) -> dict[str, object]:
+    """Counts, the tests that cannot apply (each with its reason) and the failures nothing explains."""
+    not_applicable: dict[str, str] = {}
+    unexplained: list[str] = []
+    for test, result in sorted(outcome.items()):
+        if result == "passed":
+            continue
+        reason = next((why for prefix, why in POSTGRES_NOT_APPLICABLE.items() if test.startswith(prefix)), None)
+        if reason is not None and (not test.startswith("test_store.py::test_scores[") or "halfvec-l2" in test):
+            not_applicable[test] = f"{result}: {reason}"
+        else:
+            unexplained.append(f"{test}: {result}")
+    return {
+        "tests": len(outcome),
+        "agentstate passed": sum(o == "passed" for o in outcome.values()),
+        "not applicable": not_applicable,
+        "worse": unexplained,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", type=Path, help="unpack and run in this folder, and keep it")
@@ -306,14 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.pregel:
             report = pregel(work, env, args.pytest_args)
         elif args.postgres:
-            outcome = postgres(work, env, args.pytest_args)
-            report = {
-                "tests": len(outcome),
-                "agentstate passed": sum(o == "passed" for o in outcome.values()),
-                "not passed": sorted(f"{t}: {o}" for t, o in outcome.items() if o != "passed"),
-            }
-            print(json.dumps(report, indent=2))
-            return 0
+            pg = postgres_report(postgres(work, env, args.pytest_args))
+            print(json.dumps(pg, indent=2))
+            return 1 if pg["worse"] or not pg["agentstate passed"] else 0
         else:
             root = fetch(version, work)
             reference = run(root, "test_store", env, args.pytest_args)

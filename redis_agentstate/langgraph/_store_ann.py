@@ -41,11 +41,12 @@ from langgraph.store.base import Item, SearchOp
 from ..core.replies import text as reply_text
 from ..errors import ConfigConflict
 from ..keys import Keys, StoreKeys
-from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce
+from ..wire import Batch, Call, Op, Pipe, corrupt_state, member_id, new_nonce, restart
 from ..wire.scripts import Reply
 from . import _store_rank
+from ._store_index import _path
 from ._store_rank import Candidate, decode_vectors
-from .scripts import LGS_ASSIGN, LGS_COUNT, LGS_PROBE, LGS_PUT, LGS_TRAIN
+from .scripts import LGS_ASSIGN, LGS_COUNT, LGS_GET, LGS_PROBE, LGS_PUT, LGS_TRAIN
 
 __all__ = ["INDEX_AT", "LIST_SPAN", "Group", "VectorIndex", "list_key"]
 
@@ -367,6 +368,38 @@ class VectorIndex:
             if not op.filter or len(found) >= want or share >= 1.0:
                 return found
             share = min(1.0, share * 2)
+
+    def fetch(
+        self,
+        picked: list[tuple[float | None, Candidate]],
+        refresh: bool,
+        read_item: Callable[[tuple[str, ...], str, bytes, StoreKeys], Item],
+    ) -> Op[list[tuple[float | None, Item]]]:
+        """The items of a ranking's pick of what the index found, in its order (lgs_get, one call per
+        namespace, refreshing their TTL if asked); one deleted or expired since the ranking read its
+        vectors is left out."""
+        by_ns: dict[tuple[str, ...], list[str]] = {}
+        for _, c in picked:
+            by_ns.setdefault(c.namespace, []).append(c.key)
+        if not by_ns:
+            return []
+        flag = "1" if refresh else "0"
+
+        def send() -> Op[dict[tuple[tuple[str, ...], str], Item]]:
+            calls = []
+            for ns, ks in by_ns.items():
+                keys = self.keys.store(_path(ns))
+                calls += [(ns, keys, ks[i : i + PAGE]) for i in range(0, len(ks), PAGE)]
+            replies = yield Batch([Call(LGS_GET, keys.as_list(), [flag, *ks]) for _, keys, ks in calls])
+            items: dict[tuple[tuple[str, ...], str], Item] = {}
+            for (ns, keys, ks), blobs in zip(calls, replies, strict=True):
+                for key, blob in zip(ks, blobs, strict=True):
+                    if blob:
+                        items[(ns, key)] = read_item(ns, key, blob, keys)
+            return items
+
+        items = yield from restart(send)
+        return [(score, items[(c.namespace, c.key)]) for score, c in picked if (c.namespace, c.key) in items]
 
     def _probe(
         self,

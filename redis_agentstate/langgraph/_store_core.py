@@ -31,8 +31,10 @@ Semantic search ranks exactly as InMemoryStore (cosine, max over an item's field
 last) where the searched prefix holds at most ``MAX_EXACT`` live items; above that it ranks the
 items an approximate index finds (``_store_ann.py``: an IVF index per namespace, in Redis), exactly.
 Vectors are stored as float32 with their norms (``_store_rank.py``), so scores equal InMemoryStore's
-on the float32-rounded vectors; a ranking without a filter reads the candidates' vectors only, then
-the values of the items it returns.
+on the float32-rounded vectors. A ranking without a filter ranks from the client's cache of the
+namespaces' vectors and reads the values of the items it returns only, in scripts that check the
+namespaces are as the cache holds them (``_store_cache.py``); otherwise (a filter, no numpy, the
+cache off) it reads the items with their vectors, each page in one script.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
 from ..wire import Batch, Call, Op, corrupt_state, new_nonce, restart
 from . import _store_ann as ann
+from . import _store_cache as cache
 from . import _store_index as ix
+from . import _store_rank
 from ._store_index import SEP, StoreIndex, _path, _utf8
 from ._store_rank import Candidate, decode_vectors, pack_vectors, rank
 from .scripts import LGS_GET, LGS_PUT, LGS_SCRIPTS
@@ -252,8 +256,15 @@ class Plan:
 class StoreCore:
     """Validation, request building and reply parsing for one namespace's LangGraph store."""
 
-    def __init__(self, namespace: str, index: IndexConfig | None, ttl: TTLConfig | None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        index: IndexConfig | None,
+        ttl: TTLConfig | None,
+        cache_bytes: int = cache.DEFAULT_BYTES,
+    ) -> None:
         self.keys = Keys.unresolved(namespace)
+        self.cache = cache.VectorCache(cache_bytes)
         self.names = StoreIndex(self.keys)
         self.ttl = _check_ttl_config(ttl)
         self.default_ttl = None if self.ttl is None else self.ttl.get("default_ttl")
@@ -275,6 +286,7 @@ class StoreCore:
             self.embeddings = ensure_embeddings(index["embed"])
             self.fields = [(p, tokenize_path(p)) if p != "$" else (p, p) for p in fields]
         self.ann = ann.VectorIndex(self.keys, self.dims)
+        self.cached = cache.CachedSearch(self.keys, self.names, self.cache, self.dims, self._item)
         #: MAX_EXACT for this store, where set (tests set it low to reach the approximate index).
         self.max_exact: int | None = None
 
@@ -458,22 +470,12 @@ class StoreCore:
             found = yield from self._candidates(op, "0", (yield from self._paths(op, "0")))
             kept = [(None, cast(Item, c.item)) for c in found[op.offset : op.offset + op.limit]]
         else:
-            mode = "1" if op.filter else "2"
-            paths = yield from self._paths(op, mode)
             exact = MAX_EXACT if self.max_exact is None else self.max_exact
-            counts = yield from self.ann.counts_above(paths, exact)
-            if counts is not None and sum(c[0] for c in counts) > exact:
-                near = functools.partial(self.ann.candidates, op, query, paths[0], counts, self._item, _passes)
-                found = yield from restart(near)
-            else:
-                found = yield from self._candidates(op, mode, paths)
-            picked = rank(query, self.dims, found, op.offset, op.limit)
-            if op.filter:
-                kept = [(score, cast(Item, c.item)) for score, c in picked]
-            else:
-                # The vectors alone, then the values of the items picked (refreshing their TTL as it reads them).
-                kept = yield from self._fetch(picked, refresh)
-                refresh = False
+            cached = None
+            if not op.filter and self.cache.enabled and _store_rank.NUMPY and (op.offset + op.limit) > 0:
+                cached = yield from restart(functools.partial(self.cached.search, op, query, exact, refresh))
+            kept = cached if cached is not None else (yield from self._uncached(op, query, exact, refresh))
+            refresh = False
         if kept and refresh:
             yield from self._touch([item for _, item in kept])
         return [
@@ -487,6 +489,30 @@ class StoreCore:
             )
             for score, item in kept
         ]
+
+    def _uncached(
+        self, op: SearchOp, query: list[float], exact: int, refresh: bool
+    ) -> Op[list[tuple[float | None, Item]]]:
+        """A ranking that reads the items of the prefix with their vectors, each page in one script: a score is
+        always that of the value returned, whatever a writer does between two reads (above the exact limit:
+        what the vector index finds). Refreshes the TTL of the items returned if asked."""
+        mode = "1"
+        paths = yield from self._paths(op, mode)
+        counts = yield from self.ann.counts_above(paths, exact)
+        if counts is not None and sum(c[0] for c in counts) > exact:
+            near = functools.partial(self.ann.candidates, op, query, paths[0], counts, self._item, _passes)
+            found = yield from restart(near)
+        else:
+            found = yield from self._candidates(op, mode, paths)
+        picked = rank(query, self.dims, found, op.offset, op.limit)
+        if any(c.item is None for _, c in picked):
+            # The vector index's candidates without a filter: their vectors only, then the values of the
+            # items picked (refreshing their TTL as it reads them).
+            return (yield from self.ann.fetch(picked, refresh, self._item))
+        kept = [(score, cast(Item, c.item)) for score, c in picked]
+        if kept and refresh:
+            yield from self._touch([item for _, item in kept])
+        return kept
 
     def _paths(self, op: SearchOp, mode: str) -> Op[tuple[list[str], dict[str, ix._Page]]]:
         """The namespace paths under the prefix, and the first page of the prefix's own items."""
@@ -517,34 +543,6 @@ class StoreCore:
                     vectors = decode_vectors(packed, self.dims, keys, key) if ranked else []
                     found.append(Candidate(namespace, key, vectors, item))
         return found
-
-    def _fetch(
-        self, picked: list[tuple[float | None, Candidate]], refresh: bool
-    ) -> Op[list[tuple[float | None, Item]]]:
-        """The items of a ranking's pick, in its order (lgs_get, one call per namespace); one deleted or
-        expired since the ranking read its vectors is left out."""
-        by_ns: dict[tuple[str, ...], list[str]] = {}
-        for _, c in picked:
-            by_ns.setdefault(c.namespace, []).append(c.key)
-        if not by_ns:
-            return []
-        flag = "1" if refresh else "0"
-
-        def send() -> Op[dict[tuple[tuple[str, ...], str], Item]]:
-            calls = []
-            for ns, ks in by_ns.items():
-                keys = self.keys.store(_path(ns))
-                calls += [(ns, keys, ks[i : i + ix.PAGE]) for i in range(0, len(ks), ix.PAGE)]
-            replies = yield Batch([Call(LGS_GET, keys.as_list(), [flag, *ks]) for _, keys, ks in calls])
-            items: dict[tuple[tuple[str, ...], str], Item] = {}
-            for (ns, keys, ks), blobs in zip(calls, replies, strict=True):
-                for key, blob in zip(ks, blobs, strict=True):
-                    if blob:
-                        items[(ns, key)] = self._item(ns, key, blob, keys)
-            return items
-
-        items = yield from restart(send)
-        return [(score, items[(c.namespace, c.key)]) for score, c in picked if (c.namespace, c.key) in items]
 
     def _touch(self, items: list[Item]) -> Op[None]:
         """Refresh the TTL of items a search returned (lgs_get with refresh, one call per namespace)."""

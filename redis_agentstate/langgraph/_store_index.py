@@ -104,13 +104,15 @@ class StoreIndex:
         self._listing: dict[str, str] = {}
 
     @restartable
-    def prefix_read(self, prefix: tuple[str, ...], mode: str) -> Op[tuple[list[str], dict[str, _Page]]]:
+    def prefix_read(
+        self, prefix: tuple[str, ...], mode: str, *, items: bool = True
+    ) -> Op[tuple[list[str], dict[str, _Page]]]:
         """The paths under ``prefix`` (its shard's index lists them all) and the first page of the prefix's
-        own items: one script, in the prefix's slot (and more pages of paths, if any)."""
+        own items (``items=False``: none): one script, in the prefix's slot (and more pages of paths, if any)."""
         path = _path(prefix)
         keys = self.keys.store(path)
         start, stop = _range(prefix)
-        reply = yield Call(LGS_PREFIX, keys.as_list(), [start, stop, NS_PAGE, _page(mode), mode])
+        reply = yield Call(LGS_PREFIX, keys.as_list(), [start, stop, NS_PAGE, _page(mode) if items else 0, mode])
         n = int(reply[1])
         paths = [member_id(p, keys.namespaces) for p in reply[2 : 2 + n]]
         more = reply[0]
@@ -119,7 +121,7 @@ class StoreIndex:
             page = yield Call(LGS_NAMESPACES, [keys.namespaces, keys.namespace_expiry], [after, stop, NS_PAGE, "0"])
             paths.extend(member_id(p, keys.namespaces) for p in page[1:])
             more = page[0]
-        return paths, {path: _entries(reply[2 + n :], keys, mode)}
+        return paths, {path: _entries(reply[2 + n :], keys, mode)} if items else {}
 
     def read_window(
         self, window: list[str], mode: str, first: dict[str, _Page]

@@ -7,8 +7,8 @@ Ranking is InMemoryStore's: cosine similarity (0.0 where a norm is 0), an item's
 first with ties in search order, scoreless items (nothing embedded) after, in search order; scores
 are InMemoryStore's on the float32-rounded vectors. With numpy importable the dot products are one
 matrix product; without it, pure Python; the two agree within float rounding (tests check both).
-A search without a filter reads the candidates' vectors only, and the values of the top
-``offset + limit`` alone (``StoreCore._search``).
+A search without a filter ranks from the client's cache of the vectors (``_store_cache.py``) and
+reads the values of the items it returns alone (``StoreCore._search``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ try:  # optional: the pure-Python path gives the same ranking
 except ImportError:  # pragma: no cover - exercised by the tests with NUMPY off
     _np = None  # type: ignore[assignment,unused-ignore]
 
-__all__ = ["NUMPY", "Candidate", "decode_vectors", "pack_vectors", "rank", "unpack_vectors"]
+__all__ = ["NUMPY", "Candidate", "decode_vectors", "pack_vectors", "rank", "top", "unpack_vectors"]
 
 #: Whether the dot products run in numpy (tests turn it off to check the pure-Python path).
 NUMPY = _np is not None
@@ -111,19 +111,37 @@ def rank(
     owners: list[int] = []
     vectors: list[bytes] = []
     norms: list[float] = []
-    scoreless: list[Candidate] = []
+    scoreless: list[int] = []
     for i, c in enumerate(candidates):
         for raw, norm in c.vectors:
             owners.append(i)
             vectors.append(raw)
             norms.append(norm)
         if not c.vectors:
-            scoreless.append(c)
+            scoreless.append(i)
     scores = _scores(query, vectors, norms, dims) if vectors else []
-    # sorted(..., reverse=True) is stable: equal scores keep their order, as InMemoryStore's sort.
-    order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
+    _, kept = top(scores, owners, scoreless, offset, limit)
+    return [(score, candidates[i]) for score, i in kept]
+
+
+def top(
+    scores: Sequence[float],
+    owners: Sequence[int],
+    scoreless: Sequence[int],
+    offset: int,
+    limit: int,
+    order: Sequence[int] | None = None,
+) -> tuple[list[int], list[tuple[float | None, int]]]:
+    """InMemoryStore's pick of candidates by their vectors' ``scores`` (``owners``: each vector's
+    candidate): the candidates ranked before ``offset``, and the ``offset``..``offset + limit`` best
+    (score, candidate), by a candidate's best vector, ties in vector order; then the ``scoreless``
+    candidates up to ``limit`` in all. ``order``: the vectors best first, where the caller sorted them."""
+    if order is None:
+        # sorted(..., reverse=True) is stable: equal scores keep their order, as InMemoryStore's sort.
+        order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
     seen: set[int] = set()
-    kept: list[tuple[float | None, Candidate]] = []
+    before: list[int] = []
+    kept: list[tuple[float | None, int]] = []
     for j in order:
         owner = owners[j]
         if owner in seen:
@@ -133,7 +151,9 @@ def rank(
         if ix >= offset + limit:
             break
         if ix >= offset:
-            kept.append((scores[j], candidates[owner]))
+            kept.append((scores[j], owner))
+        else:
+            before.append(owner)
     if scoreless and len(kept) < limit:
         kept.extend((None, c) for c in scoreless[: limit - len(kept)])
-    return kept
+    return before, kept

@@ -27,7 +27,9 @@ __all__ = [
     "LGS_INDEX",
     "LGS_NAMESPACES",
     "LGS_PREFIX",
+    "LGS_PICK",
     "LGS_PUT",
+    "LGS_SCAN",
     "LGS_SCRIPTS",
     "LGS_SEARCH",
     "LG_DELETE_RUNS",
@@ -100,8 +102,11 @@ LGS_COUNT = "lgs_count"
 LGS_PROBE = "lgs_probe"
 LGS_TRAIN = "lgs_train"
 LGS_ASSIGN = "lgs_assign"
+LGS_SCAN = "lgs_scan"
+LGS_PICK = "lgs_pick"
 LGS_SCRIPTS = (
     LGS_PUT, LGS_GET, LGS_SEARCH, LGS_PREFIX, LGS_NAMESPACES, LGS_INDEX, LGS_COUNT, LGS_PROBE, LGS_TRAIN, LGS_ASSIGN,
+    LGS_SCAN, LGS_PICK,
 )  # fmt: skip
 
 #: The cron schedules of ``agentstate serve`` (``crons.py``), in one slot per namespace.
@@ -118,10 +123,10 @@ def _lg_write_events(reply: Any) -> Sequence[str]:
     return ()
 
 
-# lgs_get writes: a read with refresh_on_read moves the item's expiry.
+# lgs_get and lgs_pick write: a read with refresh_on_read moves the item's expiry.
 _WRITES = frozenset({
     LG_PUT, LG_PUT_WRITES, LG_DELETE_THREAD, LG_DELETE_RUNS, LG_PRUNE, LG_IMPORT, LG_LEASE, LG_RENEW, LG_RELEASE,
-    *LG_RUN_SCRIPTS, LGS_PUT, LGS_GET, LGS_INDEX, LGS_TRAIN, LGS_ASSIGN, *CRON_SCRIPTS,
+    *LG_RUN_SCRIPTS, LGS_PUT, LGS_GET, LGS_PICK, LGS_INDEX, LGS_TRAIN, LGS_ASSIGN, *CRON_SCRIPTS,
 })  # fmt: skip
 
 #: The family as the loader takes it.

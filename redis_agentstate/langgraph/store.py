@@ -18,6 +18,7 @@ from langgraph.store.base import Op as StoreOp
 from ..clients import RedisClient
 from ..spec import StoreSpec
 from ..wire import AsyncShell, RetryPolicy, StoreShell, SyncShell
+from ._store_cache import DEFAULT_BYTES
 from ._store_core import LGS_SCRIPTS, Plan, StoreCore
 
 __all__ = ["AgentStateStore", "AsyncAgentStateStore"]
@@ -62,8 +63,9 @@ class _Stores(StoreShell[StoreCore], BaseStore):
         ttl: TTLConfig | None = None,
         retry: RetryPolicy | None = None,
         shards: int | None = None,
+        vector_cache_bytes: int = DEFAULT_BYTES,
     ) -> None:
-        core = StoreCore(namespace, index, ttl)
+        core = StoreCore(namespace, index, ttl, vector_cache_bytes)
         StoreShell.__init__(self, client, core, LGS_SCRIPTS, retry, shards=shards)
         self.ttl_config = core.ttl
         self.index_config = core.index
@@ -92,6 +94,11 @@ class AgentStateStore(_Stores, SyncShell[StoreCore]):
     minutes (an expired item is never returned; ``sweep()`` drops them all). Values are
     JSON-serializable dicts. The ``a``-prefixed methods run the blocking ones in the default
     executor, so the store also serves ``graph.ainvoke``.
+
+    ``vector_cache_bytes`` bounds the client memory that keeps the vectors of the namespaces it ranked
+    (float32, least recently used out first; default 64 MiB, 0 turns it off): a search without a
+    filter then ranks from it and reads only the items it returns, in the same scripts that check the
+    namespaces have not changed since (``_store_cache.py``: never a stale answer).
     """
 
     @classmethod
@@ -106,12 +113,21 @@ class AgentStateStore(_Stores, SyncShell[StoreCore]):
         ttl: TTLConfig | None = None,
         retry: RetryPolicy | None = None,
         shards: int | None = None,
+        vector_cache_bytes: int = DEFAULT_BYTES,
     ) -> Iterator[AgentStateStore]:
         """``with AgentStateStore.from_conn_string(url) as store:``: a store on a client of its own for
         ``url`` (any URL :class:`StoreSpec` takes; ``cluster=True`` for a Redis Cluster), closed at the end."""
         client = StoreSpec.redis(conn_string, cluster=cluster).client()
         try:
-            yield cls(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+            yield cls(
+                client,
+                namespace,
+                index=index,
+                ttl=ttl,
+                retry=retry,
+                shards=shards,
+                vector_cache_bytes=vector_cache_bytes,
+            )
         finally:
             client.close()
 
@@ -196,8 +212,11 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
         ttl: TTLConfig | None = None,
         retry: RetryPolicy | None = None,
         shards: int | None = None,
+        vector_cache_bytes: int = DEFAULT_BYTES,
     ) -> None:
-        super().__init__(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+        super().__init__(
+            client, namespace, index=index, ttl=ttl, retry=retry, shards=shards, vector_cache_bytes=vector_cache_bytes
+        )
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -215,12 +234,21 @@ class AsyncAgentStateStore(_Stores, AsyncShell[StoreCore]):
         ttl: TTLConfig | None = None,
         retry: RetryPolicy | None = None,
         shards: int | None = None,
+        vector_cache_bytes: int = DEFAULT_BYTES,
     ) -> AsyncIterator[AsyncAgentStateStore]:
         """``async with AsyncAgentStateStore.from_conn_string(url) as store:`` (see
         :meth:`AgentStateStore.from_conn_string`), on a ``redis.asyncio`` client closed at the end."""
         client = StoreSpec.redis(conn_string, cluster=cluster).async_client()
         try:
-            yield cls(client, namespace, index=index, ttl=ttl, retry=retry, shards=shards)
+            yield cls(
+                client,
+                namespace,
+                index=index,
+                ttl=ttl,
+                retry=retry,
+                shards=shards,
+                vector_cache_bytes=vector_cache_bytes,
+            )
         finally:
             await client.aclose()
 

@@ -25,6 +25,9 @@
 --                                           float32, unit length), k:<v> (how many), n (vectors when
 --                                           trained), pv (the version a re-train is moving items from,
 --                                           while it does), by and lease (the mover: token, server ms)
+--                                           and w: the namespace's write version, changed by every
+--                                           call that puts, deletes or drops one of its items (what a
+--                                           client's cache of its vectors checks: _store_cache.py)
 -- An item whose expiry passed on the server clock is never returned; writers of its namespace
 -- drop up to PRUNE of them per call, lgs_put with no items is the sweep.
 
@@ -45,6 +48,20 @@ end
 local function list_member(key, i)
   if i == 1 and not string.find(key, '\0', 1, true) then return key end
   return key .. '\0' .. i
+end
+
+-- The namespace's write version ('0' before its first write), or nil when it is not one we wrote.
+local function write_version()
+  local w = redis.call('HGET', KEYS[12], 'w')
+  if not w then return '0' end
+  if not string.match(w, '^%d+$') or #w > 16 then return nil end
+  return w
+end
+
+-- A new write version, greater than the last; at least the server clock in ms * 1024, so a version
+-- seen before the keys were lost (a flush, a deleted hash) does not come back for other contents.
+local function bump_write_version(current, now)
+  redis.call('HSET', KEYS[12], 'w', fmt(math.max(tonumber(current) + 1, now * 1024)))
 end
 
 -- The current version of the namespace's vector index (0: none trained).

@@ -16,7 +16,9 @@
 -- path (lgs_index.lua). No groups: a sweep of the namespace (drops up to PRUNE expired items).
 -- Returns {INDEX_MOVED, version} and writes nothing when a group has lists and ARGV[2] is not the index
 -- version (a re-train since the client read it: it chooses the lists again and re-sends).
--- Corrupt reply 1 when an item to update does not start with the header we write.
+-- A call that writes an item, or drops an expired one, changes the namespace's write version (_lgs.lua).
+-- Corrupt reply 1 when an item to update does not start with the header we write; 12 when the
+-- write version is not one we wrote (before anything is written).
 local ENDED_MS = 600000
 local nonce = ARGV[1]
 local version = tonumber(ARGV[2])
@@ -26,13 +28,25 @@ for i = 3, #ARGV, 5 do
   if ARGV[i + 4] ~= '' and version ~= current then return { REPLY_INDEX_MOVED, current } end
 end
 
+local written_at = write_version()
+if not written_at then return corrupt(12, 'version') end
+
 local now = server_now_ms()
 local pruned = prune_expired(now)
+-- Moved before the first write of the call (one stopped by a damaged item has written those before
+-- it), and not by a re-send that writes nothing.
+local moved = false
+local function moving()
+  if not moved then bump_write_version(written_at, now) end
+  moved = true
+end
+if pruned > 0 then moving() end
 local written = 0
 for i = 3, #ARGV, 5 do
   local key, value, ttl, vectors, lists = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local old = redis.call('HGET', KEYS[1], key)
   if old and item_expired(key, now) then
+    moving()
     drop_item(key) -- past its TTL: a put makes a new item (new created_at, last in order)
     old = false
   end
@@ -47,10 +61,12 @@ for i = 3, #ARGV, 5 do
   end
   if value == '' then
     if old then
+      moving()
       drop_item(key)
       written = written + 1
     end
   elseif not (old and old_nonce == nonce) then
+    moving()
     if not old then
       local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
       local seq = 1
