@@ -17,7 +17,9 @@ is predicted exactly and checked after every step.
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,3 +210,21 @@ class Model:
         self.limits[ckey] = limit
         live = set(self.live_of(ckey))
         self.grandfathered[ckey] = live if limit is not None and len(live) > limit else set()
+
+
+def run_seeded(machine: Any, *, examples: int, steps: int, default_seed: int) -> Counter[str]:
+    """Run a hypothesis state machine whose rules count what they did in ``machine.stats``: seeded
+    (``AGENTSTATE_MODEL_SEED``, else ``default_seed``) with the example database off, so the same command
+    replays the same examples; prints the seed and the counts, and returns the counts."""
+    from hypothesis import HealthCheck, seed, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    chosen = int(os.environ.get("AGENTSTATE_MODEL_SEED", default_seed))
+    machine.stats = Counter()
+    s = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
+    try:
+        run_state_machine_as_test(seed(chosen)(machine), settings=s)
+    finally:
+        print(f"model seed {chosen}; rules run: " + ", ".join(f"{k} {n}" for k, n in sorted(machine.stats.items())))
+    return Counter(machine.stats)

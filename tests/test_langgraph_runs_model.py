@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,10 +35,10 @@ from typing import Annotated, Any, ClassVar, TypedDict
 import pytest
 from conftest import Twin, full_suite
 from faults.replies import _script_names, lose_reply
-from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from langgraph.graph import END, START, StateGraph
+from model_support import run_seeded
 
 from redis_agentstate.langgraph import (
     AgentStateSaver,
@@ -261,18 +260,10 @@ class RunMachine(RuleBasedStateMachine):
 
 
 def _run(machine: type[RunMachine], config: pytest.Config, backend: Any) -> None:
-    full = full_suite(config)
-    examples, steps = (60, 40) if full else (25, 30)
+    examples, steps = (60, 40) if full_suite(config) else (25, 30)
     if backend.kind != "fake":
         examples = examples * 2 // 5
-    chosen = int(os.environ.get("AGENTSTATE_MODEL_SEED", MODEL_SEED))
-    machine.stats = Counter()
-    s = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
-    try:
-        run_state_machine_as_test(seed(chosen)(machine), settings=s)
-    finally:
-        print(f"model seed {chosen}; rules run: " + ", ".join(f"{k} {n}" for k, n in sorted(machine.stats.items())))
+    run_seeded(machine, examples=examples, steps=steps, default_seed=MODEL_SEED)
     # Every kind of rule ran and met what it is about (hypothesis enables a subset of the rules per example).
     kinds = {"drain", "create enqueue", "create rejected", "create interrupt", "create rollback", "cancel pending"}
     assert kinds <= set(machine.stats), machine.stats

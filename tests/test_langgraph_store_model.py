@@ -24,7 +24,6 @@ prints the shrunk failing sequence of rules. ``AGENTSTATE_FULL_SUITE=1`` runs th
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections import Counter
 from typing import Any, ClassVar
@@ -32,11 +31,12 @@ from typing import Any, ClassVar
 import pytest
 from conftest import Twin, full_suite
 from faults.replies import lose_reply
-from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from langgraph.store.base import GetOp, PutOp
 from langgraph.store.memory import InMemoryStore
+from model_support import run_seeded
+from test_langgraph_store import INDEX
 
 from redis_agentstate import CheckpointStore
 from redis_agentstate.langgraph import AgentStateStore, AsyncAgentStateStore
@@ -54,20 +54,6 @@ FILTERS: list[dict[str, Any] | None] = [
 START_SHARDS = 2
 MAX_SHARDS = 16
 
-
-def embed(texts: list[str]) -> list[list[float]]:
-    """A deterministic 8-d embedding: letter counts folded, with a constant so no vector is zero."""
-    out = []
-    for text in texts:
-        v = [0.0] * 8
-        for ch in text.lower():
-            v[ord(ch) % 8] += 1.0
-        v[0] += 0.5
-        out.append(v)
-    return out
-
-
-INDEX: Any = {"dims": 8, "embed": embed, "fields": ["text"]}
 
 values = st.builds(
     lambda text, kind, n: {"text": text, "kind": kind, "n": n},
@@ -277,18 +263,10 @@ def _scored(item: Any) -> Any:
 
 
 def _run(machine: type[StoreMachine], config: pytest.Config, backend: Any) -> None:
-    full = full_suite(config)
-    examples, steps = (25, 40) if full else (10, 30)
+    examples, steps = (25, 40) if full_suite(config) else (10, 30)
     if backend.kind != "fake":
         examples = examples // 2
-    chosen = int(os.environ.get("AGENTSTATE_MODEL_SEED", MODEL_SEED))
-    machine.stats = Counter()
-    s = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
-    try:
-        run_state_machine_as_test(seed(chosen)(machine), settings=s)
-    finally:
-        print(f"model seed {chosen}; rules run: " + ", ".join(f"{k} {n}" for k, n in sorted(machine.stats.items())))
+    run_seeded(machine, examples=examples, steps=steps, default_seed=MODEL_SEED)
     # Every kind of rule ran: a machine whose rules all fail their draws checks nothing.
     kinds = {"put", "put lost", "delete", "delete lost", "batch", "get", "search", "list_namespaces"}
     assert kinds <= set(machine.stats), machine.stats
