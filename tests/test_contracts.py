@@ -357,7 +357,10 @@ def run_queue_contract_flow(client: Any, namespace: str) -> None:
     queue = RunQueue(client, namespace=namespace)
     run = queue.create("rq-t", {"x": 1}, stream_mode=["values", "custom"])
     core = queue._core
-    begun = queue._run(core.begin("rq-t", TOKEN, "w", 3))
+    # As a worker begins it: under its claim of the thread's task, checked in the same script.
+    claimed = queue.tasks.claim_next(token=TOKEN, lease_ms=LEASE_MS)
+    assert claimed is not None
+    begun = queue._run(core.begin("rq-t", TOKEN, "w", 3, revision=claimed.revision))
     assert begun is not None and begun.run.run_id == run.run_id
     assert queue._run(core.emit(begun.run, TOKEN, [("values", {"x": 2})], seq=1)) == ""
     assert queue._run(core.finish(begun.run, TOKEN, "success")) == 0
@@ -386,6 +389,11 @@ def store_contract_flow(client: Any, namespace: str) -> None:
     for i in range(3):
         indexed.put(("d",), f"k{i}", {"t": "x" * (i + 1)})
     assert len(indexed.search(("d",), query="xx")) == 3
+    # The exact ranking from the client's vector cache: a first search scans, a second picks.
+    cached = AgentStateStore(client, namespace + ".exact", index=index)
+    for i in range(2):
+        cached.put(("e",), f"k{i}", {"t": "x" * (i + 1)})
+    assert [len(cached.search(("e",), query="xx")) for _ in range(2)] == [2, 2]
 
 
 def cron_contract_flow(client: Any, namespace: str) -> None:

@@ -472,7 +472,9 @@ def test_a_worker_that_stalled_before_the_saver_lease_writes_no_checkpoint(
     core = q._core
     stale = q._run(core.begin("t", "tok-a", "w1", 3))  # then the worker stalls
     saver = AgentStateSaver(backend.sync_client(), namespace=namespace)
-    w = GraphWorker(graphs.steps, q, saver, lease_ms=1_000)
+    # Leases long enough that a loaded machine's scheduling cannot lapse one between its renewals: the
+    # takeover here is the begin under another token, not a lapse.
+    w = GraphWorker(graphs.steps, q, saver, lease_ms=5_000)
     taken = q._run(core.begin("t", "tok-b", "w2", 3))  # the task lease lapsed: taken over
     assert w._execute(_Attempt(w, taken, "tok-b"), _HeldLease()) == 0  # type: ignore[arg-type]
     y = q.create("t", {"log": ["y"]})
@@ -485,7 +487,7 @@ def test_a_worker_that_stalled_before_the_saver_lease_writes_no_checkpoint(
     else:
         client, aclient = backend.new_async_client(), backend.new_async_client()
         aw = GraphWorker(graphs.steps, AsyncRunQueue(client, namespace=namespace),
-                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=1_000)  # fmt: skip
+                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
         attempt = aw._aexecute(_Attempt(aw, stale, "tok-a"), _AHeldLease())  # type: ignore[arg-type]
         assert twin_loop.run_until_complete(attempt) is None
         twin_loop.run_until_complete(client.aclose())

@@ -61,7 +61,7 @@ ACL_COMMANDS = (
     "memory|usage",
     "persist", "pexpire", "pexpireat", "pexpiretime", "rpush", "script|load", "set", "spublish", "ssubscribe",
     "time", "type", "wait",
-    "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zpopmin", "zrange", "zrangebylex",
+    "xadd", "xlen", "xrange", "xread", "zadd", "zcard", "zcount", "zlexcount", "zpopmin", "zrange", "zrangebylex",
     "zrangebyscore", "zrem", "zremrangebyscore", "zrevrangebylex", "zscan", "zscore",
 )  # fmt: skip
 #: What ``agentstate reshard`` sends besides (an operator's command, not a worker's: ``SCAN`` walks the
