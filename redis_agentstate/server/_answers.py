@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -18,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..errors import RunNotFound, RunRejected
+from ..errors import RunNotFound, RunRejected, ThreadBusy
 from ..langgraph import Run
 from ..wire.shells import internals
 from . import _shapes as shapes
@@ -30,6 +32,10 @@ __all__ = ["FIRST_ANSWER_S", "WAIT_HEARTBEAT_S", "RunAnswers", "asked", "disconn
 
 FIRST_ANSWER_S = 0.1
 WAIT_HEARTBEAT_S = 5.0
+#: How long a stateless run's answer waits for its worker to give the thread's saver lease back.
+DROP_WAIT_S = 5.0
+
+log = logging.getLogger("redis_agentstate.server")
 
 
 class RunAnswers:
@@ -155,7 +161,19 @@ class RunAnswers:
     async def drop_thread(self, g: ServedGraph, tid: str) -> None:
         # The record first: a join that read the state and then still finds the record read it whole.
         await self.book.kv.delete(tid)
-        await g.saver.adelete_thread(tid)
+        # A worker ends its run before it gives the thread's saver lease back (a joiner hears of the end
+        # a round trip sooner), so the lease can still be held for a moment: wait for it, bounded. A
+        # thread still held after that (its worker stalled) is left, as a crashed server's would be.
+        deadline = time.monotonic() + DROP_WAIT_S
+        while True:
+            try:
+                await g.saver.adelete_thread(tid)
+                return
+            except ThreadBusy:
+                if time.monotonic() > deadline:
+                    log.warning("stateless run's thread %r still leased after %g s: left in place", tid, DROP_WAIT_S)
+                    return
+                await asyncio.sleep(0.01)
 
     def events(self, g: ServedGraph, run: Run, after: str | None, modes: list[str] | None, delete: bool = False,
                cancel_on_disconnect: bool = False, stateless: bool = False) -> StreamingResponse:  # fmt: skip
