@@ -32,6 +32,7 @@ import enum
 import inspect
 import random
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -1400,6 +1401,10 @@ def test_a_resent_script_acts_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     c = CASES[name]
+    if name == "lg_run_emit-3" and flavor == "async" and sys.version_info < (3, 11):
+        # LangGraph's async context needs 3.11: there the steps graph fails at its first custom event
+        # ("Called get_config outside of a runnable context"), so its run sends two emits, not three.
+        pytest.skip("the steps graph's custom events need Python 3.11 under asyncio (LangGraph)")
     twin_ns, faulted_ns = f"{namespace}-1", f"{namespace}-2"
     twin = run_scenario(c, Env(backend, flavor, twin_loop, twin_ns, raw), None)
     got = run_scenario(c, Env(backend, flavor, twin_loop, faulted_ns, raw), monkeypatch)
