@@ -237,6 +237,21 @@ def _subscribers(node_client: Any) -> int:
     return sum(1 for line in text.splitlines() if "ssub=" in line and "ssub=0" not in line)
 
 
+def _await_subscribed(cluster: Any, keys: Keys) -> None:
+    """Wait until each shard's due channel has its one subscriber (the waker subscribes in the
+    background; a fixed second was too short on a loaded machine), then check it is exactly one."""
+    deadline = time.monotonic() + 30
+    for s in range(DEFAULT_SHARDS):
+        channel = keys.shard_due(s)
+        owner = cluster.sync_client().get_node_from_key(channel)
+        while True:
+            numsub = int(owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+            if numsub or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert numsub == 1, channel
+
+
 def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, namespace: str) -> None:
     cluster = redis_cluster
     nodes = [n.client() for n in cluster.nodes]
@@ -248,16 +263,10 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
         waiters = [
             asyncio.create_task(store.claim_next(token=f"w{i}", lease_ms=60_000, block_ms=LONG)) for i in range(50)
         ]
-        await asyncio.sleep(1.0)
+        await asyncio.to_thread(_await_subscribed, cluster, Keys(namespace))
         during = [_subscribers(c) for c in nodes]
         for b, d in zip(before, during, strict=True):
             assert d - b <= 1
-        keys = Keys(namespace)
-        for s in range(DEFAULT_SHARDS):
-            channel = keys.shard_due(s)
-            owner = cluster.sync_client().get_node_from_key(channel)
-            numsub = owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)
-            assert int(numsub[1]) == 1, channel
         sync_peer = CheckpointStore(cluster.sync_client(), namespace=namespace)
         await asyncio.to_thread(sync_peer.create, running("t1"))
         done, _ = await asyncio.wait(waiters, timeout=10, return_when=asyncio.FIRST_COMPLETED)
@@ -275,21 +284,17 @@ def test_cluster_one_subscriber_connection_per_primary(redis_cluster: Any, names
     got: list[Any] = []
 
     def block(i: int) -> None:
-        got.append(store.claim_next(token=f"s{i}", lease_ms=60_000, block_ms=3_000))
+        # Long enough that they are all still blocked when the subscriptions are counted.
+        got.append(store.claim_next(token=f"s{i}", lease_ms=60_000, block_ms=6_000))
 
     before = [_subscribers(c) for c in nodes]
     threads = [threading.Thread(target=block, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
-    time.sleep(1.0)
+    _await_subscribed(cluster, Keys(namespace + "-sync"))
     during = [_subscribers(c) for c in nodes]
     for b, d in zip(before, during, strict=True):
         assert d - b <= 1
-    keys = Keys(namespace + "-sync")
-    for s in range(DEFAULT_SHARDS):
-        channel = keys.shard_due(s)
-        owner = cluster.sync_client().get_node_from_key(channel)
-        assert int(owner.redis_connection.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1]) == 1, channel
     for t in threads:
         t.join()
     assert got == [None] * 20

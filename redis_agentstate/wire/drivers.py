@@ -232,7 +232,15 @@ async def run_async(
     moves: Relocation | None = None,
 ) -> T:
     """Drive ``op`` to completion on the running event loop; ``ack``: wait for replicas after each write;
-    ``moves``: follow the namespace's shards through a reshard (``relocation.py``)."""
+    ``moves``: follow the namespace's shards through a reshard (``relocation.py``).
+
+    A cancel of the calling task that a round trip swallowed (redis-py's asyncio read returns normally
+    from some reads cancelled mid-way, fakeredis too) is raised after that round trip: otherwise a
+    task looping over store calls (a TTL sweeper, a worker) never ends, and ``asyncio.timeout``
+    never fires. Python 3.10 does not count cancels, so there the loop relies on redis-py alone.
+    """
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    baseline = cancelling() if cancelling is not None else 0
     try:
         req = next(op)
         backoff: Backoff | None = None
@@ -268,6 +276,8 @@ async def run_async(
                 req = op.throw(_caused(await _error_async(client, scripts, req, exc), exc))
                 continue
             backoff = None
+            if cancelling is not None and cancelling() > baseline:
+                raise asyncio.CancelledError()
             req = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
