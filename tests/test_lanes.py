@@ -13,6 +13,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import redis.exceptions as rex
+from faults.replies import lose_first_reply, lose_reply
 
 from redis_agentstate import Checkpoint, CorruptState
 from redis_agentstate.keys import Keys
@@ -129,6 +130,85 @@ def test_a_wrapped_script_call_sees_every_request(store: Any, monkeypatch: pytes
     _step(store, cp)
     store.load("t")
     assert seen == ["commit_and_claim", "load"]
+
+
+def _lane_sends(monkeypatch: pytest.MonkeyPatch, script: Any) -> list[bytes]:
+    """Every send of ``script`` that goes the lane's way, NOSCRIPT ones too: put on the lanes' send
+    before a lost-reply harness is, so beneath it."""
+    sends: list[bytes] = []
+    sha = script.sha.encode()
+    for cls in (SyncLane, AsyncLane):
+        original = cls._send
+        if cls is SyncLane:
+
+            def send(self_: Any, packed: bytes, _o: Any = original) -> Any:
+                if sha in packed:
+                    sends.append(packed)
+                return _o(self_, packed)
+
+        else:
+
+            async def send(self_: Any, packed: bytes, _o: Any = original) -> Any:
+                if sha in packed:
+                    sends.append(packed)
+                return await _o(self_, packed)
+
+        monkeypatch.setattr(cls, "_send", send)
+    return sends
+
+
+@pytest.mark.parametrize("harness", ["lose_reply", "lose_first_reply"])
+def test_a_lost_reply_is_lost_and_sent_again_on_the_lane(
+    store: Any, backend: Any, monkeypatch: pytest.MonkeyPatch, harness: str
+) -> None:
+    """The lost-reply harness (``tests/faults/replies.py``) keeps the lane in use: the call whose reply
+    it loses and the driver's re-send of it both go the way a plain client's calls go."""
+    cp = _running(store)
+    script = _inner(store)._scripts["commit_and_claim"]
+    sends = _lane_sends(monkeypatch, script)
+    if harness == "lose_reply":
+        loss = lose_reply(monkeypatch, "commit_and_claim")
+        cp = _step(store, cp)
+        assert loss.lost is not None and loss.resent == loss.lost and len(loss.calls) == 2
+        sent = [args for _keys, args in loss.calls]
+    else:
+        sent = lose_first_reply(script, monkeypatch)
+        cp = _step(store, cp)
+        assert len(sent) == 2 and sent[0] == sent[1]
+    assert store.load("t").shared_state == {"n": 1} and cp.claimed_cycle == 2  # applied once
+    if backend.kind == "real":
+        assert _lane(store) is not None
+        assert len(sends) == 2 and sends[0] == sends[1]  # lost and re-sent, both by the lane
+        assert all(
+            packed.endswith(b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args))
+            for packed, args in zip(sends, sent, strict=True)
+        )
+    else:
+        assert _lane(store) is None and sends == []  # redis-py's Script path, lost and re-sent there
+
+
+@pytest.mark.parametrize("flush", ["before", "between"])
+def test_a_lost_reply_meets_noscript_on_the_lane(
+    store: Any, backend: Any, monkeypatch: pytest.MonkeyPatch, flush: str
+) -> None:
+    """A SCRIPT FLUSH before the lost call, or between it and its re-send: the lane loads the script
+    again and sends the call; the harness counts the calls the server ran, not the NOSCRIPT ones."""
+    cp = _running(store)
+    raw = _raw(backend)
+    script = _inner(store)._scripts["commit_and_claim"]
+    sends = _lane_sends(monkeypatch, script)
+    if flush == "before":
+        raw.script_flush()
+        sent = lose_first_reply(script, monkeypatch)
+    else:
+        sent = lose_first_reply(script, monkeypatch, between=raw.script_flush)
+    cp = _step(store, cp)
+    assert len(sent) == 2 and sent[0] == sent[1]
+    assert store.load("t").shared_state == {"n": 1} and cp.claimed_cycle == 2
+    if backend.kind == "real":
+        assert len(sends) == 3 and len(set(sends)) == 1  # NOSCRIPT, lost, re-sent (in the flush's order)
+    else:
+        assert sends == []
 
 
 def test_a_cancelled_call_drops_its_connection(backend: Any, namespace: str, twin_loop: Any) -> None:

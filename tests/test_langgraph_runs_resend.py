@@ -80,29 +80,10 @@ def _lose_batch(monkeypatch: pytest.MonkeyPatch, script: Any) -> list[int]:
 
 
 def _lose_when(script: Any, monkeypatch: pytest.MonkeyPatch, when: Callable[[list[Any]], bool]) -> list[list[Any]]:
-    """As ``lose_first_reply``, for the first call of ``script`` whose ARGV ``when`` picks (the calls
-    before it go through untouched); returns the ARGV of that call and of the calls after it."""
-    original = type(script).__call__
-    sent: list[list[Any]] = []
-
-    def maybe_drop(self_: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        result = original(self_, keys=keys, args=args, client=client)
-        if self_ is not script or (not sent and not when(list(args or []))):
-            return result
-        sent.append(list(args or []))
-        if len(sent) > 1:
-            return result
-        if hasattr(result, "__await__"):
-
-            async def drop() -> Any:
-                await result
-                raise rex.ConnectionError("reply lost (injected)")
-
-            return drop()
-        raise rex.ConnectionError("reply lost (injected)")
-
-    monkeypatch.setattr(type(script), "__call__", maybe_drop)
-    return sent
+    """As ``lose_first_reply``, for the first call of ``script`` whose ARGV (bytes, as the wire sends
+    it) ``when`` picks (the calls before it go through untouched); returns the ARGV of that call and
+    of the calls after it."""
+    return lose_first_reply(script, monkeypatch, when=when)
 
 
 class _Worker:
@@ -351,7 +332,7 @@ class TestQueueScripts:
                 return refused
 
         monkeypatch.setattr(_runs_core, "uuid", _Ids)
-        sent = _lose_when(scripts_of(queue)[S.LG_RUN_INDEX], monkeypatch, lambda argv: argv == ["", ""])
+        sent = _lose_when(scripts_of(queue)[S.LG_RUN_INDEX], monkeypatch, lambda argv: argv == [b"", b""])
         with pytest.raises(RunRejected):
             queue.create("t", {"log": []})
         assert len(sent) == 2

@@ -24,8 +24,11 @@ A lane is taken only where it sends exactly what redis-py would: a plain ``redis
 ``redis.asyncio.Redis`` (not a Cluster, not a single-connection client, not a fake) on a plain
 ``ConnectionPool`` of redis-py's own connection classes with no client-side cache. And each call
 goes the long way while anything has wrapped redis-py's script call or the client's
-``execute_command`` (instrumentation such as OpenTelemetry's, or a test's fault injection): what
-wraps them sees every request, as before.
+``execute_command`` (instrumentation such as OpenTelemetry's, or a test's spy): what wraps them
+sees every request, as before. A wrapper that catches the lanes' own sends as well (``_send``)
+says so by setting ``_SCRIPT_CALL`` (``_ASYNC_SCRIPT_CALL``) to itself, and the lanes stay in use
+under it: so ``tests/faults/replies.py`` loses a reply on the path users run. The check reads
+that global as it always did: nothing is added to a call.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ MAX_HEADS = 4096
 
 _SYNC_CONNECTIONS = (sconn.Connection, sconn.SSLConnection, sconn.UnixDomainSocketConnection)
 _ASYNC_CONNECTIONS = (aconn.Connection, aconn.SSLConnection, aconn.UnixDomainSocketConnection)
+#: redis-py's script call, or a wrapper that also wraps the lanes' sends (see the module).
 _SCRIPT_CALL = rcore.Script.__call__
 _ASYNC_SCRIPT_CALL = rcore.AsyncScript.__call__
 _EXECUTE = redis.Redis.execute_command

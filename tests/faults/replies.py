@@ -9,6 +9,82 @@ import pytest
 import redis.exceptions as rex
 
 
+def on_script_calls(
+    monkeypatch: pytest.MonkeyPatch, classes: tuple[type, ...], after: Callable[[Any, list[Any], list[Any], Any], Any]
+) -> None:
+    """Call ``after(script, keys, args, reply)`` each time the server ran a call of a script of
+    ``classes`` (redis-py's ``Script``, ``AsyncScript``, or both), before the caller sees the reply;
+    what ``after`` returns is what the caller gets, and what it raises the caller meets.
+
+    The call is caught where it is sent, whichever way that is: redis-py's ``Script.__call__``
+    (fakeredis, Cluster, any client a lane does not serve), or a lane's own send
+    (``wire/lanes.py``, a plain client), which stays in use: the lanes take this wrapper of
+    ``Script.__call__`` for redis-py's own (``lanes._SCRIPT_CALL``) as long as nothing but such
+    wrappers was put on it, so the lane path users run is the one tested. ``script`` is the
+    ``Script`` object called, ``keys`` and ``args`` are as the wire sends them (bytes: a call
+    compares equal to its re-send whichever way each went). A call whose reply is an error
+    (``NOSCRIPT`` before its script is loaded again, ``WRONGTYPE``) is not counted: ``after`` sees
+    the calls the server ran to the end.
+    """
+    from redis.commands.core import AsyncScript
+
+    from redis_agentstate.wire import lanes
+
+    for cls in classes:
+        is_async = issubclass(cls, AsyncScript)
+        accepted = "_ASYNC_SCRIPT_CALL" if is_async else "_SCRIPT_CALL"
+        original = cls.__call__
+
+        def call(self_: Any, keys: Any = None, args: Any = None, client: Any = None, _original: Any = original) -> Any:
+            result = _original(self_, keys=keys, args=args, client=client)
+            wire_keys, wire_args = [_b(k) for k in keys or []], [_b(a) for a in args or []]
+            if hasattr(result, "__await__"):
+
+                async def later() -> Any:
+                    return after(self_, wire_keys, wire_args, await result)
+
+                return later()
+            return after(self_, wire_keys, wire_args, result)
+
+        if original is getattr(lanes, accepted):
+            # Only wrappers of this kind on the call so far: the lanes may keep their own way (a spy of
+            # another kind, put on it before, still sends every call through ``Script.__call__``).
+            monkeypatch.setattr(lanes, accepted, call)
+        monkeypatch.setattr(cls, "__call__", call)
+        lane_cls = lanes.AsyncLane if is_async else lanes.SyncLane
+        sent = lane_cls._send
+        if is_async:
+
+            async def send_async(self_: Any, packed: bytes, _sent: Any = sent) -> Any:
+                reply = await _sent(self_, packed)
+                return after(*_lane_call(self_, packed), reply)
+
+            monkeypatch.setattr(lane_cls, "_send", send_async)
+        else:
+
+            def send_sync(self_: Any, packed: bytes, _sent: Any = sent) -> Any:
+                reply = _sent(self_, packed)
+                return after(*_lane_call(self_, packed), reply)
+
+            monkeypatch.setattr(lane_cls, "_send", send_sync)
+
+
+def _lane_call(lane: Any, packed: bytes) -> tuple[Any, list[bytes], list[bytes]]:
+    """The script object, keys and args of the ``EVALSHA`` a lane packed (``lanes.pack_evalsha``)."""
+    parts: list[bytes] = []
+    end = packed.index(b"\r\n")
+    count, pos = int(packed[1:end]), end + 2
+    for _ in range(count):
+        end = packed.index(b"\r\n", pos)
+        size = int(packed[pos + 1 : end])
+        parts.append(packed[end + 2 : end + 2 + size])
+        pos = end + 2 + size + 2
+    assert parts[0] == b"EVALSHA" and pos == len(packed), packed
+    sha, nkeys = parts[1].decode(), int(parts[2])
+    script = next(s for s in lane.scripts.values() if s.sha == sha)
+    return script, parts[3 : 3 + nkeys], parts[3 + nkeys :]
+
+
 def lose_first_reply(
     script: Any,
     monkeypatch: pytest.MonkeyPatch,
@@ -16,42 +92,34 @@ def lose_first_reply(
     between: Callable[[], Any] | None = None,
     lose: bool = True,
     any_script: bool = False,
+    when: Callable[[list[Any]], bool] | None = None,
 ) -> list[list[Any]]:
     """Make the next call of ``script`` (a redis-py ``Script``) apply, then fail as if its reply was lost.
 
     ``between`` runs after the write applied and before the caller sees the outcome (other
     workers' moves); with ``lose=False`` the reply arrives after ``between`` ran. With
-    ``any_script`` the next call of any script counts, not only ``script``'s. Returns the ARGV
-    of every counted call (sync and async clients alike).
+    ``any_script`` the next call of any script counts, not only ``script``'s; with ``when``, the
+    first call whose ARGV it picks (the calls before it go through untouched and are not counted).
+    Returns the ARGV of every counted call, as the wire sends it (bytes; sync and async clients,
+    lane or ``Script.__call__``, alike: ``on_script_calls``).
     """
-    original = type(script).__call__
     sent: list[list[Any]] = []
 
-    def apply_then_drop(self_: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-        result = original(self_, keys=keys, args=args, client=client)
+    def apply_then_drop(self_: Any, keys: list[Any], args: list[Any], reply: Any) -> Any:
         if self_ is not script and not any_script:  # another store's script object: leave it alone
-            return result
-        sent.append(list(args or []))
+            return reply
+        if not sent and when is not None and not when(args):
+            return reply
+        sent.append(args)
         if len(sent) > 1:
-            return result
-        if hasattr(result, "__await__"):
-
-            async def drop() -> Any:
-                reply = await result
-                if between:
-                    between()
-                if lose:
-                    raise rex.ConnectionError("reply lost (injected)")
-                return reply
-
-            return drop()
+            return reply
         if between:
             between()
         if lose:
             raise rex.ConnectionError("reply lost (injected)")
-        return result
+        return reply
 
-    monkeypatch.setattr(type(script), "__call__", apply_then_drop)
+    on_script_calls(monkeypatch, (type(script),), apply_then_drop)
     return sent
 
 
@@ -153,33 +221,15 @@ def lose_reply(
     if name not in loss.by_sha.values():
         raise ValueError(f"no script {name!r} in the package")
 
-    def patch_script(cls: Any) -> None:
-        original = cls.__call__
+    def apply_then_drop(self_: Any, keys: list[Any], args: list[Any], reply: Any) -> Any:
+        what = loss._seen(keys, args) if loss.by_sha.get(self_.sha) == name else ""
+        if what:
+            loss._after(what, reply)
+        if what == "lose":
+            raise rex.ConnectionError("reply lost (injected)")
+        return reply
 
-        def call(self_: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-            result = original(self_, keys=keys, args=args, client=client)
-            what = loss._seen(keys, args) if loss.by_sha.get(self_.sha) == name else ""
-            if not what:
-                return result
-            if hasattr(result, "__await__"):
-
-                async def later() -> Any:
-                    reply = await result
-                    loss._after(what, reply)
-                    if what == "lose":
-                        raise rex.ConnectionError("reply lost (injected)")
-                    return reply
-
-                return later()
-            loss._after(what, result)
-            if what == "lose":
-                raise rex.ConnectionError("reply lost (injected)")
-            return result
-
-        monkeypatch.setattr(cls, "__call__", call)
-
-    patch_script(Script)
-    patch_script(AsyncScript)
+    on_script_calls(monkeypatch, (Script, AsyncScript), apply_then_drop)
     sync_pipeline, async_pipeline = pipelines._pipeline_sync, pipelines._pipeline_async
 
     def batch_sync(client: Any, entries: Any) -> list[Any]:
