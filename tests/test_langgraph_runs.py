@@ -419,6 +419,48 @@ def test_a_stale_attempt_can_write_no_event_after_a_takeover(backend: Any, names
     assert [e.data for e in q.stream(run.run_id, block_ms=0) if e.event == "values"] == [{"log": ["ok"]}]
 
 
+def test_a_stream_read_as_its_run_ends_still_yields_the_end_event(
+    backend: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ends between the two commands of a stream's read (a pipeline, not atomic): the stream
+    still ends with the run's ``end`` event. With the events read before the status, a finish in
+    between made the read see no event and a final status, and the stream ended without ``end``
+    (found by the full suite, ``test_a_run_streams_every_mode...``, once under load)."""
+    client = backend.sync_client()
+    q = RunQueue(client, namespace=namespace)
+    other = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    real = client.pipeline
+    ended: list[bool] = []
+
+    class OneByOne:
+        """The stream's pipelined read, its commands sent one at a time with the run's end between."""
+
+        def __init__(self, **kw: Any) -> None:
+            self.commands: list[tuple[Any, ...]] = []
+
+        def execute_command(self, *cmd: Any) -> None:
+            self.commands.append(cmd)
+
+        def execute(self, raise_on_error: bool = True) -> list[Any]:
+            pipe = real(transaction=False)
+            if ended or not any(cmd[0] == "XRANGE" for cmd in self.commands):
+                for cmd in self.commands:
+                    pipe.execute_command(*cmd)
+                return list(pipe.execute(raise_on_error=raise_on_error))
+            first, *rest = self.commands
+            replies = [client.execute_command(*first)]
+            ended.append(other.cancel(run.run_id))  # the run ends here, between the read's two commands
+            for cmd in rest:
+                pipe.execute_command(*cmd)
+            return replies + list(pipe.execute(raise_on_error=raise_on_error))
+
+    monkeypatch.setattr(client, "pipeline", OneByOne)
+    seen = list(q.stream(run.run_id))
+    assert ended == [True]
+    assert seen and seen[-1].event == "end" and seen[-1].data["status"] == "interrupted"
+
+
 def test_a_begin_under_a_claim_another_worker_took_since_begins_nothing(backend: Any, namespace: str) -> None:
     """A worker begins the thread's next run under its claim of the thread's task, checked in the same
     script (lg_run_begin.lua): once another worker claimed the task (the first stalled past its

@@ -430,7 +430,10 @@ class RunCore:
         if cur.after == _MAX_ID:
             cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
             return []
-        entries, status = yield Pipe([("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE), ("HGET", h, "status")])
+        # The status first: a pipeline is not atomic, and a finish (its end event and final status in
+        # one script) that ran between an XRANGE and a later HGET ended the stream without its end
+        # event. Read in this order, a final status means the XRANGE saw every event there is.
+        status, entries = yield Pipe([("HGET", h, "status"), ("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE)])
         if not entries:
             if status is None and cur.remembered and (yield from self._threads.relocate(cur)):
                 return (yield from self.events(cur, slice_ms))
