@@ -430,10 +430,7 @@ class RunCore:
         if cur.after == _MAX_ID:
             cur.done = True  # no id follows it (and Redis refuses an interval that starts past it)
             return []
-        # The status first: a pipeline is not atomic, and a finish (its end event and final status in
-        # one script) that ran between an XRANGE and a later HGET ended the stream without its end
-        # event. Read in this order, a final status means the XRANGE saw every event there is.
-        status, entries = yield Pipe([("HGET", h, "status"), ("XRANGE", e, "(" + cur.after, "+", "COUNT", _EVENT_PAGE)])
+        status, entries = yield _status_then_events(h, e, cur.after)
         if not entries:
             if status is None and cur.remembered and (yield from self._threads.relocate(cur)):
                 return (yield from self.events(cur, slice_ms))
@@ -779,6 +776,14 @@ def _xread_streams(reply: Any) -> list[tuple[Any, list[Any]]]:
     if isinstance(reply, Mapping):  # redis-py's RESP3 parser: {stream: [entries]}
         return [(k, list(v[0]) if v else []) for k, v in reply.items()]
     return [(s, list(entries)) for s, entries in reply]
+
+
+def _status_then_events(h: str, e: str, after: str) -> Pipe:
+    """A run's status, then its events after ``after``, in one round trip. In this order: a pipeline is
+    not atomic, and a finish (its end event and final status in one script) that ran between an
+    XRANGE and a later HGET ended the stream without its end event; read status first, a final
+    status means the XRANGE saw every event there is."""
+    return Pipe([("HGET", h, "status"), ("XRANGE", e, "(" + after, "+", "COUNT", _EVENT_PAGE)])
 
 
 def _xread_entries(reply: Any) -> list[Any]:
