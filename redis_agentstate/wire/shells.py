@@ -208,13 +208,11 @@ class AsyncShell(StoreShell[C]):
         return self._resharded(await run_async(self._client, names, self._retry, op, self._ack))
 
     async def _layout(self) -> None:
-        """The asyncio twin of ``SyncShell._layout``; a cancel the read swallowed is raised before the
-        operation it precedes starts."""
+        """The asyncio twin of ``SyncShell._layout`` (a cancel the read swallowed is raised by
+        ``run_async``, before the operation it precedes starts)."""
         if not self._core.keys.resolved:
-            baseline = cancels()
             layout = resolve_layout(self._core.keys, self._shards)
             await run_async(self._client, self._scripts, self._retry, layout, self._ack)
-            check_cancel(baseline)
 
     @contextlib.contextmanager
     def _operation(self, name: str) -> Iterator[Callable[[Op[Any]], Awaitable[Any]]]:
