@@ -39,8 +39,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from cluster_support import cluster_backend, port_taken, redis_cluster  # noqa: F401 - redis_cluster is a fixture
+from fake_lua import install as compile_fake_scripts_once
 
 from redis_agentstate import AsyncCheckpointStore, CheckpointStore
+
+# fakeredis would compile each script's source on every call (tests/fake_lua.py says what changes).
+compile_fake_scripts_once()
 
 # ---- the default run and the full suite ---------------------------------------------------------
 # `python -m pytest` (README's command) runs a fast, representative suite; the long tail runs when
