@@ -523,7 +523,7 @@ class StoreCore:
     def _candidates(self, op: SearchOp, mode: str, read: tuple[list[str], dict[str, ix._Page]]) -> Op[list[Candidate]]:
         """The live items under the prefix that pass the filter, in search order; without a filter or a
         ranking, only up to offset + limit of them. ``mode`` (lgs_search's): '0' items, '1' items and
-        vectors, '2' vectors only (no filter)."""
+        vectors."""
         paths, first = read
         ranked = mode != "0"
         stop = None if op.filter or ranked else op.offset + op.limit
@@ -537,7 +537,7 @@ class StoreCore:
                 namespace = tuple(path.split(SEP))
                 keys = self.keys.store(path)
                 for key, blob, packed in entries:
-                    item = None if mode == "2" else self._item(namespace, key, blob, keys)
+                    item = self._item(namespace, key, blob, keys)
                     if item is not None and op.filter and not _passes(item, op.filter):
                         continue
                     vectors = decode_vectors(packed, self.dims, keys, key) if ranked else []

@@ -27,7 +27,7 @@ from typing import Any
 from ..core.replies import text as reply_text
 from ..errors import InvalidArgument
 from ..keys import MAX_ID_BYTES, Keys, StoreKeys
-from ..wire import Batch, Call, Op, Pipe, member_id, restart, restartable
+from ..wire import Batch, Call, Op, member_id, restart, restartable
 from .scripts import LGS_INDEX, LGS_NAMESPACES, LGS_PREFIX, LGS_SEARCH
 
 __all__ = ["NS_PAGE", "PAGE", "SEP", "WINDOW", "StoreIndex"]
@@ -87,8 +87,6 @@ def _entries(page: Sequence[Any], keys: StoreKeys, mode: str) -> _Page:
     if mode == "1":
         for j in range(0, len(body), 3):
             out.append((member_id(body[j], keys.order), bytes(body[j + 1]), bytes(body[j + 2])))
-    elif mode == "2":
-        out = [(member_id(k, keys.order), b"", b"") for k in body]
     else:
         for j in range(0, len(body), 2):
             out.append((member_id(body[j], keys.order), bytes(body[j + 1]), b""))
@@ -149,28 +147,7 @@ class StoreIndex:
                 out[i].extend(entries)
                 if more:
                     after[i] = more
-        if mode == "2":
-            yield from self._read_vectors(window, out)
         return out
-
-    def _read_vectors(self, window: list[str], out: list[list[tuple[str, bytes, bytes]]]) -> Op[None]:
-        """Fill in the packed vectors of ``out``'s keys: HMGET (a plain read), PAGE keys a command, one
-        round trip. A key whose vectors went since its page was read ranks as having none."""
-        reads: list[tuple[int, int]] = []  # (namespace, first entry) of each command
-        commands: list[tuple[Any, ...]] = []
-        for i, entries in enumerate(out):
-            vectors = self.keys.store(window[i]).vectors
-            for j in range(0, len(entries), PAGE):
-                reads.append((i, j))
-                commands.append(("HMGET", vectors, *(e[0] for e in entries[j : j + PAGE])))
-        if not commands:
-            return None
-        replies = yield Pipe(commands)
-        for (i, j), packed in zip(reads, replies, strict=True):
-            for n, blob in enumerate(packed):
-                key, item, _ = out[i][j + n]
-                out[i][j + n] = (key, item, bytes(blob) if blob else b"")
-        return None
 
     @restartable
     def listed(self, prefix: tuple[str, ...]) -> Op[list[str]]:

@@ -129,8 +129,7 @@ end
 
 -- The live items of the namespace after insertion number ``after`` ('' from the first), at most
 -- ``limit`` scanned, appended to ``out`` as key, item[, vectors]; ``mode`` '1': with the packed
--- vectors, '2': the key alone (the client reads the vectors with HMGET: megabytes of them come
--- out of a script at half the speed); returns the insertion number of the last item scanned
+-- vectors; returns the insertion number of the last item scanned
 -- when the page was full, else ''.
 -- Corrupt reply 2 (returned as its second value) when the order index names a key without an item.
 local function item_page(after, limit, mode, out)
@@ -141,16 +140,11 @@ local function item_page(after, limit, mode, out)
   for i = 1, #page, 2 do
     local key = page[i]
     if not item_expired(key, now) then
-      if mode == '2' then
-        if redis.call('HEXISTS', KEYS[1], key) == 0 then return '', corrupt(2, 'orphan') end
-        out[#out + 1] = key
-      else
-        local blob = redis.call('HGET', KEYS[1], key)
-        if not blob then return '', corrupt(2, 'orphan') end
-        out[#out + 1] = key
-        out[#out + 1] = blob
-        if mode == '1' then out[#out + 1] = redis.call('HGET', KEYS[4], key) or '' end
-      end
+      local blob = redis.call('HGET', KEYS[1], key)
+      if not blob then return '', corrupt(2, 'orphan') end
+      out[#out + 1] = key
+      out[#out + 1] = blob
+      if mode == '1' then out[#out + 1] = redis.call('HGET', KEYS[4], key) or '' end
     end
   end
   if limit > 0 and #page == 2 * limit then return page[#page] end

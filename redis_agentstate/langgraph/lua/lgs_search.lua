@@ -3,11 +3,8 @@
 --   KEYS[1..12] - the namespace's keys and its shard's indexes (see _lgs.lua)
 --   ARGV[1]    - the insertion number to start after ('' for the first page)
 --   ARGV[2]    - page size (items scanned, expired ones included)
---   ARGV[3]    - '0': items; '1': each item with its packed vectors ('' when it has none);
---                '2': the keys of the live items alone (a ranking's first pass: the client reads
---                their vectors with HMGET, faster than out of a script)
--- Returns {next, key, item[, vectors], key, item[, vectors], ...} ('2': {next, key, key,
--- ...}): next is the insertion number of the last item scanned when the page was full (pass it
+--   ARGV[3]    - '0': items; '1': each item with its packed vectors ('' when it has none)
+-- Returns {next, key, item[, vectors], key, item[, vectors], ...}: next is the insertion number of the last item scanned when the page was full (pass it
 -- as ARGV[1] for the next page), '' when the namespace is done.
 -- Corrupt reply 2 when the order index names a key without an item.
 local out = { '' }
