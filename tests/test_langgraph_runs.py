@@ -41,7 +41,7 @@ from redis_agentstate.langgraph import (
     RunQueue,
     RunRejected,
 )
-from redis_agentstate.langgraph._runs_core import DEFAULT_RUN_TTL_MS
+from redis_agentstate.langgraph._runs_core import DEFAULT_RUN_TTL_MS, ID_ENTRY_GRACE_MS
 from redis_agentstate.langgraph.runs import queue_namespace
 
 TESTS = Path(__file__).parent
@@ -177,7 +177,7 @@ class TestQueue:
         assert queue.get(b.run_id) is None and queue.get(c.run_id).status == "pending"
         # The ways from a run id to its thread: an ended run's expires with it, a deleted one's goes.
         raw, lookup = backend.sync_client(), queue._core.keys.run_lookup
-        assert 0 < raw.pttl(lookup(a.run_id)) <= DEFAULT_RUN_TTL_MS
+        assert 0 < raw.pttl(lookup(a.run_id)) <= DEFAULT_RUN_TTL_MS + ID_ENTRY_GRACE_MS
         assert raw.exists(lookup(b.run_id)) == 0
         assert raw.pttl(lookup(c.run_id)) == -1  # active: no expiry yet
 
@@ -718,6 +718,7 @@ def test_retention_keeps_the_last_events_and_an_ended_run_expires(backend: Any, 
     run = q.create("t", {"log": []}, stream_mode=["values", "updates"])
     w = GraphWorker(graphs.steps, RunQueue(backend.sync_client(), namespace=namespace, max_events=4, run_ttl_ms=1_500),
                     AgentStateSaver(backend.sync_client(), namespace=namespace), block_ms=200)  # fmt: skip
+    backend.sync_client().script_flush()  # the run's end then goes after its id entry's TTL (a NOSCRIPT re-send)
     assert w.run_once(block_ms=2_000)
     done = q.join(run.run_id, timeout_s=10)
     assert done.status == "success"
@@ -727,6 +728,10 @@ def test_retention_keeps_the_last_events_and_an_ended_run_expires(backend: Any, 
     raw = backend.sync_client()
     h, e = q._core.keys.runs("t").run(run.run_id)
     assert 0 < raw.pttl(h) <= 1_500 and 0 < raw.pttl(e) <= 1_500
+    # The id's entry outlives the record, whatever order its TTL and the record's were set in: here
+    # the end's script was re-sent after the entry's (NOSCRIPT, scripts flushed below).
+    lookup = q._core.keys.run_lookup(run.run_id)
+    assert raw.pexpiretime(lookup) - raw.pexpiretime(h) > ID_ENTRY_GRACE_MS // 2
     _wait_for(lambda: q.get(run.run_id) is None, timeout=10)  # expired with its record
     assert q.list("t") == []
     with pytest.raises(RunNotFound):

@@ -155,7 +155,7 @@ class TestCreate:
         raw, lookup = backend.sync_client(), queue._core.keys.run_lookup
         if strategy == "interrupt":
             assert queue.get(first.run_id).status == "interrupted"
-            assert 0 < raw.pttl(lookup(first.run_id)) <= _runs_core.DEFAULT_RUN_TTL_MS
+            assert 0 < raw.pttl(lookup(first.run_id)) <= _runs_core.DEFAULT_RUN_TTL_MS + _runs_core.ID_ENTRY_GRACE_MS
         else:
             assert queue.get(first.run_id) is None and raw.exists(lookup(first.run_id)) == 0
         assert [r.run_id for r in queue.list("t") if not r.done] == [second.run_id]

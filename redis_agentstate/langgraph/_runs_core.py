@@ -84,6 +84,13 @@ STREAM_MODES = (
 MAX_BODY_BYTES = 16 * 2**20
 #: How long an ended run (its record and events) is kept by default: a day.
 DEFAULT_RUN_TTL_MS = 24 * 3600 * 1000
+#: How much longer an ended run's id entry is kept than its record. The two are keys in two slots,
+#: given their TTLs by two scripts: in one round trip, but a NOSCRIPT on the end's script has it
+#: re-sent after the entry's (first use, SCRIPT FLUSH), and on a Cluster they are two nodes. An
+#: entry that expired first had ``get`` answer "no such run" while ``list`` still listed it; an
+#: entry that outlives its record answers "no such run" once the record is gone, as the entry's
+#: script documents. 5 s is far above a round trip and the local clocks' skew; the entry is a few bytes.
+ID_ENTRY_GRACE_MS = 5_000
 #: Events kept per run by default (the oldest go first: XADD MAXLEN).
 DEFAULT_MAX_EVENTS = 10_000
 #: Runs a thread may have pending or running at once by default (enqueue past it: RunRejected).
@@ -354,8 +361,8 @@ class RunCore:
         slots, so not the script's to write) expire with them, or go."""
         calls = [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], ["", ""]) for r in deleted or ()]
         if self.run_ttl_ms:
-            calls += [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], [tid, self.run_ttl_ms])
-                      for r in ended or ()]  # fmt: skip
+            calls += [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))],
+                           [tid, self.run_ttl_ms + ID_ENTRY_GRACE_MS]) for r in ended or ()]  # fmt: skip
         if calls:
             yield Batch(calls)
         return None
@@ -562,13 +569,12 @@ class RunCore:
             end = Call(scripts.LG_RUN_FINISH, [keys.active, keys.history, h, e],
                        [token, status, error[:2000], self.run_ttl_ms, self.max_events, "1" if gone else "0",
                         run.run_id])  # fmt: skip
-            # The id's entry expires with the run (or goes with a rolled-back one), in the same round
-            # trip: if the end is refused (another worker took the run over), that worker's end sets it
-            # again, and until then it only bounds how long the id is found (run_ttl_ms).
-            if gone:
-                reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], ["", ""])]))[0]
-            elif self.run_ttl_ms:
-                reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], [run.thread_id, self.run_ttl_ms])]))[0]
+            # The id's entry expires just after the run (ID_ENTRY_GRACE_MS), or goes with a rolled-back one,
+            # in the same round trip: if the end is refused (another worker took the run over), that worker's
+            # end sets it again, and until then it only bounds how long the id is found.
+            entry = ["", ""] if gone else [run.thread_id, self.run_ttl_ms + ID_ENTRY_GRACE_MS]
+            if gone or self.run_ttl_ms:
+                reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], entry)]))[0]
             else:
                 reply = yield end
         if reply[0] == Reply.REFUSED:
