@@ -125,46 +125,27 @@ class Masks:
 
 
 def key_dump(raw: Any, namespace: str) -> list[tuple[bytes, str, Any, bool]]:
-    """Every key of the namespace (its queue namespace too): name, type, content, and whether it has a TTL.
-
-    Two pipelines, types and then contents: a dump reads every key of every scenario's state twice, and
-    three round trips a key were a fifth of this file's time."""
-    names = sorted(set(raw.scan_iter(match=f"{namespace}*", count=1000)))
-    if not names:
-        return []
-    typing = raw.pipeline(transaction=False)
-    for k in names:
-        typing.type(k)
-    kinds = [kind.decode() for kind in typing.execute()]
-    reading = raw.pipeline(transaction=False)
-    read: list[tuple[bytes, str]] = []
-    for k, kind in zip(names, kinds, strict=True):
-        if kind == "string":
-            reading.get(k)
-        elif kind == "hash":
-            reading.hgetall(k)
-        elif kind == "list":
-            reading.lrange(k, 0, -1)
-        elif kind == "set":
-            reading.smembers(k)
-        elif kind == "zset":
-            reading.zrange(k, 0, -1, withscores=True)
-        elif kind == "stream":
-            reading.xrange(k)
-        else:  # gone between SCAN and TYPE
-            continue
-        reading.pttl(k)
-        read.append((k, kind))
-    replies = reading.execute()
+    """Every key of the namespace (its queue namespace too): name, type, content, and whether it has a TTL."""
     out = []
-    for (k, kind), content, ttl in zip(read, replies[0::2], replies[1::2], strict=True):
-        if kind in ("hash", "set"):
-            content = sorted(content.items() if kind == "hash" else content)
+    for k in raw.scan_iter(match=f"{namespace}*", count=1000):
+        kind = raw.type(k).decode()
+        if kind == "string":
+            content: Any = raw.get(k)
+        elif kind == "hash":
+            content = sorted(raw.hgetall(k).items())
+        elif kind == "list":
+            content = raw.lrange(k, 0, -1)
+        elif kind == "set":
+            content = sorted(raw.smembers(k))
         elif kind == "zset":
             # By member: two runs' server-clock scores order alike only up to their masks.
-            content = sorted(content)
-        out.append((k, kind, content, ttl > 0))
-    return out
+            content = sorted(raw.zrange(k, 0, -1, withscores=True))
+        elif kind == "stream":
+            content = raw.xrange(k)
+        else:  # gone between SCAN and TYPE
+            continue
+        out.append((k, kind, content, raw.pttl(k) > 0))
+    return sorted(out, key=lambda e: e[0])
 
 
 # ---- the scenarios ------------------------------------------------------------------------------
