@@ -73,7 +73,9 @@ def _seed(url: str, namespace: str) -> None:
 
 def test_with_leases_exactly_one_runs(url: str, namespace: str):
     _seed(url, namespace)
-    procs = [_spawn(url, namespace, name, "lease") for name in ("a", "b")]
+    # Each holds its step 5 s: the two must overlap, and under the full suite's load one process started
+    # more than 1 s after the other had finished its step (CI: both ran, one after the other).
+    procs = [_spawn(url, namespace, name, "lease", sleep_s=5.0) for name in ("a", "b")]
     outs = [_finish(p) for p in procs]
     ran = [o for o in outs if "DONE" in o]
     busy = [o for o in outs if "BUSY" in o]
