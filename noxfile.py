@@ -101,6 +101,8 @@ LANGGRAPH_SUITE_DEPS = [
     "psycopg-pool",
     "pycryptodome",
     "langgraph-sdk",
+    # tools/langgraph_suite.py fetches LangGraph's sources with `pip download`; a uv-made session has no pip.
+    "pip",
 ]
 
 
