@@ -539,6 +539,92 @@ def test_a_worker_that_stalled_before_the_saver_lease_writes_no_checkpoint(
     assert q.get(y.run_id).status == "success"
 
 
+class _FrozenAfterCheck(_HeldLease):
+    """A task lease that is lost from a given check of the attempt on: the worker froze right after
+    that check passed, and by the time it runs on, the lease has lapsed."""
+
+    def __init__(self) -> None:
+        self.frozen = False
+
+    @property
+    def lost(self) -> bool:  # type: ignore[override]
+        return self.frozen
+
+
+def _recording_chain(started: list[str]) -> Any:
+    """a -> b -> c, each node noting that its body started (what a model call or a tool would do)."""
+    from langgraph.graph import END, START, StateGraph
+
+    def node(name: str) -> Any:
+        def run(state: graphs.State) -> dict[str, Any]:
+            started.append(name)
+            return {"log": [name]}
+
+        return run
+
+    b = StateGraph(graphs.State)
+    for n in "abc":
+        b.add_node(n, node(n))
+    b.add_edge(START, "a")
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    b.add_edge("c", END)
+    return b.compile()
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+@pytest.mark.parametrize("checks", [2, 3], ids=["frozen-before-the-first-node", "frozen-between-nodes"])
+def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
+    backend: Any,
+    namespace: str,
+    flavor: str,
+    checks: int,
+    twin_loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runs chaos test's find ('node a of run R ran again after its saved execution'): a worker
+    checks its lease before the graph starts and after each super-step's chunk, and a SIGSTOP can
+    land right after a check passed. The worker that took the run over meanwhile ran the node and
+    saved it; the stale one, thawed, must not start that node again (its writes would be fenced, but
+    the node's own effects, a model call or a tool, would happen twice). Each node's start checks
+    the leases (a callback of the graph's config), so the freeze is caught there."""
+    from redis_agentstate.langgraph.worker import _Attempt
+
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    begun = q._run(q._core.begin("t", "tok-a", "w1", 3))
+    task_lease = _FrozenAfterCheck()
+    carry_on = _Attempt.carry_on
+    seen = [0]
+
+    def check_then_freeze(self: Any, *args: Any) -> bool:
+        go = carry_on(self, *args)
+        seen[0] += 1
+        started.append(f"check{seen[0]}")
+        if seen[0] == checks:
+            task_lease.frozen = True
+        return go
+
+    monkeypatch.setattr(_Attempt, "carry_on", check_then_freeze)
+    started: list[str] = []
+    graph = _recording_chain(started)
+    if flavor == "sync":
+        w = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
+        assert w._execute(_Attempt(w, begun, "tok-a"), task_lease) is None  # type: ignore[arg-type]
+    else:
+        client, aclient = backend.new_async_client(), backend.new_async_client()
+        aw = GraphWorker(graph, AsyncRunQueue(client, namespace=namespace),
+                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
+        attempt = aw._aexecute(_Attempt(aw, begun, "tok-a"), task_lease)  # type: ignore[arg-type]
+        assert twin_loop.run_until_complete(attempt) is None
+        twin_loop.run_until_complete(client.aclose())
+        twin_loop.run_until_complete(aclient.aclose())
+    # The worker checks once before the graph, once per chunk (the input's first): nothing may start
+    # after the check it froze behind; what started before it did.
+    assert started == ["check1", "check2", "a", "check3"][: 2 * checks - 2]
+    assert q.get(run.run_id).status == "running"  # not ended by the stale worker: it is taken over
+
+
 def test_a_sigkilled_worker_s_run_resumes_elsewhere_without_rerunning_saved_nodes(
     real_server: Any, namespace: str
 ) -> None:

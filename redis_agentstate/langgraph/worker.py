@@ -5,7 +5,8 @@ lease its keeper renews (the heartbeat), takes the thread's saver lease, then th
 under it (``lg_run_begin.lua``: runs of a thread go in creation order; the script checks the task's
 claim is still the worker's) and runs the graph under the saver lease, so at most
 one run per thread executes in the whole fleet and a worker that lost the thread (SIGKILLed,
-frozen, cut off) can write neither a checkpoint nor an event. Every event it streams is one
+frozen, cut off) can write neither a checkpoint nor an event, and one that thaws starts no further
+node (each start inside the graph checks the leases, ``_LeaseGate``). Every event it streams is one
 fenced script that also answers whether the run was asked to stop, so an ``interrupt`` or
 ``rollback`` (double-texting, ``cancel``) is seen at the run's next event or super-step boundary
 at no extra round trip; both drivers also block on the run's stop signal (which ``cancel`` sets)
@@ -39,6 +40,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any
 
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import BaseMessage, BaseMessageChunk, convert_to_messages, message_chunk_to_message
 from langgraph.store.base import BaseStore
 from langgraph.types import Command
@@ -84,6 +86,27 @@ class _Failures:
         if self.streak:
             log.warning("graph worker %s: going on after %d failed turns", self.name, self.streak)
         self.streak = 0
+
+
+class _LeaseGate(BaseCallbackHandler):
+    """A callback on the graph's config that checks the attempt's leases as anything of the graph
+    starts: a node, and inside one a model, tool or retriever call. The worker checks them before
+    the graph and after each chunk, and a worker frozen right after such a check (SIGSTOP, a long
+    pause) wakes with them lapsed while the graph goes on to its next node: another worker may have
+    taken the run over, run that node and saved it meanwhile. Its writes would be refused, but the
+    node's own effects would happen twice; raised here, the node does not start."""
+
+    raise_error = True  # LangChain logs a callback's error and goes on unless told to raise it
+    run_inline = True  # under asyncio, in the graph's own task rather than an executor's thread
+
+    def __init__(self, thread_id: str, leases: tuple[Any, ...]) -> None:
+        self.thread_id, self.leases = thread_id, leases
+
+    def _check(self, *args: Any, **kwargs: Any) -> None:
+        if any(lease.lost for lease in self.leases):
+            raise LeaseLost(f"lost thread {self.thread_id!r} before a step of its run started", task_id=self.thread_id)
+
+    on_chain_start = on_llm_start = on_chat_model_start = on_tool_start = on_retriever_start = _check
 
 
 class _Attempt:
@@ -197,6 +220,18 @@ class _Attempt:
         kind = "messages/partial" if isinstance(msg, BaseMessageChunk) else "messages/complete"
         out.append((kind, [message_chunk_to_message(self.messages[msg.id])]))
         return out
+
+    def guard(self, *leases: Any) -> None:
+        """Have each start inside the graph check ``leases`` (``_LeaseGate``), beside the callbacks
+        the run's config names."""
+        gate = _LeaseGate(self.run.thread_id, leases)
+        given = self.config.get("callbacks")
+        if isinstance(given, BaseCallbackManager):
+            given = given.copy()
+            given.add_handler(gate, inherit=True)
+            self.config["callbacks"] = given
+        else:
+            self.config["callbacks"] = [*(given or []), gate]
 
     def started(self, stop: str, stopping: bool, lost: bool) -> bool:
         """Once the thread's saver lease is ours and the run is known to be this attempt's: False if the
@@ -588,6 +623,7 @@ class GraphWorker:
                 # _Attempt.started: the run must still be this attempt's (begun under the lease, it is).
                 stop = "" if held else self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
+                    a.guard(lease, thread_lease)
                     last = self.saver.get_tuple(a.thread_config) if a.needs_last else None
                     watch = _StopWatch(self, a, thread_lease)
                     chunks = _sync_chunks(self.graph, a, last)
@@ -688,7 +724,7 @@ class GraphWorker:
         remaining, delay = 0, None
         async with contextlib.AsyncExitStack() as held:  # as _turn: the saver lease first, begun under it
             try:
-                await held.enter_async_context(self.saver.lease(tid, **self._saver_lease))
+                thread_lease = await held.enter_async_context(self.saver.lease(tid, **self._saver_lease))
                 begun = await self._q.run(core.begin(tid, lease.token, self.name, self.max_attempts, lease.revision))
             except RunLost as exc:
                 log.warning("graph worker %s: thread %r is not ours any more: %s", self.name, tid, exc)
@@ -708,7 +744,7 @@ class GraphWorker:
                 remaining = await self._q.run(core.finish(begun.run, lease.token, "error", wrong))
                 self._count("error")
             elif begun is not None:
-                left = await self._aexecute(_Attempt(self, begun, lease.token), lease, held)
+                left = await self._aexecute(_Attempt(self, begun, lease.token), lease, (held, thread_lease))
                 if left is None:
                     return
                 remaining = left
@@ -740,14 +776,16 @@ class GraphWorker:
             await chunks.aclose()
 
     async def _aexecute(
-        self, a: _Attempt, lease: AsyncLease, held: contextlib.AsyncExitStack | None = None
+        self, a: _Attempt, lease: AsyncLease, held: tuple[contextlib.AsyncExitStack, Any] | None = None
     ) -> int | None:
         """The asyncio twin of ``_execute`` (``graph.astream``)."""
         core, run = self._q.core, a.run
         try:
-            async with held if held else self.saver.lease(run.thread_id, **a.lease_args):
+            async with held[0] if held else self.saver.lease(run.thread_id, **a.lease_args) as entered:
+                thread_lease = held[1] if held else entered
                 stop = "" if held else await self._q.run(core.emit(run, a.token, [], seq=a.seq()))
                 if a.started(stop, self._stopping.is_set(), lease.lost):
+                    a.guard(lease, thread_lease)
                     last = await self.saver.aget_tuple(a.thread_config) if a.needs_last else None
                     await self._watch.around(a, self._astream(a, lease, last))
                 if a.stop == "rollback":
