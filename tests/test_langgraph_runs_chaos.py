@@ -90,13 +90,29 @@ class Fleet:
         self.server.stop(remove=False)
 
 
+def _busy(fleet: Fleet) -> list[int]:
+    """The workers with a node under way: the last line of their history is a node's start."""
+    busy = []
+    for i, spawn in fleet.spawns.items():
+        path = fleet.base / f"history-w{i}.{spawn}.jsonl"
+        with contextlib.suppress(OSError):
+            lines = path.read_bytes()[-400:].splitlines()
+            if lines and b'"kind": "start"' in lines[-1]:
+                busy.append(i)
+    return busy
+
+
 def _nemesis(fleet: Fleet, rng: random.Random, deadline: float) -> None:
     plan = ["kill", "pause", "redis_restart"]
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(1.0, 2.0))
         kind = plan.pop(0) if plan else rng.choice(("kill", "kill", "pause", "pause", "redis_restart"))
         fleet.faults[kind] += 1
-        i = rng.randrange(WORKERS)
+        # Mostly a worker inside a node, so that a fault lands on a run (on a loaded machine the
+        # workers idle more, and a run of faults that all missed left nothing to take over); now and
+        # then any worker, so that freezes between two nodes and of idle workers happen too.
+        busy = _busy(fleet)
+        i = rng.choice(busy) if busy and rng.random() < 0.75 else rng.randrange(WORKERS)
         if kind == "kill":
             fleet.procs[i].send_signal(signal.SIGKILL)
             fleet.procs[i].wait()
