@@ -623,6 +623,16 @@ def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
     # after the check it froze behind; what started before it did.
     assert started == ["check1", "check2", "a", "check3"][: 2 * checks - 2]
     assert q.get(run.run_id).status == "running"  # not ended by the stale worker: it is taken over
+    # The takeover goes on from what the stale attempt saved: a node refused at its start left
+    # nothing that makes the run fail or a saved node run again.
+    monkeypatch.undo()
+    del started[:]
+    taken = q._run(q._core.begin("t", "tok-b", "w2", 3))
+    w2 = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
+    assert w2._execute(_Attempt(w2, taken, "tok-b"), _HeldLease()) == 0  # type: ignore[arg-type]
+    assert started == ["a", "b", "c"][checks - 2 :]
+    assert log_of(backend, namespace, "t") == ["a", "b", "c"]
+    assert (q.get(run.run_id).status, q.get(run.run_id).attempt) == ("success", 2)
 
 
 def test_a_sigkilled_worker_s_run_resumes_elsewhere_without_rerunning_saved_nodes(
