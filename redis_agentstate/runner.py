@@ -622,6 +622,9 @@ class Runner(_RunnerBase["CheckpointStore", Handler]):
         with lease:
             reset = _current.set(lease)
             try:
+                # A worker frozen since its claim (SIGSTOP, a long pause) reads its lease as lost, on the
+                # lease's own clock, and starts no handler: the cycle may have run elsewhere meanwhile.
+                lease.check()
                 if self._takes_cycle:
                     result = self.handler(lease.checkpoint, Cycle(lease))  # type: ignore[call-arg]
                 else:
@@ -760,6 +763,7 @@ class AsyncRunner(_RunnerBase["AsyncCheckpointStore", AsyncHandler]):
             async with lease:
                 reset = _current.set(lease)
                 try:
+                    lease.check()  # as Runner._cycle
                     if self._takes_cycle:
                         result = await self.handler(lease.checkpoint, AsyncCycle(lease))  # type: ignore[call-arg]
                     else:

@@ -27,8 +27,8 @@ from redis_agentstate import (
     InvalidArgument,
     LeaseLost,
 )
-from redis_agentstate.lease import Lease
-from redis_agentstate.runner import AsyncRunner, Runner, StepResult, current_lease
+from redis_agentstate.lease import AsyncLease, Clock, Lease
+from redis_agentstate.runner import AsyncRunner, Runner, StepResult, _RunnerBase, current_lease
 
 CYCLES = 3
 
@@ -577,3 +577,103 @@ def test_a_release_that_raises_does_not_kill_the_worker(
     stats = runner.run(stop_when_idle=True)
     assert (stats.claimed, stats.failed) == (2, 2)
     assert sum("releasing the failed cycle failed" in r.getMessage() for r in caplog.records) == 2
+
+
+class _Thawed(Clock):
+    """The clock of a worker frozen for a minute: what it reads once it runs again."""
+
+    def now(self) -> float:
+        return time.monotonic() + 60
+
+
+def test_a_worker_frozen_right_after_its_claim_starts_no_handler(
+    make: Callable[..., Any], flavor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGSTOP can land between a claim and the handler's start, and outlast the lease: another
+    worker may run that cycle meanwhile. Thawed, the worker reads its lease as lost and does not
+    run the handler (the cycle's effects, a model call or a tool, would happen twice)."""
+    store = make(CheckpointStore, AsyncCheckpointStore)
+    store.create(Checkpoint("t"))
+    ran: list[int] = []
+    claimed = _RunnerBase._claimed
+    frozen: list[Any] = []
+
+    def claimed_then_frozen(self: Any, lease: Any) -> Any:
+        if not frozen:
+            frozen.append(lease)
+            lease._clock = _Thawed()
+        return claimed(self, lease)
+
+    monkeypatch.setattr(_RunnerBase, "_claimed", claimed_then_frozen)
+    if flavor == "sync":
+
+        def handler(cp: Checkpoint) -> StepResult:
+            ran.append(cp.claimed_cycle)
+            return step(cp)
+
+        run = Runner(store, handler, lease_ms=500, handle_signals=False, idle_min_ms=5).run
+    else:
+
+        async def ahandler(cp: Checkpoint) -> StepResult:
+            ran.append(cp.claimed_cycle)
+            return step(cp)
+
+        runner = AsyncRunner(store.wrapped, ahandler, lease_ms=500, handle_signals=False, idle_min_ms=5)
+
+        def run(**kw: Any) -> Any:
+            return store._loop.run_until_complete(runner.run(**kw))
+
+    run(stop_when_idle=True)
+    while not store.load("t").is_terminal:  # the frozen claim's lease lapses, then the cycle is taken again
+        time.sleep(0.1)
+        run(stop_when_idle=True)
+    assert len(frozen) == 1 and frozen[0].lost
+    assert ran == [1, 2, 3]  # cycle 1 ran once: not by the thawed worker
+    assert_all_done([store.load("t")])
+
+
+def test_a_durable_step_is_not_started_by_a_worker_frozen_after_its_lookup(
+    make: Callable[..., Any], flavor: str
+) -> None:
+    """A step's lookup finds the lease current in Redis and no stored result; the worker freezes
+    as the reply comes back. Thawed, it must not run the step's function: ``LeaseLost``."""
+    store = make(CheckpointStore, AsyncCheckpointStore)
+    store.create(Checkpoint("t"))
+    called: list[str] = []
+    inner = store.wrapped if flavor == "async" else store
+    load = inner._step_load
+    leases: list[Any] = []
+
+    if flavor == "sync":
+
+        def load_then_freeze(*args: Any, **kwargs: Any) -> Any:
+            found = load(*args, **kwargs)
+            leases[0]._clock = _Thawed()
+            return found
+
+        inner._step_load = load_then_freeze
+        lease = Lease.next(store, lease_ms=5_000)
+        assert lease is not None
+        leases.append(lease)
+        with pytest.raises(LeaseLost), lease:
+            lease.step("call", called.append, "x")
+    else:
+
+        async def aload_then_freeze(*args: Any, **kwargs: Any) -> Any:
+            found = await load(*args, **kwargs)
+            leases[0]._clock = _Thawed()
+            return found
+
+        inner._step_load = aload_then_freeze
+
+        async def go() -> None:
+            # Not cancelled by its keeper on the loss: the step's own check is what is tested.
+            alease = await AsyncLease.next(inner, lease_ms=5_000, cancel_on_loss=False)
+            assert alease is not None
+            leases.append(alease)
+            with pytest.raises(LeaseLost):
+                async with alease:
+                    await alease.step("call", called.append, "x")
+
+        store._loop.run_until_complete(go())
+    assert called == []

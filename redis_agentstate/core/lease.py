@@ -544,6 +544,10 @@ class LeaseBase(KeptLease, Generic[S]):
         """What ``_step_load`` answered: ``(True, result)`` to return, ``(False, None)`` to run the step."""
         if found is None:
             raise self._step_refused(name)
+        if not found[0]:
+            # Redis found the lease current when it read; a worker frozen since (SIGSTOP, a long
+            # pause) reads it as lost here, on the lease's clock, and must not start the step.
+            self.check()
         return found
 
     def _step_recorded(self, name: str, recorded: tuple[bool, Any]) -> Any:
