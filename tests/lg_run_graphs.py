@@ -45,10 +45,11 @@ def _node(name: str, sleep: float = 0.0) -> Any:
     return run
 
 
-def _chain(names: str, sleep: float = 0.0) -> Any:
+def _chain(names: str, sleep: float = 0.0, node: Any = None) -> Any:
+    """The nodes ``names`` one after another; each is ``_node`` (or ``node(name)``, if given)."""
     b = StateGraph(State)
     for n in names:
-        b.add_node(n, _node(n, sleep))
+        b.add_node(n, node(n) if node else _node(n, sleep))
     b.add_edge(START, names[0])
     for x, y in itertools.pairwise(names):
         b.add_edge(x, y)

@@ -553,7 +553,6 @@ class _FrozenAfterCheck(_HeldLease):
 
 def _recording_chain(started: list[str]) -> Any:
     """a -> b -> c, each node noting that its body started (what a model call or a tool would do)."""
-    from langgraph.graph import END, START, StateGraph
 
     def node(name: str) -> Any:
         def run(state: graphs.State) -> dict[str, Any]:
@@ -562,14 +561,7 @@ def _recording_chain(started: list[str]) -> Any:
 
         return run
 
-    b = StateGraph(graphs.State)
-    for n in "abc":
-        b.add_node(n, node(n))
-    b.add_edge(START, "a")
-    b.add_edge("a", "b")
-    b.add_edge("b", "c")
-    b.add_edge("c", END)
-    return b.compile()
+    return graphs._chain("abc", node=node)
 
 
 @pytest.mark.parametrize("flavor", ["sync", "async"])
