@@ -269,8 +269,10 @@ class RedisServerProcess:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.dir}/redis.log")
             try:
                 with redis.Redis(port=self.port, socket_timeout=0.5) as client:
-                    # The server answering must be this one, not one that took the port first.
-                    if client.info("server")["process_id"] == self.proc.pid:
+                    # The server answering must be this one, not one that took the port first, and
+                    # done loading its data (INFO answers while an AOF loads; the commands do not).
+                    info = client.info()
+                    if info["process_id"] == self.proc.pid and not info.get("loading"):
                         return
             except (redis.ConnectionError, redis.TimeoutError):
                 pass

@@ -258,6 +258,20 @@ def test_steps_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
+def test_lease_gate_benchmark_runs() -> None:
+    """The lease gate's measurement prices it side by side and times the window it leaves."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lease_gate", "--rounds", "2", "--runs", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for line in ("without the gate: median", "with the gate: median", "difference:", "over 120 node starts"):
+        assert line in proc.stdout, proc.stdout
+
+
 #: The standalone lifecycle measurements, each run tiny: (module, arguments, lines its stdout must hold).
 LIFECYCLE_BENCHMARKS = [
     ("cancel_delivery", ["--cancels", "5", "--fallback", "3"],
