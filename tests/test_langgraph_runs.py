@@ -627,6 +627,44 @@ def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
     assert (q.get(run.run_id).status, q.get(run.run_id).attempt) == ("success", 2)
 
 
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_cancel_stops_a_sync_node_at_its_next_model_call(backend: Any, namespace: str, driver: str) -> None:
+    """Nothing interrupts a sync node, on either driver (asyncio runs it in an executor's thread,
+    which cancelling the graph's task does not stop). After a cancel its next traced call (a model,
+    a tool: here a runnable invoked with the node's config) raises instead of running, and the next
+    node never starts."""
+    from langchain_core.runnables import RunnableConfig, RunnableLambda
+
+    calls: list[int] = []
+    started: list[str] = []
+
+    def model(i: int) -> int:
+        calls.append(i)
+        time.sleep(0.05)
+        return i
+
+    def node(name: str) -> Any:
+        def run(state: graphs.State, config: RunnableConfig) -> dict[str, Any]:
+            started.append(name)
+            if name == "a":
+                for i in range(40):
+                    RunnableLambda(model).invoke(i, config)
+            return {"log": [name]}
+
+        return run
+
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    with worker(backend, namespace, graphs._chain("ab", node=node), flavor=driver):
+        run = q.create("t", {"log": []})
+        _wait_for(lambda: len(calls) >= 3)
+        q.cancel(run.run_id, action="interrupt")
+        assert q.join(run.run_id, timeout_s=20).status == "interrupted"
+        at_end = len(calls)
+        time.sleep(0.5)  # ten more calls' time, had the node gone on
+    assert len(calls) <= at_end + 1 < 40, calls
+    assert started == ["a"]
+
+
 def test_a_sigkilled_worker_s_run_resumes_elsewhere_without_rerunning_saved_nodes(
     real_server: Any, namespace: str
 ) -> None:

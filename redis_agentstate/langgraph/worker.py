@@ -94,17 +94,23 @@ class _LeaseGate(BaseCallbackHandler):
     the graph and after each chunk, and a worker frozen right after such a check (SIGSTOP, a long
     pause) wakes with them lapsed while the graph goes on to its next node: another worker may have
     taken the run over, run that node and saved it meanwhile. Its writes would be refused, but the
-    node's own effects would happen twice; raised here, the node does not start."""
+    node's own effects would happen twice; raised here, the node does not start. The same check
+    stops a run a cancel ended at once (``_Attempt.halted``): a sync node, which nothing can
+    interrupt, stops at its next model, tool or retriever call instead of running to its end."""
 
     raise_error = True  # LangChain logs a callback's error and goes on unless told to raise it
     run_inline = True  # under asyncio, in the graph's own task rather than an executor's thread
 
-    def __init__(self, thread_id: str, leases: tuple[Any, ...]) -> None:
-        self.thread_id, self.leases = thread_id, leases
+    def __init__(self, attempt: _Attempt, leases: tuple[Any, ...]) -> None:
+        self.attempt, self.leases = attempt, leases
 
     def _check(self, *args: Any, **kwargs: Any) -> None:
+        run = self.attempt.run
+        tid = run.thread_id
+        if self.attempt.halted:
+            raise LeaseLost(f"run {run.run_id!r} was stopped by a cancel: nothing more of it starts", task_id=tid)
         if any(lease.lost for lease in self.leases):
-            raise LeaseLost(f"lost thread {self.thread_id!r} before a step of its run started", task_id=self.thread_id)
+            raise LeaseLost(f"lost thread {tid!r} before a step of its run started", task_id=tid)
 
     on_chain_start = on_llm_start = on_chat_model_start = on_tool_start = on_retriever_start = _check
 
@@ -145,6 +151,8 @@ class _Attempt:
         self.emitted = 0
         #: The sync driver's stop watch ended the run and revoked its saver lease (``_StopWatch``).
         self.fenced = False
+        #: A stop watch (either driver's) stopped the run at once: nothing more of the graph starts.
+        self.halted = False
 
     def stream_kw(self) -> dict[str, Any]:
         """``graph.stream``'s keyword arguments for this run: its modes, subgraphs, and the nodes it stops
@@ -224,7 +232,7 @@ class _Attempt:
     def guard(self, *leases: Any) -> None:
         """Have each start inside the graph check ``leases`` (``_LeaseGate``), beside the callbacks
         the run's config names."""
-        gate = _LeaseGate(self.run.thread_id, leases)
+        gate = _LeaseGate(self, leases)
         given = self.config.get("callbacks")
         if isinstance(given, BaseCallbackManager):
             given = given.copy()
@@ -283,7 +291,8 @@ class _StopWatch:
     cancel (or an ``interrupt`` / ``rollback`` double-text) it fences the graph out, the thread's saver
     lease revoked with its token kept (the graph's later checkpoint writes are refused as a lost lease),
     and ends the run (``rollback``: with its checkpoints), so the cancel answers at once. A sync node
-    cannot be stopped: the graph's thread finds out at its next write, and the thread's next run starts
+    cannot be interrupted: it stops at its next traced call (``_LeaseGate``), else the graph's thread
+    finds out at its next write, and the thread's next run starts
     once it has. ``close`` (the graph ended) ends the watch: nothing is done after it."""
 
     def __init__(self, worker: GraphWorker, a: _Attempt, thread_lease: Any) -> None:
@@ -310,6 +319,7 @@ class _StopWatch:
             try:
                 if stop == "rollback":
                     w.saver.delete_for_runs([run.run_id])
+                self.a.halted = True
                 self.thread_lease.revoke()
                 self.a.fenced = True
                 w._q.run(w._q.core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
@@ -347,6 +357,10 @@ class _AsyncStopWatch:
         finally:
             ended.set()
             if not body.done():
+                # A sync node in an executor's thread is not cancelled with the task: halted, it
+                # stops at its next traced call (_LeaseGate).
+                if watch.done() and not watch.cancelled() and watch.exception() is None and watch.result():
+                    a.halted = True
                 body.cancel()
             if not watch.done() and not body.done():
                 watch.cancel()  # this task itself was cancelled: nothing waits for the run's end
