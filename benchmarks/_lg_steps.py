@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
-__all__ = ["GRAPH"]
+__all__ = ["GRAPH", "State", "chain"]
 
 
 class State(TypedDict):
@@ -25,10 +25,11 @@ def _append(name: str) -> Callable[[State], dict[str, Any]]:
     return node
 
 
-def _chain() -> Any:
+def chain(node: Callable[[str], Any] = _append) -> Any:
+    """``a -> b -> c``, each node ``node(name)``."""
     b: Any = StateGraph(State)
     for n in "abc":
-        b.add_node(n, _append(n))
+        b.add_node(n, node(n))
     b.add_edge(START, "a")
     b.add_edge("a", "b")
     b.add_edge("b", "c")
@@ -36,4 +37,4 @@ def _chain() -> Any:
     return b.compile()
 
 
-GRAPH = _chain()
+GRAPH = chain()

@@ -19,18 +19,13 @@ it prints, and writes nothing to the README.
 from __future__ import annotations
 
 import argparse
-import operator
 import statistics
 import time
-from typing import Annotated, Any, TypedDict
+from types import SimpleNamespace
+from typing import Any
 
-from langgraph.graph import END, START, StateGraph
-
+from benchmarks._lg_steps import State, chain
 from redis_agentstate.langgraph.worker import _LeaseGate
-
-
-class _State(TypedDict):
-    log: Annotated[list[str], operator.add]
 
 
 class _Held:
@@ -47,7 +42,7 @@ class _Held:
 
 def _graph(gaps: list[float], checked: list[float]) -> Any:
     def node(name: str) -> Any:
-        def run(state: _State) -> dict[str, Any]:
+        def run(state: State) -> dict[str, Any]:
             if checked:
                 gaps.append(time.perf_counter() - checked[-1])
                 checked.clear()
@@ -55,14 +50,7 @@ def _graph(gaps: list[float], checked: list[float]) -> Any:
 
         return run
 
-    b = StateGraph(_State)
-    for n in "abc":
-        b.add_node(n, node(n))
-    b.add_edge(START, "a")
-    b.add_edge("a", "b")
-    b.add_edge("b", "c")
-    b.add_edge("c", END)
-    return b.compile()
+    return chain(node)
 
 
 def _per_invoke_us(graph: Any, config: dict[str, Any], runs: int) -> float:
@@ -81,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     gaps: list[float] = []
     checked: list[float] = []
     graph = _graph(gaps, checked)
-    gated = {"callbacks": [_LeaseGate("t", (_Held(checked), _Held(checked)))]}
+    # The attempt as the gate reads it: not halted by a cancel, its run's ids for the messages.
+    attempt: Any = SimpleNamespace(halted=False, run=SimpleNamespace(run_id="r", thread_id="t"))
+    gated = {"callbacks": [_LeaseGate(attempt, (_Held(checked), _Held(checked)))]}
     plain_us, gated_us = [], []
     for _ in range(args.rounds):
         plain_us.append(_per_invoke_us(graph, {}, args.runs))
