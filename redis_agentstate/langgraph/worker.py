@@ -149,9 +149,9 @@ class _Attempt:
         self.status, self.error, self.stop = "success", "", ""
         #: Emits sent in this attempt: each carries its number, so a re-sent one is recognised.
         self.emitted = 0
-        #: The sync driver's stop watch ended the run and revoked its saver lease (``_StopWatch``).
-        self.fenced = False
-        #: A stop watch (either driver's) stopped the run at once: nothing more of the graph starts.
+        #: A stop watch stopped the run at once: nothing more of the graph starts (``_LeaseGate``). The
+        #: sync one (``_StopWatch``) has also ended the run and revoked its saver lease: this attempt
+        #: writes nothing more.
         self.halted = False
 
     def stream_kw(self) -> dict[str, Any]:
@@ -319,9 +319,8 @@ class _StopWatch:
             try:
                 if stop == "rollback":
                     w.saver.delete_for_runs([run.run_id])
-                self.a.halted = True
                 self.thread_lease.revoke()
-                self.a.fenced = True
+                self.a.halted = True
                 w._q.run(w._q.core.finish(run, self.a.token, "interrupted", stop, gone=stop == "rollback"))
             except Exception as exc:  # taken over meanwhile, or Redis failing: its boundaries decide
                 log.warning("graph worker %s: could not stop run %s at once: %s", w.name, run.run_id, exc)
@@ -653,7 +652,7 @@ class GraphWorker:
                     finally:
                         watch.close()
                         chunks.close()
-                if a.fenced:  # the stop watch ended the run: nothing more of this attempt
+                if a.halted:  # the stop watch ended the run: nothing more of this attempt
                     return None
                 if a.stop == "rollback":
                     self.saver.delete_for_runs([run.run_id])
@@ -661,7 +660,7 @@ class GraphWorker:
                 if not back:  # ended before the saver lease goes: a joiner hears of it a round trip sooner
                     left: int = self._q.run(core.finish(run, a.token, status, error, gone=gone))
         except (RunLost, LeaseLost) as exc:
-            if not a.fenced:
+            if not a.halted:
                 self._lost(run, exc)
             return None
         except (BackendError, ThreadBusy) as exc:
