@@ -258,22 +258,8 @@ def test_steps_benchmark_runs() -> None:
         assert line in proc.stdout, proc.stdout
 
 
-def test_lease_gate_benchmark_runs() -> None:
-    """The lease gate's measurement prices it side by side and times the window it leaves."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.lease_gate", "--rounds", "2", "--runs", "20"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    for line in ("without the gate: median", "with the gate: median", "difference:", "over 120 node starts"):
-        assert line in proc.stdout, proc.stdout
-
-
-#: The standalone lifecycle measurements, each run tiny: (module, arguments, lines its stdout must hold).
-LIFECYCLE_BENCHMARKS = [
+#: The standalone measurements, each run tiny: (module, arguments, lines its stdout must hold).
+STANDALONE_BENCHMARKS = [
     ("cancel_delivery", ["--cancels", "5", "--fallback", "3"],
      ["async, announced: p50", "sync, announced: p50", "sync, renewal only: p50"]),
     ("timers", ["--workers", "10", "--timers", "10", "--rounds", "1"], ["async: p50", "sync: p50", "never early"]),
@@ -284,12 +270,16 @@ LIFECYCLE_BENCHMARKS = [
     ("reshard", ["--rounds", "1", "--tasks", "200", "--from", "2", "--to", "8", "--workers", "2", "--cluster", "0"],
      ["| seconds per 10,000 tasks moved |",
       "| tasks whose messages are not exactly their acknowledged commits | 0 (0-0) |"]),
+    # GraphWorker's lease gate, priced side by side, and the window it leaves (in-process, no Redis).
+    ("lease_gate", ["--rounds", "2", "--runs", "20"],
+     ["without the gate: median", "with the gate: median", "difference:", "over 120 node starts"]),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("module", "args", "lines"), LIFECYCLE_BENCHMARKS, ids=[b[0] for b in LIFECYCLE_BENCHMARKS])
-def test_lifecycle_benchmarks_run(module: str, args: list[str], lines: list[str]) -> None:
-    """Cancel delivery, timer accuracy and the priorities A/B run every contender and print their figures."""
+@pytest.mark.parametrize(("module", "args", "lines"), STANDALONE_BENCHMARKS, ids=[b[0] for b in STANDALONE_BENCHMARKS])
+def test_standalone_benchmarks_run(module: str, args: list[str], lines: list[str]) -> None:
+    """Cancel delivery, timer accuracy, the priorities A/B, a reshard and the lease gate run every
+    contender and print their figures."""
     _need_redis_server()
     if module == "priorities" and not (ROOT / ".git").exists():
         pytest.skip("the base contender is extracted with git archive: needs a git checkout")
