@@ -1441,7 +1441,10 @@ def test_a_resent_script_acts_once(
     assert masks(got[1]) == twin_masks(twin[1]), "the readers answer otherwise"
 
     def compared(dump: Any, masks: Masks) -> list[str]:
-        return sorted(repr(e) for e in masks(own(dump, masks)))
+        # A reshard's probe key expires a second after it is written (core.reshard._probe): whether a
+        # dump still finds it is a matter of how long each run took (CI: in one run, not the twin).
+        kept = [e for e in own(dump, masks) if not e[0].endswith(b":reshard-probe")]
+        return sorted(repr(e) for e in masks(kept))
 
     assert compared(got[2], masks) == compared(twin[2], twin_masks), "the stored keys differ"
 
