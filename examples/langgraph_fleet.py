@@ -95,9 +95,7 @@ def main(url: str) -> None:
     print("conversation:")
     for m in saver.get_tuple({"configurable": {"thread_id": "chat-1"}}).checkpoint["channel_values"]["messages"]:
         print("  -", m)
-    # Newest first, as queue.list("chat-1") lists them; the list orders runs by their creation's
-    # millisecond, and first and second may share one, so each is read by its id here.
-    print("runs:", [queue.get(r.run_id).status for r in (third, second, first)])
+    print("runs:", [r.status for r in queue.list("chat-1")])  # newest first
 
 
 if __name__ == "__main__":

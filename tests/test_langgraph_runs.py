@@ -135,6 +135,19 @@ class TestQueue:
         assert queue.get("no-such-run") is None
         assert queue.list("other") == []
 
+    def test_list_keeps_creation_order_within_a_millisecond_and_a_clock_that_went_back(
+        self, queue: Any, backend: Any
+    ) -> None:
+        """Runs created back to back share milliseconds; after a failover the server's clock may read
+        earlier than the newest run's. Either way the list is newest first by creation, not by run id."""
+        made = [queue.create("t", {"i": i}, multitask_strategy="enqueue").run_id for i in range(20)]
+        raw, history = backend.sync_client(), queue._core.keys.runs("t").history
+        newest = raw.zscore(history, made[-1])
+        raw.zadd(history, {made[-1]: newest + 600_000})  # as if the clock then went 10 min back
+        made += [queue.create("t", {"i": i}, multitask_strategy="enqueue").run_id for i in range(20, 23)]
+        assert [r.run_id for r in queue.list("t")] == made[::-1]
+        assert [r.run_id for r in queue.list("t", limit=5)] == made[:-6:-1]
+
     def test_cancel_a_pending_run_ends_it_and_rollback_deletes_it(self, queue: Any) -> None:
         first = queue.create("t", {"log": ["1"]})
         second = queue.create("t", {"log": ["2"]}, multitask_strategy="enqueue")

@@ -255,6 +255,13 @@ class RunMachine(RuleBasedStateMachine):
             else:
                 assert got is not None and got.status == r.status, (r, got)
         for thread in THREADS:
+            # The thread's list: its kept runs, newest first by creation (runs created back to back
+            # share a millisecond), a rolled-back one not yet cleaned up listed or not.
+            mine = [r for r in self.model.runs.values() if r.thread == thread and r.status != "gone"]
+            maybe = {r.run_id for r in mine if r.rolled_back}
+            listed = [r.run_id for r in self.reader.list(thread)]
+            assert set(listed) <= {r.run_id for r in mine}, (thread, listed)
+            assert [i for i in listed if i not in maybe] == [r.run_id for r in mine[::-1] if r.run_id not in maybe]
             values = self.state.get_state({"configurable": {"thread_id": thread}}).values
             assert values.get("log", []) == self.model.log.get(thread, []), (thread, values)
 

@@ -10,6 +10,8 @@
 --   ns:{ns#SS}:lgrq:<tid>               list   the thread's active runs (pending, running), oldest
 --                                              first: the head is the one executing (or next)
 --   ns:{ns#SS}:lgrh:<tid>               zset   every kept run of the thread -> created (server ms)
+--                                              (a tie with the newest goes 1/256 ms after it, so the
+--                                              scores keep creation order: lg_run_create.lua)
 --   ns:{ns#SS}:lgr:<tid>\0<run_id>      hash   the run (RUN_FIELDS below)
 --   ns:{ns#SS}:lgre:<tid>\0<run_id>     stream its events: fields 'event', 'type', 'data'
 --   ns:{ns#SS}:lgrd:<tid>\0<run_id>     stream one entry once the run ended: what a join blocks on

@@ -91,7 +91,14 @@ redis.call('HSET', KEYS[12], 'status', 'pending', 'strategy', strategy, 'modes',
   'started', '', 'ended', '', 'deaths', '0', 'ahead', fmt(ahead), 'swept', join_ids(ended),
   'sweptdel', join_ids(deleted), 'after', delay > 0 and fmt(now + delay) or '')
 redis.call('RPUSH', KEYS[10], run_id)
-redis.call('ZADD', KEYS[11], now, run_id)
+-- The history lists newest first by score. Runs created in the newest run's millisecond (or on a
+-- server clock that went back, after a failover) go 1/256 ms after it, so the listing keeps their
+-- order; a run id would break a tie in no set order. 1/256 is exact on scores of this size, and
+-- '%.17g' keeps it (a Lua number is not always sent with every digit).
+local newest = redis.call('ZREVRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+local score = now
+if newest[2] and tonumber(newest[2]) >= now then score = tonumber(newest[2]) + 1 / 256 end
+redis.call('ZADD', KEYS[11], string.format('%.17g', score), run_id)
 -- A bounded sweep of the history's oldest entries whose run expired (kept runs end with a TTL).
 for _, id in ipairs(redis.call('ZRANGE', KEYS[11], 0, 9)) do
   if redis.call('EXISTS', hash_prefix .. id) == 0 then redis.call('ZREM', KEYS[11], id) end
