@@ -95,7 +95,7 @@ redis.call('RPUSH', KEYS[10], run_id)
 -- server clock that went back, after a failover) go 1/256 ms after it, so the listing keeps their
 -- order; a run id would break a tie in no set order. 1/256 is exact on scores of this size, and
 -- '%.17g' keeps it (a Lua number is not always sent with every digit).
-local newest = redis.call('ZREVRANGE', KEYS[11], 0, 0, 'WITHSCORES')
+local newest = redis.call('ZRANGE', KEYS[11], 0, 0, 'REV', 'WITHSCORES')
 local score = now
 if newest[2] and tonumber(newest[2]) >= now then score = tonumber(newest[2]) + 1 / 256 end
 redis.call('ZADD', KEYS[11], string.format('%.17g', score), run_id)
