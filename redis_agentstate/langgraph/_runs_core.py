@@ -206,6 +206,7 @@ class RunCore:
         self.keys = self.tasks.keys
         self.serde = serde
         self.run_ttl_ms = check_int(run_ttl_ms, "run_ttl_ms", 0, 100 * 366 * 24 * 3600 * 1000)
+        self.entry_ttl_ms = self.run_ttl_ms + ID_ENTRY_GRACE_MS  # an ended run's id entry outlives it
         self.max_events = check_int(max_events, "max_events", 1, 10_000_000)
         self.max_active = check_int(max_active, "max_active", 1, 100_000)
         #: Threads this core saw with a task (an LRU): their runs' creates skip the task's create.
@@ -361,8 +362,8 @@ class RunCore:
         slots, so not the script's to write) expire with them, or go."""
         calls = [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], ["", ""]) for r in deleted or ()]
         if self.run_ttl_ms:
-            calls += [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))],
-                           [tid, self.run_ttl_ms + ID_ENTRY_GRACE_MS]) for r in ended or ()]  # fmt: skip
+            calls += [Call(scripts.LG_RUN_INDEX, [self.keys.run_lookup(reply_text(r))], [tid, self.entry_ttl_ms])
+                      for r in ended or ()]  # fmt: skip
         if calls:
             yield Batch(calls)
         return None
@@ -572,7 +573,7 @@ class RunCore:
             # The id's entry expires just after the run (ID_ENTRY_GRACE_MS), or goes with a rolled-back one,
             # in the same round trip: if the end is refused (another worker took the run over), that worker's
             # end sets it again, and until then it only bounds how long the id is found.
-            entry = ["", ""] if gone else [run.thread_id, self.run_ttl_ms + ID_ENTRY_GRACE_MS]
+            entry = ["", ""] if gone else [run.thread_id, self.entry_ttl_ms]
             if gone or self.run_ttl_ms:
                 reply = (yield Batch([end, Call(scripts.LG_RUN_INDEX, [lookup], entry)]))[0]
             else:
