@@ -17,6 +17,7 @@ Every exception the library raises on purpose derives from one root::
     ├── NotParked                the task is not parked (requeue)
     ├── NotWaiting               the task is not waiting for a person (resume)
     ├── LeaseLost                a lease keeper could not keep its lease
+    │   └── RunStopped           (also a GraphBubbleUp) a graph its worker stops: langgraph/errors.py
     ├── TaskCancelled            the task was cancelled (a cancelled lease's LeaseLost.__cause__)
     ├── ThreadBusy               another writer holds the LangGraph thread's lease  ┐ the LangGraph
     ├── RunRejected              a LangGraph run refused by its multitask check     │ integration's,

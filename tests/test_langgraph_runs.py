@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,9 +27,10 @@ import lg_run_graphs as graphs
 import pytest
 from conftest import require_real
 from fork_support import run_python
+from langchain_core.callbacks import BaseCallbackHandler
 from langgraph.types import Command
 
-from redis_agentstate import InvalidArgument
+from redis_agentstate import InvalidArgument, LeaseLost
 from redis_agentstate.keys import Keys
 from redis_agentstate.langgraph import (
     AgentStateSaver,
@@ -40,6 +42,7 @@ from redis_agentstate.langgraph import (
     RunNotFound,
     RunQueue,
     RunRejected,
+    RunStopped,
 )
 from redis_agentstate.langgraph._runs_core import DEFAULT_RUN_TTL_MS, ID_ENTRY_GRACE_MS
 from redis_agentstate.langgraph.runs import queue_namespace
@@ -638,6 +641,108 @@ def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
     assert started == ["a", "b", "c"][checks - 2 :]
     assert log_of(backend, namespace, "t") == ["a", "b", "c"]
     assert (q.get(run.run_id).status, q.get(run.run_id).attempt) == ("success", 2)
+
+
+@pytest.mark.parametrize("flavor", ["sync", "async"])
+def test_a_node_retry_policy_does_not_retry_a_lost_run(
+    backend: Any, namespace: str, flavor: str, twin_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose retry policy retries every Exception (LangGraph's default retries all but a few
+    built-in ones): the gate's refusal is a RunStopped, a GraphBubbleUp, which LangGraph never
+    retries and saves no error for. As a plain error, the node was tried max_attempts times,
+    with LangGraph's backoff between (seconds of a worker kept on a run that is not its own)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import RetryPolicy
+
+    from redis_agentstate.langgraph.worker import _Attempt, _LeaseGate
+
+    started: list[str] = []
+
+    def a(state: graphs.State) -> dict[str, Any]:
+        started.append("a")
+        return {"log": ["a"]}
+
+    b = StateGraph(graphs.State)
+    b.add_node("a", a, retry_policy=RetryPolicy(retry_on=Exception, max_attempts=4, initial_interval=5.0))
+    b.add_edge(START, "a")
+    b.add_edge("a", END)
+    graph = b.compile()
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    begun = q._run(q._core.begin("t", "tok-a", "w1", 3))
+    task_lease = _FrozenAfterCheck()
+    carry_on = _Attempt.carry_on
+    seen = [0]
+
+    def check_then_freeze(self: Any, *args: Any) -> bool:
+        go = carry_on(self, *args)
+        seen[0] += 1
+        task_lease.frozen = task_lease.frozen or seen[0] == 2  # after the input's chunk: "a" is next
+        return go
+
+    monkeypatch.setattr(_Attempt, "carry_on", check_then_freeze)
+    refused: list[BaseException] = []
+    gate_start = _LeaseGate.on_chain_start
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            gate_start(self, *args, **kwargs)
+        except BaseException as exc:
+            refused.append(exc)
+            raise
+
+    monkeypatch.setattr(_LeaseGate, "on_chain_start", counted)
+    if flavor == "sync":
+        w = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
+        assert w._execute(_Attempt(w, begun, "tok-a"), task_lease) is None  # type: ignore[arg-type]
+    else:
+        client, aclient = backend.new_async_client(), backend.new_async_client()
+        aw = GraphWorker(graph, AsyncRunQueue(client, namespace=namespace),
+                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
+        attempt = aw._aexecute(_Attempt(aw, begun, "tok-a"), task_lease)  # type: ignore[arg-type]
+        assert twin_loop.run_until_complete(attempt) is None
+        twin_loop.run_until_complete(client.aclose())
+        twin_loop.run_until_complete(aclient.aclose())
+    assert started == [] and len(refused) == 1 and isinstance(refused[0], RunStopped)
+    assert isinstance(refused[0], LeaseLost) and refused[0].task_id == "t"
+    tup = AgentStateSaver(backend.sync_client(), namespace=namespace).get_tuple({"configurable": {"thread_id": "t"}})
+    assert tup is None or not [w for w in tup.pending_writes or () if w[1] == "__error__"]  # no error saved for "a"
+    assert q.get(run.run_id).status == "running"  # left to the worker that takes it over
+
+
+def test_a_tool_node_that_handles_tool_errors_lets_a_stopped_run_through() -> None:
+    """ToolNode(handle_tool_errors=True) answers a failing tool with an error message to the model
+    and goes on; a run stopped as one of its tools starts is not a tool's failure, and stops."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    from redis_agentstate.langgraph.worker import _LeaseGate
+
+    ran: list[str] = []
+
+    @tool
+    def look_up(q: str) -> str:
+        """Looks q up."""
+        ran.append(q)
+        return q
+
+    class ToolGate(_LeaseGate):  # the gate at the tool's start only: the node itself has started
+        on_chain_start = BaseCallbackHandler.on_chain_start
+
+    lost = _FrozenAfterCheck()
+    lost.frozen = True
+    attempt = types.SimpleNamespace(run=types.SimpleNamespace(run_id="r", thread_id="t"), halted=False)
+    call = AIMessage("", tool_calls=[{"name": "look_up", "args": {"q": "x"}, "id": "c1"}])
+    b = StateGraph(MessagesState)
+    b.add_node("tools", ToolNode([look_up], handle_tool_errors=True))
+    b.add_edge(START, "tools")
+    graph = b.compile()
+    with pytest.raises(RunStopped):
+        graph.invoke({"messages": [call]}, config={"callbacks": [ToolGate(attempt, (lost,))]})
+    assert ran == []
+    assert graph.invoke({"messages": [call]})["messages"][-1].content == "x"  # a held lease: the tool runs
 
 
 @pytest.mark.parametrize("driver", ["sync", "async"])

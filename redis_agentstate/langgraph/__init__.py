@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..errors import LeaseLost
 from ._runs_core import Run, RunEvent
-from .errors import RunNotFound, RunRejected, ThreadBusy
+from .errors import RunNotFound, RunRejected, RunStopped, ThreadBusy
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver, AsyncThreadLease, ThreadLease
 from .store import AgentStateStore, AsyncAgentStateStore
@@ -41,6 +41,7 @@ __all__ = [
     "Run",
     "RunEvent",
     "RunNotFound",
+    "RunStopped",
     "RunQueue",
     "RunRejected",
     "ThreadBusy",

@@ -1,6 +1,8 @@
 """The LangGraph integration's errors, under the library's one root (``errors.py``)::
 
     AgentStateError
+    ├── LeaseLost       (errors.py)
+    │   └── RunStopped  (also LangGraph's GraphBubbleUp) a graph its worker stops: not the run's any more
     ├── ThreadBusy      another writer holds the LangGraph thread's lease
     ├── RunRejected     a LangGraph run refused by its thread's multitask check (reject)
     └── RunNotFound     (also a KeyError) no such LangGraph run
@@ -10,14 +12,24 @@
 
 from __future__ import annotations
 
-from ..errors import AgentStateError
+from langgraph.errors import GraphBubbleUp
 
-__all__ = ["RunNotFound", "RunRejected", "ThreadBusy"]
+from ..errors import AgentStateError, LeaseLost
+
+__all__ = ["RunNotFound", "RunRejected", "RunStopped", "ThreadBusy"]
 
 
 class ThreadBusy(AgentStateError):
     """Another writer holds the lease on this LangGraph thread (``task_id`` names the thread);
     nothing was written."""
+
+
+class RunStopped(LeaseLost, GraphBubbleUp):
+    """Raised in a graph, as a node or a model, tool or retriever call starts, by a worker whose run
+    is not its own any more (its lease lapsed, or a cancel stopped it); ``task_id`` names the thread.
+
+    A ``GraphBubbleUp``, as LangGraph's own early exits are: no retry policy retries it, no
+    ``ToolNode`` turns it into a message, and no error is saved for the node."""
 
 
 class RunRejected(AgentStateError):

@@ -50,7 +50,7 @@ from ..lease import AsyncLease, Lease
 from ..models import AgentStatus, Checkpoint
 from ..wire.shells import StoreInternals, cancels, check_cancel, internals
 from ._runs_core import Begun, Run, RunCore, RunLost
-from .errors import ThreadBusy
+from .errors import RunStopped, ThreadBusy
 from .runs import AsyncRunQueue, RunQueue
 from .saver import AgentStateSaver, AsyncAgentStateSaver
 
@@ -108,9 +108,9 @@ class _LeaseGate(BaseCallbackHandler):
         run = self.attempt.run
         tid = run.thread_id
         if self.attempt.halted:
-            raise LeaseLost(f"run {run.run_id!r} was stopped by a cancel: nothing more of it starts", task_id=tid)
+            raise RunStopped(f"run {run.run_id!r} was stopped by a cancel: nothing more of it starts", task_id=tid)
         if any(lease.lost for lease in self.leases):
-            raise LeaseLost(f"lost thread {tid!r} before a step of its run started", task_id=tid)
+            raise RunStopped(f"lost thread {tid!r} before a step of its run started", task_id=tid)
 
     on_chain_start = on_llm_start = on_chat_model_start = on_tool_start = on_retriever_start = _check
 
