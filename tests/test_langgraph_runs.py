@@ -580,6 +580,45 @@ def _recording_chain(started: list[str]) -> Any:
     return graphs._chain("abc", node=node)
 
 
+def _stale_attempt(
+    backend: Any, namespace: str, graph: Any, flavor: str, twin_loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch, checks: int, seen: list[str] | None = None,
+) -> tuple[RunQueue, Run]:  # fmt: skip
+    """Worker w1 (token tok-a) runs thread t's new run on ``flavor``'s driver, its task lease read as
+    lost from its ``checks``-th lease check on (``seen``: told of each check): it froze right after
+    that check passed. The attempt must end nothing (the run is left to a takeover)."""
+    from redis_agentstate.langgraph.worker import _Attempt
+
+    q = RunQueue(backend.sync_client(), namespace=namespace)
+    run = q.create("t", {"log": []})
+    begun = q._run(q._core.begin("t", "tok-a", "w1", 3))
+    task_lease = _FrozenAfterCheck()
+    carry_on = _Attempt.carry_on
+    count = [0]
+
+    def check_then_freeze(self: Any, *args: Any) -> bool:
+        go = carry_on(self, *args)
+        count[0] += 1
+        if seen is not None:
+            seen.append(f"check{count[0]}")
+        task_lease.frozen = task_lease.frozen or count[0] == checks
+        return go
+
+    monkeypatch.setattr(_Attempt, "carry_on", check_then_freeze)
+    if flavor == "sync":
+        w = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
+        assert w._execute(_Attempt(w, begun, "tok-a"), task_lease) is None  # type: ignore[arg-type]
+    else:
+        client, aclient = backend.new_async_client(), backend.new_async_client()
+        aw = GraphWorker(graph, AsyncRunQueue(client, namespace=namespace),
+                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
+        attempt = aw._aexecute(_Attempt(aw, begun, "tok-a"), task_lease)  # type: ignore[arg-type]
+        assert twin_loop.run_until_complete(attempt) is None
+        twin_loop.run_until_complete(client.aclose())
+        twin_loop.run_until_complete(aclient.aclose())
+    return q, run
+
+
 @pytest.mark.parametrize("flavor", ["sync", "async"])
 @pytest.mark.parametrize("checks", [2, 3], ids=["frozen-before-the-first-node", "frozen-between-nodes"])
 def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
@@ -598,35 +637,9 @@ def test_a_worker_frozen_right_after_a_lease_check_starts_no_node(
     the leases (a callback of the graph's config), so the freeze is caught there."""
     from redis_agentstate.langgraph.worker import _Attempt
 
-    q = RunQueue(backend.sync_client(), namespace=namespace)
-    run = q.create("t", {"log": []})
-    begun = q._run(q._core.begin("t", "tok-a", "w1", 3))
-    task_lease = _FrozenAfterCheck()
-    carry_on = _Attempt.carry_on
-    seen = [0]
-
-    def check_then_freeze(self: Any, *args: Any) -> bool:
-        go = carry_on(self, *args)
-        seen[0] += 1
-        started.append(f"check{seen[0]}")
-        if seen[0] == checks:
-            task_lease.frozen = True
-        return go
-
-    monkeypatch.setattr(_Attempt, "carry_on", check_then_freeze)
     started: list[str] = []
     graph = _recording_chain(started)
-    if flavor == "sync":
-        w = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
-        assert w._execute(_Attempt(w, begun, "tok-a"), task_lease) is None  # type: ignore[arg-type]
-    else:
-        client, aclient = backend.new_async_client(), backend.new_async_client()
-        aw = GraphWorker(graph, AsyncRunQueue(client, namespace=namespace),
-                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
-        attempt = aw._aexecute(_Attempt(aw, begun, "tok-a"), task_lease)  # type: ignore[arg-type]
-        assert twin_loop.run_until_complete(attempt) is None
-        twin_loop.run_until_complete(client.aclose())
-        twin_loop.run_until_complete(aclient.aclose())
+    q, run = _stale_attempt(backend, namespace, graph, flavor, twin_loop, monkeypatch, checks, seen=started)
     # The worker checks once before the graph, once per chunk (the input's first): nothing may start
     # after the check it froze behind; what started before it did.
     assert started == ["check1", "check2", "a", "check3"][: 2 * checks - 2]
@@ -654,7 +667,7 @@ def test_a_node_retry_policy_does_not_retry_a_lost_run(
     from langgraph.graph import END, START, StateGraph
     from langgraph.types import RetryPolicy
 
-    from redis_agentstate.langgraph.worker import _Attempt, _LeaseGate
+    from redis_agentstate.langgraph.worker import _LeaseGate
 
     started: list[str] = []
 
@@ -667,20 +680,6 @@ def test_a_node_retry_policy_does_not_retry_a_lost_run(
     b.add_edge(START, "a")
     b.add_edge("a", END)
     graph = b.compile()
-    q = RunQueue(backend.sync_client(), namespace=namespace)
-    run = q.create("t", {"log": []})
-    begun = q._run(q._core.begin("t", "tok-a", "w1", 3))
-    task_lease = _FrozenAfterCheck()
-    carry_on = _Attempt.carry_on
-    seen = [0]
-
-    def check_then_freeze(self: Any, *args: Any) -> bool:
-        go = carry_on(self, *args)
-        seen[0] += 1
-        task_lease.frozen = task_lease.frozen or seen[0] == 2  # after the input's chunk: "a" is next
-        return go
-
-    monkeypatch.setattr(_Attempt, "carry_on", check_then_freeze)
     refused: list[BaseException] = []
     gate_start = _LeaseGate.on_chain_start
 
@@ -692,17 +691,8 @@ def test_a_node_retry_policy_does_not_retry_a_lost_run(
             raise
 
     monkeypatch.setattr(_LeaseGate, "on_chain_start", counted)
-    if flavor == "sync":
-        w = GraphWorker(graph, q, AgentStateSaver(backend.sync_client(), namespace=namespace), lease_ms=5_000)
-        assert w._execute(_Attempt(w, begun, "tok-a"), task_lease) is None  # type: ignore[arg-type]
-    else:
-        client, aclient = backend.new_async_client(), backend.new_async_client()
-        aw = GraphWorker(graph, AsyncRunQueue(client, namespace=namespace),
-                         AsyncAgentStateSaver(aclient, namespace=namespace), lease_ms=5_000)  # fmt: skip
-        attempt = aw._aexecute(_Attempt(aw, begun, "tok-a"), task_lease)  # type: ignore[arg-type]
-        assert twin_loop.run_until_complete(attempt) is None
-        twin_loop.run_until_complete(client.aclose())
-        twin_loop.run_until_complete(aclient.aclose())
+    # Frozen after the check that follows the input's chunk: "a" is next.
+    q, run = _stale_attempt(backend, namespace, graph, flavor, twin_loop, monkeypatch, checks=2)
     assert started == [] and len(refused) == 1 and isinstance(refused[0], RunStopped)
     assert isinstance(refused[0], LeaseLost) and refused[0].task_id == "t"
     tup = AgentStateSaver(backend.sync_client(), namespace=namespace).get_tuple({"configurable": {"thread_id": "t"}})
