@@ -1,6 +1,6 @@
 """One worker process of tests/test_langgraph_race.py: run one graph step on a shared thread.
 
-argv: url namespace thread_id name mode(lease|nolease) lease_ms sleep_s
+argv: url namespace thread_id name mode(lease|nolease|together: no lease, racers meet in the step) lease_ms sleep_s
 Prints ``RAN <name>`` when its step starts, ``BUSY``, ``LEASE_LOST`` or ``DONE`` (flushing each line).
 """
 
@@ -27,6 +27,14 @@ def main() -> int:
 
     def step(state: State) -> dict[str, Any]:
         print(f"RAN {name}", flush=True)
+        if mode == "together":
+            # No lease, and the racers meet here: each has read the thread before either writes, whatever
+            # the machine's load (a 1 s step did not overlap under CI's load: one ran after the other).
+            r = redis.Redis.from_url(url)
+            r.incr(f"{namespace}:race-barrier")
+            deadline = time.monotonic() + 60
+            while int(r.get(f"{namespace}:race-barrier") or 0) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
         time.sleep(float(sleep_s))
         return {"messages": [f"by {name} after {len(state['messages'])}"]}
 

@@ -108,7 +108,7 @@ def test_a_frozen_holder_is_taken_over_and_its_late_write_refused(url: str, name
 
 def test_without_leases_the_same_race_forks_the_thread(url: str, namespace: str):
     _seed(url, namespace)
-    procs = [_spawn(url, namespace, name, "nolease") for name in ("a", "b")]
+    procs = [_spawn(url, namespace, name, "together", sleep_s=0.1) for name in ("a", "b")]
     outs = [_finish(p) for p in procs]
     assert all("DONE" in o for o in outs)
     forks, history = _forks(url, namespace)
